@@ -1,0 +1,77 @@
+// The autograd graph. Each differentiable op that sees an input requiring grad creates a Node that
+// knows how to map the gradient of its output to gradients of its inputs; edges point to the
+// nodes that produced those inputs (or to a leaf's AccumulateGrad). Tensor::backward walks the
+// graph in reverse topological order (see engine.cpp).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hpm/tensor/tensor.h"
+
+namespace hpm::autograd {
+
+using Tensors = std::vector<Tensor>;
+
+class Node;
+
+struct Edge {
+  std::shared_ptr<Node> fn;  // null when the input needs no gradient
+  int input_nr = 0;          // which of fn's outputs this edge carries
+  bool valid() const { return fn != nullptr; }
+};
+
+class Node {
+ public:
+  Node();
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Gradients of the inputs (one per next edge; undefined where not needed) from the gradients
+  // of the outputs.
+  virtual Tensors apply(Tensors&& grad_outputs) = 0;
+  virtual std::string name() const = 0;
+  virtual int num_outputs() const { return 1; }
+
+  std::vector<Edge> next_edges;
+  // Creation order: the engine runs later nodes first, which keeps execution deterministic.
+  std::uint64_t sequence_nr;
+};
+
+// Sink of a leaf tensor: adds the incoming gradient into tensor.grad, then runs its hooks.
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> variable) : variable_(std::move(variable)) {}
+  Tensors apply(Tensors&& grad_outputs) override;
+  std::string name() const override { return "AccumulateGrad"; }
+
+ private:
+  std::shared_ptr<TensorImpl> variable_;
+};
+
+// A node whose backward is a closure over the tensors it saved in forward. `needs[i]` tells
+// whether input i wants a gradient, so a rule can skip work (the first layer's input gradient).
+using BackwardFn = std::function<Tensors(const Tensor& grad_output, const std::vector<bool>& needs)>;
+
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  Tensors apply(Tensors&& grad_outputs) override;
+  std::string name() const override { return name_; }
+
+ private:
+  const char* name_;
+  BackwardFn fn_;  // released after one backward: the saved tensors go with it
+};
+
+// The edge through which gradient flows into `t`: its grad_fn, or its leaf accumulator.
+Edge gradient_edge(const Tensor& t);
+
+// Attaches `output` to a new FunctionNode over `inputs` when grad mode is on and any input
+// requires grad; returns `output` either way. This is how every differentiable op records itself.
+Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn backward);
+
+}  // namespace hpm::autograd

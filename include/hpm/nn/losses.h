@@ -1,0 +1,17 @@
+// Losses beyond the primitive ones in hpm/autograd/ops.h (cross_entropy, nll_loss, mse_loss,
+// kl_div): knowledge-distillation objectives on temperature-softened distributions.
+#pragma once
+#include "hpm/autograd/ops.h"
+
+namespace hpm::nn {
+
+// T^2 * KL(softmax(teacher/T) || softmax(student/T)), batch mean (Hinton et al.: the T^2 keeps
+// the soft-target gradients on the scale of the hard-label ones). The teacher gets no gradient.
+Tensor distillation_kl(const Tensor& student_logits, const Tensor& teacher_logits,
+                       float temperature);
+
+// (1 - alpha) * CE(student, labels) + alpha * distillation_kl(student, teacher, T).
+Tensor distillation_loss(const Tensor& student_logits, const Tensor& teacher_logits,
+                         const Tensor& labels, float alpha, float temperature);
+
+}  // namespace hpm::nn

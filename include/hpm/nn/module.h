@@ -1,0 +1,82 @@
+// Module: the unit models are built from, as in torch.nn. A module owns named parameters
+// (trainable leaves), buffers (state such as BatchNorm's running statistics) and children; names
+// nest with dots ("0.weight"), the same keys PyTorch's state_dict uses, so checkpoints map 1:1.
+#pragma once
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpm/autograd/ops.h"
+#include "hpm/tensor/tensor.h"
+
+namespace hpm::nn {
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+class Module {
+ public:
+  virtual ~Module() = default;
+  Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  virtual Tensor forward(const Tensor& x) = 0;
+  Tensor operator()(const Tensor& x) { return forward(x); }
+
+  virtual std::string type_name() const = 0;  // "Linear"
+  virtual std::string extra_repr() const { return ""; }
+  std::string repr(int indent = 0) const;  // PyTorch-style printout
+
+  NamedTensors named_parameters() const;
+  std::vector<Tensor> parameters() const;
+  NamedTensors named_buffers() const;
+  // Parameters then buffers: everything a checkpoint must hold to restore the module.
+  NamedTensors state_dict() const;
+  // Copies values in by name; throws std::invalid_argument naming a missing, unexpected or
+  // wrongly-shaped entry (and changes nothing in that case).
+  void load_state_dict(const NamedTensors& state);
+  const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
+    return children_;
+  }
+
+  void train(bool on = true);
+  void eval() { train(false); }
+  bool is_training() const { return training_; }
+  void zero_grad();  // drops gradients (set_to_none, PyTorch's default)
+  std::int64_t num_parameters() const;
+
+ protected:
+  Tensor& register_parameter(std::string name, Tensor value);
+  Tensor& register_buffer(std::string name, Tensor value);
+  template <typename M>
+  std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
+    children_.emplace_back(std::move(name), module);
+    return module;
+  }
+
+ private:
+  void collect(const std::string& prefix, bool params, NamedTensors& out) const;
+
+  NamedTensors params_;
+  NamedTensors buffers_;
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
+  bool training_ = true;
+};
+
+// Layers applied in order. Slices share their modules, which is how a model is split into
+// pipeline stages without copying weights.
+class Sequential : public Module {
+ public:
+  Sequential() = default;
+  explicit Sequential(std::vector<std::shared_ptr<Module>> layers);
+  void push_back(std::shared_ptr<Module> layer);
+  std::size_t size() const { return children().size(); }
+  const std::shared_ptr<Module>& operator[](std::size_t i) const { return children()[i].second; }
+  std::shared_ptr<Sequential> slice(std::size_t begin, std::size_t end) const;
+
+  Tensor forward(const Tensor& x) override;
+  std::string type_name() const override { return "Sequential"; }
+};
+
+}  // namespace hpm::nn

@@ -1,0 +1,101 @@
+// Optimizers as in torch.optim, each a single fused pass per parameter. State is named after the
+// parameters ("0.weight.momentum_buffer"), so it saves to safetensors beside the model and can be
+// sharded by name later.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpm/nn/module.h"
+
+namespace hpm::optim {
+
+using nn::NamedTensors;
+
+class Optimizer {
+ public:
+  Optimizer(NamedTensors params, float lr);
+  virtual ~Optimizer() = default;
+
+  // Applies one update from the parameters' .grad (parameters without a gradient are skipped).
+  void step();
+  void zero_grad();
+  float lr() const { return lr_; }
+  void set_lr(float lr) { lr_ = lr; }
+  std::int64_t steps() const { return steps_; }
+
+  // Everything needed to continue bit-exactly: per-parameter buffers and the step count.
+  NamedTensors state() const;
+  // Throws std::invalid_argument naming a missing or mis-shaped entry.
+  void load_state(const NamedTensors& state);
+  const NamedTensors& params() const { return params_; }
+  virtual std::string name() const = 0;
+
+ protected:
+  // Updates parameter i (data p, gradient g, n elements).
+  virtual void update(std::size_t i, float* p, const float* g, std::int64_t n) = 0;
+  // Buffer `name` of parameter i, zero-initialized on first use.
+  float* buffer(std::size_t i, const std::string& name);
+  bool has_buffer(std::size_t i, const std::string& name) const;
+
+  NamedTensors params_;
+  float lr_;
+  std::int64_t steps_ = 0;
+
+ private:
+  std::vector<std::vector<std::pair<std::string, Tensor>>> buffers_;  // per parameter
+};
+
+struct SgdOptions {
+  float lr = 0.01f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(NamedTensors params, const SgdOptions& o);
+  std::string name() const override { return "SGD"; }
+
+ protected:
+  void update(std::size_t i, float* p, const float* g, std::int64_t n) override;
+
+ private:
+  SgdOptions o_;
+};
+
+struct AdamOptions {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  bool amsgrad = false;
+  bool decoupled_weight_decay = false;  // AdamW
+};
+
+class Adam : public Optimizer {
+ public:
+  Adam(NamedTensors params, const AdamOptions& o);
+  std::string name() const override { return o_.decoupled_weight_decay ? "AdamW" : "Adam"; }
+
+ protected:
+  void update(std::size_t i, float* p, const float* g, std::int64_t n) override;
+
+ private:
+  AdamOptions o_;
+};
+
+class AdamW : public Adam {
+ public:
+  AdamW(NamedTensors params, AdamOptions o) : Adam(std::move(params), with_decoupled(o)) {}
+
+ private:
+  static AdamOptions with_decoupled(AdamOptions o) {
+    o.decoupled_weight_decay = true;
+    return o;
+  }
+};
+
+// Scales all gradients so their global L2 norm is at most max_norm; returns the norm before
+// clipping (torch.nn.utils.clip_grad_norm_).
+float clip_grad_norm(const std::vector<Tensor>& params, float max_norm);
+
+}  // namespace hpm::optim

@@ -1,0 +1,118 @@
+// CPU kernels: the numerical primitives every layer above is built from. No autograd here; each
+// forward kernel sits beside its backward (llm.c style), and the autograd layer pairs them.
+//
+// Legend for shape comments: N = batch, C = channels, H/W = height/width, K = reduction size,
+// OC = output channels, P = OH*OW output pixels, D = the reduced dimension.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "hpm/tensor/tensor.h"
+
+namespace hpm {
+class Generator;
+}
+
+namespace hpm::kernels {
+
+// ---- GEMM (oneDNN) -----------------------------------------------------------------------------
+// C(M,N) = alpha * op(A) op(B) + beta * C, row-major; op(X) = X or X^T.
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc);
+// 2-D matrix product of op(a) and op(b).
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// y(N,OUT) = x(N,IN) w(OUT,IN)^T + bias(OUT); bias may be undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+
+// ---- element-wise ------------------------------------------------------------------------------
+enum class BinaryOp { Add, Sub, Mul, Div };
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // NumPy broadcasting
+Tensor add_scalar(const Tensor& a, float s);
+Tensor mul_scalar(const Tensor& a, float s);
+void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x (same numel)
+void scale_(Tensor& y, float alpha);                  // y *= alpha
+
+enum class UnaryOp { Neg, Exp, Log, Sqrt, Relu, Tanh, Sigmoid, Gelu, GeluTanh, Square };
+Tensor unary(UnaryOp op, const Tensor& x);
+// dL/dx for a unary op given dL/dy, the input x and the output y.
+Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
+
+// ---- reductions ----------------------------------------------------------------------------
+float sum_all(const Tensor& x);
+double sum_squares(const Tensor& x);
+Tensor sum_dim(const Tensor& x, int dim, bool keepdim);
+// Reduces a broadcast result back to `shape` (the backward of broadcasting).
+Tensor sum_to(const Tensor& x, const Shape& shape);
+// Expands x to `shape` (x broadcastable to it).
+Tensor broadcast_to(const Tensor& x, const Shape& shape);
+// Index of the largest value along the last dimension: (..., D) -> (...) as I64.
+Tensor argmax_last(const Tensor& x);
+
+// ---- softmax and losses ----------------------------------------------------------------------
+Tensor softmax(const Tensor& x, int dim);
+Tensor log_softmax(const Tensor& x, int dim);
+Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
+Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
+// Mean cross-entropy of logits(N,C) against labels(N) with label smoothing eps; writes
+// softmax(logits) to `probs` (N,C) for the backward.
+float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                            Tensor& probs);
+// d loss / d logits, scaled by grad (the upstream scalar).
+Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
+                              float grad);
+
+// ---- layout -----------------------------------------------------------------------------
+Tensor transpose2d(const Tensor& x);  // (R,C) -> (C,R)
+Tensor permute(const Tensor& x, const std::vector<int>& perm);
+// Rows of x(N,...) picked by indices (I64), in order: the batcher's gather.
+Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices);
+
+// ---- convolution (im2col + GEMM) ---------------------------------------------------------------
+struct Conv2dParams {
+  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+};
+// x(N,C,H,W), w(OC,C,KH,KW), bias(OC) or undefined -> (N,OC,OH,OW)
+Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
+// Fills whichever of grad_x, grad_w, grad_bias is non-null.
+void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
+                     const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias);
+
+// ---- pooling ---------------------------------------------------------------------------
+struct Pool2dParams {
+  int kernel_h = 2, kernel_w = 2, stride_h = 2, stride_w = 2, pad_h = 0, pad_w = 0;
+  bool count_include_pad = true;  // average pooling only (PyTorch's default)
+};
+// x(N,C,H,W) -> (N,C,OH,OW); `argmax` receives the flat input index (within H*W) of each max (I32).
+Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax);
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Shape& x_shape);
+Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p);
+Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p);
+
+// ---- normalization ---------------------------------------------------------------------------
+// x(N,C,S) with S = spatial size (1 for BatchNorm1d). Training mode normalizes by the batch
+// statistics, saves mean and inverse std (C) and updates running stats with `momentum`
+// (unbiased variance, as PyTorch); evaluation mode uses the running stats.
+Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                          Tensor& running_mean, Tensor& running_var, bool training,
+                          float momentum, float eps, Tensor& save_mean, Tensor& save_invstd);
+void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                         const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
+// Normalizes over the trailing `normalized` elements of each row.
+Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                          const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd);
+void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                         const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
+
+// ---- embedding -----------------------------------------------------------------------------
+// table(V,E), indices(...) I64 -> (..., E). Throws std::out_of_range naming a bad index.
+Tensor embedding_forward(const Tensor& table, const Tensor& indices);
+void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table);
+
+// ---- random ----------------------------------------------------------------------------
+// Inverted dropout mask: 0 with probability p, else 1/(1-p).
+Tensor dropout_mask(const Shape& shape, float p, Generator& gen);
+
+}  // namespace hpm::kernels

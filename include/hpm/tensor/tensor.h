@@ -1,0 +1,149 @@
+// Tensor: a shared handle to a typed, row-major, contiguous block of a Device's memory.
+//
+// Copies of a Tensor alias the same data (like torch.Tensor). Views (reshape, narrow along the
+// first dimension) share storage with an element offset; everything else allocates. The autograd
+// fields are plain data here: the autograd layer gives them meaning, so the tensor layer can be
+// used and tested alone.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "hpm/tensor/device.h"
+#include "hpm/tensor/dtype.h"
+#include "hpm/tensor/shape.h"
+
+namespace hpm {
+
+namespace autograd {
+class Node;
+}
+class Generator;
+class Tensor;
+
+// Owns one allocation of a Device and returns it there when the last view dies.
+class Storage {
+ public:
+  Storage(Device& device, std::size_t bytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+  Device& device() const { return *device_; }
+
+ private:
+  Device* device_;
+  void* data_;
+  std::size_t bytes_;
+};
+
+struct TensorImpl;
+
+// Per-tensor autograd state. grad_fn is the node that produced this tensor (null for leaves);
+// grad_accumulator is the leaf's sink node, created on first use and shared by all graphs.
+struct AutogradMeta {
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;
+  std::weak_ptr<autograd::Node> grad_accumulator;
+  int output_nr = 0;
+  // Called after a leaf's gradient is accumulated (the gradient reducer starts all-reduce here).
+  std::vector<std::function<void(Tensor&)>> post_accumulate_hooks;
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  std::int64_t offset = 0;  // in elements
+  Shape shape;
+  DType dtype = DType::F32;
+  std::unique_ptr<AutogradMeta> autograd;  // allocated only for tensors that take part in autograd
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // -- factories ----------------------------------------------------------------------------
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device& device = Device::cpu());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device& device = Device::cpu());
+  static Tensor full(const Shape& shape, float value, Device& device = Device::cpu());
+  static Tensor ones(const Shape& shape, Device& device = Device::cpu()) {
+    return full(shape, 1.0f, device);
+  }
+  static Tensor scalar(float value) { return full(Shape{}, value); }
+  static Tensor from(std::span<const float> values, const Shape& shape,
+                     Device& device = Device::cpu());
+  static Tensor from(std::initializer_list<float> values, const Shape& shape) {
+    return from(std::span<const float>(values.begin(), values.size()), shape);
+  }
+  static Tensor from_i64(std::span<const std::int64_t> values, const Shape& shape,
+                         Device& device = Device::cpu());
+  static Tensor randn(const Shape& shape, Generator& gen, float mean = 0.0f, float stddev = 1.0f,
+                      Device& device = Device::cpu());
+  static Tensor uniform(const Shape& shape, Generator& gen, float low, float high,
+                        Device& device = Device::cpu());
+
+  // -- metadata -----------------------------------------------------------------------------
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  int dim() const { return impl_->shape.rank(); }
+  std::int64_t size(int d) const { return impl_->shape[d]; }
+  std::int64_t numel() const { return impl_->shape.numel(); }
+  DType dtype() const { return impl_->dtype; }
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+  Device& device() const { return impl_->storage->device(); }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool same_storage(const Tensor& o) const { return impl_->storage == o.impl_->storage; }
+
+  // -- data ---------------------------------------------------------------------------------
+  // Checks the dtype (throws std::logic_error on a mismatch).
+  template <typename T>
+  T* data() const {
+    check_dtype(dtype_of<T>::value);
+    return static_cast<T*>(raw_data());
+  }
+  void* raw_data() const {
+    return static_cast<char*>(impl_->storage->data()) +
+           impl_->offset * static_cast<std::int64_t>(dtype_size(impl_->dtype));
+  }
+  float item() const;  // the value of a one-element float tensor
+  std::vector<float> to_vector() const;
+  std::vector<std::int64_t> to_vector_i64() const;
+
+  // -- views and copies (no autograd; the autograd layer's ops record these) ------------------
+  Tensor reshape(const Shape& shape) const;  // a view; one dimension may be -1
+  Tensor narrow(std::int64_t begin, std::int64_t length) const;  // rows [begin, begin+length)
+  Tensor clone() const;
+  Tensor detach() const;  // shares data, no autograd history
+  void copy_(const Tensor& src);  // same numel and dtype
+  void fill_(float value);
+  void zero_();
+
+  // -- autograd state -----------------------------------------------------------------------
+  bool requires_grad() const { return impl_->autograd && impl_->autograd->requires_grad; }
+  Tensor& set_requires_grad(bool on);
+  Tensor grad() const;
+  void set_grad(const Tensor& g);
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  bool is_leaf() const { return !grad_fn(); }
+  AutogradMeta& autograd_meta();  // creates it on first use
+  // Runs reverse-mode differentiation from this tensor (defined in the autograd layer).
+  void backward(const Tensor& grad_output = Tensor()) const;
+
+  std::string str(int max_elements = 8) const;
+
+ private:
+  void check_dtype(DType expected) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Throws std::invalid_argument "<what>: expected shape X, got Y" on a mismatch.
+void check_shape(const Tensor& t, const Shape& expected, const char* what);
+
+}  // namespace hpm

@@ -1,0 +1,77 @@
+// The backward engine: counts each node's dependencies, then runs nodes whose gradients are
+// complete, latest-created first, summing gradients that arrive along several edges.
+#include <queue>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "hpm/autograd/grad_mode.h"
+#include "hpm/autograd/node.h"
+#include "hpm/tensor/kernels.h"
+
+namespace hpm {
+
+void Tensor::backward(const Tensor& grad_output) const {
+  using namespace autograd;
+  if (!requires_grad()) {
+    throw std::logic_error("backward() on a tensor that does not require grad and has no grad_fn");
+  }
+  Tensor seed = grad_output;
+  if (!seed.defined()) {
+    if (numel() != 1) {
+      throw std::logic_error("backward() without a gradient needs a scalar output, got shape " +
+                             shape().str());
+    }
+    seed = Tensor::ones(shape(), device());
+  } else {
+    check_shape(seed, shape(), "backward: grad_output");
+  }
+  const Edge root = gradient_edge(*this);
+  NoGradGuard no_grad;  // gradient rules compute plain tensors
+
+  std::unordered_map<Node*, int> deps;
+  {
+    std::vector<Node*> stack{root.fn.get()};
+    deps[root.fn.get()] = 0;
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next_edges) {
+        if (!e.valid()) continue;
+        auto [it, inserted] = deps.try_emplace(e.fn.get(), 0);
+        ++it->second;
+        if (inserted) stack.push_back(e.fn.get());
+      }
+    }
+  }
+
+  struct Later {
+    bool operator()(const Node* a, const Node* b) const { return a->sequence_nr < b->sequence_nr; }
+  };
+  std::priority_queue<Node*, std::vector<Node*>, Later> ready;
+  std::unordered_map<Node*, Tensors> inputs;
+  inputs[root.fn.get()].resize(static_cast<std::size_t>(root.fn->num_outputs()));
+  inputs[root.fn.get()][static_cast<std::size_t>(root.input_nr)] = seed;
+  ready.push(root.fn.get());
+
+  while (!ready.empty()) {
+    Node* node = ready.top();
+    ready.pop();
+    Tensors grads_in = std::move(inputs[node]);
+    inputs.erase(node);
+    Tensors grads_out = node->apply(std::move(grads_in));
+    for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
+      const Edge& e = node->next_edges[i];
+      if (!e.valid()) continue;
+      Tensors& buf = inputs[e.fn.get()];
+      if (buf.empty()) buf.resize(static_cast<std::size_t>(e.fn->num_outputs()));
+      if (i < grads_out.size() && grads_out[i].defined()) {
+        Tensor& slot = buf[static_cast<std::size_t>(e.input_nr)];
+        slot = slot.defined() ? kernels::binary(kernels::BinaryOp::Add, slot, grads_out[i])
+                              : grads_out[i];
+      }
+      if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
+    }
+  }
+}
+
+}  // namespace hpm

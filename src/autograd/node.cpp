@@ -1,0 +1,88 @@
+#include "hpm/autograd/node.h"
+
+#include <atomic>
+#include <stdexcept>
+
+#include "hpm/autograd/grad_mode.h"
+#include "hpm/tensor/kernels.h"
+
+namespace hpm::autograd {
+
+namespace {
+std::atomic<std::uint64_t> next_sequence_nr{0};
+thread_local bool grad_mode = true;
+}  // namespace
+
+bool grad_enabled() { return grad_mode; }
+void set_grad_enabled(bool on) { grad_mode = on; }
+
+Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+Tensors AccumulateGrad::apply(Tensors&& grad_outputs) {
+  Tensor& g = grad_outputs.at(0);
+  if (!g.defined()) return {};
+  AutogradMeta& meta = *variable_->autograd;
+  if (!meta.grad) {
+    // Steal the incoming buffer when nothing else can see it; otherwise keep a private copy so
+    // that accumulating into one leaf's grad never changes another's.
+    const bool exclusive = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 &&
+                           g.impl()->offset == 0;
+    Tensor owned = exclusive ? g : g.clone();
+    owned.impl()->autograd.reset();
+    owned = owned.reshape(variable_->shape);
+    meta.grad = owned.impl_ptr();
+  } else {
+    Tensor acc(meta.grad);
+    kernels::axpy_(acc, 1.0f, g);
+  }
+  if (!meta.post_accumulate_hooks.empty()) {
+    Tensor var(variable_);
+    for (auto& hook : meta.post_accumulate_hooks) hook(var);
+  }
+  return {};
+}
+
+Tensors FunctionNode::apply(Tensors&& grad_outputs) {
+  if (!fn_) {
+    throw std::logic_error(std::string("backward through ") + name_ +
+                           " a second time: its saved tensors were freed after the first backward");
+  }
+  if (!grad_outputs.at(0).defined()) {
+    fn_ = nullptr;
+    return Tensors(next_edges.size());
+  }
+  std::vector<bool> needs(next_edges.size());
+  for (std::size_t i = 0; i < next_edges.size(); ++i) needs[i] = next_edges[i].valid();
+  Tensors grads = fn_(grad_outputs.at(0), needs);
+  fn_ = nullptr;
+  return grads;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  auto& meta = *t.impl()->autograd;
+  if (meta.grad_fn) return {meta.grad_fn, meta.output_nr};
+  std::shared_ptr<Node> acc = meta.grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(t.impl_ptr());
+    meta.grad_accumulator = acc;
+  }
+  return {acc, 0};
+}
+
+Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn backward) {
+  if (!grad_enabled()) return output;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return output;
+  auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  node->next_edges.reserve(inputs.size());
+  for (const Tensor& t : inputs) node->next_edges.push_back(gradient_edge(t));
+  AutogradMeta& meta = output.autograd_meta();
+  meta.requires_grad = true;
+  meta.grad_fn = std::move(node);
+  meta.output_nr = 0;
+  return output;
+}
+
+}  // namespace hpm::autograd

@@ -1,0 +1,350 @@
+// Every differentiable op: forward through a kernel, then its gradient rule. Rules save inputs as
+// they are and outputs detached (an output saving itself would be a reference cycle).
+#include "hpm/autograd/ops.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "hpm/autograd/node.h"
+
+namespace hpm {
+
+using autograd::record;
+using autograd::Tensors;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+using Needs = std::vector<bool>;
+
+// ---- arithmetic ------------------------------------------------------------------------------
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor y = kernels::binary(BinaryOp::Add, a, b);
+  const Shape sa = a.shape(), sb = b.shape();
+  return record("Add", {a, b}, y, [sa, sb](const Tensor& g, const Needs& n) {
+    return Tensors{n[0] ? kernels::sum_to(g, sa) : Tensor(), n[1] ? kernels::sum_to(g, sb) : Tensor()};
+  });
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor y = kernels::binary(BinaryOp::Sub, a, b);
+  const Shape sa = a.shape(), sb = b.shape();
+  return record("Sub", {a, b}, y, [sa, sb](const Tensor& g, const Needs& n) {
+    return Tensors{n[0] ? kernels::sum_to(g, sa) : Tensor(),
+                   n[1] ? kernels::sum_to(kernels::mul_scalar(g, -1.0f), sb) : Tensor()};
+  });
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor y = kernels::binary(BinaryOp::Mul, a, b);
+  return record("Mul", {a, b}, y, [a, b](const Tensor& g, const Needs& n) {
+    return Tensors{
+        n[0] ? kernels::sum_to(kernels::binary(BinaryOp::Mul, g, b), a.shape()) : Tensor(),
+        n[1] ? kernels::sum_to(kernels::binary(BinaryOp::Mul, g, a), b.shape()) : Tensor()};
+  });
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor y = kernels::binary(BinaryOp::Div, a, b);
+  Tensor yd = y.detach();
+  return record("Div", {a, b}, y, [a, b, yd](const Tensor& g, const Needs& n) {
+    Tensor ga, gb;
+    if (n[0]) ga = kernels::sum_to(kernels::binary(BinaryOp::Div, g, b), a.shape());
+    if (n[1]) {
+      // d(a/b)/db = -y / b
+      Tensor t = kernels::binary(BinaryOp::Div, kernels::binary(BinaryOp::Mul, g, yd), b);
+      gb = kernels::sum_to(kernels::mul_scalar(t, -1.0f), b.shape());
+    }
+    return Tensors{ga, gb};
+  });
+}
+
+Tensor add(const Tensor& a, float s) {
+  return record("AddScalar", {a}, kernels::add_scalar(a, s),
+                [](const Tensor& g, const Needs&) { return Tensors{g}; });
+}
+
+Tensor mul(const Tensor& a, float s) {
+  return record("MulScalar", {a}, kernels::mul_scalar(a, s), [s](const Tensor& g, const Needs&) {
+    return Tensors{kernels::mul_scalar(g, s)};
+  });
+}
+
+// ---- element-wise functions ------------------------------------------------------------------
+
+namespace {
+Tensor unary_op(const char* name, UnaryOp op, const Tensor& x) {
+  Tensor y = kernels::unary(op, x);
+  Tensor yd = y.detach();
+  return record(name, {x}, y, [op, x, yd](const Tensor& g, const Needs&) {
+    return Tensors{kernels::unary_backward(op, g, x, yd)};
+  });
+}
+}  // namespace
+
+Tensor neg(const Tensor& a) { return unary_op("Neg", UnaryOp::Neg, a); }
+Tensor exp(const Tensor& x) { return unary_op("Exp", UnaryOp::Exp, x); }
+Tensor log(const Tensor& x) { return unary_op("Log", UnaryOp::Log, x); }
+Tensor sqrt(const Tensor& x) { return unary_op("Sqrt", UnaryOp::Sqrt, x); }
+Tensor square(const Tensor& x) { return unary_op("Square", UnaryOp::Square, x); }
+Tensor relu(const Tensor& x) { return unary_op("Relu", UnaryOp::Relu, x); }
+Tensor tanh(const Tensor& x) { return unary_op("Tanh", UnaryOp::Tanh, x); }
+Tensor sigmoid(const Tensor& x) { return unary_op("Sigmoid", UnaryOp::Sigmoid, x); }
+Tensor gelu(const Tensor& x, bool tanh_approximation) {
+  return unary_op("Gelu", tanh_approximation ? UnaryOp::GeluTanh : UnaryOp::Gelu, x);
+}
+
+// ---- reductions ----------------------------------------------------------------------------
+
+Tensor sum(const Tensor& x) {
+  const Shape s = x.shape();
+  return record("Sum", {x}, Tensor::scalar(kernels::sum_all(x)),
+                [s](const Tensor& g, const Needs&) { return Tensors{kernels::broadcast_to(g, s)}; });
+}
+
+Tensor sum(const Tensor& x, int dim, bool keepdim) {
+  const Shape s = x.shape();
+  const int d = s.wrap(dim);
+  return record("SumDim", {x}, kernels::sum_dim(x, d, keepdim),
+                [s, d, keepdim](const Tensor& g, const Needs&) {
+                  Shape kept = s;
+                  kept[d] = 1;
+                  Tensor gk = keepdim ? g : g.reshape(kept);
+                  return Tensors{kernels::broadcast_to(gk, s)};
+                });
+}
+
+Tensor mean(const Tensor& x) { return mul(sum(x), 1.0f / static_cast<float>(x.numel())); }
+
+Tensor mean(const Tensor& x, int dim, bool keepdim) {
+  return mul(sum(x, dim, keepdim), 1.0f / static_cast<float>(x.size(dim)));
+}
+
+// ---- shape -----------------------------------------------------------------------------------
+
+Tensor reshape(const Tensor& x, const Shape& shape) {
+  const Shape s = x.shape();
+  return record("Reshape", {x}, x.reshape(shape),
+                [s](const Tensor& g, const Needs&) { return Tensors{g.reshape(s)}; });
+}
+
+Tensor flatten(const Tensor& x, int start_dim) {
+  const int d = x.shape().wrap(start_dim);
+  std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().begin() + d);
+  dims.push_back(x.shape().numel_from(d));
+  return reshape(x, Shape(dims));
+}
+
+Tensor transpose(const Tensor& x) {
+  return record("Transpose", {x}, kernels::transpose2d(x), [](const Tensor& g, const Needs&) {
+    return Tensors{kernels::transpose2d(g)};
+  });
+}
+
+Tensor permute(const Tensor& x, const std::vector<int>& perm) {
+  std::vector<int> inverse(perm.size());
+  for (std::size_t i = 0; i < perm.size(); ++i)
+    inverse[static_cast<std::size_t>(x.shape().wrap(perm[i]))] = static_cast<int>(i);
+  return record("Permute", {x}, kernels::permute(x, perm),
+                [inverse](const Tensor& g, const Needs&) {
+                  return Tensors{kernels::permute(g, inverse)};
+                });
+}
+
+// ---- linear algebra --------------------------------------------------------------------------
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  return record("MatMul", {a, b}, kernels::matmul(a, b), [a, b](const Tensor& g, const Needs& n) {
+    // dA = G B^T, dB = A^T G
+    return Tensors{n[0] ? kernels::matmul(g, b, false, true) : Tensor(),
+                   n[1] ? kernels::matmul(a, g, true, false) : Tensor()};
+  });
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  Tensor y = kernels::linear(x, weight, bias);
+  return record("Linear", {x, weight, bias}, y,
+                [x, weight](const Tensor& g, const Needs& n) {
+                  // g(N,OUT): dx = g W (N,IN), dW = g^T x (OUT,IN), db = sum_rows g (OUT)
+                  return Tensors{n[0] ? kernels::matmul(g, weight) : Tensor(),
+                                 n[1] ? kernels::matmul(g, x, true, false) : Tensor(),
+                                 n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
+                });
+}
+
+// ---- convolution and pooling ---------------------------------------------------------------
+
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              const kernels::Conv2dParams& p) {
+  Tensor y = kernels::conv2d_forward(x, weight, bias, p);
+  return record("Conv2d", {x, weight, bias}, y, [x, weight, p](const Tensor& g, const Needs& n) {
+    Tensor gx, gw, gb;
+    kernels::conv2d_backward(g, x, weight, p, n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                             n[2] ? &gb : nullptr);
+    return Tensors{gx, gw, gb};
+  });
+}
+
+Tensor max_pool2d(const Tensor& x, const kernels::Pool2dParams& p) {
+  Tensor argmax;
+  Tensor y = kernels::max_pool2d_forward(x, p, argmax);
+  const Shape s = x.shape();
+  return record("MaxPool2d", {x}, y, [argmax, s](const Tensor& g, const Needs&) {
+    return Tensors{kernels::max_pool2d_backward(g, argmax, s)};
+  });
+}
+
+Tensor avg_pool2d(const Tensor& x, const kernels::Pool2dParams& p) {
+  const Shape s = x.shape();
+  return record("AvgPool2d", {x}, kernels::avg_pool2d_forward(x, p),
+                [s, p](const Tensor& g, const Needs&) {
+                  return Tensors{kernels::avg_pool2d_backward(g, s, p)};
+                });
+}
+
+Tensor global_avg_pool2d(const Tensor& x) {
+  if (x.dim() != 4) {
+    throw std::invalid_argument("global_avg_pool2d: expected (N,C,H,W), got " + x.shape().str());
+  }
+  return mean(reshape(x, {x.size(0), x.size(1), x.size(2) * x.size(3)}), 2);
+}
+
+// ---- normalization, embedding, dropout -------------------------------------------------------
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
+                  Tensor running_var, bool training, float momentum, float eps) {
+  Tensor mean, invstd;
+  Tensor y = kernels::batch_norm_forward(x, weight, bias, running_mean, running_var, training,
+                                         momentum, eps, mean, invstd);
+  return record("BatchNorm", {x, weight, bias}, y,
+                [x, weight, mean, invstd, training](const Tensor& g, const Needs& n) {
+                  Tensor gx, gw, gb;
+                  kernels::batch_norm_backward(g, x, weight, mean, invstd, training,
+                                               n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                                               n[2] ? &gb : nullptr);
+                  return Tensors{gx, gw, gb};
+                });
+}
+
+Tensor layer_norm(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                  const Tensor& bias, float eps) {
+  Tensor mean, rstd;
+  Tensor y = kernels::layer_norm_forward(x, normalized, weight, bias, eps, mean, rstd);
+  return record("LayerNorm", {x, weight, bias}, y,
+                [x, normalized, weight, mean, rstd](const Tensor& g, const Needs& n) {
+                  Tensor gx, gw, gb;
+                  kernels::layer_norm_backward(g, x, normalized, weight, mean, rstd,
+                                               n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                                               n[2] ? &gb : nullptr);
+                  return Tensors{gx, gw.defined() ? gw.reshape(weight.shape()) : gw,
+                                 gb.defined() ? gb.reshape(weight.shape()) : gb};
+                });
+}
+
+Tensor embedding(const Tensor& table, const Tensor& indices) {
+  return record("Embedding", {table}, kernels::embedding_forward(table, indices),
+                [table, indices](const Tensor& g, const Needs&) {
+                  Tensor gt = Tensor::zeros(table.shape(), DType::F32, table.device());
+                  kernels::embedding_backward(g, indices, gt);
+                  return Tensors{gt};
+                });
+}
+
+Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
+  if (p < 0.0f || p >= 1.0f) {
+    throw std::invalid_argument("dropout probability must be in [0, 1), got " + std::to_string(p));
+  }
+  if (!training || p == 0.0f) return x;
+  return mul(x, kernels::dropout_mask(x.shape(), p, gen));
+}
+
+// ---- softmax and losses ----------------------------------------------------------------------
+
+Tensor softmax(const Tensor& x, int dim) {
+  Tensor y = kernels::softmax(x, dim);
+  Tensor yd = y.detach();
+  return record("Softmax", {x}, y, [yd, dim](const Tensor& g, const Needs&) {
+    return Tensors{kernels::softmax_backward(g, yd, dim)};
+  });
+}
+
+Tensor log_softmax(const Tensor& x, int dim) {
+  Tensor y = kernels::log_softmax(x, dim);
+  Tensor yd = y.detach();
+  return record("LogSoftmax", {x}, y, [yd, dim](const Tensor& g, const Needs&) {
+    return Tensors{kernels::log_softmax_backward(g, yd, dim)};
+  });
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing) {
+  if (label_smoothing < 0.0f || label_smoothing > 1.0f) {
+    throw std::invalid_argument("label_smoothing must be in [0, 1]");
+  }
+  Tensor probs;
+  const float loss = kernels::cross_entropy_forward(logits, labels, label_smoothing, probs);
+  return record("CrossEntropy", {logits}, Tensor::scalar(loss),
+                [probs, labels, label_smoothing](const Tensor& g, const Needs&) {
+                  return Tensors{
+                      kernels::cross_entropy_backward(probs, labels, label_smoothing, g.item())};
+                });
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& labels) {
+  if (log_probs.dim() != 2 || labels.dim() != 1 || labels.size(0) != log_probs.size(0)) {
+    throw std::invalid_argument("nll_loss: expected (N,C) and (N), got " +
+                                log_probs.shape().str() + " and " + labels.shape().str());
+  }
+  const std::int64_t n = log_probs.size(0), c = log_probs.size(1);
+  const float* lp = log_probs.data<float>();
+  const auto* y = labels.data<std::int64_t>();
+  double total = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (y[i] < 0 || y[i] >= c) {
+      throw std::out_of_range("nll_loss: label " + std::to_string(y[i]) + " at row " +
+                              std::to_string(i) + " out of range [0, " + std::to_string(c) + ")");
+    }
+    total -= lp[i * c + y[i]];
+  }
+  const Shape s = log_probs.shape();
+  return record("NllLoss", {log_probs}, Tensor::scalar(static_cast<float>(total / n)),
+                [labels, s](const Tensor& g, const Needs&) {
+                  Tensor gx = Tensor::zeros(s);
+                  const float v = -g.item() / static_cast<float>(s[0]);
+                  const auto* yy = labels.data<std::int64_t>();
+                  for (std::int64_t i = 0; i < s[0]; ++i) gx.data<float>()[i * s[1] + yy[i]] = v;
+                  return Tensors{gx};
+                });
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  check_shape(target, input.shape(), "mse_loss: target");
+  return mean(square(sub(input, target)));
+}
+
+Tensor kl_div(const Tensor& input_log_probs, const Tensor& target_probs) {
+  check_shape(target_probs, input_log_probs.shape(), "kl_div: target");
+  const float* x = input_log_probs.data<float>();
+  const float* t = target_probs.data<float>();
+  const auto batch = static_cast<float>(input_log_probs.dim() > 0 ? input_log_probs.size(0) : 1);
+  double total = 0.0;
+  for (std::int64_t i = 0; i < input_log_probs.numel(); ++i)
+    if (t[i] > 0.0f) total += t[i] * (std::log(static_cast<double>(t[i])) - x[i]);
+  return record("KlDiv", {input_log_probs, target_probs},
+                Tensor::scalar(static_cast<float>(total / batch)),
+                [input_log_probs, target_probs, batch](const Tensor& g, const Needs& n) {
+                  const float scale = g.item() / batch;
+                  Tensor gx, gt;
+                  if (n[0]) gx = kernels::mul_scalar(target_probs, -scale);
+                  if (n[1]) {
+                    // d/dt [t (log t - x)] = log t + 1 - x
+                    gt = Tensor::empty(target_probs.shape());
+                    const float* tp = target_probs.data<float>();
+                    const float* xp = input_log_probs.data<float>();
+                    for (std::int64_t i = 0; i < gt.numel(); ++i)
+                      gt.data<float>()[i] =
+                          tp[i] > 0.0f ? scale * (std::log(tp[i]) + 1.0f - xp[i]) : 0.0f;
+                  }
+                  return Tensors{gx, gt};
+                });
+}
+
+}  // namespace hpm

@@ -1,0 +1,165 @@
+#include "hpm/nn/layers.h"
+
+#include <cmath>
+#include <sstream>
+#include <stdexcept>
+
+namespace hpm::nn {
+
+namespace {
+// PyTorch's kaiming_uniform_(a=sqrt(5)) and bias init both reduce to U(-1/sqrt(fan_in), ..).
+Tensor fan_in_uniform(const Shape& shape, std::int64_t fan_in, Generator& gen) {
+  const float bound = fan_in > 0 ? 1.0f / std::sqrt(static_cast<float>(fan_in)) : 0.0f;
+  return Tensor::uniform(shape, gen, -bound, bound);
+}
+std::string b(bool v) { return v ? "True" : "False"; }
+}  // namespace
+
+Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool has_bias, Generator& gen)
+    : in_(in_features), out_(out_features) {
+  if (in_features <= 0 || out_features <= 0) {
+    throw std::invalid_argument("Linear: features must be positive, got " +
+                                std::to_string(in_features) + " -> " +
+                                std::to_string(out_features));
+  }
+  weight = register_parameter("weight", fan_in_uniform({out_, in_}, in_, gen));
+  if (has_bias) bias = register_parameter("bias", fan_in_uniform({out_}, in_, gen));
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  if (x.dim() != 2 || x.size(1) != in_) {
+    throw std::invalid_argument("Linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
+                                "): expected input (N, " + std::to_string(in_) + "), got " +
+                                x.shape().str());
+  }
+  return linear(x, weight, bias);
+}
+
+std::string Linear::extra_repr() const {
+  return "in_features=" + std::to_string(in_) + ", out_features=" + std::to_string(out_) +
+         ", bias=" + b(bias.defined());
+}
+
+Conv2d::Conv2d(const Conv2dOptions& o, Generator& gen) : o_(o) {
+  if (o.in_channels <= 0 || o.out_channels <= 0 || o.kernel_size <= 0 || o.stride <= 0 ||
+      o.padding < 0) {
+    throw std::invalid_argument("Conv2d: invalid options");
+  }
+  const std::int64_t fan_in = o.in_channels * o.kernel_size * o.kernel_size;
+  weight = register_parameter(
+      "weight", fan_in_uniform({o.out_channels, o.in_channels, o.kernel_size, o.kernel_size},
+                               fan_in, gen));
+  if (o.bias) bias = register_parameter("bias", fan_in_uniform({o.out_channels}, fan_in, gen));
+}
+
+Tensor Conv2d::forward(const Tensor& x) {
+  if (x.dim() != 4 || x.size(1) != o_.in_channels) {
+    throw std::invalid_argument("Conv2d: expected input (N, " + std::to_string(o_.in_channels) +
+                                ", H, W), got " + x.shape().str());
+  }
+  kernels::Conv2dParams p{o_.stride, o_.stride, o_.padding, o_.padding};
+  return conv2d(x, weight, bias, p);
+}
+
+std::string Conv2d::extra_repr() const {
+  std::ostringstream os;
+  os << o_.in_channels << ", " << o_.out_channels << ", kernel_size=" << o_.kernel_size
+     << ", stride=" << o_.stride << ", padding=" << o_.padding << ", bias=" << b(o_.bias);
+  return os.str();
+}
+
+namespace {
+kernels::Pool2dParams pool_params(int k, int s, int p, bool include_pad) {
+  if (k <= 0 || s < 0 || p < 0) throw std::invalid_argument("pooling: invalid kernel/stride/padding");
+  const int stride = s == 0 ? k : s;
+  return {k, k, stride, stride, p, p, include_pad};
+}
+std::string pool_repr(const kernels::Pool2dParams& p) {
+  return "kernel_size=" + std::to_string(p.kernel_h) + ", stride=" + std::to_string(p.stride_h) +
+         ", padding=" + std::to_string(p.pad_h);
+}
+}  // namespace
+
+MaxPool2d::MaxPool2d(int kernel_size, int stride, int padding)
+    : p_(pool_params(kernel_size, stride, padding, true)) {}
+std::string MaxPool2d::extra_repr() const { return pool_repr(p_); }
+
+AvgPool2d::AvgPool2d(int kernel_size, int stride, int padding, bool count_include_pad)
+    : p_(pool_params(kernel_size, stride, padding, count_include_pad)) {}
+std::string AvgPool2d::extra_repr() const { return pool_repr(p_); }
+
+Dropout::Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {
+  if (p < 0.0f || p >= 1.0f) {
+    throw std::invalid_argument("Dropout: p must be in [0, 1), got " + std::to_string(p));
+  }
+}
+std::string Dropout::extra_repr() const { return "p=" + std::to_string(p_); }
+
+BatchNorm::BatchNorm(const BatchNormOptions& o, int spatial_dims)
+    : o_(o), spatial_dims_(spatial_dims) {
+  if (o.num_features <= 0) throw std::invalid_argument("BatchNorm: num_features must be positive");
+  if (o.affine) {
+    weight = register_parameter("weight", Tensor::ones({o.num_features}));
+    bias = register_parameter("bias", Tensor::zeros({o.num_features}));
+  }
+  if (o.track_running_stats) {
+    running_mean = register_buffer("running_mean", Tensor::zeros({o.num_features}));
+    running_var = register_buffer("running_var", Tensor::ones({o.num_features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", Tensor::zeros({}, DType::I64));
+  }
+}
+
+Tensor BatchNorm::forward(const Tensor& x) {
+  const bool ok = spatial_dims_ == 2 ? x.dim() == 4 : (x.dim() == 2 || x.dim() == 3);
+  if (!ok || x.size(1) != o_.num_features) {
+    throw std::invalid_argument(type_name() + "(" + std::to_string(o_.num_features) +
+                                "): unexpected input shape " + x.shape().str());
+  }
+  const bool use_batch_stats = is_training() || !o_.track_running_stats;
+  if (is_training() && o_.track_running_stats) ++*num_batches_tracked.data<std::int64_t>();
+  return batch_norm(x, weight, bias, running_mean, running_var, use_batch_stats, o_.momentum,
+                    o_.eps);
+}
+
+std::string BatchNorm::extra_repr() const {
+  std::ostringstream os;
+  os << o_.num_features << ", eps=" << o_.eps << ", momentum=" << o_.momentum
+     << ", affine=" << b(o_.affine) << ", track_running_stats=" << b(o_.track_running_stats);
+  return os.str();
+}
+
+LayerNorm::LayerNorm(Shape normalized_shape, float eps, bool elementwise_affine)
+    : shape_(std::move(normalized_shape)), eps_(eps) {
+  if (elementwise_affine) {
+    weight = register_parameter("weight", Tensor::ones(shape_));
+    bias = register_parameter("bias", Tensor::zeros(shape_));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  const int k = shape_.rank();
+  bool ok = x.dim() >= k;
+  for (int i = 0; ok && i < k; ++i) ok = x.size(x.dim() - k + i) == shape_[i];
+  if (!ok) {
+    throw std::invalid_argument("LayerNorm(" + shape_.str() + "): input " + x.shape().str() +
+                                " does not end with the normalized shape");
+  }
+  return layer_norm(x, shape_.numel(), weight, bias, eps_);
+}
+
+std::string LayerNorm::extra_repr() const {
+  std::ostringstream os;
+  os << shape_.str() << ", eps=" << eps_ << ", elementwise_affine=" << b(weight.defined());
+  return os.str();
+}
+
+Embedding::Embedding(std::int64_t num_embeddings, std::int64_t dim, Generator& gen) {
+  if (num_embeddings <= 0 || dim <= 0) throw std::invalid_argument("Embedding: sizes must be positive");
+  weight = register_parameter("weight", Tensor::randn({num_embeddings, dim}, gen));
+}
+
+std::string Embedding::extra_repr() const {
+  return std::to_string(weight.size(0)) + ", " + std::to_string(weight.size(1));
+}
+
+}  // namespace hpm::nn

@@ -1,0 +1,130 @@
+#include "hpm/nn/module.h"
+
+#include <map>
+#include <sstream>
+#include <stdexcept>
+
+namespace hpm::nn {
+
+Tensor& Module::register_parameter(std::string name, Tensor value) {
+  if (value.defined()) value.set_requires_grad(true);
+  params_.emplace_back(std::move(name), value);
+  return params_.back().second;
+}
+
+Tensor& Module::register_buffer(std::string name, Tensor value) {
+  buffers_.emplace_back(std::move(name), std::move(value));
+  return buffers_.back().second;
+}
+
+void Module::collect(const std::string& prefix, bool params, NamedTensors& out) const {
+  for (const auto& [name, t] : params ? params_ : buffers_)
+    if (t.defined()) out.emplace_back(prefix + name, t);
+  for (const auto& [name, child] : children_) child->collect(prefix + name + ".", params, out);
+}
+
+NamedTensors Module::named_parameters() const {
+  NamedTensors out;
+  collect("", true, out);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters() const {
+  std::vector<Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+NamedTensors Module::named_buffers() const {
+  NamedTensors out;
+  collect("", false, out);
+  return out;
+}
+
+NamedTensors Module::state_dict() const {
+  NamedTensors out = named_parameters();
+  for (auto& nb : named_buffers()) out.push_back(nb);
+  return out;
+}
+
+void Module::load_state_dict(const NamedTensors& state) {
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [name, t] : state) given[name] = &t;
+  NamedTensors mine = state_dict();
+  // Validate everything before changing anything.
+  for (const auto& [name, t] : mine) {
+    auto it = given.find(name);
+    if (it == given.end()) throw std::invalid_argument("load_state_dict: missing entry '" + name + "'");
+    if (it->second->shape() != t.shape() || it->second->dtype() != t.dtype()) {
+      throw std::invalid_argument("load_state_dict: '" + name + "' has shape " +
+                                  it->second->shape().str() + " " +
+                                  dtype_name(it->second->dtype()) + ", the model expects " +
+                                  t.shape().str() + " " + dtype_name(t.dtype()));
+    }
+  }
+  if (given.size() != mine.size()) {
+    std::map<std::string, bool> known;
+    for (const auto& [name, t] : mine) known[name] = true;
+    for (const auto& [name, t] : given)
+      if (!known.count(name)) {
+        throw std::invalid_argument("load_state_dict: unexpected entry '" + name + "'");
+      }
+  }
+  for (auto& [name, t] : mine) t.copy_(*given[name]);
+}
+
+void Module::train(bool on) {
+  training_ = on;
+  for (auto& [name, child] : children_) child->train(on);
+}
+
+void Module::zero_grad() {
+  for (auto& t : parameters())
+    if (t.impl()->autograd) t.impl()->autograd->grad.reset();
+}
+
+std::int64_t Module::num_parameters() const {
+  std::int64_t n = 0;
+  for (const auto& t : parameters()) n += t.numel();
+  return n;
+}
+
+std::string Module::repr(int indent) const {
+  std::ostringstream os;
+  os << type_name() << '(' << extra_repr();
+  if (!children_.empty()) {
+    os << '\n';
+    for (const auto& [name, child] : children_)
+      os << std::string(static_cast<std::size_t>(indent + 2), ' ') << '(' << name
+         << "): " << child->repr(indent + 2) << '\n';
+    os << std::string(static_cast<std::size_t>(indent), ' ');
+  }
+  os << ')';
+  return os.str();
+}
+
+Sequential::Sequential(std::vector<std::shared_ptr<Module>> layers) {
+  for (auto& l : layers) push_back(std::move(l));
+}
+
+void Sequential::push_back(std::shared_ptr<Module> layer) {
+  register_module(std::to_string(size()), std::move(layer));
+}
+
+std::shared_ptr<Sequential> Sequential::slice(std::size_t begin, std::size_t end) const {
+  if (begin > end || end > size()) {
+    throw std::out_of_range("Sequential::slice(" + std::to_string(begin) + ", " +
+                            std::to_string(end) + ") of " + std::to_string(size()) + " layers");
+  }
+  auto s = std::make_shared<Sequential>();
+  for (std::size_t i = begin; i < end; ++i) s->push_back((*this)[i]);
+  return s;
+}
+
+Tensor Sequential::forward(const Tensor& x) {
+  Tensor h = x;
+  for (const auto& [name, layer] : children()) h = layer->forward(h);
+  return h;
+}
+
+}  // namespace hpm::nn

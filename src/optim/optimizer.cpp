@@ -1,0 +1,161 @@
+#include "hpm/optim/optimizer.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "hpm/tensor/kernels.h"
+
+namespace hpm::optim {
+
+Optimizer::Optimizer(NamedTensors params, float lr)
+    : params_(std::move(params)), lr_(lr), buffers_(params_.size()) {
+  if (!(lr >= 0.0f)) throw std::invalid_argument("learning rate must be >= 0, got " + std::to_string(lr));
+  for (auto& [name, p] : params_) {
+    if (!p.requires_grad()) {
+      throw std::invalid_argument("optimizer parameter '" + name + "' does not require grad");
+    }
+  }
+}
+
+void Optimizer::step() {
+  ++steps_;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    Tensor g = params_[i].second.grad();
+    if (!g.defined()) continue;
+    update(i, params_[i].second.data<float>(), g.data<float>(), params_[i].second.numel());
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (auto& [name, p] : params_)
+    if (p.impl()->autograd) p.impl()->autograd->grad.reset();
+}
+
+float* Optimizer::buffer(std::size_t i, const std::string& name) {
+  for (auto& [n, t] : buffers_[i])
+    if (n == name) return t.data<float>();
+  buffers_[i].emplace_back(name, Tensor::zeros(params_[i].second.shape()));
+  return buffers_[i].back().second.data<float>();
+}
+
+bool Optimizer::has_buffer(std::size_t i, const std::string& name) const {
+  for (auto& [n, t] : buffers_[i])
+    if (n == name) return true;
+  return false;
+}
+
+NamedTensors Optimizer::state() const {
+  NamedTensors out;
+  for (std::size_t i = 0; i < params_.size(); ++i)
+    for (auto& [n, t] : buffers_[i]) out.emplace_back(params_[i].first + "." + n, t);
+  out.emplace_back("step", Tensor::from_i64(std::vector<std::int64_t>{steps_}, Shape{}));
+  return out;
+}
+
+void Optimizer::load_state(const NamedTensors& state) {
+  std::vector<std::vector<std::pair<std::string, Tensor>>> loaded(params_.size());
+  std::int64_t steps = -1;
+  for (const auto& [key, t] : state) {
+    if (key == "step") {
+      steps = static_cast<std::int64_t>(t.item());
+      continue;
+    }
+    bool matched = false;
+    for (std::size_t i = 0; i < params_.size() && !matched; ++i) {
+      const std::string& pname = params_[i].first;
+      if (key.size() > pname.size() + 1 && key.compare(0, pname.size(), pname) == 0 &&
+          key[pname.size()] == '.' && key.find('.', pname.size() + 1) == std::string::npos) {
+        check_shape(t, params_[i].second.shape(), ("optimizer state '" + key + "'").c_str());
+        loaded[i].emplace_back(key.substr(pname.size() + 1), t.clone());
+        matched = true;
+      }
+    }
+    if (!matched) {
+      throw std::invalid_argument("optimizer state '" + key + "' matches no parameter of " +
+                                  name());
+    }
+  }
+  if (steps < 0) throw std::invalid_argument("optimizer state has no 'step' entry");
+  buffers_ = std::move(loaded);
+  steps_ = steps;
+}
+
+SGD::SGD(NamedTensors params, const SgdOptions& o) : Optimizer(std::move(params), o.lr), o_(o) {
+  if (o.momentum < 0.0f) throw std::invalid_argument("SGD: momentum must be >= 0");
+  if (o.nesterov && (o.momentum <= 0.0f || o.dampening != 0.0f)) {
+    throw std::invalid_argument("SGD: nesterov needs momentum > 0 and dampening 0");
+  }
+}
+
+void SGD::update(std::size_t i, float* p, const float* g, std::int64_t n) {
+  const float lr = lr_, wd = o_.weight_decay, mom = o_.momentum, damp = 1.0f - o_.dampening;
+  if (mom == 0.0f) {
+#pragma omp simd
+    for (std::int64_t k = 0; k < n; ++k) p[k] -= lr * (g[k] + wd * p[k]);
+    return;
+  }
+  const bool first = !has_buffer(i, "momentum_buffer");
+  float* buf = buffer(i, "momentum_buffer");
+  const bool nesterov = o_.nesterov;
+  // torch: the first step seeds the buffer with the gradient itself (no dampening).
+  const float keep = first ? 0.0f : mom, take = first ? 1.0f : damp;
+#pragma omp simd
+  for (std::int64_t k = 0; k < n; ++k) {
+    const float d = g[k] + wd * p[k];
+    const float b = keep * buf[k] + take * d;
+    buf[k] = b;
+    p[k] -= lr * (nesterov ? d + mom * b : b);
+  }
+}
+
+Adam::Adam(NamedTensors params, const AdamOptions& o) : Optimizer(std::move(params), o.lr), o_(o) {
+  if (o.beta1 < 0.0f || o.beta1 >= 1.0f || o.beta2 < 0.0f || o.beta2 >= 1.0f) {
+    throw std::invalid_argument("Adam: betas must be in [0, 1)");
+  }
+}
+
+void Adam::update(std::size_t i, float* p, const float* g, std::int64_t n) {
+  const auto t = static_cast<double>(steps_);
+  const float b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, wd = o_.weight_decay, lr = lr_;
+  const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
+  const auto bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
+  const float step_size = lr / bias1;
+  float* m = buffer(i, "exp_avg");
+  float* v = buffer(i, "exp_avg_sq");
+  float* vmax = o_.amsgrad ? buffer(i, "max_exp_avg_sq") : nullptr;
+  const bool decoupled = o_.decoupled_weight_decay;
+  for (std::int64_t k = 0; k < n; ++k) {
+    float grad = g[k];
+    if (decoupled) {
+      p[k] *= 1.0f - lr * wd;
+    } else if (wd != 0.0f) {
+      grad += wd * p[k];
+    }
+    m[k] = m[k] * b1 + (1.0f - b1) * grad;
+    v[k] = v[k] * b2 + (1.0f - b2) * grad * grad;
+    float second = v[k];
+    if (vmax) {
+      vmax[k] = std::max(vmax[k], v[k]);
+      second = vmax[k];
+    }
+    const float denom = std::sqrt(second) / bias2_sqrt + eps;
+    p[k] -= step_size * m[k] / denom;
+  }
+}
+
+float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
+  double total = 0.0;
+  for (const auto& p : params)
+    if (p.grad().defined()) total += kernels::sum_squares(p.grad());
+  const auto norm = static_cast<float>(std::sqrt(total));
+  const float coef = max_norm / (norm + 1e-6f);
+  if (coef < 1.0f) {
+    for (const auto& p : params) {
+      Tensor g = p.grad();
+      if (g.defined()) kernels::scale_(g, coef);
+    }
+  }
+  return norm;
+}
+
+}  // namespace hpm::optim

@@ -1,0 +1,414 @@
+// Element-wise maps, broadcasting and reductions.
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
+#include "parallel.h"
+
+namespace hpm::kernels {
+
+namespace {
+
+// Strides of `s` as seen from the broadcast shape `out` (0 along broadcast dimensions).
+std::vector<std::int64_t> broadcast_strides(const Shape& s, const Shape& out) {
+  std::vector<std::int64_t> st(static_cast<std::size_t>(out.rank()), 0);
+  std::int64_t stride = 1;
+  for (int i = s.rank() - 1, j = out.rank() - 1; i >= 0; --i, --j) {
+    st[static_cast<std::size_t>(j)] = s[i] == 1 ? 0 : stride;
+    stride *= s[i];
+  }
+  return st;
+}
+
+// Calls f(out_index, a_index, b_index) for every element of `out` in row-major order.
+template <typename F>
+void for_each_broadcast(const Shape& out, const std::vector<std::int64_t>& sa,
+                        const std::vector<std::int64_t>& sb, F&& f) {
+  const int r = out.rank();
+  const std::int64_t n = out.numel();
+  if (r == 0) {
+    f(0, 0, 0);
+    return;
+  }
+  std::vector<std::int64_t> idx(static_cast<std::size_t>(r), 0);
+  const std::int64_t inner = out[r - 1];
+  const std::int64_t ia_step = sa[static_cast<std::size_t>(r - 1)];
+  const std::int64_t ib_step = sb[static_cast<std::size_t>(r - 1)];
+  std::int64_t ia = 0, ib = 0;
+  for (std::int64_t o = 0; o < n; o += inner) {
+    for (std::int64_t j = 0; j < inner; ++j) f(o + j, ia + j * ia_step, ib + j * ib_step);
+    // Advance the multi-index over the outer dimensions.
+    for (int d = r - 2; d >= 0; --d) {
+      const auto du = static_cast<std::size_t>(d);
+      ++idx[du];
+      ia += sa[du];
+      ib += sb[du];
+      if (idx[du] < out[d]) break;
+      ia -= sa[du] * out[d];
+      ib -= sb[du] * out[d];
+      idx[du] = 0;
+    }
+  }
+}
+
+template <typename Op>
+void binary_loop(const float* a, const float* b, float* y, std::int64_t n, Op op) {
+  parallel_for(n, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+#pragma omp simd
+    for (std::int64_t i = lo; i < hi; ++i) y[i] = op(a[i], b[i]);
+  });
+}
+
+template <typename Op>
+Tensor binary_impl(const Tensor& a, const Tensor& b, Op op) {
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  if (a.shape() == b.shape()) {
+    Tensor y = Tensor::empty(a.shape(), DType::F32, a.device());
+    binary_loop(pa, pb, y.data<float>(), a.numel(), op);
+    return y;
+  }
+  const Shape out = broadcast_shapes(a.shape(), b.shape());
+  Tensor y = Tensor::empty(out, DType::F32, a.device());
+  float* py = y.data<float>();
+  const std::int64_t n = out.numel();
+  if (b.numel() == 1 && a.numel() == n) {
+    const float s = pb[0];
+    for (std::int64_t i = 0; i < n; ++i) py[i] = op(pa[i], s);
+  } else if (a.numel() == 1 && b.numel() == n) {
+    const float s = pa[0];
+    for (std::int64_t i = 0; i < n; ++i) py[i] = op(s, pb[i]);
+  } else if (a.numel() == n && b.numel() > 0 && out.numel_from(out.rank() - b.dim()) == b.numel() &&
+             Shape(std::vector<std::int64_t>(out.dims().end() - b.dim(), out.dims().end())) ==
+                 b.shape()) {
+    // b repeats along the leading dimensions (a bias row): the common case.
+    const std::int64_t inner = b.numel();
+    for (std::int64_t o = 0; o < n; o += inner)
+      for (std::int64_t j = 0; j < inner; ++j) py[o + j] = op(pa[o + j], pb[j]);
+  } else {
+    for_each_broadcast(out, broadcast_strides(a.shape(), out), broadcast_strides(b.shape(), out),
+                       [&](std::int64_t o, std::int64_t ia, std::int64_t ib) {
+                         py[o] = op(pa[ia], pb[ib]);
+                       });
+  }
+  return y;
+}
+
+template <typename Op>
+Tensor unary_impl(const Tensor& x, Op op) {
+  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  parallel_for(x.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) py[i] = op(px[i]);
+  });
+  return y;
+}
+
+// Binary map over three same-size arrays: out[i] = op(g[i], x[i], y[i]).
+template <typename Op>
+Tensor ternary_impl(const Tensor& g, const Tensor& x, const Tensor& y, Op op) {
+  Tensor out = Tensor::empty(g.shape(), DType::F32, g.device());
+  const float* pg = g.data<float>();
+  const float* px = x.defined() ? x.data<float>() : nullptr;
+  const float* py = y.defined() ? y.data<float>() : nullptr;
+  float* po = out.data<float>();
+  parallel_for(g.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) po[i] = op(pg[i], px ? px[i] : 0.0f, py ? py[i] : 0.0f);
+  });
+  return out;
+}
+
+constexpr float kSqrt1_2 = 0.70710678118654752440f;
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+
+}  // namespace
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  switch (op) {
+    case BinaryOp::Add: return binary_impl(a, b, [](float u, float v) { return u + v; });
+    case BinaryOp::Sub: return binary_impl(a, b, [](float u, float v) { return u - v; });
+    case BinaryOp::Mul: return binary_impl(a, b, [](float u, float v) { return u * v; });
+    case BinaryOp::Div: return binary_impl(a, b, [](float u, float v) { return u / v; });
+  }
+  throw std::logic_error("unknown binary op");
+}
+
+Tensor add_scalar(const Tensor& a, float s) {
+  return unary_impl(a, [s](float v) { return v + s; });
+}
+
+Tensor mul_scalar(const Tensor& a, float s) {
+  return unary_impl(a, [s](float v) { return v * s; });
+}
+
+void axpy_(Tensor& y, float alpha, const Tensor& x) {
+  if (y.numel() != x.numel()) {
+    throw std::invalid_argument("axpy_: " + y.shape().str() + " += " + x.shape().str());
+  }
+  float* py = y.data<float>();
+  const float* px = x.data<float>();
+  parallel_for(y.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+#pragma omp simd
+    for (std::int64_t i = lo; i < hi; ++i) py[i] += alpha * px[i];
+  });
+}
+
+void scale_(Tensor& y, float alpha) {
+  float* py = y.data<float>();
+  parallel_for(y.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+#pragma omp simd
+    for (std::int64_t i = lo; i < hi; ++i) py[i] *= alpha;
+  });
+}
+
+Tensor unary(UnaryOp op, const Tensor& x) {
+  switch (op) {
+    case UnaryOp::Neg: return unary_impl(x, [](float v) { return -v; });
+    case UnaryOp::Exp: return unary_impl(x, [](float v) { return std::exp(v); });
+    case UnaryOp::Log: return unary_impl(x, [](float v) { return std::log(v); });
+    case UnaryOp::Sqrt: return unary_impl(x, [](float v) { return std::sqrt(v); });
+    case UnaryOp::Relu: return unary_impl(x, [](float v) { return v > 0.0f ? v : 0.0f; });
+    case UnaryOp::Tanh: return unary_impl(x, [](float v) { return std::tanh(v); });
+    case UnaryOp::Sigmoid:
+      return unary_impl(x, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
+    case UnaryOp::Gelu:
+      return unary_impl(x, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); });
+    case UnaryOp::GeluTanh:
+      return unary_impl(x, [](float v) {
+        return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+      });
+    case UnaryOp::Square: return unary_impl(x, [](float v) { return v * v; });
+  }
+  throw std::logic_error("unknown unary op");
+}
+
+Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  switch (op) {
+    case UnaryOp::Neg: return ternary_impl(grad_y, x, y, [](float g, float, float) { return -g; });
+    case UnaryOp::Exp:
+      return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * v; });
+    case UnaryOp::Log:
+      return ternary_impl(grad_y, x, y, [](float g, float u, float) { return g / u; });
+    case UnaryOp::Sqrt:
+      return ternary_impl(grad_y, x, y, [](float g, float, float v) { return 0.5f * g / v; });
+    case UnaryOp::Relu:
+      return ternary_impl(grad_y, x, y,
+                          [](float g, float, float v) { return v > 0.0f ? g : 0.0f; });
+    case UnaryOp::Tanh:
+      return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * (1 - v * v); });
+    case UnaryOp::Sigmoid:
+      return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * v * (1 - v); });
+    case UnaryOp::Gelu:
+      return ternary_impl(grad_y, x, y, [](float g, float u, float) {
+        const float cdf = 0.5f * (1.0f + std::erf(u * kSqrt1_2));
+        const float pdf = kInvSqrt2Pi * std::exp(-0.5f * u * u);
+        return g * (cdf + u * pdf);
+      });
+    case UnaryOp::GeluTanh:
+      return ternary_impl(grad_y, x, y, [](float g, float u, float) {
+        const float inner = kSqrt2OverPi * (u + 0.044715f * u * u * u);
+        const float t = std::tanh(inner);
+        const float dinner = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * u * u);
+        return g * (0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * dinner);
+      });
+    case UnaryOp::Square:
+      return ternary_impl(grad_y, x, y, [](float g, float u, float) { return 2.0f * g * u; });
+  }
+  throw std::logic_error("unknown unary op");
+}
+
+// ---- reductions --------------------------------------------------------------------------
+
+float sum_all(const Tensor& x) {
+  const float* p = x.data<float>();
+  double s = 0.0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) s += p[i];
+  return static_cast<float>(s);
+}
+
+double sum_squares(const Tensor& x) {
+  const float* p = x.data<float>();
+  double s = 0.0;
+  for (std::int64_t i = 0; i < x.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
+  return s;
+}
+
+Tensor sum_dim(const Tensor& x, int dim, bool keepdim) {
+  const int d = x.shape().wrap(dim);
+  const std::int64_t outer = x.shape().numel() / x.shape().numel_from(d);
+  const std::int64_t len = x.size(d), inner = x.shape().numel_from(d + 1);
+  std::vector<std::int64_t> dims = x.shape().dims();
+  if (keepdim) {
+    dims[static_cast<std::size_t>(d)] = 1;
+  } else {
+    dims.erase(dims.begin() + d);
+  }
+  Tensor y = Tensor::zeros(Shape(dims), DType::F32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  for (std::int64_t o = 0; o < outer; ++o)
+    for (std::int64_t l = 0; l < len; ++l) {
+      const float* row = px + (o * len + l) * inner;
+      float* dst = py + o * inner;
+      for (std::int64_t i = 0; i < inner; ++i) dst[i] += row[i];
+    }
+  return y;
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  if (shape.numel() == 1) return Tensor::full(shape, sum_all(x), x.device());
+  Tensor y = Tensor::zeros(shape, DType::F32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  const std::int64_t n = x.numel(), inner = shape.numel();
+  if (shape.rank() <= x.shape().rank() && x.shape().numel_from(x.dim() - shape.rank()) == inner &&
+      Shape(std::vector<std::int64_t>(x.shape().dims().end() - shape.rank(),
+                                      x.shape().dims().end())) == shape) {
+    for (std::int64_t o = 0; o < n; o += inner)
+      for (std::int64_t j = 0; j < inner; ++j) py[j] += px[o + j];
+    return y;
+  }
+  const Shape& out = x.shape();
+  const auto sy = broadcast_strides(shape, out);
+  for_each_broadcast(out, sy, sy, [&](std::int64_t o, std::int64_t iy, std::int64_t) {
+    py[iy] += px[o];
+  });
+  return y;
+}
+
+Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  Tensor y = Tensor::empty(shape, DType::F32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  const auto sx = broadcast_strides(x.shape(), shape);
+  for_each_broadcast(shape, sx, sx, [&](std::int64_t o, std::int64_t ix, std::int64_t) {
+    py[o] = px[ix];
+  });
+  return y;
+}
+
+Tensor argmax_last(const Tensor& x) {
+  const std::int64_t d = x.size(-1), rows = x.numel() / d;
+  std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
+  Tensor y = Tensor::empty(Shape(dims), DType::I64, x.device());
+  const float* px = x.data<float>();
+  auto* py = y.data<std::int64_t>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* row = px + r * d;
+    std::int64_t best = 0;
+    for (std::int64_t j = 1; j < d; ++j)
+      if (row[j] > row[best]) best = j;
+    py[r] = best;
+  }
+  return y;
+}
+
+// ---- layout --------------------------------------------------------------------------------
+
+Tensor transpose2d(const Tensor& x) {
+  if (x.dim() != 2) throw std::invalid_argument("transpose2d needs 2-D, got " + x.shape().str());
+  const std::int64_t r = x.size(0), c = x.size(1);
+  Tensor y = Tensor::empty({c, r}, DType::F32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  constexpr std::int64_t kBlock = 32;
+  for (std::int64_t i0 = 0; i0 < r; i0 += kBlock)
+    for (std::int64_t j0 = 0; j0 < c; j0 += kBlock)
+      for (std::int64_t i = i0; i < std::min(r, i0 + kBlock); ++i)
+        for (std::int64_t j = j0; j < std::min(c, j0 + kBlock); ++j) py[j * r + i] = px[i * c + j];
+  return y;
+}
+
+Tensor permute(const Tensor& x, const std::vector<int>& perm) {
+  const int r = x.dim();
+  if (static_cast<int>(perm.size()) != r) {
+    throw std::invalid_argument("permute: " + std::to_string(perm.size()) +
+                                " axes for a tensor of rank " + std::to_string(r));
+  }
+  std::vector<std::int64_t> out_dims(static_cast<std::size_t>(r));
+  std::vector<std::int64_t> in_strides(static_cast<std::size_t>(r));
+  std::int64_t stride = 1;
+  for (int i = r - 1; i >= 0; --i) {
+    in_strides[static_cast<std::size_t>(i)] = stride;
+    stride *= x.size(i);
+  }
+  std::vector<std::int64_t> src_strides(static_cast<std::size_t>(r));
+  std::vector<bool> seen(static_cast<std::size_t>(r), false);
+  for (int i = 0; i < r; ++i) {
+    const int p = x.shape().wrap(perm[static_cast<std::size_t>(i)]);
+    if (seen[static_cast<std::size_t>(p)]) throw std::invalid_argument("permute: repeated axis");
+    seen[static_cast<std::size_t>(p)] = true;
+    out_dims[static_cast<std::size_t>(i)] = x.size(p);
+    src_strides[static_cast<std::size_t>(i)] = in_strides[static_cast<std::size_t>(p)];
+  }
+  const Shape out(out_dims);
+  Tensor y = Tensor::empty(out, x.dtype(), x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  for_each_broadcast(out, src_strides, src_strides,
+                     [&](std::int64_t o, std::int64_t i, std::int64_t) { py[o] = px[i]; });
+  return y;
+}
+
+Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) {
+  Shape s = x.shape();
+  s[0] = static_cast<std::int64_t>(indices.size());
+  Tensor y = Tensor::empty(s, x.dtype(), x.device());
+  const std::size_t row = static_cast<std::size_t>(x.shape().numel_from(1)) * dtype_size(x.dtype());
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(y.raw_data());
+  for (std::size_t i = 0; i < indices.size(); ++i) {
+    if (indices[i] < 0 || indices[i] >= x.size(0)) {
+      throw std::out_of_range("index_select0: index " + std::to_string(indices[i]) +
+                              " out of range for " + std::to_string(x.size(0)) + " rows");
+    }
+    std::memcpy(dst + i * row, src + static_cast<std::size_t>(indices[i]) * row, row);
+  }
+  return y;
+}
+
+// ---- embedding -----------------------------------------------------------------------------
+
+Tensor embedding_forward(const Tensor& table, const Tensor& indices) {
+  const std::int64_t v = table.size(0), e = table.size(1);
+  std::vector<std::int64_t> dims = indices.shape().dims();
+  dims.push_back(e);
+  Tensor y = Tensor::empty(Shape(dims), DType::F32, table.device());
+  const auto* idx = indices.data<std::int64_t>();
+  const float* pt = table.data<float>();
+  float* py = y.data<float>();
+  for (std::int64_t i = 0; i < indices.numel(); ++i) {
+    if (idx[i] < 0 || idx[i] >= v) {
+      throw std::out_of_range("embedding: index " + std::to_string(idx[i]) + " at position " +
+                              std::to_string(i) + " out of range for " + std::to_string(v) +
+                              " rows");
+    }
+    std::memcpy(py + i * e, pt + idx[i] * e, static_cast<std::size_t>(e) * sizeof(float));
+  }
+  return y;
+}
+
+void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table) {
+  const std::int64_t e = grad_table.size(1);
+  const auto* idx = indices.data<std::int64_t>();
+  const float* pg = grad_y.data<float>();
+  float* pt = grad_table.data<float>();
+  for (std::int64_t i = 0; i < indices.numel(); ++i)
+    for (std::int64_t j = 0; j < e; ++j) pt[idx[i] * e + j] += pg[i * e + j];
+}
+
+Tensor dropout_mask(const Shape& shape, float p, Generator& gen) {
+  Tensor m = Tensor::empty(shape, DType::F32);
+  float* pm = m.data<float>();
+  const float keep = 1.0f / (1.0f - p);
+  for (std::int64_t i = 0; i < m.numel(); ++i) pm[i] = gen.uniform() < p ? 0.0f : keep;
+  return m;
+}
+
+}  // namespace hpm::kernels

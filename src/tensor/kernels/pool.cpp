@@ -1,0 +1,145 @@
+// Max and average pooling over NCHW planes; each (n, c) plane is independent.
+#include <limits>
+#include <stdexcept>
+
+#include "hpm/tensor/kernels.h"
+#include "parallel.h"
+
+namespace hpm::kernels {
+
+namespace {
+
+struct PoolGeometry {
+  std::int64_t planes, h, w, oh, ow;
+};
+
+PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p) {
+  if (x.rank() != 4) throw std::invalid_argument("pool2d: expected (N,C,H,W), got " + x.str());
+  if (p.pad_h * 2 > p.kernel_h || p.pad_w * 2 > p.kernel_w) {
+    throw std::invalid_argument("pool2d: padding must be at most half the kernel size");
+  }
+  PoolGeometry g{x[0] * x[1], x[2], x[3], 0, 0};
+  g.oh = (g.h + 2 * p.pad_h - p.kernel_h) / p.stride_h + 1;
+  g.ow = (g.w + 2 * p.pad_w - p.kernel_w) / p.stride_w + 1;
+  if (g.oh <= 0 || g.ow <= 0) {
+    throw std::invalid_argument("pool2d: kernel larger than padded input " + x.str());
+  }
+  return g;
+}
+
+Shape pooled_shape(const Shape& x, const PoolGeometry& g) { return Shape{x[0], x[1], g.oh, g.ow}; }
+
+}  // namespace
+
+Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) {
+  const PoolGeometry g = pool_geometry(x.shape(), p);
+  Tensor y = Tensor::empty(pooled_shape(x.shape(), g), DType::F32, x.device());
+  argmax = Tensor::empty(y.shape(), DType::I32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  auto* pa = argmax.data<std::int32_t>();
+  parallel_for(g.planes, 8, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t pl = lo; pl < hi; ++pl) {
+      const float* src = px + pl * g.h * g.w;
+      for (std::int64_t oh = 0; oh < g.oh; ++oh)
+        for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+          float best = -std::numeric_limits<float>::infinity();
+          std::int64_t best_i = -1;
+          for (std::int64_t i = 0; i < p.kernel_h; ++i) {
+            const std::int64_t ih = oh * p.stride_h - p.pad_h + i;
+            if (ih < 0 || ih >= g.h) continue;
+            for (std::int64_t j = 0; j < p.kernel_w; ++j) {
+              const std::int64_t iw = ow * p.stride_w - p.pad_w + j;
+              if (iw < 0 || iw >= g.w) continue;
+              const float v = src[ih * g.w + iw];
+              // NaN propagates, as in PyTorch.
+              if (v > best || best_i < 0 || v != v) {
+                best = v;
+                best_i = ih * g.w + iw;
+              }
+            }
+          }
+          const std::int64_t o = (pl * g.oh + oh) * g.ow + ow;
+          py[o] = best;
+          pa[o] = static_cast<std::int32_t>(best_i);
+        }
+    }
+  });
+  return y;
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Shape& x_shape) {
+  Tensor gx = Tensor::zeros(x_shape, DType::F32, grad_y.device());
+  const std::int64_t planes = x_shape[0] * x_shape[1], hw = x_shape[2] * x_shape[3];
+  const std::int64_t ohw = grad_y.size(2) * grad_y.size(3);
+  const float* pg = grad_y.data<float>();
+  const auto* pa = argmax.data<std::int32_t>();
+  float* px = gx.data<float>();
+  parallel_for(planes, 8, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t pl = lo; pl < hi; ++pl)
+      for (std::int64_t k = 0; k < ohw; ++k) px[pl * hw + pa[pl * ohw + k]] += pg[pl * ohw + k];
+  });
+  return gx;
+}
+
+Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) {
+  const PoolGeometry g = pool_geometry(x.shape(), p);
+  Tensor y = Tensor::empty(pooled_shape(x.shape(), g), DType::F32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  parallel_for(g.planes, 8, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t pl = lo; pl < hi; ++pl) {
+      const float* src = px + pl * g.h * g.w;
+      for (std::int64_t oh = 0; oh < g.oh; ++oh)
+        for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+          float s = 0.0f;
+          std::int64_t count = 0;
+          for (std::int64_t i = 0; i < p.kernel_h; ++i) {
+            const std::int64_t ih = oh * p.stride_h - p.pad_h + i;
+            for (std::int64_t j = 0; j < p.kernel_w; ++j) {
+              const std::int64_t iw = ow * p.stride_w - p.pad_w + j;
+              if (ih < 0 || ih >= g.h || iw < 0 || iw >= g.w) continue;
+              s += src[ih * g.w + iw];
+              ++count;
+            }
+          }
+          const std::int64_t div = p.count_include_pad ? p.kernel_h * p.kernel_w : count;
+          py[(pl * g.oh + oh) * g.ow + ow] = s / static_cast<float>(div);
+        }
+    }
+  });
+  return y;
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p) {
+  const PoolGeometry g = pool_geometry(x_shape, p);
+  Tensor gx = Tensor::zeros(x_shape, DType::F32, grad_y.device());
+  const float* pg = grad_y.data<float>();
+  float* px = gx.data<float>();
+  parallel_for(g.planes, 8, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t pl = lo; pl < hi; ++pl) {
+      float* dst = px + pl * g.h * g.w;
+      for (std::int64_t oh = 0; oh < g.oh; ++oh)
+        for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+          std::int64_t count = 0;
+          for (std::int64_t i = 0; i < p.kernel_h; ++i)
+            for (std::int64_t j = 0; j < p.kernel_w; ++j) {
+              const std::int64_t ih = oh * p.stride_h - p.pad_h + i;
+              const std::int64_t iw = ow * p.stride_w - p.pad_w + j;
+              if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) ++count;
+            }
+          const std::int64_t div = p.count_include_pad ? p.kernel_h * p.kernel_w : count;
+          const float v = pg[(pl * g.oh + oh) * g.ow + ow] / static_cast<float>(div);
+          for (std::int64_t i = 0; i < p.kernel_h; ++i)
+            for (std::int64_t j = 0; j < p.kernel_w; ++j) {
+              const std::int64_t ih = oh * p.stride_h - p.pad_h + i;
+              const std::int64_t iw = ow * p.stride_w - p.pad_w + j;
+              if (ih >= 0 && ih < g.h && iw >= 0 && iw < g.w) dst[ih * g.w + iw] += v;
+            }
+        }
+    }
+  });
+  return gx;
+}
+
+}  // namespace hpm::kernels

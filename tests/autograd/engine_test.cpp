@@ -1,0 +1,78 @@
+#include <gtest/gtest.h>
+
+#include "hpm/autograd/grad_mode.h"
+#include "hpm/autograd/node.h"
+#include "hpm/autograd/ops.h"
+
+namespace hpm {
+namespace {
+
+TEST(Engine, AccumulatesAcrossBackwardCalls) {
+  Tensor w = Tensor::from({1.0f, 2.0f}, {2});
+  w.set_requires_grad(true);
+  sum(mul(w, 3.0f)).backward();
+  sum(mul(w, 3.0f)).backward();
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<float>{6.0f, 6.0f}));
+}
+
+TEST(Engine, NoGradRecordsNothing) {
+  Tensor w = Tensor::from({1.0f}, {1});
+  w.set_requires_grad(true);
+  Tensor y;
+  {
+    NoGradGuard guard;
+    y = mul(w, 2.0f);
+  }
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_THROW(y.backward(), std::logic_error);
+}
+
+TEST(Engine, NonScalarNeedsGradient) {
+  Tensor w = Tensor::from({1.0f, 2.0f}, {2});
+  w.set_requires_grad(true);
+  EXPECT_THROW(mul(w, 2.0f).backward(), std::logic_error);
+}
+
+TEST(Engine, SecondBackwardThroughFreedGraphIsAnError) {
+  Tensor w = Tensor::from({1.0f, 2.0f}, {2});
+  w.set_requires_grad(true);
+  Tensor loss = sum(square(w));
+  loss.backward();
+  EXPECT_THROW(loss.backward(), std::logic_error);
+}
+
+TEST(Engine, SharedGradientIsNotAliasedBetweenLeaves) {
+  // Add passes the same gradient to both inputs; each leaf must own its copy.
+  Tensor a = Tensor::from({1.0f}, {1}), b = Tensor::from({2.0f}, {1});
+  a.set_requires_grad(true);
+  b.set_requires_grad(true);
+  sum(add(a, b)).backward();
+  EXPECT_FALSE(a.grad().same_storage(b.grad()));
+  sum(mul(a, 5.0f)).backward();
+  EXPECT_FLOAT_EQ(a.grad().item(), 6.0f);
+  EXPECT_FLOAT_EQ(b.grad().item(), 1.0f);
+}
+
+TEST(Engine, PostAccumulateHookFires) {
+  Tensor w = Tensor::from({1.0f}, {1});
+  w.set_requires_grad(true);
+  int calls = 0;
+  w.autograd_meta().post_accumulate_hooks.push_back([&](Tensor& t) {
+    ++calls;
+    EXPECT_FLOAT_EQ(t.grad().item(), 2.0f);
+  });
+  sum(mul(w, 2.0f)).backward();
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(Engine, DiamondGraph) {
+  // y = (x*2) + (x*3), dy/dx = 5
+  Tensor x = Tensor::from({1.0f, -1.0f}, {2});
+  x.set_requires_grad(true);
+  Tensor h = mul(x, 1.0f);
+  sum(add(mul(h, 2.0f), mul(h, 3.0f))).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{5.0f, 5.0f}));
+}
+
+}  // namespace
+}  // namespace hpm

@@ -1,0 +1,152 @@
+#include <gtest/gtest.h>
+
+#include "hpm/tensor/device.h"
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
+#include "hpm/tensor/tensor.h"
+
+namespace hpm {
+namespace {
+
+TEST(Device, CountsCurrentAndPeakBytes) {
+  Device dev("test", Device::kUnlimited);
+  {
+    Tensor a = Tensor::empty({1000}, DType::F32, dev);  // 4000 -> 4032 rounded to 64
+    EXPECT_EQ(dev.stats().current_bytes, 4032u);
+    {
+      Tensor b = Tensor::empty({10}, DType::F32, dev);
+      EXPECT_EQ(dev.stats().current_bytes, 4032u + 64u);
+    }
+    EXPECT_EQ(dev.stats().current_bytes, 4032u);
+    EXPECT_EQ(dev.stats().peak_bytes, 4096u);
+  }
+  EXPECT_EQ(dev.stats().current_bytes, 0u);
+  EXPECT_EQ(dev.stats().cached_bytes, 4096u);
+  dev.reset_peak();
+  EXPECT_EQ(dev.stats().peak_bytes, 0u);
+}
+
+TEST(Device, ReusesFreedBlocks) {
+  Device dev("test");
+  void* first = nullptr;
+  {
+    Tensor a = Tensor::empty({256}, DType::F32, dev);
+    first = a.raw_data();
+  }
+  Tensor b = Tensor::empty({256}, DType::F32, dev);
+  EXPECT_EQ(b.raw_data(), first);
+  EXPECT_EQ(dev.stats().cache_hits, 1u);
+}
+
+TEST(Device, BudgetIsEnforcedWithAClearError) {
+  Device dev("small", 1024);
+  Tensor a = Tensor::empty({128}, DType::F32, dev);  // 512 bytes
+  try {
+    Tensor b = Tensor::empty({256}, DType::F32, dev);  // 1024 more: over budget
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("small"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("budget"), std::string::npos) << e.what();
+  }
+  // The failed request changed nothing.
+  EXPECT_EQ(dev.stats().current_bytes, 512u);
+}
+
+TEST(Device, CacheIsDroppedToFitTheBudget) {
+  Device dev("tight", 1024);
+  { Tensor a = Tensor::empty({200}, DType::F32, dev); }  // 832 cached
+  Tensor b = Tensor::empty({250}, DType::F32, dev);       // 1024: fits only without the cache
+  EXPECT_EQ(dev.stats().current_bytes, 1024u);
+}
+
+TEST(Tensor, ViewsShareStorage) {
+  Tensor t = Tensor::from({0, 1, 2, 3, 4, 5}, {3, 2});
+  Tensor r = t.reshape({2, -1});
+  EXPECT_EQ(r.shape(), (Shape{2, 3}));
+  EXPECT_TRUE(r.same_storage(t));
+  Tensor rows = t.narrow(1, 2);
+  EXPECT_EQ(rows.to_vector(), (std::vector<float>{2, 3, 4, 5}));
+  rows.fill_(9.0f);
+  EXPECT_EQ(t.to_vector(), (std::vector<float>{0, 1, 9, 9, 9, 9}));
+  EXPECT_THROW(t.reshape({4, 2}), std::invalid_argument);
+  EXPECT_THROW(t.narrow(2, 2), std::out_of_range);
+}
+
+TEST(Tensor, DtypeIsChecked) {
+  Tensor t = Tensor::zeros({2}, DType::I64);
+  EXPECT_THROW(t.data<float>(), std::logic_error);
+  EXPECT_THROW(t.set_requires_grad(true), std::logic_error);
+}
+
+TEST(Kernels, BroadcastingBinary) {
+  Tensor a = Tensor::from({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor col = Tensor::from({10, 20}, {2, 1});
+  Tensor row = Tensor::from({1, 1, 1}, {3});
+  EXPECT_EQ(kernels::binary(kernels::BinaryOp::Add, a, col).to_vector(),
+            (std::vector<float>{11, 12, 13, 24, 25, 26}));
+  EXPECT_EQ(kernels::binary(kernels::BinaryOp::Sub, a, row).to_vector(),
+            (std::vector<float>{0, 1, 2, 3, 4, 5}));
+  EXPECT_THROW(kernels::binary(kernels::BinaryOp::Add, a, Tensor::zeros({2})), std::invalid_argument);
+  EXPECT_EQ(kernels::sum_to(a, {2, 1}).to_vector(), (std::vector<float>{6, 15}));
+  EXPECT_EQ(kernels::sum_to(a, {3}).to_vector(), (std::vector<float>{5, 7, 9}));
+}
+
+TEST(Kernels, GemmMatchesNaiveProduct) {
+  Generator gen(3);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor a = Tensor::randn(ta ? Shape{7, 5} : Shape{5, 7}, gen);
+      Tensor b = Tensor::randn(tb ? Shape{9, 7} : Shape{7, 9}, gen);
+      Tensor c = kernels::matmul(a, b, ta, tb);
+      for (int i = 0; i < 5; ++i)
+        for (int j = 0; j < 9; ++j) {
+          double s = 0;
+          for (int k = 0; k < 7; ++k) {
+            float av = ta ? a.data<float>()[k * 5 + i] : a.data<float>()[i * 7 + k];
+            float bv = tb ? b.data<float>()[j * 7 + k] : b.data<float>()[k * 9 + j];
+            s += av * bv;
+          }
+          EXPECT_NEAR(c.data<float>()[i * 9 + j], s, 1e-4);
+        }
+    }
+}
+
+TEST(Kernels, ConvolutionMatchesDirectLoop) {
+  Generator gen(5);
+  Tensor x = Tensor::randn({2, 3, 7, 6}, gen), w = Tensor::randn({4, 3, 3, 3}, gen);
+  Tensor b = Tensor::randn({4}, gen);
+  kernels::Conv2dParams p{2, 1, 1, 0};
+  Tensor y = kernels::conv2d_forward(x, w, b, p);
+  ASSERT_EQ(y.shape(), (Shape{2, 4, 4, 4}));
+  for (int n = 0; n < 2; ++n)
+    for (int o = 0; o < 4; ++o)
+      for (int oh = 0; oh < 4; ++oh)
+        for (int ow = 0; ow < 4; ++ow) {
+          double s = b.data<float>()[o];
+          for (int c = 0; c < 3; ++c)
+            for (int i = 0; i < 3; ++i)
+              for (int j = 0; j < 3; ++j) {
+                int ih = oh * 2 - 1 + i, iw = ow + j;
+                if (ih < 0 || ih >= 7 || iw < 0 || iw >= 6) continue;
+                s += x.data<float>()[((n * 3 + c) * 7 + ih) * 6 + iw] *
+                     w.data<float>()[((o * 3 + c) * 3 + i) * 3 + j];
+              }
+          EXPECT_NEAR(y.data<float>()[((n * 4 + o) * 4 + oh) * 4 + ow], s, 1e-4);
+        }
+}
+
+TEST(Random, SeededAndRestorable) {
+  Generator a(7), b(7);
+  EXPECT_EQ(a.next_u64(), b.next_u64());
+  auto st = a.state();
+  const float x = a.normal();
+  a.set_state(st);
+  EXPECT_EQ(a.normal(), x);
+  double mean = 0;
+  for (int i = 0; i < 10000; ++i) mean += a.normal();
+  EXPECT_NEAR(mean / 10000, 0.0, 0.05);
+  for (int i = 0; i < 1000; ++i) EXPECT_LT(a.below(10), 10u);
+}
+
+}  // namespace
+}  // namespace hpm
