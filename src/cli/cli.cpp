@@ -1,5 +1,176 @@
+// `hpm` subcommands. Exit codes: 0 success, 1 bad input (config, data, checkpoint), 2 usage,
+// 3 training stopped on a non-finite loss.
 #include "hpm/cli/cli.h"
 
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "hpm/cli/config.h"
+#include "hpm/data/in_memory.h"
+#include "hpm/io/atomic_file.h"
+#include "hpm/tensor/device.h"
+#include "hpm/train/callbacks.h"
+#include "hpm/train/trainer.h"
+
 namespace hpm::cli {
-int main(int, char**) { return 0; }
+
+namespace {
+
+struct Common {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string report;
+  int threads = 0;
+  std::int64_t seed = -1;
+};
+
+void add_common(CLI::App* cmd, Common& c) {
+  cmd->add_option("config", c.config_path, "TOML run configuration")->required();
+  cmd->add_option("--set", c.overrides, "override a config value: section.key=value (repeatable)");
+  cmd->add_option("--report", c.report, "write a JSON report to this file");
+  cmd->add_option("--threads", c.threads, "intra-op threads (default: [train] threads, else 1)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")->check(CLI::NonNegativeNumber);
+}
+
+Config configure(const Common& c) {
+  Config cfg = load_config(c.config_path, c.overrides);
+  if (c.threads > 0) cfg.threads = c.threads;
+  if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
+  set_num_threads(cfg.threads);
+  Device::cpu().set_threads(cfg.threads);
+  return cfg;
+}
+
+data::LabelledData limit(data::LabelledData d, std::int64_t n) {
+  if (n > 0 && n < d.size()) {
+    d.inputs = d.inputs.narrow(0, n);
+    d.labels = d.labels.narrow(0, n);
+  }
+  return d;
+}
+
+void write_report(const std::string& path, const nlohmann::json& j) {
+  if (path.empty()) return;
+  io::write_file_atomic(path, j.dump(2) + "\n");
+}
+
+int run_train(const Common& c, const std::string& resume) {
+  Config cfg = configure(c);
+  manual_seed(cfg.seed);  // model initialization draws from the default generator
+  auto model = build_model(cfg);
+  auto optimizer = build_optimizer(cfg, *model);
+  auto schedule = build_schedule(cfg);
+  const data::LabelledData train = limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
+  const data::LabelledData test = limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
+
+  train::Trainer trainer(model, optimizer, schedule);
+  const bool tty = isatty(fileno(stdout)) != 0;
+  trainer.add_callback(std::make_shared<train::ProgressCallback>(stdout, tty, cfg.epochs));
+  if (!cfg.metrics_csv.empty()) trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
+
+  train::FitOptions fo;
+  fo.epochs = cfg.epochs;
+  fo.batch_size = cfg.batch_size;
+  fo.shuffle = cfg.shuffle;
+  fo.seed = cfg.seed;
+  fo.label_smoothing = cfg.label_smoothing;
+  fo.clip_grad_norm = cfg.clip_grad_norm;
+  fo.schedule_per_step = cfg.schedule_unit == "step";
+  fo.checkpoint_dir = cfg.checkpoint_dir;
+  fo.checkpoint_every = cfg.checkpoint_every;
+  fo.resume_from = resume;
+
+  std::printf("hpm train %s: %lld parameters, %lld training / %lld test examples, batch %lld, %d thread(s)\n",
+              cfg.path.c_str(), static_cast<long long>(model->num_parameters()),
+              static_cast<long long>(train.size()), static_cast<long long>(test.size()),
+              static_cast<long long>(cfg.batch_size), cfg.threads);
+  train::FitResult r;
+  try {
+    r = trainer.fit(train, &test, fo);
+  } catch (const train::TrainingError& e) {
+    std::string last;
+    if (!cfg.checkpoint_dir.empty() && std::filesystem::exists(cfg.checkpoint_dir + "/latest")) {
+      last = cfg.checkpoint_dir + "/" + io::read_file(cfg.checkpoint_dir + "/latest");
+      while (!last.empty() && last.back() == '\n') last.pop_back();
+    }
+    std::fprintf(stderr, "hpm: error: %s; %s\n", e.what(),
+                 last.empty() ? "no checkpoint was written" : ("last good checkpoint: " + last).c_str());
+    return 3;
+  }
+  const train::EvalResult ev = trainer.evaluate(test);
+  std::printf("test accuracy %.4f, test loss %.4f, %.0f training samples/s, %.1f s\n", ev.accuracy,
+              ev.loss, r.samples_per_s(), r.seconds);
+  nlohmann::json history = nlohmann::json::array();
+  for (const auto& e : r.history) {
+    history.push_back({{"epoch", e.epoch + 1}, {"train_loss", e.train_loss},
+                       {"train_accuracy", e.train_accuracy}, {"test_loss", e.test_loss},
+                       {"test_accuracy", e.test_accuracy}, {"samples_per_s", e.samples_per_s},
+                       {"lr", e.lr}});
+  }
+  write_report(c.report, {{"test_accuracy", ev.accuracy},
+                          {"test_loss", ev.loss},
+                          {"train_samples_per_s", r.samples_per_s()},
+                          {"epochs", trainer.state().epoch},
+                          {"steps", trainer.state().global_step},
+                          {"steps_this_run", r.steps},
+                          {"seconds", r.seconds},
+                          {"train_seconds", r.train_seconds},
+                          {"step_peak_bytes", r.step_peak_bytes},
+                          {"threads", cfg.threads},
+                          {"batch_size", cfg.batch_size},
+                          {"parameters", model->num_parameters()},
+                          {"checkpoint", r.last_checkpoint},
+                          {"history", history}});
+  return 0;
+}
+
+int run_evaluate(const Common& c, const std::string& checkpoint) {
+  Config cfg = configure(c);
+  auto model = build_model(cfg);
+  train::load_checkpoint(checkpoint, *model, nullptr);
+  auto optimizer = build_optimizer(cfg, *model);
+  const data::LabelledData test = limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
+  train::Trainer trainer(model, optimizer);
+  const train::EvalResult ev = trainer.evaluate(test);
+  std::printf("test accuracy %.4f, test loss %.4f on %lld examples\n", ev.accuracy, ev.loss,
+              static_cast<long long>(ev.samples));
+  write_report(c.report, {{"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
+                          {"examples", ev.samples}, {"checkpoint", checkpoint}});
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"hpm: high-performance model training"};
+  app.require_subcommand(1);
+  Common train_opts, eval_opts;
+  std::string resume, checkpoint;
+  CLI::App* train_cmd = app.add_subcommand("train", "train a model described by a TOML config");
+  add_common(train_cmd, train_opts);
+  train_cmd->add_option("--resume", resume, "continue from a checkpoint directory");
+  CLI::App* eval_cmd = app.add_subcommand("evaluate", "evaluate a checkpoint on the test set");
+  add_common(eval_cmd, eval_opts);
+  eval_cmd->add_option("--checkpoint", checkpoint, "checkpoint directory")->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    if (*train_cmd) return run_train(train_opts, resume);
+    if (*eval_cmd) return run_evaluate(eval_opts, checkpoint);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hpm: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}
+
 }  // namespace hpm::cli

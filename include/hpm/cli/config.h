@@ -1,0 +1,74 @@
+// The TOML run configuration: [model] (the layer stack), [data], [optimizer], [schedule],
+// [train]. Every key is checked: an unknown key, a wrong type or an unknown layer is a
+// ConfigError "FILE:LINE:COL: message" naming the key.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hpm/nn/module.h"
+#include "hpm/optim/optimizer.h"
+#include "hpm/optim/schedule.h"
+
+namespace hpm::cli {
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// One layer as written in the config; `build_model` turns them into modules.
+struct LayerSpec {
+  std::string type;
+  std::string where;  // "FILE:LINE:COL" for errors
+  std::vector<std::pair<std::string, double>> numbers;
+  std::vector<std::pair<std::string, std::string>> strings;
+  std::vector<std::pair<std::string, bool>> flags;
+  std::vector<std::int64_t> shape;  // LayerNorm's normalized shape
+};
+
+struct Config {
+  std::string path;
+  std::vector<LayerSpec> layers;
+
+  // [data]
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::string dataset = "fashion-mnist";
+  std::int64_t batch_size = 64;
+  bool shuffle = true;
+  std::int64_t train_limit = 0;  // use only the first N training examples (0 = all)
+  std::int64_t test_limit = 0;
+
+  // [optimizer]
+  std::string optimizer = "sgd";
+  float lr = 0.01f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
+  bool nesterov = false, amsgrad = false;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+
+  // [schedule]
+  std::string schedule = "constant";  // constant | step | cosine | warmup | warmup_cosine
+  std::string schedule_unit = "epoch";  // epoch | step
+  std::int64_t step_size = 1, t_max = 1, warmup = 0;
+  float gamma = 0.1f, eta_min = 0.0f, warmup_start_factor = 0.1f;
+
+  // [train]
+  std::int64_t epochs = 1;
+  std::uint64_t seed = 0;
+  int threads = 1;
+  float label_smoothing = 0.0f, clip_grad_norm = 0.0f;
+  std::string checkpoint_dir;
+  std::int64_t checkpoint_every = 1;
+  std::string metrics_csv;
+};
+
+// Parses `path`, then applies `overrides` ("section.key=value", value in TOML syntax, or a bare
+// string).
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+std::shared_ptr<nn::Sequential> build_model(const Config& config);
+std::shared_ptr<optim::Optimizer> build_optimizer(const Config& config, const nn::Module& model);
+std::shared_ptr<optim::LrSchedule> build_schedule(const Config& config);
+
+}  // namespace hpm::cli

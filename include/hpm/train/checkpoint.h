@@ -1,0 +1,39 @@
+// Checkpoints: a directory per save, `<root>/ckpt-<global step>/` holding model.safetensors,
+// optimizer.safetensors and trainer_state.json (epoch, step, RNG, and the CRC32C of each
+// safetensors file). Every file is written to a temporary name, fsynced and renamed; the
+// trainer state goes last and `<root>/latest` is switched only after it, so a crash mid-save
+// leaves the previous checkpoint as the latest. Loading verifies the checksums.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "hpm/nn/module.h"
+#include "hpm/optim/optimizer.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm::train {
+
+struct TrainerState {
+  std::int64_t epoch = 0;          // the epoch in progress (or next to run)
+  std::int64_t step_in_epoch = 0;  // batches of `epoch` already trained
+  std::int64_t global_step = 0;
+  std::uint64_t seed = 0;
+  Generator::State rng;  // the default generator (dropout, init)
+};
+
+class CheckpointError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Returns the directory written. Keeps the newest `keep` checkpoints under root.
+std::string save_checkpoint(const std::string& root, const nn::Module& model,
+                            const optim::Optimizer& optimizer, const TrainerState& state,
+                            int keep = 2);
+
+// `path` is a checkpoint root (follows `latest`) or one ckpt-* directory. The model and optimizer
+// are touched only after every file is present and its checksum matches.
+TrainerState load_checkpoint(const std::string& path, nn::Module& model,
+                             optim::Optimizer* optimizer);
+
+}  // namespace hpm::train

@@ -1,0 +1,113 @@
+// Trainer: fit / evaluate / predict for a classifier, in the manner of Keras' Model.fit, with
+// callbacks (progress, CSV log, checkpoints) and exact resume from a checkpoint.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hpm/data/in_memory.h"
+#include "hpm/nn/module.h"
+#include "hpm/optim/optimizer.h"
+#include "hpm/optim/schedule.h"
+#include "hpm/train/checkpoint.h"
+
+namespace hpm::train {
+
+// A non-finite loss or another condition that makes continuing pointless.
+class TrainingError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct FitOptions {
+  std::int64_t epochs = 1;
+  std::int64_t batch_size = 64;
+  bool shuffle = true;
+  bool drop_last = true;  // as the peer scripts: every step sees a full batch
+  std::uint64_t seed = 0;
+  float label_smoothing = 0.0f;
+  float clip_grad_norm = 0.0f;  // 0 = off
+  bool schedule_per_step = false;  // the LR schedule's t: global step, else epoch
+  std::int64_t eval_batch_size = 1000;
+  std::string checkpoint_dir;          // empty = no checkpoints
+  std::int64_t checkpoint_every = 1;   // epochs
+  std::string resume_from;             // checkpoint root or ckpt-* directory
+};
+
+struct EpochLogs {
+  std::int64_t epoch = 0;
+  double train_loss = 0, train_accuracy = 0;
+  double test_loss = -1, test_accuracy = -1;  // -1 when no evaluation data
+  double samples_per_s = 0, seconds = 0, lr = 0;
+};
+
+struct BatchLogs {
+  std::int64_t epoch = 0, step_in_epoch = 0, steps_per_epoch = 0, global_step = 0;
+  double loss = 0, running_loss = 0, running_accuracy = 0, samples_per_s = 0;
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  std::int64_t samples = 0;
+};
+
+struct FitResult {
+  std::vector<EpochLogs> history;
+  std::int64_t steps = 0;         // optimizer steps taken in this call
+  std::int64_t train_samples = 0;
+  double train_seconds = 0;       // time inside training steps (no evaluation)
+  double seconds = 0;             // wall time of fit
+  std::size_t step_peak_bytes = 0;  // max Device bytes a training step added over its start
+  std::string last_checkpoint;
+  double samples_per_s() const { return train_seconds > 0 ? train_samples / train_seconds : 0; }
+};
+
+class Trainer;
+
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual void on_train_begin(Trainer&) {}
+  virtual void on_epoch_begin(Trainer&, std::int64_t /*epoch*/) {}
+  virtual void on_batch_end(Trainer&, const BatchLogs&) {}
+  virtual void on_epoch_end(Trainer&, const EpochLogs&) {}
+  virtual void on_train_end(Trainer&, const FitResult&) {}
+};
+
+using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& labels)>;
+
+class Trainer {
+ public:
+  Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimizer> optimizer,
+          std::shared_ptr<optim::LrSchedule> schedule = nullptr);
+
+  FitResult fit(const data::LabelledData& train, const data::LabelledData* test,
+                const FitOptions& options);
+  EvalResult evaluate(const data::LabelledData& data, std::int64_t batch_size = 1000);
+  Tensor predict(const Tensor& inputs, std::int64_t batch_size = 1000);  // logits
+
+  void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
+  void set_loss(LossFn loss) { loss_ = std::move(loss); }
+  void stop_training() { stop_ = true; }  // from a callback: ends fit after this batch
+  const TrainerState& state() const { return state_; }
+  nn::Module& model() { return *model_; }
+  optim::Optimizer& optimizer() { return *optimizer_; }
+
+ private:
+  double train_step(const Tensor& x, const Tensor& y, std::int64_t* correct);
+
+  std::shared_ptr<nn::Module> model_;
+  std::shared_ptr<optim::Optimizer> optimizer_;
+  std::shared_ptr<optim::LrSchedule> schedule_;
+  LossFn loss_;
+  FitOptions options_;
+  TrainerState state_;
+  std::vector<std::shared_ptr<Callback>> callbacks_;
+  float base_lr_;
+  bool stop_ = false;
+};
+
+}  // namespace hpm::train

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package hpm needs, then configures and builds into build/ (the CLI is
+# build/hpm). Safe to re-run: it skips what is already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libdnnl-dev            # GEMM and convolution kernels (oneDNN, OpenMP runtime)
+  libtomlplusplus-dev    # config files
+  libcli11-dev           # command line
+  nlohmann-json3-dev     # reports, safetensors headers
+  zlib1g-dev             # gzip'd IDX, TFRecord compression
+  libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist  # the embedded default data set
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}
+cmake --build "$BUILD_DIR" -j "${JOBS:-$(nproc)}"

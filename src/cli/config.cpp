@@ -1,0 +1,432 @@
+#include "hpm/cli/config.h"
+
+#include <map>
+#include <set>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "hpm/nn/layers.h"
+
+namespace hpm::cli {
+
+namespace {
+
+std::string where(const std::string& path, const toml::source_region& src) {
+  std::ostringstream os;
+  os << path;
+  if (src.begin.line > 0) os << ':' << src.begin.line << ':' << src.begin.column;
+  return os.str();
+}
+
+// Reads the keys of one table, remembering which were used so leftovers can be reported.
+class TableReader {
+ public:
+  TableReader(const std::string& path, std::string section, const toml::table* table)
+      : path_(path), section_(std::move(section)), table_(table) {}
+
+  template <typename T>
+  void get(const std::string& key, T& out) {
+    used_.insert(key);
+    if (!table_) return;
+    const toml::node* node = table_->get(key);
+    if (!node) return;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (auto v = node->value_exact<bool>()) {
+        out = *v;
+        return;
+      }
+      fail(*node, key, "a boolean (true or false)");
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (auto v = node->value_exact<std::string>()) {
+        out = *v;
+        return;
+      }
+      fail(*node, key, "a string");
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (auto v = node->value<double>(); v && (node->is_number())) {
+        out = static_cast<T>(*v);
+        return;
+      }
+      fail(*node, key, "a number");
+    } else {
+      if (auto v = node->value_exact<std::int64_t>()) {
+        out = static_cast<T>(*v);
+        return;
+      }
+      fail(*node, key, "an integer");
+    }
+  }
+
+  void allow(const std::string& key) { used_.insert(key); }
+
+  template <typename T>
+  void get_positive(const std::string& key, T& out) {
+    get(key, out);
+    if (table_ && table_->get(key) && !(out > 0)) fail(*table_->get(key), key, "a positive value");
+  }
+
+  void finish() const {
+    if (!table_) return;
+    for (const auto& [k, v] : *table_) {
+      const std::string key(k.str());
+      if (!used_.count(key)) {
+        std::ostringstream known;
+        for (const auto& u : used_) known << (known.tellp() > 0 ? ", " : "") << u;
+        throw ConfigError(where(path_, v.source()) + ": unknown key '" + key + "' in " +
+                          section_ + " (known keys: " + known.str() + ")");
+      }
+    }
+  }
+
+  [[noreturn]] void fail(const toml::node& node, const std::string& key,
+                         const std::string& expected) const {
+    std::ostringstream os;
+    os << where(path_, node.source()) << ": " << section_ << " " << key << " must be " << expected
+       << ", got " << node.type();
+    throw ConfigError(os.str());
+  }
+
+ private:
+  const std::string& path_;
+  std::string section_;
+  const toml::table* table_;
+  std::set<std::string> used_;
+};
+
+const toml::table* section(const std::string& path, const toml::table& root, const char* name) {
+  const toml::node* n = root.get(name);
+  if (!n) return nullptr;
+  if (!n->is_table()) {
+    throw ConfigError(where(path, n->source()) + ": [" + name + "] must be a table");
+  }
+  return n->as_table();
+}
+
+// Which keys each layer type takes.
+const std::map<std::string, std::set<std::string>>& layer_keys() {
+  static const std::map<std::string, std::set<std::string>> keys = {
+      {"flatten", {}},
+      {"relu", {}},
+      {"tanh", {}},
+      {"sigmoid", {}},
+      {"global_avgpool", {}},
+      {"gelu", {"approximate"}},
+      {"linear", {"in", "out", "bias"}},
+      {"conv2d", {"in", "out", "kernel", "stride", "padding", "bias"}},
+      {"maxpool2d", {"kernel", "stride", "padding"}},
+      {"avgpool2d", {"kernel", "stride", "padding", "count_include_pad"}},
+      {"dropout", {"p"}},
+      {"batchnorm1d", {"features", "eps", "momentum"}},
+      {"batchnorm2d", {"features", "eps", "momentum"}},
+      {"layernorm", {"shape", "eps"}},
+      {"embedding", {"num", "dim"}},
+  };
+  return keys;
+}
+
+LayerSpec parse_layer(const std::string& path, const toml::node& node) {
+  const std::string at = where(path, node.source());
+  if (!node.is_table()) throw ConfigError(at + ": each entry of [model] layers must be a table");
+  const toml::table& t = *node.as_table();
+  LayerSpec spec;
+  spec.where = at;
+  auto type = t["type"].value<std::string>();
+  if (!type) throw ConfigError(at + ": layer has no string 'type'");
+  spec.type = *type;
+  auto it = layer_keys().find(spec.type);
+  if (it == layer_keys().end()) {
+    std::ostringstream known;
+    for (const auto& [k, v] : layer_keys()) known << (known.tellp() > 0 ? ", " : "") << k;
+    throw ConfigError(where(path, t["type"].node()->source()) + ": unknown layer type '" +
+                      spec.type + "' (known: " + known.str() + ")");
+  }
+  for (const auto& [k, v] : t) {
+    const std::string key(k.str());
+    if (key == "type") continue;
+    const std::string vat = where(path, v.source());
+    if (!it->second.count(key)) {
+      std::ostringstream known;
+      for (const auto& kk : it->second) known << (known.tellp() > 0 ? ", " : "") << kk;
+      throw ConfigError(vat + ": unknown key '" + key + "' for layer " + spec.type +
+                        " (known keys: " + (known.str().empty() ? "none" : known.str()) + ")");
+    }
+    if (key == "shape") {
+      if (auto n = v.value_exact<std::int64_t>()) {
+        spec.shape = {*n};
+      } else if (const toml::array* arr = v.as_array()) {
+        for (const auto& e : *arr) {
+          auto d = e.value_exact<std::int64_t>();
+          if (!d) throw ConfigError(vat + ": layernorm shape must be integers");
+          spec.shape.push_back(*d);
+        }
+      } else {
+        throw ConfigError(vat + ": layernorm shape must be an integer or an array of integers");
+      }
+    } else if (v.is_boolean()) {
+      spec.flags.emplace_back(key, *v.value<bool>());
+    } else if (v.is_string()) {
+      spec.strings.emplace_back(key, *v.value<std::string>());
+    } else if (v.is_number()) {
+      spec.numbers.emplace_back(key, *v.value<double>());
+    } else {
+      throw ConfigError(vat + ": layer key '" + key + "' has an unsupported type");
+    }
+  }
+  return spec;
+}
+
+void apply_override(toml::table& root, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  const auto dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+    throw ConfigError("--set " + assignment + ": expected section.key=value");
+  }
+  const std::string sec = assignment.substr(0, dot);
+  const std::string key = assignment.substr(dot + 1, eq - dot - 1);
+  const std::string value = assignment.substr(eq + 1);
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + value, "--set " + assignment);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", value}};  // a bare word: take it as a string
+  }
+  toml::node* target = root.get(sec);
+  if (!target) {
+    root.insert(sec, toml::table{});
+    target = root.get(sec);
+  }
+  if (!target->is_table()) throw ConfigError("--set " + assignment + ": [" + sec + "] is not a table");
+  target->as_table()->insert_or_assign(key, *parsed.get("v"));
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    std::ostringstream os;
+    os << where(path, e.source()) << ": " << e.description();
+    throw ConfigError(os.str());
+  }
+  for (const auto& o : overrides) apply_override(root, o);
+
+  Config c;
+  c.path = path;
+  for (const auto& [k, v] : root) {
+    const std::string key(k.str());
+    static const std::set<std::string> sections = {"model", "data", "optimizer", "schedule", "train"};
+    if (!sections.count(key)) {
+      throw ConfigError(where(path, v.source()) + ": unknown section [" + key +
+                        "] (known: data, model, optimizer, schedule, train)");
+    }
+  }
+
+  const toml::table* model = section(path, root, "model");
+  if (!model) throw ConfigError(path + ": missing [model] section with a 'layers' array");
+  {
+    const toml::node* layers = model->get("layers");
+    if (!layers || !layers->is_array() || layers->as_array()->empty()) {
+      throw ConfigError(where(path, model->source()) + ": [model] needs a non-empty 'layers' array");
+    }
+    for (const auto& l : *layers->as_array()) c.layers.push_back(parse_layer(path, l));
+    TableReader r(path, "[model]", model);
+    r.allow("layers");  // checked above
+    r.finish();
+  }
+
+  TableReader data(path, "[data]", section(path, root, "data"));
+  data.get("dir", c.data_dir);
+  data.get("dataset", c.dataset);
+  data.get_positive("batch_size", c.batch_size);
+  data.get("shuffle", c.shuffle);
+  data.get("train_limit", c.train_limit);
+  data.get("test_limit", c.test_limit);
+  data.finish();
+  if (c.dataset != "fashion-mnist" && c.dataset != "mnist") {
+    throw ConfigError(path + ": [data] dataset '" + c.dataset +
+                      "' is not supported (fashion-mnist or mnist, IDX files in dir)");
+  }
+
+  TableReader opt(path, "[optimizer]", section(path, root, "optimizer"));
+  opt.get("kind", c.optimizer);
+  opt.get("lr", c.lr);
+  opt.get("momentum", c.momentum);
+  opt.get("dampening", c.dampening);
+  opt.get("nesterov", c.nesterov);
+  opt.get("weight_decay", c.weight_decay);
+  opt.get("beta1", c.beta1);
+  opt.get("beta2", c.beta2);
+  opt.get("eps", c.eps);
+  opt.get("amsgrad", c.amsgrad);
+  opt.finish();
+
+  TableReader sch(path, "[schedule]", section(path, root, "schedule"));
+  sch.get("kind", c.schedule);
+  sch.get("unit", c.schedule_unit);
+  sch.get_positive("step_size", c.step_size);
+  sch.get("gamma", c.gamma);
+  sch.get_positive("t_max", c.t_max);
+  sch.get("eta_min", c.eta_min);
+  sch.get("warmup", c.warmup);
+  sch.get("warmup_start_factor", c.warmup_start_factor);
+  sch.finish();
+  if (c.schedule_unit != "epoch" && c.schedule_unit != "step") {
+    throw ConfigError(path + ": [schedule] unit must be \"epoch\" or \"step\", got \"" +
+                      c.schedule_unit + "\"");
+  }
+
+  TableReader tr(path, "[train]", section(path, root, "train"));
+  tr.get_positive("epochs", c.epochs);
+  std::int64_t seed = 0;
+  tr.get("seed", seed);
+  c.seed = static_cast<std::uint64_t>(seed);
+  tr.get_positive("threads", c.threads);
+  tr.get("label_smoothing", c.label_smoothing);
+  tr.get("clip_grad_norm", c.clip_grad_norm);
+  tr.get("checkpoint_dir", c.checkpoint_dir);
+  tr.get_positive("checkpoint_every", c.checkpoint_every);
+  tr.get("metrics_csv", c.metrics_csv);
+  tr.finish();
+  return c;
+}
+
+namespace {
+class LayerArgs {
+ public:
+  explicit LayerArgs(const LayerSpec& s) : s_(s) {}
+  double number(const std::string& key, std::optional<double> fallback = std::nullopt) const {
+    for (const auto& [k, v] : s_.numbers)
+      if (k == key) return v;
+    if (fallback) return *fallback;
+    throw ConfigError(s_.where + ": layer " + s_.type + " needs '" + key + "'");
+  }
+  std::int64_t integer(const std::string& key, std::optional<std::int64_t> fallback = std::nullopt) const {
+    const double v = number(key, fallback ? std::optional<double>(static_cast<double>(*fallback))
+                                          : std::nullopt);
+    if (v != static_cast<double>(static_cast<std::int64_t>(v)) || v < 0) {
+      throw ConfigError(s_.where + ": layer " + s_.type + " '" + key +
+                        "' must be a non-negative integer");
+    }
+    return static_cast<std::int64_t>(v);
+  }
+  bool flag(const std::string& key, bool fallback) const {
+    for (const auto& [k, v] : s_.flags)
+      if (k == key) return v;
+    for (const auto& [k, v] : s_.numbers)
+      if (k == key) throw ConfigError(s_.where + ": layer " + s_.type + " '" + key + "' must be a boolean");
+    return fallback;
+  }
+  std::string string(const std::string& key, const std::string& fallback) const {
+    for (const auto& [k, v] : s_.strings)
+      if (k == key) return v;
+    return fallback;
+  }
+
+ private:
+  const LayerSpec& s_;
+};
+
+std::shared_ptr<nn::Module> make_layer(const LayerSpec& s) {
+  LayerArgs a(s);
+  const std::string& t = s.type;
+  try {
+    if (t == "flatten") return std::make_shared<nn::Flatten>();
+    if (t == "relu") return std::make_shared<nn::ReLU>();
+    if (t == "tanh") return std::make_shared<nn::Tanh>();
+    if (t == "sigmoid") return std::make_shared<nn::Sigmoid>();
+    if (t == "global_avgpool") return std::make_shared<nn::GlobalAvgPool2d>();
+    if (t == "gelu") {
+      const std::string approx = a.string("approximate", "none");
+      if (approx != "none" && approx != "tanh") {
+        throw ConfigError(s.where + ": gelu approximate must be \"none\" or \"tanh\"");
+      }
+      return std::make_shared<nn::GELU>(approx == "tanh");
+    }
+    if (t == "linear") return std::make_shared<nn::Linear>(a.integer("in"), a.integer("out"), a.flag("bias", true));
+    if (t == "conv2d") {
+      nn::Conv2dOptions o;
+      o.in_channels = a.integer("in");
+      o.out_channels = a.integer("out");
+      o.kernel_size = static_cast<int>(a.integer("kernel"));
+      o.stride = static_cast<int>(a.integer("stride", 1));
+      o.padding = static_cast<int>(a.integer("padding", 0));
+      o.bias = a.flag("bias", true);
+      return std::make_shared<nn::Conv2d>(o);
+    }
+    if (t == "maxpool2d") {
+      return std::make_shared<nn::MaxPool2d>(static_cast<int>(a.integer("kernel")),
+                                             static_cast<int>(a.integer("stride", 0)),
+                                             static_cast<int>(a.integer("padding", 0)));
+    }
+    if (t == "avgpool2d") {
+      return std::make_shared<nn::AvgPool2d>(static_cast<int>(a.integer("kernel")),
+                                             static_cast<int>(a.integer("stride", 0)),
+                                             static_cast<int>(a.integer("padding", 0)),
+                                             a.flag("count_include_pad", true));
+    }
+    if (t == "dropout") return std::make_shared<nn::Dropout>(static_cast<float>(a.number("p", 0.5)));
+    if (t == "batchnorm1d" || t == "batchnorm2d") {
+      nn::BatchNormOptions o;
+      o.num_features = a.integer("features");
+      o.eps = static_cast<float>(a.number("eps", 1e-5));
+      o.momentum = static_cast<float>(a.number("momentum", 0.1));
+      if (t == "batchnorm1d") return std::make_shared<nn::BatchNorm1d>(o);
+      return std::make_shared<nn::BatchNorm2d>(o);
+    }
+    if (t == "layernorm") {
+      if (s.shape.empty()) throw ConfigError(s.where + ": layernorm needs 'shape'");
+      return std::make_shared<nn::LayerNorm>(Shape(s.shape), static_cast<float>(a.number("eps", 1e-5)));
+    }
+    if (t == "embedding") return std::make_shared<nn::Embedding>(a.integer("num"), a.integer("dim"));
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(s.where + ": " + e.what());
+  }
+  throw ConfigError(s.where + ": unknown layer type '" + t + "'");
+}
+}  // namespace
+
+std::shared_ptr<nn::Sequential> build_model(const Config& config) {
+  auto model = std::make_shared<nn::Sequential>();
+  for (const auto& spec : config.layers) model->push_back(make_layer(spec));
+  return model;
+}
+
+std::shared_ptr<optim::Optimizer> build_optimizer(const Config& c, const nn::Module& model) {
+  try {
+    if (c.optimizer == "sgd") {
+      return std::make_shared<optim::SGD>(
+          model.named_parameters(),
+          optim::SgdOptions{c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov});
+    }
+    if (c.optimizer == "adam" || c.optimizer == "adamw") {
+      optim::AdamOptions o{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.amsgrad, false};
+      if (c.optimizer == "adamw") return std::make_shared<optim::AdamW>(model.named_parameters(), o);
+      return std::make_shared<optim::Adam>(model.named_parameters(), o);
+    }
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(c.path + ": [optimizer] " + e.what());
+  }
+  throw ConfigError(c.path + ": [optimizer] kind '" + c.optimizer +
+                    "' is not one of sgd, adam, adamw");
+}
+
+std::shared_ptr<optim::LrSchedule> build_schedule(const Config& c) {
+  try {
+    if (c.schedule == "constant") return std::make_shared<optim::ConstantLr>();
+    if (c.schedule == "step") return std::make_shared<optim::StepLr>(c.step_size, c.gamma);
+    if (c.schedule == "cosine") return std::make_shared<optim::CosineLr>(c.t_max, c.eta_min);
+    if (c.schedule == "warmup") return std::make_shared<optim::WarmupLr>(c.warmup_start_factor, c.warmup);
+    if (c.schedule == "warmup_cosine") {
+      return std::make_shared<optim::WarmupLr>(c.warmup_start_factor, c.warmup,
+                                               std::make_shared<optim::CosineLr>(c.t_max, c.eta_min));
+    }
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(c.path + ": [schedule] " + e.what());
+  }
+  throw ConfigError(c.path + ": [schedule] kind '" + c.schedule +
+                    "' is not one of constant, step, cosine, warmup, warmup_cosine");
+}
+
+}  // namespace hpm::cli

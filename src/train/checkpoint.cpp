@@ -1,0 +1,128 @@
+#include "hpm/train/checkpoint.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "hpm/io/atomic_file.h"
+#include "hpm/io/crc32c.h"
+#include "hpm/io/safetensors.h"
+
+namespace hpm::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+constexpr const char* kFormat = "hpm-checkpoint-1";
+
+std::string checksum_hex(std::string_view bytes) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%08x", io::crc32c(bytes.data(), bytes.size()));
+  return buf;
+}
+
+std::string resolve(const std::string& path) {
+  if (fs::exists(path + "/trainer_state.json")) return path;
+  const std::string latest = path + "/latest";
+  if (!fs::exists(latest)) {
+    throw CheckpointError("no checkpoint at " + path + ": neither trainer_state.json nor latest");
+  }
+  std::string name = io::read_file(latest);
+  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+  return path + "/" + name;
+}
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, const nn::Module& model,
+                            const optim::Optimizer& optimizer, const TrainerState& state,
+                            int keep) {
+  io::ensure_directory(root);
+  const std::string name = "ckpt-" + std::to_string(state.global_step);
+  const std::string dir = root + "/" + name;
+  io::ensure_directory(dir);
+  json files = json::object();
+  auto write = [&](const std::string& file, const io::NamedTensors& tensors) {
+    const std::string bytes = io::encode_safetensors(tensors, {{"format", "pt"}});
+    io::write_file_atomic(dir + "/" + file, bytes);
+    files[file] = {{"crc32c", checksum_hex(bytes)}, {"bytes", bytes.size()}};
+  };
+  write("model.safetensors", model.state_dict());
+  write("optimizer.safetensors", optimizer.state());
+  json rng = json::array();
+  for (auto w : state.rng.s) rng.push_back(std::to_string(w));
+  const json j = {{"format", kFormat},
+                  {"epoch", state.epoch},
+                  {"step_in_epoch", state.step_in_epoch},
+                  {"global_step", state.global_step},
+                  {"seed", std::to_string(state.seed)},
+                  {"rng", rng},
+                  {"rng_has_spare", state.rng.has_spare},
+                  {"rng_spare", state.rng.spare},
+                  {"optimizer", optimizer.name()},
+                  {"files", files}};
+  io::write_file_atomic(dir + "/trainer_state.json", j.dump(2) + "\n");
+  io::write_file_atomic(root + "/latest", name + "\n");
+
+  // Prune older checkpoints, newest first by step.
+  std::vector<std::pair<std::int64_t, fs::path>> found;
+  for (const auto& e : fs::directory_iterator(root)) {
+    const std::string n = e.path().filename().string();
+    if (e.is_directory() && n.rfind("ckpt-", 0) == 0) {
+      try {
+        found.emplace_back(std::stoll(n.substr(5)), e.path());
+      } catch (const std::exception&) {
+      }
+    }
+  }
+  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)); i < found.size(); ++i) {
+    std::error_code ec;
+    fs::remove_all(found[i].second, ec);
+  }
+  return dir;
+}
+
+TrainerState load_checkpoint(const std::string& path, nn::Module& model,
+                             optim::Optimizer* optimizer) {
+  const std::string dir = resolve(path);
+  const std::string state_path = dir + "/trainer_state.json";
+  json j;
+  try {
+    j = json::parse(io::read_file(state_path));
+  } catch (const json::exception& e) {
+    throw CheckpointError(state_path + ": not valid JSON: " + e.what());
+  }
+  if (j.value("format", "") != kFormat) {
+    throw CheckpointError(state_path + ": unknown format (expected " + kFormat + ")");
+  }
+  std::map<std::string, io::SafetensorsFile> loaded;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    const std::string p = dir + "/" + file;
+    const std::string bytes = io::read_file(p);
+    const std::string expected = j.at("files").at(file).at("crc32c").get<std::string>();
+    if (checksum_hex(bytes) != expected) {
+      throw CheckpointError(p + ": checksum mismatch (CRC32C " + checksum_hex(bytes) +
+                            ", trainer_state.json records " + expected +
+                            "): the file is corrupt or was modified");
+    }
+    loaded.emplace(file, io::decode_safetensors(bytes, p));
+  }
+  try {
+    model.load_state_dict(loaded.at("model.safetensors").tensors);
+    if (optimizer) optimizer->load_state(loaded.at("optimizer.safetensors").tensors);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(dir + ": checkpoint does not match the model: " + e.what());
+  }
+  TrainerState s;
+  s.epoch = j.at("epoch").get<std::int64_t>();
+  s.step_in_epoch = j.at("step_in_epoch").get<std::int64_t>();
+  s.global_step = j.at("global_step").get<std::int64_t>();
+  s.seed = std::stoull(j.at("seed").get<std::string>());
+  for (std::size_t i = 0; i < 4; ++i) s.rng.s[i] = std::stoull(j.at("rng").at(i).get<std::string>());
+  s.rng.has_spare = j.at("rng_has_spare").get<bool>();
+  s.rng.spare = j.at("rng_spare").get<float>();
+  return s;
+}
+
+}  // namespace hpm::train

@@ -1,0 +1,194 @@
+#include "hpm/train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <sstream>
+
+#include "hpm/autograd/grad_mode.h"
+#include "hpm/io/atomic_file.h"
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm::train {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  Tensor pred = kernels::argmax_last(logits);
+  const auto* p = pred.data<std::int64_t>();
+  const auto* y = labels.data<std::int64_t>();
+  std::int64_t c = 0;
+  for (std::int64_t i = 0; i < labels.numel(); ++i) c += p[i] == y[i];
+  return c;
+}
+}  // namespace
+
+Trainer::Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimizer> optimizer,
+                 std::shared_ptr<optim::LrSchedule> schedule)
+    : model_(std::move(model)),
+      optimizer_(std::move(optimizer)),
+      schedule_(schedule ? std::move(schedule) : std::make_shared<optim::ConstantLr>()),
+      base_lr_(optimizer_->lr()) {}
+
+double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* correct) {
+  optimizer_->zero_grad();
+  Tensor logits = model_->forward(x);
+  Tensor loss = loss_ ? loss_(logits, y) : cross_entropy(logits, y, options_.label_smoothing);
+  const float value = loss.item();
+  if (!std::isfinite(value)) {
+    std::ostringstream os;
+    os << "loss is " << (std::isnan(value) ? "NaN" : "Inf") << " at epoch " << state_.epoch + 1
+       << ", step " << state_.step_in_epoch + 1 << " (global step " << state_.global_step + 1
+       << "); stopping without updating the model";
+    throw TrainingError(os.str());
+  }
+  loss.backward();
+  if (options_.clip_grad_norm > 0.0f) {
+    optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
+  }
+  optimizer_->step();
+  *correct += count_correct(logits, y);
+  return value;
+}
+
+FitResult Trainer::fit(const data::LabelledData& train, const data::LabelledData* test,
+                       const FitOptions& options) {
+  options_ = options;
+  stop_ = false;
+  FitResult result;
+  const auto t_fit = Clock::now();
+  state_ = TrainerState{};
+  state_.seed = options.seed;
+  if (!options.resume_from.empty()) {
+    state_ = load_checkpoint(options.resume_from, *model_, optimizer_.get());
+    default_generator().set_state(state_.rng);
+  } else {
+    manual_seed(options.seed);
+  }
+  data::Batcher batcher(train, options.batch_size, options.shuffle, state_.seed, options.drop_last);
+  const std::int64_t steps_per_epoch = batcher.batches_per_epoch();
+  if (steps_per_epoch == 0) {
+    throw TrainingError("the training set (" + std::to_string(train.size()) +
+                        " examples) is smaller than one batch of " +
+                        std::to_string(options.batch_size));
+  }
+  // Fail before any work if checkpoints could not be written.
+  if (!options.checkpoint_dir.empty()) io::ensure_directory(options.checkpoint_dir);
+  Device& device = Device::cpu();
+
+  for (auto& cb : callbacks_) cb->on_train_begin(*this);
+  for (; state_.epoch < options.epochs && !stop_; ++state_.epoch) {
+    model_->train();
+    batcher.seek(state_.epoch, state_.step_in_epoch);
+    if (!options.schedule_per_step) optimizer_->set_lr(schedule_->lr(base_lr_, state_.epoch));
+    for (auto& cb : callbacks_) cb->on_epoch_begin(*this, state_.epoch);
+    EpochLogs logs;
+    logs.epoch = state_.epoch;
+    double loss_sum = 0.0, epoch_seconds = 0.0;
+    std::int64_t correct = 0, seen = 0, batches = 0;
+    Tensor x, y;
+    while (!stop_ && batcher.next(x, y)) {
+      if (options.schedule_per_step) {
+        optimizer_->set_lr(schedule_->lr(base_lr_, state_.global_step));
+      }
+      const std::size_t before = device.stats().current_bytes;
+      device.reset_peak();
+      const auto t0 = Clock::now();
+      const double loss = train_step(x, y, &correct);
+      const double dt = since(t0);
+      result.step_peak_bytes = std::max(result.step_peak_bytes, device.stats().peak_bytes - before);
+      epoch_seconds += dt;
+      loss_sum += loss;
+      seen += x.size(0);
+      ++batches;
+      ++state_.step_in_epoch;
+      ++state_.global_step;
+      ++result.steps;
+      BatchLogs b{state_.epoch, state_.step_in_epoch, steps_per_epoch, state_.global_step, loss,
+                  loss_sum / static_cast<double>(batches),
+                  static_cast<double>(correct) / static_cast<double>(seen),
+                  static_cast<double>(seen) / epoch_seconds};
+      for (auto& cb : callbacks_) cb->on_batch_end(*this, b);
+    }
+    result.train_seconds += epoch_seconds;
+    result.train_samples += seen;
+    logs.train_loss = batches ? loss_sum / static_cast<double>(batches) : 0.0;
+    logs.train_accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
+    logs.samples_per_s = epoch_seconds > 0 ? static_cast<double>(seen) / epoch_seconds : 0.0;
+    logs.seconds = epoch_seconds;
+    logs.lr = optimizer_->lr();
+    const bool epoch_done = state_.step_in_epoch >= steps_per_epoch;
+    if (epoch_done && test != nullptr && test->size() > 0) {
+      const EvalResult ev = evaluate(*test, options.eval_batch_size);
+      logs.test_loss = ev.loss;
+      logs.test_accuracy = ev.accuracy;
+    }
+    if (epoch_done) {
+      state_.step_in_epoch = 0;
+      result.history.push_back(logs);
+      for (auto& cb : callbacks_) cb->on_epoch_end(*this, logs);
+    }
+    const bool last = state_.epoch + 1 >= options.epochs;
+    if (!options.checkpoint_dir.empty() &&
+        (stop_ || last || (epoch_done && (state_.epoch + 1) % options.checkpoint_every == 0))) {
+      TrainerState s = state_;
+      if (epoch_done) ++s.epoch;  // the checkpoint resumes at the next epoch
+      s.rng = default_generator().state();
+      result.last_checkpoint = save_checkpoint(options.checkpoint_dir, *model_, *optimizer_, s);
+    }
+    if (!epoch_done) break;  // stopped mid-epoch
+  }
+  result.seconds = since(t_fit);
+  for (auto& cb : callbacks_) cb->on_train_end(*this, result);
+  return result;
+}
+
+EvalResult Trainer::evaluate(const data::LabelledData& data, std::int64_t batch_size) {
+  NoGradGuard no_grad;
+  const bool was_training = model_->is_training();
+  model_->eval();
+  EvalResult r;
+  double loss_sum = 0.0;
+  std::int64_t correct = 0;
+  for (std::int64_t begin = 0; begin < data.size(); begin += batch_size) {
+    const std::int64_t n = std::min(batch_size, data.size() - begin);
+    Tensor x = data.inputs.narrow(begin, n), y = data.labels.narrow(begin, n);
+    Tensor logits = model_->forward(x);
+    loss_sum += static_cast<double>(cross_entropy(logits, y).item()) * static_cast<double>(n);
+    correct += count_correct(logits, y);
+    r.samples += n;
+  }
+  model_->train(was_training);
+  if (r.samples > 0) {
+    r.loss = loss_sum / static_cast<double>(r.samples);
+    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
+  }
+  return r;
+}
+
+Tensor Trainer::predict(const Tensor& inputs, std::int64_t batch_size) {
+  NoGradGuard no_grad;
+  const bool was_training = model_->is_training();
+  model_->eval();
+  std::vector<Tensor> parts;
+  std::int64_t classes = 0;
+  for (std::int64_t begin = 0; begin < inputs.size(0); begin += batch_size) {
+    const std::int64_t n = std::min(batch_size, inputs.size(0) - begin);
+    parts.push_back(model_->forward(inputs.narrow(begin, n)));
+    classes = parts.back().size(1);
+  }
+  model_->train(was_training);
+  Tensor out = Tensor::empty({inputs.size(0), classes});
+  std::int64_t row = 0;
+  for (auto& p : parts) {
+    out.narrow(row, p.size(0)).copy_(p);
+    row += p.size(0);
+  }
+  return out;
+}
+
+}  // namespace hpm::train

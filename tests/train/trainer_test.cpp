@@ -1,0 +1,227 @@
+#include "hpm/train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "common/temp_dir.h"
+#include "hpm/io/error.h"
+#include "hpm/nn/layers.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm::train {
+namespace {
+
+using hpm::testing::TempDir;
+
+// Two Gaussian blobs per class in 8 dimensions: learnable, but not in one step.
+data::LabelledData blobs(std::int64_t n, std::uint64_t seed) {
+  Generator gen(seed);
+  data::LabelledData d;
+  d.inputs = Tensor::randn({n, 8}, gen);
+  d.labels = Tensor::zeros({n}, DType::I64);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t c = static_cast<std::int64_t>(gen.below(3));
+    d.labels.data<std::int64_t>()[i] = c;
+    d.inputs.data<float>()[i * 8 + c] += 2.5f;
+  }
+  return d;
+}
+
+struct Rig {
+  std::shared_ptr<nn::Sequential> model;
+  std::shared_ptr<optim::SGD> opt;
+  std::unique_ptr<Trainer> trainer;
+};
+
+Rig make(std::uint64_t seed = 1) {
+  manual_seed(seed);
+  Rig s;
+  s.model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Dropout>(0.1f), std::make_shared<nn::Linear>(16, 3)});
+  s.opt = std::make_shared<optim::SGD>(s.model->named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+  s.trainer = std::make_unique<Trainer>(s.model, s.opt);
+  return s;
+}
+
+std::vector<float> flat_params(const nn::Module& m) {
+  std::vector<float> out;
+  for (auto& p : m.parameters()) {
+    auto v = p.to_vector();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+class StopAt : public Callback {
+ public:
+  explicit StopAt(std::int64_t step) : step_(step) {}
+  void on_batch_end(Trainer& t, const BatchLogs& b) override {
+    if (b.global_step == step_) t.stop_training();
+  }
+
+ private:
+  std::int64_t step_;
+};
+
+TEST(Trainer, LearnsASeparableProblem) {
+  auto train = blobs(600, 1), test = blobs(300, 2);
+  Rig s = make();
+  FitOptions o;
+  o.epochs = 5;
+  o.batch_size = 32;
+  FitResult r = s.trainer->fit(train, &test, o);
+  ASSERT_EQ(r.history.size(), 5u);
+  EXPECT_GT(r.history.back().test_accuracy, 0.9);
+  EXPECT_LT(r.history.back().train_loss, r.history.front().train_loss);
+  EXPECT_EQ(r.steps, 5 * (600 / 32));
+}
+
+TEST(Trainer, ResumeMidEpochIsBitIdentical) {
+  auto train = blobs(200, 3);
+  FitOptions o;
+  o.epochs = 3;
+  o.batch_size = 16;
+  o.seed = 7;
+
+  Rig straight = make();
+  straight.trainer->fit(train, nullptr, o);
+
+  TempDir dir;
+  Rig first = make();
+  first.trainer->add_callback(std::make_shared<StopAt>(17));  // mid-epoch 2 (12 steps/epoch)
+  FitOptions o1 = o;
+  o1.checkpoint_dir = dir.path();
+  FitResult r1 = first.trainer->fit(train, nullptr, o1);
+  EXPECT_EQ(r1.steps, 17);
+  ASSERT_FALSE(r1.last_checkpoint.empty());
+
+  Rig second = make(99);  // different init: everything must come from the checkpoint
+  FitOptions o2 = o;
+  o2.resume_from = dir.path();
+  FitResult r2 = second.trainer->fit(train, nullptr, o2);
+  EXPECT_EQ(r2.steps, 3 * 12 - 17);
+  EXPECT_EQ(flat_params(*second.model), flat_params(*straight.model));
+}
+
+TEST(Trainer, NonFiniteLossStopsAndNamesTheStep) {
+  auto train = blobs(100, 4);
+  Rig s = make();
+  int calls = 0;
+  s.trainer->set_loss([&](const Tensor& logits, const Tensor& y) {
+    Tensor l = cross_entropy(logits, y);
+    return ++calls == 3 ? mul(l, std::nanf("")) : l;
+  });
+  FitOptions o;
+  o.batch_size = 10;
+  try {
+    s.trainer->fit(train, nullptr, o);
+    FAIL() << "expected TrainingError";
+  } catch (const TrainingError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("NaN"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("step 3"), std::string::npos) << msg;
+  }
+  EXPECT_EQ(s.trainer->state().global_step, 2);
+}
+
+TEST(Trainer, UnwritableCheckpointDirectoryFailsBeforeTraining) {
+  TempDir dir;
+  std::ofstream(dir / "file") << "x";
+  auto train = blobs(50, 5);
+  Rig s = make();
+  const auto before = flat_params(*s.model);
+  FitOptions o;
+  o.batch_size = 10;
+  o.checkpoint_dir = dir / "file/ckpt";  // a path below a regular file
+  try {
+    s.trainer->fit(train, nullptr, o);
+    FAIL() << "expected IoError";
+  } catch (const io::IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("file/ckpt"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(flat_params(*s.model), before);
+}
+
+TEST(Trainer, CorruptCheckpointIsDetected) {
+  TempDir dir;
+  auto train = blobs(64, 6);
+  Rig s = make();
+  FitOptions o;
+  o.batch_size = 16;
+  o.checkpoint_dir = dir.path();
+  const std::string ckpt = s.trainer->fit(train, nullptr, o).last_checkpoint;
+  const std::string model_file = ckpt + "/model.safetensors";
+  {
+    std::fstream f(model_file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-3, std::ios::end);
+    f.put('\x7f');
+  }
+  Rig other = make(5);
+  const auto before = flat_params(*other.model);
+  try {
+    load_checkpoint(dir.path(), *other.model, other.opt.get());
+    FAIL() << "expected CheckpointError";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.safetensors"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(flat_params(*other.model), before);
+}
+
+TEST(Trainer, CheckpointKeepsOnlyTheNewest) {
+  TempDir dir;
+  auto train = blobs(64, 7);
+  Rig s = make();
+  FitOptions o;
+  o.batch_size = 16;
+  o.epochs = 4;
+  o.checkpoint_dir = dir.path();
+  s.trainer->fit(train, nullptr, o);
+  int count = 0;
+  for (auto& e : std::filesystem::directory_iterator(dir.path())) count += e.is_directory();
+  EXPECT_EQ(count, 2);
+  EXPECT_TRUE(std::filesystem::exists(dir / "ckpt-16/trainer_state.json"));
+}
+
+TEST(Trainer, StepPeakMemoryIsBounded) {
+  // mlp of the issue: 784-512-256-10 at batch 64. Parameters are 535,818 floats (2.1 MB); a step
+  // allocates gradients and momentum (2 x params) plus activations and their gradients (~0.6 MB)
+  // and the GEMM/temporary buffers. It must not exceed 4x the parameter bytes.
+  manual_seed(0);
+  auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(784, 512), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(512, 256), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(256, 10)});
+  auto opt = std::make_shared<optim::SGD>(model->named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+  Trainer t(model, opt);
+  Generator gen(1);
+  data::LabelledData d{Tensor::uniform({256, 784}, gen, 0.0f, 1.0f), Tensor::zeros({256}, DType::I64)};
+  FitOptions o;
+  o.batch_size = 64;
+  FitResult r = t.fit(d, nullptr, o);
+  const std::size_t param_bytes = static_cast<std::size_t>(model->num_parameters()) * 4;
+  EXPECT_GT(r.step_peak_bytes, param_bytes) << "gradients alone are as large as the parameters";
+  EXPECT_LT(r.step_peak_bytes, 4 * param_bytes);
+}
+
+TEST(Trainer, EvaluateAndPredictAgree) {
+  auto data = blobs(120, 8);
+  Rig s = make();
+  Tensor logits = s.trainer->predict(data.inputs, 50);
+  ASSERT_EQ(logits.shape(), (Shape{120, 3}));
+  const EvalResult ev = s.trainer->evaluate(data, 50);
+  std::int64_t correct = 0;
+  for (std::int64_t i = 0; i < 120; ++i) {
+    const float* row = logits.data<float>() + i * 3;
+    const std::int64_t pred = std::max_element(row, row + 3) - row;
+    correct += pred == data.labels.data<std::int64_t>()[i];
+  }
+  EXPECT_DOUBLE_EQ(ev.accuracy, correct / 120.0);
+}
+
+}  // namespace
+}  // namespace hpm::train
