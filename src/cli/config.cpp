@@ -72,7 +72,7 @@ class TableReader {
       if (!used_.count(key)) {
         std::ostringstream known;
         for (const auto& u : used_) known << (known.tellp() > 0 ? ", " : "") << u;
-        throw ConfigError(where(path_, v.source()) + ": unknown key '" + key + "' in " +
+        throw ConfigError(where(path_, k.source()) + ": unknown key '" + key + "' in " +
                           section_ + " (known keys: " + known.str() + ")");
       }
     }
@@ -145,9 +145,10 @@ LayerSpec parse_layer(const std::string& path, const toml::node& node) {
     if (key == "type") continue;
     const std::string vat = where(path, v.source());
     if (!it->second.count(key)) {
+      const std::string kat = where(path, k.source());
       std::ostringstream known;
       for (const auto& kk : it->second) known << (known.tellp() > 0 ? ", " : "") << kk;
-      throw ConfigError(vat + ": unknown key '" + key + "' for layer " + spec.type +
+      throw ConfigError(kat + ": unknown key '" + key + "' for layer " + spec.type +
                         " (known keys: " + (known.str().empty() ? "none" : known.str()) + ")");
     }
     if (key == "shape") {
@@ -218,7 +219,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     const std::string key(k.str());
     static const std::set<std::string> sections = {"model", "data", "optimizer", "schedule", "train"};
     if (!sections.count(key)) {
-      throw ConfigError(where(path, v.source()) + ": unknown section [" + key +
+      throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
                         "] (known: data, model, optimizer, schedule, train)");
     }
   }

@@ -53,7 +53,6 @@ std::string io_error_of(F&& f) {
   try {
     f();
   } catch (const IoError& e) {
-    if (std::getenv("HPM_IO_PRINT")) std::fprintf(stderr, "MSG %s\n", e.what());
     return e.what();
   }
   ADD_FAILURE() << "expected an IoError";

@@ -215,7 +215,12 @@ TEST_F(Safetensors, ErrorDuplicateTensorName) {
 TEST_F(Safetensors, ErrorDuplicateKeyInEntry) {
   load_error(
       raw_file(R"({"a":{"dtype":"F32","dtype":"I32","shape":[2],"data_offsets":[0,8]}})", kEight),
-      "duplicate key 'dtype'");
+      "tensor 'a': duplicate key 'dtype' in its header entry");
+}
+
+TEST_F(Safetensors, ErrorDuplicateMetadataKey) {
+  load_error(raw_file(R"({"__metadata__":{"k":"1","k":"2"}})"),
+             "duplicate key 'k' in __metadata__");
 }
 
 TEST_F(Safetensors, ErrorMetadataNotObject) {

@@ -1,0 +1,165 @@
+// End-to-end tests of the `hpm` binary: exit codes and the messages a user sees for bad input.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/temp_dir.h"
+#include "hpm/io/idx.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm {
+namespace {
+
+using hpm::testing::TempDir;
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(HPM_BINARY_DIR) + "/hpm " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// A small synthetic Fashion-MNIST-shaped data set: images whose mean brightness encodes the label.
+void write_dataset(const std::string& dir, std::int64_t n_train, std::int64_t n_test) {
+  Generator gen(3);
+  for (auto [split, n] : {std::pair{"train", n_train}, std::pair{"t10k", n_test}}) {
+    io::IdxArray images{io::kIdxU8, {n, 28, 28}, {}}, labels{io::kIdxU8, {n}, {}};
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto label = static_cast<unsigned char>(gen.below(10));
+      labels.data.push_back(label);
+      for (int k = 0; k < 784; ++k)
+        images.data.push_back(static_cast<unsigned char>(
+            (k % 10 == label ? 200 : 20) + static_cast<int>(gen.below(40))));
+    }
+    io::write_idx(dir + "/" + split + "-images-idx3-ubyte.gz", images, true);
+    io::write_idx(dir + "/" + split + "-labels-idx1-ubyte.gz", labels, true);
+  }
+}
+
+std::string mlp_config(const TempDir& dir, const std::string& data_dir, const std::string& extra = "") {
+  const std::string path = dir / "mlp.toml";
+  std::ofstream(path) << "[model]\nlayers = [{ type = \"flatten\" }, { type = \"linear\", in = 784, "
+                         "out = 32 }, { type = \"relu\" }, { type = \"linear\", in = 32, out = 10 }]\n"
+                      << "[data]\ndir = \"" << data_dir << "\"\nbatch_size = 16\n"
+                      << "[optimizer]\nkind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n"
+                      << "[train]\nepochs = 2\n"
+                      << extra;
+  return path;
+}
+
+TEST(HpmCommand, HelpListsSubcommands) {
+  Result r = run("--help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("train"), std::string::npos);
+  EXPECT_NE(r.output.find("evaluate"), std::string::npos);
+  Result t = run("train --help");
+  EXPECT_EQ(t.code, 0);
+  EXPECT_NE(t.output.find("--resume"), std::string::npos);
+  EXPECT_NE(t.output.find("--set"), std::string::npos);
+  EXPECT_EQ(run("").code, 2);
+  EXPECT_EQ(run("train").code, 2);
+}
+
+TEST(HpmCommand, TrainsWritesReportAndResumes) {
+  TempDir dir;
+  write_dataset(dir.path(), 400, 100);
+  const std::string cfg = mlp_config(dir, dir.path(), "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  Result r = run("train " + cfg + " --report " + dir / "report.json" + " --set train.epochs=1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = nlohmann::json::parse(std::ifstream(dir / "report.json"));
+  for (const char* key : {"test_accuracy", "test_loss", "train_samples_per_s", "epochs", "steps",
+                          "seconds", "step_peak_bytes"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_GT(j["test_accuracy"].get<double>(), 0.5);
+  EXPECT_EQ(j["steps"].get<int>(), 25);
+  Result resumed = run("train " + cfg + " --resume " + dir / "ckpt" + " --report " + dir / "r2.json");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  auto j2 = nlohmann::json::parse(std::ifstream(dir / "r2.json"));
+  EXPECT_EQ(j2["steps"].get<int>(), 50);
+  EXPECT_EQ(j2["steps_this_run"].get<int>(), 25);
+  Result ev = run("evaluate " + cfg + " --checkpoint " + dir / "ckpt");
+  EXPECT_EQ(ev.code, 0) << ev.output;
+  EXPECT_NE(ev.output.find("test accuracy"), std::string::npos);
+}
+
+TEST(HpmCommand, MissingDataFileIsNamed) {
+  TempDir dir;
+  Result r = run("train " + mlp_config(dir, dir / "nowhere"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("missing data file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(dir / "nowhere/train-images-idx3-ubyte"), std::string::npos) << r.output;
+}
+
+TEST(HpmCommand, WrongIdxMagicIsReported) {
+  TempDir dir;
+  write_dataset(dir.path(), 40, 10);
+  const std::string bad = dir / "train-labels-idx1-ubyte.gz";
+  std::filesystem::remove(bad);
+  std::ofstream(dir / "train-labels-idx1-ubyte", std::ios::binary) << std::string("\x12\x34\x08\x01", 4)
+                                                                   << std::string(4 + 40, '\0');
+  Result r = run("train " + mlp_config(dir, dir.path()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("train-labels-idx1-ubyte"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("magic"), std::string::npos) << r.output;
+}
+
+TEST(HpmCommand, TruncatedGzipIsReported) {
+  TempDir dir;
+  write_dataset(dir.path(), 40, 10);
+  const std::string f = dir / "train-images-idx3-ubyte.gz";
+  std::filesystem::resize_file(f, std::filesystem::file_size(f) / 2);
+  Result r = run("train " + mlp_config(dir, dir.path()));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("train-images-idx3-ubyte.gz"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("truncated"), std::string::npos) << r.output;
+}
+
+TEST(HpmCommand, ConfigTypoIsReportedWithItsLine) {
+  TempDir dir;
+  Result r = run("train " + mlp_config(dir, dir.path(), "epohcs = 3\n"));
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("mlp.toml:12:1: unknown key 'epohcs' in [train]"), std::string::npos)
+      << r.output;
+}
+
+TEST(HpmCommand, NonFiniteLossStopsKeepingTheLastGoodCheckpoint) {
+  TempDir dir;
+  write_dataset(dir.path(), 160, 40);
+  const std::string cfg = mlp_config(dir, dir.path(), "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  ASSERT_EQ(run("train " + cfg + " --set train.epochs=1").code, 0);
+  Result r = run("train " + cfg + " --resume " + dir / "ckpt" + " --set optimizer.lr=1e30");
+  EXPECT_EQ(r.code, 3) << r.output;
+  EXPECT_NE(r.output.find("loss is"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("at epoch 2, step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("last good checkpoint: " + dir / "ckpt/ckpt-10"), std::string::npos)
+      << r.output;
+  Result ev = run("evaluate " + cfg + " --checkpoint " + dir / "ckpt");
+  EXPECT_EQ(ev.code, 0) << ev.output;
+}
+
+TEST(HpmCommand, UnwritableCheckpointDirectoryIsReported) {
+  TempDir dir;
+  write_dataset(dir.path(), 40, 10);
+  std::ofstream(dir / "plainfile") << "x";
+  Result r = run("train " + mlp_config(dir, dir.path()) + " --set train.checkpoint_dir=" +
+                 dir / "plainfile/ckpt");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find(dir / "plainfile/ckpt"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace hpm
