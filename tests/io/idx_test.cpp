@@ -21,7 +21,7 @@ IdxArray make_array(std::uint8_t type, std::vector<std::int64_t> dims, std::vect
   a.type = type;
   a.dims = std::move(dims);
   a.data.resize(values.size() * sizeof(T));
-  std::memcpy(a.data.data(), values.data(), a.data.size());
+  if (!values.empty()) std::memcpy(a.data.data(), values.data(), a.data.size());
   return a;
 }
 
