@@ -1,11 +1,14 @@
-// 2-D convolution as one large GEMM over the whole batch.
+// 2-D convolution as large GEMMs over chunks of the batch.
 //
-// im2col writes col(CKK, N*P): row (c, i, j) of the kernel window, column (n, oh, ow). For stride 1
-// each row is a run of shifted input rows, so both im2col and col2im stream memory. Then
-//   forward:   y'(OC, N*P) = w(OC, CKK) col(CKK, N*P)          -> y(N, OC, P) by block transpose
-//   backward:  dw(OC, CKK) = dy'(OC, N*P) col^T
-//              dcol(CKK, N*P) = w^T dy'                          -> col2im -> dx
-// One GEMM with N*P columns runs far closer to peak than N small per-image GEMMs.
+// im2col writes col(CKK, B*P) for a chunk of B images: row (c, i, j) of the kernel window, column
+// (n, oh, ow). Each row is a run of shifted input rows, so im2col and col2im stream memory; the
+// valid output range of each row is computed once, so the inner loops are branch-free copies.
+//   forward:   y'(OC, B*P) = w(OC, CKK) col(CKK, B*P)     -> y(N, OC, P) by block transpose
+//   backward:  dw(OC, CKK) += dy'(OC, B*P) col^T
+//              dcol(CKK, B*P) = w^T dy'                     -> col2im -> dx
+// One GEMM with B*P columns runs far closer to peak than B small per-image GEMMs, and chunking
+// the batch bounds the col buffer (a few MiB) however large the evaluation batch is.
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -37,25 +40,46 @@ Geometry geometry(const Shape& x, const Shape& w, const Conv2dParams& p) {
   return g;
 }
 
-void im2col(const float* x, const Geometry& g, const Conv2dParams& p, float* col) {
-  const std::int64_t np = g.n * g.p();
+// Images per GEMM: enough columns (~8k) for an efficient GEMM, few enough to stay in cache.
+std::int64_t chunk_images(const Geometry& g) {
+  return std::clamp<std::int64_t>(8192 / std::max<std::int64_t>(g.p(), 1), 1, g.n);
+}
+
+// The output columns ow whose input column ow*stride - pad + j lies inside [0, w).
+struct Span {
+  std::int64_t lo, hi;
+};
+Span valid_ow(const Geometry& g, const Conv2dParams& p, std::int64_t j) {
+  std::int64_t lo = 0, hi = g.ow;
+  while (lo < hi && lo * p.stride_w - p.pad_w + j < 0) ++lo;
+  while (hi > lo && (hi - 1) * p.stride_w - p.pad_w + j >= g.w) --hi;
+  return {lo, hi};
+}
+
+// x: the first of `b` images; col: (CKK, b*P)
+void im2col(const float* x, std::int64_t b, const Geometry& g, const Conv2dParams& p, float* col) {
+  const std::int64_t np = b * g.p();
   parallel_for(g.ckk(), 4, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t r = lo; r < hi; ++r) {
       const std::int64_t c = r / (g.kh * g.kw), i = (r / g.kw) % g.kh, j = r % g.kw;
+      const Span s = valid_ow(g, p, j);
       float* dst = col + r * np;
-      for (std::int64_t n = 0; n < g.n; ++n) {
+      for (std::int64_t n = 0; n < b; ++n) {
         const float* src = x + (n * g.c + c) * g.h * g.w;
         for (std::int64_t oh = 0; oh < g.oh; ++oh) {
           const std::int64_t ih = oh * p.stride_h - p.pad_h + i;
           float* d = dst + (n * g.oh + oh) * g.ow;
           if (ih < 0 || ih >= g.h) {
-            std::memset(d, 0, static_cast<std::size_t>(g.ow) * sizeof(float));
+            std::fill(d, d + g.ow, 0.0f);
             continue;
           }
-          const float* s = src + ih * g.w;
-          for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-            const std::int64_t iw = ow * p.stride_w - p.pad_w + j;
-            d[ow] = (iw >= 0 && iw < g.w) ? s[iw] : 0.0f;
+          std::fill(d, d + s.lo, 0.0f);
+          std::fill(d + s.hi, d + g.ow, 0.0f);
+          const float* srow = src + ih * g.w - p.pad_w + j;
+          if (p.stride_w == 1) {
+            std::memcpy(d + s.lo, srow + s.lo, static_cast<std::size_t>(s.hi - s.lo) * sizeof(float));
+          } else {
+            for (std::int64_t ow = s.lo; ow < s.hi; ++ow) d[ow] = srow[ow * p.stride_w];
           }
         }
       }
@@ -63,24 +87,27 @@ void im2col(const float* x, const Geometry& g, const Conv2dParams& p, float* col
   });
 }
 
-// dx += scatter of dcol; parallel over channels so no two threads write the same input plane.
-void col2im(const float* col, const Geometry& g, const Conv2dParams& p, float* dx) {
-  const std::int64_t np = g.n * g.p();
+// dx (b images) += scatter of dcol; parallel over channels so no two threads write one plane.
+void col2im(const float* col, std::int64_t b, const Geometry& g, const Conv2dParams& p, float* dx) {
+  const std::int64_t np = b * g.p();
   parallel_for(g.c, 1, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t c = lo; c < hi; ++c)
       for (std::int64_t i = 0; i < g.kh; ++i)
         for (std::int64_t j = 0; j < g.kw; ++j) {
+          const Span s = valid_ow(g, p, j);
           const float* src = col + ((c * g.kh + i) * g.kw + j) * np;
-          for (std::int64_t n = 0; n < g.n; ++n) {
+          for (std::int64_t n = 0; n < b; ++n) {
             float* dst = dx + (n * g.c + c) * g.h * g.w;
             for (std::int64_t oh = 0; oh < g.oh; ++oh) {
               const std::int64_t ih = oh * p.stride_h - p.pad_h + i;
               if (ih < 0 || ih >= g.h) continue;
-              const float* s = src + (n * g.oh + oh) * g.ow;
-              float* d = dst + ih * g.w;
-              for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-                const std::int64_t iw = ow * p.stride_w - p.pad_w + j;
-                if (iw >= 0 && iw < g.w) d[iw] += s[ow];
+              const float* srow = src + (n * g.oh + oh) * g.ow;
+              float* drow = dst + ih * g.w - p.pad_w + j;
+              if (p.stride_w == 1) {
+#pragma omp simd
+                for (std::int64_t ow = s.lo; ow < s.hi; ++ow) drow[ow] += srow[ow];
+              } else {
+                for (std::int64_t ow = s.lo; ow < s.hi; ++ow) drow[ow * p.stride_w] += srow[ow];
               }
             }
           }
@@ -93,66 +120,79 @@ void col2im(const float* col, const Geometry& g, const Conv2dParams& p, float* d
 Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                       const Conv2dParams& p) {
   const Geometry g = geometry(x.shape(), w.shape(), p);
-  const std::int64_t np = g.n * g.p();
-  Tensor col = Tensor::empty({g.ckk(), np}, DType::F32, x.device());
-  im2col(x.data<float>(), g, p, col.data<float>());
-  Tensor yt = Tensor::empty({g.oc, np}, DType::F32, x.device());
-  gemm(false, false, g.oc, np, g.ckk(), 1.0f, w.data<float>(), g.ckk(), col.data<float>(), np,
-       0.0f, yt.data<float>(), np);
-  // (OC, N, P) -> (N, OC, P), adding the bias on the way.
+  const std::int64_t P = g.p(), chunk = chunk_images(g);
+  Tensor col = Tensor::empty({g.ckk(), chunk * P}, DType::F32, x.device());
+  Tensor yt = Tensor::empty({g.oc, chunk * P}, DType::F32, x.device());
   Tensor y = Tensor::empty({g.n, g.oc, g.oh, g.ow}, DType::F32, x.device());
-  const float* pt = yt.data<float>();
   const float* pb = bias.defined() ? bias.data<float>() : nullptr;
-  float* py = y.data<float>();
-  const std::int64_t P = g.p();
-  parallel_for(g.n * g.oc, 16, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t r = lo; r < hi; ++r) {
-      const std::int64_t n = r / g.oc, o = r % g.oc;
-      const float* s = pt + (o * g.n + n) * P;
-      float* d = py + r * P;
-      const float b = pb ? pb[o] : 0.0f;
-      for (std::int64_t k = 0; k < P; ++k) d[k] = s[k] + b;
-    }
-  });
+  for (std::int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const std::int64_t b = std::min(chunk, g.n - n0), np = b * P;
+    im2col(x.data<float>() + n0 * g.c * g.h * g.w, b, g, p, col.data<float>());
+    gemm(false, false, g.oc, np, g.ckk(), 1.0f, w.data<float>(), g.ckk(), col.data<float>(), np,
+         0.0f, yt.data<float>(), np);
+    // (OC, b, P) -> (b, OC, P), adding the bias on the way.
+    const float* pt = yt.data<float>();
+    float* py = y.data<float>() + n0 * g.oc * P;
+    parallel_for(b * g.oc, 16, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t r = lo; r < hi; ++r) {
+        const std::int64_t n = r / g.oc, o = r % g.oc;
+        const float* s = pt + (o * b + n) * P;
+        float* d = py + r * P;
+        const float bv = pb ? pb[o] : 0.0f;
+#pragma omp simd
+        for (std::int64_t k = 0; k < P; ++k) d[k] = s[k] + bv;
+      }
+    });
+  }
   return y;
 }
 
 void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
                      const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) {
   const Geometry g = geometry(x.shape(), w.shape(), p);
-  const std::int64_t np = g.n * g.p(), P = g.p();
-  // dy(N, OC, P) -> dy'(OC, N, P)
-  Tensor gyt = Tensor::empty({g.oc, np}, DType::F32, x.device());
-  const float* pg = grad_y.data<float>();
-  float* pgt = gyt.data<float>();
-  parallel_for(g.n * g.oc, 16, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t r = lo; r < hi; ++r) {
-      const std::int64_t n = r / g.oc, o = r % g.oc;
-      std::memcpy(pgt + (o * g.n + n) * P, pg + r * P, static_cast<std::size_t>(P) * sizeof(float));
-    }
-  });
-  if (grad_bias) {
-    *grad_bias = Tensor::empty({g.oc}, DType::F32, x.device());
-    float* pb = grad_bias->data<float>();
-    for (std::int64_t o = 0; o < g.oc; ++o) {
-      double s = 0.0;
-      for (std::int64_t k = 0; k < np; ++k) s += pgt[o * np + k];
-      pb[o] = static_cast<float>(s);
-    }
-  }
+  const std::int64_t P = g.p(), chunk = chunk_images(g);
+  Tensor gyt = Tensor::empty({g.oc, chunk * P}, DType::F32, x.device());
+  Tensor col, dcol;
   if (grad_w) {
-    Tensor col = Tensor::empty({g.ckk(), np}, DType::F32, x.device());
-    im2col(x.data<float>(), g, p, col.data<float>());
-    *grad_w = Tensor::empty(w.shape(), DType::F32, x.device());
-    gemm(false, true, g.oc, g.ckk(), np, 1.0f, pgt, np, col.data<float>(), np, 0.0f,
-         grad_w->data<float>(), g.ckk());
+    col = Tensor::empty({g.ckk(), chunk * P}, DType::F32, x.device());
+    *grad_w = Tensor::zeros(w.shape(), DType::F32, x.device());
   }
   if (grad_x) {
-    Tensor dcol = Tensor::empty({g.ckk(), np}, DType::F32, x.device());
-    gemm(true, false, g.ckk(), np, g.oc, 1.0f, w.data<float>(), g.ckk(), pgt, np, 0.0f,
-         dcol.data<float>(), np);
+    dcol = Tensor::empty({g.ckk(), chunk * P}, DType::F32, x.device());
     *grad_x = Tensor::zeros(x.shape(), DType::F32, x.device());
-    col2im(dcol.data<float>(), g, p, grad_x->data<float>());
+  }
+  if (grad_bias) *grad_bias = Tensor::zeros({g.oc}, DType::F32, x.device());
+  for (std::int64_t n0 = 0; n0 < g.n; n0 += chunk) {
+    const std::int64_t b = std::min(chunk, g.n - n0), np = b * P;
+    // dy(b, OC, P) -> dy'(OC, b, P)
+    const float* pg = grad_y.data<float>() + n0 * g.oc * P;
+    float* pgt = gyt.data<float>();
+    parallel_for(b * g.oc, 16, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t r = lo; r < hi; ++r) {
+        const std::int64_t n = r / g.oc, o = r % g.oc;
+        std::memcpy(pgt + (o * b + n) * P, pg + r * P, static_cast<std::size_t>(P) * sizeof(float));
+      }
+    });
+    if (grad_bias) {
+      float* pb = grad_bias->data<float>();
+      for (std::int64_t o = 0; o < g.oc; ++o) {
+        const float* row = pgt + o * np;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (std::int64_t k = 0; k < np; ++k) s += row[k];
+        pb[o] += s;
+      }
+    }
+    if (grad_w) {
+      im2col(x.data<float>() + n0 * g.c * g.h * g.w, b, g, p, col.data<float>());
+      gemm(false, true, g.oc, g.ckk(), np, 1.0f, pgt, np, col.data<float>(), np, 1.0f,
+           grad_w->data<float>(), g.ckk());
+    }
+    if (grad_x) {
+      gemm(true, false, g.ckk(), np, g.oc, 1.0f, w.data<float>(), g.ckk(), pgt, np, 0.0f,
+           dcol.data<float>(), np);
+      col2im(dcol.data<float>(), b, g, p, grad_x->data<float>() + n0 * g.c * g.h * g.w);
+    }
   }
 }
 

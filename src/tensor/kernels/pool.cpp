@@ -38,6 +38,33 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax
   const float* px = x.data<float>();
   float* py = y.data<float>();
   auto* pa = argmax.data<std::int32_t>();
+  if (p.kernel_h == 2 && p.kernel_w == 2 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 0 &&
+      p.pad_w == 0) {
+    // The common 2x2/2 window: no bounds checks; NaN wins as in the general path.
+    parallel_for(g.planes, 8, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t pl = lo; pl < hi; ++pl) {
+        const float* src = px + pl * g.h * g.w;
+        float* dst = py + pl * g.oh * g.ow;
+        std::int32_t* arg = pa + pl * g.oh * g.ow;
+        for (std::int64_t oh = 0; oh < g.oh; ++oh) {
+          const float* r0 = src + 2 * oh * g.w;
+          const float* r1 = r0 + g.w;
+          for (std::int64_t ow = 0; ow < g.ow; ++ow) {
+            const std::int64_t base = 2 * oh * g.w + 2 * ow;
+            float best = r0[2 * ow];
+            std::int64_t bi = base;
+            const float c1 = r0[2 * ow + 1], c2 = r1[2 * ow], c3 = r1[2 * ow + 1];
+            if (c1 > best || c1 != c1) best = c1, bi = base + 1;
+            if (c2 > best || c2 != c2) best = c2, bi = base + g.w;
+            if (c3 > best || c3 != c3) best = c3, bi = base + g.w + 1;
+            dst[oh * g.ow + ow] = best;
+            arg[oh * g.ow + ow] = static_cast<std::int32_t>(bi);
+          }
+        }
+      }
+    });
+    return y;
+  }
   parallel_for(g.planes, 8, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t pl = lo; pl < hi; ++pl) {
       const float* src = px + pl * g.h * g.w;
