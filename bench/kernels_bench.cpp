@@ -16,6 +16,14 @@ void BM_ReluBackward(benchmark::State& st) {
 }
 BENCHMARK(BM_ReluBackward);
 
+void BM_ReluBackwardMlp(benchmark::State& st) {
+  Generator gen(1);
+  Tensor g = Tensor::randn({64, 512}, gen), y = unary(UnaryOp::Relu, Tensor::randn({64, 512}, gen));
+  for (auto _ : st) benchmark::DoNotOptimize(unary_backward(UnaryOp::Relu, g, Tensor(), y));
+  st.SetBytesProcessed(st.iterations() * g.nbytes() * 3);
+}
+BENCHMARK(BM_ReluBackwardMlp);
+
 void BM_MaxPool2x2(benchmark::State& st) {
   Generator gen(1);
   Tensor x = Tensor::randn({64, 32, 28, 28}, gen), arg;

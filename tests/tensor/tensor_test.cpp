@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "hpm/tensor/device.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
@@ -146,6 +148,33 @@ TEST(Random, SeededAndRestorable) {
   for (int i = 0; i < 10000; ++i) mean += a.normal();
   EXPECT_NEAR(mean / 10000, 0.0, 0.05);
   for (int i = 0; i < 1000; ++i) EXPECT_LT(a.below(10), 10u);
+}
+
+}  // namespace
+}  // namespace hpm
+
+namespace hpm {
+namespace {
+
+TEST(Kernels, MaxPoolTiesAndNaNFollowPyTorch) {
+  // One 2x2 window per case: values in row-major order, expected winner index.
+  struct Case {
+    std::vector<float> v;
+    int expected;
+  };
+  const float nan = std::nanf("");
+  for (const Case& c : std::vector<Case>{{{1, 5, 5, 0}, 1},
+                                         {{0, 0, 0, 0}, 0},
+                                         {{1, 2, 3, 4}, 3},
+                                         {{4, 3, 4, 1}, 0},
+                                         {{1, nan, 2, 3}, 1},
+                                         {{nan, 9, 2, nan}, 0},
+                                         {{1, 2, 7, 7}, 2}}) {
+    Tensor x = Tensor::from(c.v, {1, 1, 2, 2}), arg;
+    Tensor y = kernels::max_pool2d_forward(x, kernels::Pool2dParams{}, arg);
+    EXPECT_EQ(arg.data<std::int32_t>()[0], c.expected) << c.v[0] << " " << c.v[1] << " " << c.v[2]
+                                                       << " " << c.v[3];
+  }
 }
 
 }  // namespace

@@ -203,7 +203,10 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const T
       float* po = out.data<float>();
       parallel_for(out.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
 #pragma omp simd
-        for (std::int64_t i = lo; i < hi; ++i) po[i] = py[i] > 0.0f ? pg[i] : 0.0f;
+        for (std::int64_t i = lo; i < hi; ++i) {
+          const float g = pg[i];  // loaded unconditionally so the select vectorizes
+          po[i] = py[i] > 0.0f ? g : 0.0f;
+        }
       });
       return out;
     }

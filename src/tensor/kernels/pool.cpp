@@ -1,6 +1,7 @@
 // Max and average pooling over NCHW planes; each (n, c) plane is independent.
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "hpm/tensor/kernels.h"
 #include "parallel.h"
@@ -40,8 +41,12 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax
   auto* pa = argmax.data<std::int32_t>();
   if (p.kernel_h == 2 && p.kernel_w == 2 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 0 &&
       p.pad_w == 0) {
-    // The common 2x2/2 window: no bounds checks; NaN wins as in the general path.
+    // The common 2x2/2 window in two branch-free passes that vectorize: the max of each vertical
+    // pair, then of each horizontal pair. The winner is data-dependent, so branches would be
+    // mispredicted half the time. NaN wins, and among equals the first in row-major order, as in PyTorch.
     parallel_for(g.planes, 8, [&](std::int64_t lo, std::int64_t hi) {
+      std::vector<float> vmax(static_cast<std::size_t>(g.w));
+      std::vector<std::int32_t> vrow(static_cast<std::size_t>(g.w));
       for (std::int64_t pl = lo; pl < hi; ++pl) {
         const float* src = px + pl * g.h * g.w;
         float* dst = py + pl * g.oh * g.ow;
@@ -49,16 +54,27 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax
         for (std::int64_t oh = 0; oh < g.oh; ++oh) {
           const float* r0 = src + 2 * oh * g.w;
           const float* r1 = r0 + g.w;
+          float* vm = vmax.data();
+          std::int32_t* vr = vrow.data();
+          const auto w = static_cast<std::int32_t>(g.w);
+#pragma omp simd
+          for (std::int64_t k = 0; k < 2 * g.ow; ++k) {
+            const float a = r0[k], b = r1[k];
+            const bool take_b = (b > a) | ((b != b) & (a == a));
+            vm[k] = take_b ? b : a;
+            vr[k] = take_b ? w : 0;
+          }
+          const auto base = static_cast<std::int32_t>(2 * oh * g.w);
+#pragma omp simd
           for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-            const std::int64_t base = 2 * oh * g.w + 2 * ow;
-            float best = r0[2 * ow];
-            std::int64_t bi = base;
-            const float c1 = r0[2 * ow + 1], c2 = r1[2 * ow], c3 = r1[2 * ow + 1];
-            if (c1 > best || c1 != c1) best = c1, bi = base + 1;
-            if (c2 > best || c2 != c2) best = c2, bi = base + g.w;
-            if (c3 > best || c3 != c3) best = c3, bi = base + g.w + 1;
-            dst[oh * g.ow + ow] = best;
-            arg[oh * g.ow + ow] = static_cast<std::int32_t>(bi);
+            const float a = vm[2 * ow], b = vm[2 * ow + 1];
+            // On a tie the earlier element in row-major order wins: the right column's if its
+            // winner is in the top row and the left column's is not.
+            const bool take_b = (b > a) | ((b != b) & (a == a)) |
+                                ((b == a) & (vr[2 * ow + 1] < vr[2 * ow]));
+            dst[oh * g.ow + ow] = take_b ? b : a;
+            arg[oh * g.ow + ow] = base + static_cast<std::int32_t>(2 * ow) +
+                                  (take_b ? vr[2 * ow + 1] + 1 : vr[2 * ow]);
           }
         }
       }
