@@ -56,6 +56,48 @@ void BM_Conv2Backward(benchmark::State& st) {
 }
 BENCHMARK(BM_Conv2Backward);
 
+void BM_Conv1Forward(benchmark::State& st) {
+  Generator gen(1);
+  Tensor x = Tensor::randn({64, 1, 28, 28}, gen), w = Tensor::randn({32, 1, 3, 3}, gen),
+         b = Tensor::randn({32}, gen);
+  for (auto _ : st) benchmark::DoNotOptimize(conv2d_forward(x, w, b, Conv2dParams{1, 1, 1, 1}));
+}
+BENCHMARK(BM_Conv1Forward);
+
+void BM_Conv1BackwardWeights(benchmark::State& st) {
+  Generator gen(1);
+  Tensor x = Tensor::randn({64, 1, 28, 28}, gen), w = Tensor::randn({32, 1, 3, 3}, gen),
+         gy = Tensor::randn({64, 32, 28, 28}, gen);
+  for (auto _ : st) {
+    Tensor gw, gb;
+    conv2d_backward(gy, x, w, Conv2dParams{1, 1, 1, 1}, nullptr, &gw, &gb);
+    benchmark::DoNotOptimize(gw);
+  }
+}
+BENCHMARK(BM_Conv1BackwardWeights);
+
+void BM_ReluForward(benchmark::State& st) {
+  Generator gen(1);
+  Tensor x = Tensor::randn({64, 32, 28, 28}, gen);
+  for (auto _ : st) benchmark::DoNotOptimize(unary(UnaryOp::Relu, x));
+}
+BENCHMARK(BM_ReluForward);
+
+void BM_MaxPool2x2Backward(benchmark::State& st) {
+  Generator gen(1);
+  Tensor x = Tensor::randn({64, 32, 28, 28}, gen), arg;
+  Tensor y = max_pool2d_forward(x, Pool2dParams{}, arg);
+  for (auto _ : st) benchmark::DoNotOptimize(max_pool2d_backward(y, arg, x.shape()));
+}
+BENCHMARK(BM_MaxPool2x2Backward);
+
+void BM_LinearFc1(benchmark::State& st) {
+  Generator gen(1);
+  Tensor x = Tensor::randn({64, 3136}, gen), w = Tensor::randn({128, 3136}, gen), b = Tensor::randn({128}, gen);
+  for (auto _ : st) benchmark::DoNotOptimize(linear(x, w, b));
+}
+BENCHMARK(BM_LinearFc1);
+
 }  // namespace
 }  // namespace hpm::kernels
 

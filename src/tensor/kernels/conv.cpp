@@ -40,9 +40,10 @@ Geometry geometry(const Shape& x, const Shape& w, const Conv2dParams& p) {
   return g;
 }
 
-// Images per GEMM: enough columns (~8k) for an efficient GEMM, few enough to stay in cache.
+// Images per GEMM: enough columns (~2k) for an efficient GEMM, few enough that col and dcol stay
+// in cache between im2col, the GEMM and col2im (measured: bench/kernels_bench, 1k-16k columns).
 std::int64_t chunk_images(const Geometry& g) {
-  return std::clamp<std::int64_t>(8192 / std::max<std::int64_t>(g.p(), 1), 1, g.n);
+  return std::clamp<std::int64_t>(2048 / std::max<std::int64_t>(g.p(), 1), 1, g.n);
 }
 
 // The output columns ow whose input column ow*stride - pad + j lies inside [0, w).
@@ -70,14 +71,15 @@ void im2col(const float* x, std::int64_t b, const Geometry& g, const Conv2dParam
           const std::int64_t ih = oh * p.stride_h - p.pad_h + i;
           float* d = dst + (n * g.oh + oh) * g.ow;
           if (ih < 0 || ih >= g.h) {
-            std::fill(d, d + g.ow, 0.0f);
+            for (std::int64_t ow = 0; ow < g.ow; ++ow) d[ow] = 0.0f;
             continue;
           }
-          std::fill(d, d + s.lo, 0.0f);
-          std::fill(d + s.hi, d + g.ow, 0.0f);
+          for (std::int64_t ow = 0; ow < s.lo; ++ow) d[ow] = 0.0f;
+          for (std::int64_t ow = s.hi; ow < g.ow; ++ow) d[ow] = 0.0f;
           const float* srow = src + ih * g.w - p.pad_w + j;
           if (p.stride_w == 1) {
-            std::memcpy(d + s.lo, srow + s.lo, static_cast<std::size_t>(s.hi - s.lo) * sizeof(float));
+            // Runs are short (one image row): an inline loop beats a memcpy call.
+            for (std::int64_t ow = s.lo; ow < s.hi; ++ow) d[ow] = srow[ow];
           } else {
             for (std::int64_t ow = s.lo; ow < s.hi; ++ow) d[ow] = srow[ow * p.stride_w];
           }
