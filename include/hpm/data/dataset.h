@@ -1,0 +1,133 @@
+// The input pipeline, after tf.data: a Dataset is an immutable description of a pipeline (a tree
+// of DatasetNodes); an Iterator runs it, holds all mutable state, and can save that state as bytes
+// and restore it, so a resumed run sees exactly the elements it would have seen.
+//
+// Elements are tuples of tensors. An element that fails (a corrupt record, a throwing map
+// function) surfaces at the consumer as a DataError naming the stage it came from; the iterator
+// stays usable, which is what ignore_errors() builds on.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hpm/data/iterator_state.h"
+#include "hpm/tensor/tensor.h"
+
+namespace hpm::data {
+
+using Element = std::vector<Tensor>;
+
+class DataError : public std::runtime_error {
+ public:
+  DataError(const std::string& origin, const std::string& message)
+      : std::runtime_error(origin + ": " + message), origin_(origin) {}
+  // Re-raises an error whose message already names its origin (crossing a thread boundary).
+  DataError(const std::string& origin, const std::string& full_message, bool)
+      : std::runtime_error(full_message), origin_(origin) {}
+  const std::string& origin() const { return origin_; }
+
+ private:
+  std::string origin_;
+};
+
+constexpr std::int64_t kInfinite = -1;
+constexpr std::int64_t kUnknown = -2;
+constexpr int kAutotune = -1;
+
+// Per-stage measurements, filled by Iterator::stats().
+struct StageStats {
+  std::string name;
+  std::int64_t elements = 0;
+  double seconds_per_element = 0;  // wall time inside this stage's work, per element produced
+  int parallelism = 1;             // current (AUTOTUNE may change it)
+  std::int64_t buffer_size = 0;    // current, for buffering stages
+  double buffer_occupancy = 0;     // mean fraction of the buffer full when the consumer asked
+  std::int64_t errors_skipped = 0;
+};
+
+class Iterator {
+ public:
+  virtual ~Iterator() = default;
+  // The next element into `out`; false at the end of the sequence. Throws DataError for a bad
+  // element, after which the next call continues with the following one.
+  virtual bool next(Element& out) = 0;
+  // State as bytes; parallel stages finish their in-flight work first.
+  virtual void save(StateWriter& w) = 0;
+  virtual void restore(StateReader& r) = 0;
+  virtual void stats(std::vector<StageStats>& out) const { (void)out; }
+};
+
+// Iterators keep their node alive (shared_from_this), so an iterator may outlive its Dataset.
+class DatasetNode : public std::enable_shared_from_this<DatasetNode> {
+ public:
+  virtual ~DatasetNode() = default;
+  // `epoch` counts the passes made so far (repeat() passes its count), so shuffle can draw a new
+  // order each pass while staying a pure function of (seed, epoch) for exact resume.
+  virtual std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const = 0;
+  virtual std::int64_t cardinality() const { return kUnknown; }
+  virtual std::string name() const = 0;
+
+ protected:
+  template <typename T>
+  std::shared_ptr<const T> self() const {
+    return std::static_pointer_cast<const T>(shared_from_this());
+  }
+};
+
+using MapFn = std::function<Element(Element)>;
+using PredicateFn = std::function<bool(const Element&)>;
+
+struct MapOptions {
+  int num_parallel_calls = 1;  // kAutotune to let the runtime choose
+  bool deterministic = true;   // false: elements leave in completion order
+};
+
+// A handle on an immutable pipeline; every method returns a new Dataset.
+class Dataset {
+ public:
+  Dataset() = default;
+  explicit Dataset(std::shared_ptr<const DatasetNode> node) : node_(std::move(node)) {}
+
+  // ---- sources ----
+  // Slices of the given tensors along their first dimension (all the same length).
+  static Dataset from_tensor_slices(std::vector<Tensor> tensors);
+  static Dataset range(std::int64_t start, std::int64_t stop, std::int64_t step = 1);
+  // Elements from a function of the index; returns false at the end. Must be deterministic in the
+  // index for exact resume.
+  static Dataset from_generator(std::function<bool(std::int64_t index, Element& out)> fn,
+                                std::int64_t cardinality = kUnknown);
+  static Dataset zip(std::vector<Dataset> datasets);
+
+  // ---- transformations ----
+  Dataset map(MapFn fn, MapOptions options = {}) const;
+  Dataset filter(PredicateFn predicate) const;
+  Dataset shuffle(std::int64_t buffer_size, std::uint64_t seed,
+                  bool reshuffle_each_iteration = true) const;
+  Dataset batch(std::int64_t batch_size, bool drop_remainder = false) const;
+  // Pads every component to the largest shape in the batch with `padding_value`.
+  Dataset padded_batch(std::int64_t batch_size, float padding_value = 0.0f,
+                       bool drop_remainder = false) const;
+  Dataset unbatch() const;
+  Dataset repeat(std::int64_t count = kInfinite) const;
+  Dataset take(std::int64_t count) const;
+  Dataset skip(std::int64_t count) const;
+  Dataset shard(std::int64_t num_shards, std::int64_t index) const;
+  Dataset enumerate(std::int64_t start = 0) const;  // prepends an I64 scalar index
+  Dataset cache() const;                            // in memory, filled by the first pass
+  Dataset prefetch(std::int64_t buffer_size = kAutotune) const;
+  Dataset ignore_errors() const;
+
+  std::unique_ptr<Iterator> make_iterator(std::int64_t epoch = 0) const {
+    return node_->make_iterator(epoch);
+  }
+  std::int64_t cardinality() const { return node_->cardinality(); }
+  const std::shared_ptr<const DatasetNode>& node() const { return node_; }
+
+ private:
+  std::shared_ptr<const DatasetNode> node_;
+};
+
+}  // namespace hpm::data

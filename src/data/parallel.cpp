@@ -1,0 +1,362 @@
+// The threaded stages: map with num_parallel_calls, and prefetch. Both keep results in a queue of
+// slots in input order (tf.data's invocation results); a slot carries the element or the error
+// that producing it raised, so errors reach the consumer in order and with their origin.
+//
+// Input iterators are not thread-safe: workers call input->next() under the stage's mutex, one at
+// a time, and run the map function outside it. save() waits until no call is in flight, then
+// records the finished slots and the input's state, so restoring reproduces the same sequence.
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "hpm/data/dataset.h"
+
+namespace hpm::data {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Slot {
+  bool done = false;
+  bool end = false;  // the input was exhausted here
+  Element value;
+  std::string error_origin, error_message;  // set when producing the element failed
+};
+
+void save_slot(StateWriter& w, const Slot& s) {
+  w.u64(s.end);
+  w.str(s.error_origin);
+  w.str(s.error_message);
+  w.tensors(s.value);
+}
+
+Slot restore_slot(StateReader& r) {
+  Slot s;
+  s.done = true;
+  s.end = r.u64() != 0;
+  s.error_origin = r.str();
+  s.error_message = r.str();
+  s.value = r.tensors();
+  return s;
+}
+
+int hardware_threads() {
+  const unsigned n = std::thread::hardware_concurrency();
+  return n == 0 ? 1 : static_cast<int>(n);
+}
+
+// Shared machinery: a pool of producer threads that each take the next input element in order,
+// transform it (or not), and complete its slot.
+class SlotPipeline : public Iterator {
+ public:
+  SlotPipeline(std::unique_ptr<Iterator> input, std::string stage, int threads,
+               std::int64_t max_buffered, bool deterministic)
+      : input_(std::move(input)),
+        stage_(std::move(stage)),
+        threads_(threads),
+        max_buffered_(max_buffered),
+        deterministic_(deterministic) {}
+
+  // Derived classes call shutdown() in their destructors, before their members (the map
+  // function) go; this one is a backstop.
+  ~SlotPipeline() override { shutdown(); }
+
+  bool next(Element& out) override {
+    const auto t0 = Clock::now();
+    std::unique_lock lock(mu_);
+    start_threads_locked();
+    occupancy_sum_ += static_cast<double>(slots_.size()) / static_cast<double>(max_buffered_);
+    ++requests_;
+    for (;;) {
+      // The first finished slot we may hand out: the front, or any when not deterministic.
+      auto it = slots_.end();
+      if (!slots_.empty() && slots_.front()->done) {
+        it = slots_.begin();
+      } else if (!deterministic_) {
+        for (auto s = slots_.begin(); s != slots_.end(); ++s)
+          if ((*s)->done && !(*s)->end) {
+            it = s;
+            break;
+          }
+      }
+      if (it != slots_.end()) {
+        std::shared_ptr<Slot> s = *it;
+        if (s->end) {
+          // Leave the end marker in place: every later call also sees the end.
+          return false;
+        }
+        slots_.erase(it);
+        ++produced_;
+        wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+        cv_.notify_all();
+        if (!s->error_message.empty()) throw DataError(s->error_origin, s->error_message, true);
+        out = std::move(s->value);
+        return true;
+      }
+      cv_.wait(lock);
+    }
+  }
+
+  void save(StateWriter& w) override {
+    std::unique_lock lock(mu_);
+    paused_ = true;
+    cv_.wait(lock, [&] { return in_flight_ == 0; });
+    w.tag(stage_);
+    w.u64(slots_.size());
+    for (const auto& s : slots_) save_slot(w, *s);
+    input_->save(w);
+    paused_ = false;
+    cv_.notify_all();
+  }
+
+  void restore(StateReader& r) override {
+    std::unique_lock lock(mu_);
+    paused_ = true;
+    cv_.wait(lock, [&] { return in_flight_ == 0; });
+    r.expect_tag(stage_);
+    slots_.clear();
+    const std::uint64_t n = r.u64();
+    for (std::uint64_t i = 0; i < n; ++i) slots_.push_back(std::make_shared<Slot>(restore_slot(r)));
+    input_ended_ = !slots_.empty() && slots_.back()->end;
+    input_->restore(r);
+    paused_ = false;
+    cv_.notify_all();
+  }
+
+  void stats(std::vector<StageStats>& out) const override {
+    input_->stats(out);
+    std::lock_guard lock(mu_);
+    StageStats s;
+    s.name = stage_;
+    s.elements = produced_;
+    s.seconds_per_element = completed_ ? work_seconds_ / static_cast<double>(completed_) : 0.0;
+    s.parallelism = threads_;
+    s.buffer_size = max_buffered_;
+    s.buffer_occupancy = requests_ ? occupancy_sum_ / static_cast<double>(requests_) : 0.0;
+    out.push_back(s);
+  }
+
+ protected:
+  // Turns an input element into the output element (may throw).
+  virtual Element transform(Element in) = 0;
+
+ protected:
+  void shutdown_workers() { shutdown(); }
+
+ private:
+  void start_threads_locked() {
+    if (started_) return;
+    started_ = true;
+    for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { work(); });
+  }
+
+  void shutdown() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+    workers_.clear();
+  }
+
+  void work() {
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] {
+        return stopping_ ||
+               (!paused_ && !input_ended_ && static_cast<std::int64_t>(slots_.size()) < max_buffered_);
+      });
+      if (stopping_) return;
+      auto slot = std::make_shared<Slot>();
+      slots_.push_back(slot);
+      ++in_flight_;
+      // Taking the input element and placing its slot happen under one lock: slot order is input
+      // order.
+      Element in;
+      bool have = false;
+      try {
+        have = input_->next(in);
+      } catch (const DataError& e) {
+        slot->error_origin = e.origin();
+        slot->error_message = e.what();
+        slot->done = true;
+      } catch (const std::exception& e) {
+        slot->error_origin = stage_;
+        slot->error_message = stage_ + ": " + e.what();
+        slot->done = true;
+      }
+      if (!have && !slot->done) {
+        slot->end = true;
+        slot->done = true;
+        input_ended_ = true;
+      }
+      if (slot->done) {
+        --in_flight_;
+        cv_.notify_all();
+        continue;
+      }
+      lock.unlock();
+      const auto t0 = Clock::now();
+      Element result;
+      std::string origin, message;
+      try {
+        result = transform(std::move(in));
+      } catch (const DataError& e) {
+        origin = e.origin();
+        message = e.what();
+      } catch (const std::exception& e) {
+        origin = stage_;
+        message = stage_ + ": " + e.what();
+      }
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      lock.lock();
+      slot->value = std::move(result);
+      slot->error_origin = std::move(origin);
+      slot->error_message = std::move(message);
+      slot->done = true;
+      work_seconds_ += dt;
+      ++completed_;
+      --in_flight_;
+      cv_.notify_all();
+    }
+  }
+
+  std::unique_ptr<Iterator> input_;
+  std::string stage_;
+  int threads_;
+  std::int64_t max_buffered_;
+  bool deterministic_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Slot>> slots_;
+  std::vector<std::thread> workers_;
+  bool started_ = false, stopping_ = false, paused_ = false, input_ended_ = false;
+  int in_flight_ = 0;
+  // stats
+  std::int64_t produced_ = 0, completed_ = 0, requests_ = 0;
+  double work_seconds_ = 0, wait_seconds_ = 0, occupancy_sum_ = 0;
+};
+
+class ParallelMapIt : public SlotPipeline {
+ public:
+  ParallelMapIt(std::unique_ptr<Iterator> input, MapFn fn, int threads, bool deterministic)
+      : SlotPipeline(std::move(input), "map", threads, 2 * threads, deterministic), fn_(std::move(fn)) {}
+  // Workers must stop before fn_ is destroyed.
+  ~ParallelMapIt() override { shutdown_workers(); }
+
+ protected:
+  Element transform(Element in) override { return fn_(std::move(in)); }
+
+ private:
+  MapFn fn_;
+};
+
+class PrefetchIt : public SlotPipeline {
+ public:
+  PrefetchIt(std::unique_ptr<Iterator> input, std::int64_t buffer)
+      : SlotPipeline(std::move(input), "prefetch", 1, buffer, true) {}
+  ~PrefetchIt() override { shutdown_workers(); }
+
+ protected:
+  Element transform(Element in) override { return in; }
+};
+
+class SequentialMapIt : public Iterator {
+ public:
+  SequentialMapIt(std::unique_ptr<Iterator> input, MapFn fn) : input_(std::move(input)), fn_(std::move(fn)) {}
+  bool next(Element& out) override {
+    Element in;
+    if (!input_->next(in)) return false;
+    const auto t0 = Clock::now();
+    try {
+      out = fn_(std::move(in));
+    } catch (const DataError&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw DataError("map", e.what());
+    }
+    seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    ++count_;
+    return true;
+  }
+  void save(StateWriter& w) override {
+    w.tag("map");
+    input_->save(w);
+  }
+  void restore(StateReader& r) override {
+    r.expect_tag("map");
+    input_->restore(r);
+  }
+  void stats(std::vector<StageStats>& out) const override {
+    input_->stats(out);
+    StageStats s;
+    s.name = "map";
+    s.elements = count_;
+    s.seconds_per_element = count_ ? seconds_ / static_cast<double>(count_) : 0.0;
+    out.push_back(s);
+  }
+
+ private:
+  std::unique_ptr<Iterator> input_;
+  MapFn fn_;
+  std::int64_t count_ = 0;
+  double seconds_ = 0;
+};
+
+class MapNode : public DatasetNode {
+ public:
+  MapNode(Dataset input, MapFn fn, MapOptions o) : input_(std::move(input)), fn_(std::move(fn)), o_(o) {}
+  std::int64_t cardinality() const override { return input_.cardinality(); }
+  std::string name() const override { return "map"; }
+  std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
+    const int threads = o_.num_parallel_calls == kAutotune ? hardware_threads() : o_.num_parallel_calls;
+    if (threads <= 1 && o_.num_parallel_calls != kAutotune) {
+      return std::make_unique<SequentialMapIt>(input_.make_iterator(epoch), fn_);
+    }
+    return std::make_unique<ParallelMapIt>(input_.make_iterator(epoch), fn_, threads, o_.deterministic);
+  }
+
+ private:
+  Dataset input_;
+  MapFn fn_;
+  MapOptions o_;
+};
+
+class PrefetchNode : public DatasetNode {
+ public:
+  PrefetchNode(Dataset input, std::int64_t buffer) : input_(std::move(input)), buffer_(buffer) {}
+  std::int64_t cardinality() const override { return input_.cardinality(); }
+  std::string name() const override { return "prefetch"; }
+  std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
+    // AUTOTUNE: a buffer of 2 covers one step of jitter; see the autotune model for growth.
+    return std::make_unique<PrefetchIt>(input_.make_iterator(epoch), buffer_ == kAutotune ? 2 : buffer_);
+  }
+
+ private:
+  Dataset input_;
+  std::int64_t buffer_;
+};
+
+}  // namespace
+
+Dataset Dataset::map(MapFn fn, MapOptions options) const {
+  if (options.num_parallel_calls == 0 || options.num_parallel_calls < kAutotune) {
+    throw std::invalid_argument("map: num_parallel_calls must be positive or kAutotune");
+  }
+  return Dataset(std::make_shared<MapNode>(*this, std::move(fn), options));
+}
+
+Dataset Dataset::prefetch(std::int64_t buffer_size) const {
+  if (buffer_size == 0 || buffer_size < kAutotune) {
+    throw std::invalid_argument("prefetch: buffer_size must be positive or kAutotune");
+  }
+  return Dataset(std::make_shared<PrefetchNode>(*this, buffer_size));
+}
+
+}  // namespace hpm::data
