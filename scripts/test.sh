@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Does whatever set-up is missing, builds, and runs every test with CTest. Then the unit tests
-# again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/). SKIP_SANITIZERS=1 skips
-# that second pass.
+# again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), and the threaded input
+# pipeline's tests under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,5 +14,10 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # OpenMP's runtime keeps thread pools alive at exit; leak checks would only report those.
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "${JOBS:-$(nproc)}" -LE slow
+  # ThreadSanitizer for the layers that run their own threads (not OpenMP's, whose runtime TSan
+  # cannot see into).
+  cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHPM_TSAN=ON -DHPM_BUILD_BENCH=OFF
+  cmake --build build-tsan --target test_data -j "${JOBS:-$(nproc)}"
+  TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L data
 fi
 echo "test.sh: all tests passed"
