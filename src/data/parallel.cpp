@@ -12,7 +12,9 @@
 #include <mutex>
 #include <thread>
 
+#include "fusion.h"
 #include "hpm/data/dataset.h"
+#include "stack.h"
 
 namespace hpm::data {
 
@@ -141,8 +143,14 @@ class SlotPipeline : public Iterator {
   }
 
  protected:
-  // Turns an input element into the output element (may throw).
-  virtual Element transform(Element in) = 0;
+  // Takes the inputs of one output from `input` (called under the stage's lock, so in order);
+  // false when there are none left.
+  virtual bool pull(Iterator& input, std::vector<Element>& items) {
+    items.resize(1);
+    return input.next(items[0]);
+  }
+  // Turns the pulled inputs into the output element (outside the lock; may throw).
+  virtual Element transform(std::vector<Element> in) = 0;
 
  protected:
   void shutdown_workers() { shutdown(); }
@@ -177,10 +185,10 @@ class SlotPipeline : public Iterator {
       ++in_flight_;
       // Taking the input element and placing its slot happen under one lock: slot order is input
       // order.
-      Element in;
+      std::vector<Element> in;
       bool have = false;
       try {
-        have = input_->next(in);
+        have = pull(*input_, in);
       } catch (const DataError& e) {
         slot->error_origin = e.origin();
         slot->error_message = e.what();
@@ -251,10 +259,41 @@ class ParallelMapIt : public SlotPipeline {
   ~ParallelMapIt() override { shutdown_workers(); }
 
  protected:
-  Element transform(Element in) override { return fn_(std::move(in)); }
+  Element transform(std::vector<Element> in) override { return fn_(std::move(in[0])); }
 
  private:
   MapFn fn_;
+};
+
+// map followed by batch, fused (tf.data's map_and_batch_fusion): a worker pulls a whole batch of
+// inputs, maps and stacks them, so threads synchronize once per batch instead of per element.
+class MapAndBatchIt : public SlotPipeline {
+ public:
+  MapAndBatchIt(std::unique_ptr<Iterator> input, MapFn fn, int threads, bool deterministic,
+                std::int64_t batch, bool drop_remainder)
+      : SlotPipeline(std::move(input), "map_and_batch", threads, 2 * threads, deterministic),
+        fn_(std::move(fn)),
+        batch_(batch),
+        drop_(drop_remainder) {}
+  ~MapAndBatchIt() override { shutdown_workers(); }
+
+ protected:
+  bool pull(Iterator& input, std::vector<Element>& items) override {
+    items.clear();
+    Element e;
+    while (static_cast<std::int64_t>(items.size()) < batch_ && input.next(e)) items.push_back(std::move(e));
+    if (items.empty() || (drop_ && static_cast<std::int64_t>(items.size()) < batch_)) return false;
+    return true;
+  }
+  Element transform(std::vector<Element> in) override {
+    for (auto& e : in) e = fn_(std::move(e));
+    return stack_elements(in, false, 0.0f, "map_and_batch");
+  }
+
+ private:
+  MapFn fn_;
+  std::int64_t batch_;
+  bool drop_;
 };
 
 class PrefetchIt : public SlotPipeline {
@@ -264,7 +303,7 @@ class PrefetchIt : public SlotPipeline {
   ~PrefetchIt() override { shutdown_workers(); }
 
  protected:
-  Element transform(Element in) override { return in; }
+  Element transform(std::vector<Element> in) override { return std::move(in[0]); }
 };
 
 class SequentialMapIt : public Iterator {
@@ -309,9 +348,37 @@ class SequentialMapIt : public Iterator {
   double seconds_ = 0;
 };
 
+class MapAndBatchNode : public DatasetNode {
+ public:
+  MapAndBatchNode(Dataset input, MapFn fn, MapOptions o, std::int64_t batch, bool drop)
+      : input_(std::move(input)), fn_(std::move(fn)), o_(o), batch_(batch), drop_(drop) {}
+  std::int64_t cardinality() const override {
+    const std::int64_t c = input_.cardinality();
+    if (c < 0) return c;
+    return drop_ ? c / batch_ : (c + batch_ - 1) / batch_;
+  }
+  std::string name() const override { return "map_and_batch"; }
+  std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
+    const int threads = o_.num_parallel_calls == kAutotune ? hardware_threads() : o_.num_parallel_calls;
+    return std::make_unique<MapAndBatchIt>(input_.make_iterator(epoch), fn_, threads, o_.deterministic, batch_,
+                                           drop_);
+  }
+
+ private:
+  Dataset input_;
+  MapFn fn_;
+  MapOptions o_;
+  std::int64_t batch_;
+  bool drop_;
+};
+
 class MapNode : public DatasetNode {
  public:
   MapNode(Dataset input, MapFn fn, MapOptions o) : input_(std::move(input)), fn_(std::move(fn)), o_(o) {}
+  bool parallel() const { return o_.num_parallel_calls == kAutotune || o_.num_parallel_calls > 1; }
+  Dataset fused_with_batch(std::int64_t batch, bool drop) const {
+    return Dataset(std::make_shared<MapAndBatchNode>(input_, fn_, o_, batch, drop));
+  }
   std::int64_t cardinality() const override { return input_.cardinality(); }
   std::string name() const override { return "map"; }
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
@@ -344,6 +411,12 @@ class PrefetchNode : public DatasetNode {
 };
 
 }  // namespace
+
+std::optional<Dataset> fuse_map_and_batch(const DatasetNode& node, std::int64_t batch, bool drop) {
+  const auto* map = dynamic_cast<const MapNode*>(&node);
+  if (map == nullptr || !map->parallel()) return std::nullopt;
+  return map->fused_with_batch(batch, drop);
+}
 
 Dataset Dataset::map(MapFn fn, MapOptions options) const {
   if (options.num_parallel_calls == 0 || options.num_parallel_calls < kAutotune) {

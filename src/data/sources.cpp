@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "hpm/data/dataset.h"
+#include "hpm/tensor/random.h"
 
 namespace hpm::data {
 
@@ -204,7 +205,43 @@ class ZipNode : public DatasetNode {
   std::vector<Dataset> inputs_;
 };
 
+class RandomNode : public DatasetNode {
+ public:
+  explicit RandomNode(std::uint64_t seed) : seed_(seed) {}
+  std::int64_t cardinality() const override { return kInfinite; }
+  std::string name() const override { return "random"; }
+  std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
+    class It : public Iterator {
+     public:
+      explicit It(std::uint64_t seed) : gen_(seed) {}
+      bool next(Element& out) override {
+        out = {Tensor::from_i64(std::vector<std::int64_t>{static_cast<std::int64_t>(gen_.next_u64() >> 1)}, Shape{})};
+        return true;
+      }
+      void save(StateWriter& w) override {
+        w.tag("random");
+        for (auto v : gen_.state().s) w.u64(v);
+      }
+      void restore(StateReader& r) override {
+        r.expect_tag("random");
+        Generator::State st;
+        for (auto& v : st.s) v = r.u64();
+        gen_.set_state(st);
+      }
+
+     private:
+      Generator gen_;
+    };
+    return std::make_unique<It>(seed_ * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch) * 0xbf58476d1ce4e5b9ULL + 1);
+  }
+
+ private:
+  std::uint64_t seed_;
+};
+
 }  // namespace
+
+Dataset Dataset::random(std::uint64_t seed) { return Dataset(std::make_shared<RandomNode>(seed)); }
 
 Dataset Dataset::from_tensor_slices(std::vector<Tensor> tensors) {
   return Dataset(std::make_shared<SliceNode>(std::move(tensors)));

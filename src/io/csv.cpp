@@ -1,6 +1,7 @@
 #include "hpm/io/csv.h"
 
 #include <charconv>
+#include <cstdio>
 #include <cmath>
 #include <cstring>
 
@@ -9,8 +10,16 @@ namespace {
 
 std::string printable(const std::string& s) {
   constexpr std::size_t kMax = 40;
-  if (s.size() <= kMax) return "'" + s + "'";
-  return "'" + s.substr(0, kMax) + "...' (" + std::to_string(s.size()) + " bytes)";
+  std::string out(1, '\'');
+  out.append(s, 0, kMax);
+  if (s.size() <= kMax) {
+    out.push_back('\'');
+  } else {
+    out.append("...' (");
+    out.append(std::to_string(s.size()));
+    out.append(" bytes)");
+  }
+  return out;
 }
 
 std::string_view trim(std::string_view s) {
@@ -216,10 +225,11 @@ bool CsvReader::next_fields(std::vector<std::string>& fields) {
   return true;
 }
 
-CsvValue CsvReader::convert(std::size_t column, const std::string& text, bool quoted) const {
+CsvValue CsvReader::convert(std::size_t column, const std::string& text, bool is_default) const {
   const ColumnType type = opt_.types.empty() ? ColumnType::String : opt_.types[column];
   if (type == ColumnType::String) return text;
-  (void)quoted;
+  const std::string prefix =
+      is_default ? "missing value, and the column's default is invalid: " : "";
   std::string_view s = trim(text);
   if (!s.empty() && s.front() == '+') s.remove_prefix(1);
   const char* b = s.data();
@@ -228,20 +238,20 @@ CsvValue CsvReader::convert(std::size_t column, const std::string& text, bool qu
     float v = 0;
     const auto r = std::from_chars(b, e, v);
     if (r.ec == std::errc::result_out_of_range) {
-      fail(column, "number " + printable(text) + " is out of range for float32");
+      fail(column, prefix + "number " + printable(text) + " is out of range for float32");
     }
     if (s.empty() || r.ec != std::errc() || r.ptr != e) {
-      fail(column, "expected a number, got " + printable(text));
+      fail(column, prefix + "expected a number, got " + printable(text));
     }
     return v;
   }
   std::int64_t v = 0;
   const auto r = std::from_chars(b, e, v);
   if (r.ec == std::errc::result_out_of_range) {
-    fail(column, "integer " + printable(text) + " is out of range for int64");
+    fail(column, prefix + "integer " + printable(text) + " is out of range for int64");
   }
   if (s.empty() || r.ec != std::errc() || r.ptr != e) {
-    fail(column, "expected an integer, got " + printable(text));
+    fail(column, prefix + "expected an integer, got " + printable(text));
   }
   return v;
 }
@@ -253,21 +263,16 @@ bool CsvReader::next(std::vector<CsvValue>& row) {
   row.reserve(fields.size());
   for (std::size_t i = 0; i < fields.size(); ++i) {
     const ColumnType type = opt_.types.empty() ? ColumnType::String : opt_.types[i];
-    const bool missing = fields[i].empty() && !(type == ColumnType::String && quoted_[i]) &&
-                         (type == ColumnType::String || trim(fields[i]).empty());
-    const bool blank_number = type != ColumnType::String && trim(fields[i]).empty();
-    if (missing || blank_number) {
-      if (opt_.defaults.empty() || !opt_.defaults[i]) {
-        fail(i, "missing value and the column has no default");
-      }
-      try {
-        row.push_back(convert(i, *opt_.defaults[i], false));
-      } catch (const IoError& e) {
-        fail(i, std::string("invalid default value: ") + e.what());
-      }
-      continue;
+    // Strings: only an unquoted empty field is missing ("" is an empty string). Numbers: blank.
+    const bool missing = type == ColumnType::String ? fields[i].empty() && !quoted_[i]
+                                                    : trim(fields[i]).empty();
+    if (!missing) {
+      row.push_back(convert(i, fields[i], false));
+    } else if (!opt_.defaults.empty() && opt_.defaults[i]) {
+      row.push_back(convert(i, *opt_.defaults[i], true));
+    } else {
+      fail(i, "missing value and the column has no default");
     }
-    row.push_back(convert(i, fields[i], quoted_[i]));
   }
   return true;
 }

@@ -100,6 +100,10 @@ class Dataset {
   static Dataset from_generator(std::function<bool(std::int64_t index, Element& out)> fn,
                                 std::int64_t cardinality = kUnknown);
   static Dataset zip(std::vector<Dataset> datasets);
+  // An endless stream of I64 scalars drawn from a generator seeded by (seed, epoch): zip it with
+  // a dataset to give every element its own seed for random augmentation (tf.data's
+  // Dataset.random), so augmentation in a parallel map is deterministic and resumable.
+  static Dataset random(std::uint64_t seed);
 
   // ---- transformations ----
   Dataset map(MapFn fn, MapOptions options = {}) const;

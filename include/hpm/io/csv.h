@@ -67,7 +67,7 @@ class CsvReader {
   bool read_record();
   std::string column_label(std::size_t i) const;
   [[noreturn]] void fail(std::size_t column, const std::string& what) const;
-  CsvValue convert(std::size_t column, const std::string& text, bool quoted) const;
+  CsvValue convert(std::size_t column, const std::string& text, bool is_default) const;
   int get_char();   // the next byte, or -1 at end of file
   int peek_char();  // the next byte without consuming it, or -1
 

@@ -1,0 +1,39 @@
+// A labelled image pipeline described by plain settings (what the config's [data] section holds):
+// source -> [cache] -> [shuffle] -> zip(random seeds) -> map(augment, parallel) -> batch ->
+// [prefetch]. Elements are (image (N,C,H,W) F32, label (N) I64) after batching.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hpm/data/dataset.h"
+#include "hpm/data/in_memory.h"
+
+namespace hpm::data {
+
+struct AugmentOp {
+  std::string op;  // random_crop | random_flip | normalize | resize
+  int padding = 0;
+  std::int64_t height = 0, width = 0;  // random_crop, resize
+  std::vector<float> mean, std;        // normalize
+};
+
+struct PipelineSpec {
+  std::int64_t shuffle_buffer = 0;  // 0: no shuffle; -1: the whole data set
+  std::uint64_t seed = 0;
+  std::vector<AugmentOp> augment;
+  int parallel_calls = kAutotune;
+  bool deterministic = true;
+  std::int64_t batch_size = 64;
+  bool drop_remainder = true;
+  std::int64_t prefetch = kAutotune;  // 0: none
+  bool cache = false;                 // in memory, before shuffling
+};
+
+// Throws std::invalid_argument naming a bad op or setting.
+Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec);
+
+// The augmentation of one (image, label, seed) element, as the pipeline's map applies it.
+Element augment_element(Element e, const std::vector<AugmentOp>& ops);
+
+}  // namespace hpm::data
