@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -74,10 +75,9 @@ int run_train(const Common& c, const std::string& resume) {
   trainer.add_callback(std::make_shared<train::ProgressCallback>(stdout, tty, cfg.epochs));
   if (!cfg.metrics_csv.empty()) trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
 
+  const data::Dataset pipeline = data::build_pipeline(train, pipeline_spec(cfg));
   train::FitOptions fo;
   fo.epochs = cfg.epochs;
-  fo.batch_size = cfg.batch_size;
-  fo.shuffle = cfg.shuffle;
   fo.seed = cfg.seed;
   fo.label_smoothing = cfg.label_smoothing;
   fo.clip_grad_norm = cfg.clip_grad_norm;
@@ -92,7 +92,7 @@ int run_train(const Common& c, const std::string& resume) {
               static_cast<long long>(cfg.batch_size), cfg.threads);
   train::FitResult r;
   try {
-    r = trainer.fit(train, &test, fo);
+    r = trainer.fit(pipeline, &test, fo);
   } catch (const train::TrainingError& e) {
     std::string last;
     if (!cfg.checkpoint_dir.empty() && std::filesystem::exists(cfg.checkpoint_dir + "/latest")) {
@@ -145,6 +145,42 @@ int run_evaluate(const Common& c, const std::string& checkpoint) {
   return 0;
 }
 
+int run_data_bench(const Common& c, std::int64_t epochs) {
+  Config cfg = configure(c);
+  const data::LabelledData train = limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
+  const data::Dataset pipeline = data::build_pipeline(train, pipeline_spec(cfg));
+  std::int64_t elements = 0, batches = 0;
+  double seconds = 0;
+  std::vector<data::StageStats> stats;
+  for (std::int64_t epoch = 0; epoch < epochs; ++epoch) {
+    auto it = pipeline.make_iterator(epoch);
+    const auto t0 = std::chrono::steady_clock::now();
+    data::Element e;
+    while (it->next(e)) {
+      elements += e.empty() ? 0 : e[0].size(0);
+      ++batches;
+    }
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats.clear();
+    it->stats(stats);
+  }
+  const double rate = seconds > 0 ? static_cast<double>(elements) / seconds : 0.0;
+  std::printf("hpm data bench %s: %lld elements in %lld batches, %.0f elements/s\n", cfg.path.c_str(),
+              static_cast<long long>(elements), static_cast<long long>(batches), rate);
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& st : stats) {
+    std::printf("  %-16s parallelism %2d  buffer %3lld  occupancy %4.0f%%  %8.1f us/element\n",
+                st.name.c_str(), st.parallelism, static_cast<long long>(st.buffer_size),
+                100.0 * st.buffer_occupancy, 1e6 * st.seconds_per_element);
+    stages.push_back({{"name", st.name}, {"elements", st.elements}, {"parallelism", st.parallelism},
+                      {"buffer_size", st.buffer_size}, {"buffer_occupancy", st.buffer_occupancy},
+                      {"seconds_per_element", st.seconds_per_element}, {"errors_skipped", st.errors_skipped}});
+  }
+  write_report(c.report, {{"elements_per_s", rate}, {"elements", elements}, {"batches", batches},
+                          {"epochs", epochs}, {"seconds", seconds}, {"stages", stages}});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -158,6 +194,13 @@ int main(int argc, char** argv) {
   CLI::App* eval_cmd = app.add_subcommand("evaluate", "evaluate a checkpoint on the test set");
   add_common(eval_cmd, eval_opts);
   eval_cmd->add_option("--checkpoint", checkpoint, "checkpoint directory")->required();
+  CLI::App* data_cmd = app.add_subcommand("data", "input pipeline tools");
+  data_cmd->require_subcommand(1);
+  Common bench_opts;
+  std::int64_t bench_epochs = 1;
+  CLI::App* bench_cmd = data_cmd->add_subcommand("bench", "run a config's input pipeline alone and time it");
+  add_common(bench_cmd, bench_opts);
+  bench_cmd->add_option("--epochs", bench_epochs, "passes over the data")->check(CLI::PositiveNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -166,6 +209,7 @@ int main(int argc, char** argv) {
   try {
     if (*train_cmd) return run_train(train_opts, resume);
     if (*eval_cmd) return run_evaluate(eval_opts, checkpoint);
+    if (*bench_cmd) return run_data_bench(bench_opts, bench_epochs);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

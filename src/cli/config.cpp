@@ -59,6 +59,24 @@ class TableReader {
 
   void allow(const std::string& key) { used_.insert(key); }
 
+  // A non-negative integer, or the string "autotune" (stored as data::kAutotune).
+  template <typename T>
+  void get_count_or_autotune(const std::string& key, T& out) {
+    used_.insert(key);
+    if (!table_) return;
+    const toml::node* node = table_->get(key);
+    if (!node) return;
+    if (auto s = node->value_exact<std::string>(); s && *s == "autotune") {
+      out = static_cast<T>(data::kAutotune);
+      return;
+    }
+    if (auto v = node->value_exact<std::int64_t>(); v && *v >= 0) {
+      out = static_cast<T>(*v);
+      return;
+    }
+    fail(*node, key, "a non-negative integer or \"autotune\"");
+  }
+
   template <typename T>
   void get_positive(const std::string& key, T& out) {
     get(key, out);
@@ -176,6 +194,69 @@ LayerSpec parse_layer(const std::string& path, const toml::node& node) {
   return spec;
 }
 
+std::vector<data::AugmentOp> parse_augment(const std::string& path, const toml::node& node) {
+  const std::string at = where(path, node.source());
+  if (!node.is_array()) throw ConfigError(at + ": [data] augment must be an array of tables");
+  std::vector<data::AugmentOp> ops;
+  for (const auto& entry : *node.as_array()) {
+    const std::string eat = where(path, entry.source());
+    if (!entry.is_table()) throw ConfigError(eat + ": each augment entry must be a table");
+    const toml::table& t = *entry.as_table();
+    data::AugmentOp op;
+    auto name = t["op"].value<std::string>();
+    if (!name) throw ConfigError(eat + ": augment entry has no string 'op'");
+    op.op = *name;
+    static const std::map<std::string, std::set<std::string>> keys = {
+        {"random_crop", {"op", "padding", "size"}},
+        {"random_flip", {"op"}},
+        {"normalize", {"op", "mean", "std"}},
+        {"resize", {"op", "size"}}};
+    auto it = keys.find(op.op);
+    if (it == keys.end()) {
+      throw ConfigError(eat + ": unknown augment op '" + op.op +
+                        "' (known: normalize, random_crop, random_flip, resize)");
+    }
+    for (const auto& [k, v] : t) {
+      const std::string key(k.str());
+      if (!it->second.count(key)) {
+        throw ConfigError(where(path, k.source()) + ": unknown key '" + key + "' for augment op " + op.op);
+      }
+    }
+    auto floats = [&](const char* key) {
+      std::vector<float> out;
+      const toml::node* n = t.get(key);
+      if (!n) throw ConfigError(eat + ": " + op.op + " needs '" + key + "'");
+      if (n->is_number()) return std::vector<float>{static_cast<float>(*n->value<double>())};
+      if (!n->is_array()) throw ConfigError(where(path, n->source()) + ": '" + key + "' must be a number or an array");
+      for (const auto& e : *n->as_array()) {
+        if (!e.is_number()) throw ConfigError(where(path, e.source()) + ": '" + key + "' must hold numbers");
+        out.push_back(static_cast<float>(*e.value<double>()));
+      }
+      return out;
+    };
+    if (const toml::node* size = t.get("size")) {
+      if (auto n = size->value_exact<std::int64_t>(); n && *n > 0) {
+        op.height = op.width = *n;
+      } else if (const toml::array* a = size->as_array(); a && a->size() == 2 &&
+                 a->get(0)->value_exact<std::int64_t>() && a->get(1)->value_exact<std::int64_t>()) {
+        op.height = *a->get(0)->value_exact<std::int64_t>();
+        op.width = *a->get(1)->value_exact<std::int64_t>();
+      } else {
+        throw ConfigError(where(path, size->source()) + ": size must be a positive integer or [height, width]");
+      }
+    } else if (op.op == "random_crop" || op.op == "resize") {
+      throw ConfigError(eat + ": " + op.op + " needs 'size'");
+    }
+    if (auto p = t["padding"].value_exact<std::int64_t>()) op.padding = static_cast<int>(*p);
+    if (op.op == "normalize") {
+      op.mean = floats("mean");
+      op.std = floats("std");
+    }
+    ops.push_back(std::move(op));
+  }
+  return ops;
+}
+
 void apply_override(toml::table& root, const std::string& assignment) {
   const auto eq = assignment.find('=');
   const auto dot = assignment.find('.');
@@ -244,6 +325,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   data.get("shuffle", c.shuffle);
   data.get("train_limit", c.train_limit);
   data.get("test_limit", c.test_limit);
+  data.get("shuffle_buffer", c.shuffle_buffer);
+  data.get("deterministic", c.deterministic);
+  data.get("cache", c.cache);
+  data.get("drop_remainder", c.drop_remainder);
+  data.get_count_or_autotune("parallel_calls", c.parallel_calls);
+  data.get_count_or_autotune("prefetch", c.prefetch);
+  if (const toml::table* t = section(path, root, "data"); t && t->get("augment")) {
+    data.allow("augment");
+    c.augment = parse_augment(path, *t->get("augment"));
+  }
   data.finish();
   if (c.dataset != "fashion-mnist" && c.dataset != "mnist") {
     throw ConfigError(path + ": [data] dataset '" + c.dataset +
@@ -392,6 +483,20 @@ std::shared_ptr<nn::Sequential> build_model(const Config& config) {
   auto model = std::make_shared<nn::Sequential>();
   for (const auto& spec : config.layers) model->push_back(make_layer(spec));
   return model;
+}
+
+data::PipelineSpec pipeline_spec(const Config& c) {
+  data::PipelineSpec spec;
+  spec.shuffle_buffer = c.shuffle ? c.shuffle_buffer : 0;
+  spec.seed = c.seed;
+  spec.augment = c.augment;
+  spec.parallel_calls = c.parallel_calls;
+  spec.deterministic = c.deterministic;
+  spec.batch_size = c.batch_size;
+  spec.drop_remainder = c.drop_remainder;
+  spec.prefetch = c.prefetch;
+  spec.cache = c.cache;
+  return spec;
 }
 
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& c, const nn::Module& model) {

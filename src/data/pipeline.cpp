@@ -6,10 +6,8 @@
 
 namespace hpm::data {
 
-Element augment_element(Element e, const std::vector<AugmentOp>& ops) {
-  // e = (image, label, seed)
-  Generator gen(static_cast<std::uint64_t>(e[2].data<std::int64_t>()[0]));
-  Tensor image = e[0];
+namespace {
+Tensor augment_image(Tensor image, const std::vector<AugmentOp>& ops, Generator& gen) {
   for (const AugmentOp& op : ops) {
     if (op.op == "random_crop") {
       image = random_crop(image, op.padding, op.height, op.width, gen);
@@ -21,7 +19,34 @@ Element augment_element(Element e, const std::vector<AugmentOp>& ops) {
       image = resize_bilinear(image, op.height, op.width);
     }
   }
-  return {image, e[1]};
+  return image;
+}
+}  // namespace
+
+Element augment_element(Element e, const std::vector<AugmentOp>& ops) {
+  // e = (image, label, seed)
+  Generator gen(static_cast<std::uint64_t>(e[2].data<std::int64_t>()[0]));
+  return {augment_image(e[0], ops, gen), e[1]};
+}
+
+Element augment_batch(Element e, const std::vector<AugmentOp>& ops) {
+  // e = (images (N, ...), labels (N), seed): row i draws from augment_seed(seed, 0, i).
+  const auto seed = static_cast<std::uint64_t>(e[2].data<std::int64_t>()[0]);
+  const Tensor& images = e[0];
+  const std::int64_t n = images.size(0);
+  std::vector<std::int64_t> row_dims(images.shape().dims().begin() + 1, images.shape().dims().end());
+  Tensor out;
+  for (std::int64_t i = 0; i < n; ++i) {
+    Generator gen(augment_seed(seed, 0, i));
+    const Tensor row = augment_image(images.narrow(i, 1).reshape(Shape(row_dims)), ops, gen);
+    if (!out.defined()) {
+      std::vector<std::int64_t> dims{n};
+      dims.insert(dims.end(), row.shape().dims().begin(), row.shape().dims().end());
+      out = Tensor::empty(Shape(dims));
+    }
+    out.narrow(i, 1).copy_(row);
+  }
+  return {out, e[1]};
 }
 
 Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec) {
@@ -36,6 +61,19 @@ Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec) {
     if (op.op == "normalize" && (op.mean.empty() || op.std.empty())) {
       throw std::invalid_argument("normalize needs mean and std");
     }
+  }
+  if (!spec.cache && (spec.shuffle_buffer == -1 || spec.shuffle_buffer == 0)) {
+    // A full shuffle: gather whole batches, then augment batch by batch, so the sequential part of
+    // the pipeline is one gather per batch and threads meet once per batch.
+    Dataset b = Dataset::batched_slices({data.inputs, data.labels}, spec.batch_size, spec.shuffle_buffer != 0,
+                                        spec.seed, spec.drop_remainder);
+    if (!spec.augment.empty()) {
+      const std::vector<AugmentOp> ops = spec.augment;
+      b = Dataset::zip({b, Dataset::random(spec.seed)})
+              .map([ops](Element e) { return augment_batch(std::move(e), ops); },
+                   MapOptions{spec.parallel_calls, spec.deterministic});
+    }
+    return spec.prefetch != 0 ? b.prefetch(spec.prefetch) : b;
   }
   Dataset d = Dataset::from_tensor_slices({data.inputs, data.labels});
   if (spec.cache) d = d.cache();

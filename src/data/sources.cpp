@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "hpm/data/dataset.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::data {
@@ -239,7 +240,74 @@ class RandomNode : public DatasetNode {
   std::uint64_t seed_;
 };
 
+class BatchedSlicesNode : public DatasetNode {
+ public:
+  BatchedSlicesNode(std::vector<Tensor> tensors, std::int64_t batch, bool shuffle, std::uint64_t seed, bool drop)
+      : tensors_(std::move(tensors)), batch_(batch), shuffle_(shuffle), seed_(seed), drop_(drop) {
+    if (batch <= 0) throw std::invalid_argument("batched_slices: batch_size must be positive");
+    if (tensors_.empty()) throw std::invalid_argument("batched_slices: no tensors");
+    for (const auto& t : tensors_) {
+      if (t.dim() == 0 || t.size(0) != tensors_[0].size(0)) {
+        throw std::invalid_argument("batched_slices: every tensor needs the same first dimension");
+      }
+    }
+  }
+  std::int64_t rows() const { return tensors_[0].size(0); }
+  std::int64_t cardinality() const override { return drop_ ? rows() / batch_ : (rows() + batch_ - 1) / batch_; }
+  std::string name() const override { return "batched_slices"; }
+  std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
+    class It : public Iterator {
+     public:
+      It(std::shared_ptr<const BatchedSlicesNode> n, std::int64_t epoch) : n_(std::move(n)) {
+        order_.resize(static_cast<std::size_t>(n_->rows()));
+        for (std::size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<std::int64_t>(i);
+        if (n_->shuffle_) {
+          // Fisher-Yates from (seed, epoch): a pure function, so resuming needs only the position.
+          Generator gen(n_->seed_ * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch) + 1);
+          for (std::size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[gen.below(i)]);
+        }
+      }
+      bool next(Element& out) override {
+        if (pos_ >= n_->cardinality()) return false;
+        const std::int64_t begin = pos_ * n_->batch_;
+        const std::int64_t end = std::min(begin + n_->batch_, n_->rows());
+        const std::vector<std::int64_t> idx(order_.begin() + begin, order_.begin() + end);
+        out.clear();
+        for (const auto& t : n_->tensors_) out.push_back(kernels::index_select0(t, idx));
+        ++pos_;
+        return true;
+      }
+      void save(StateWriter& w) override {
+        w.tag("batched_slices");
+        w.i64(pos_);
+      }
+      void restore(StateReader& r) override {
+        r.expect_tag("batched_slices");
+        pos_ = r.i64();
+      }
+
+     private:
+      std::shared_ptr<const BatchedSlicesNode> n_;
+      std::vector<std::int64_t> order_;
+      std::int64_t pos_ = 0;
+    };
+    return std::make_unique<It>(self<BatchedSlicesNode>(), epoch);
+  }
+
+ private:
+  std::vector<Tensor> tensors_;
+  std::int64_t batch_;
+  bool shuffle_;
+  std::uint64_t seed_;
+  bool drop_;
+};
+
 }  // namespace
+
+Dataset Dataset::batched_slices(std::vector<Tensor> tensors, std::int64_t batch_size, bool shuffle,
+                                std::uint64_t seed, bool drop_remainder) {
+  return Dataset(std::make_shared<BatchedSlicesNode>(std::move(tensors), batch_size, shuffle, seed, drop_remainder));
+}
 
 Dataset Dataset::random(std::uint64_t seed) { return Dataset(std::make_shared<RandomNode>(seed)); }
 

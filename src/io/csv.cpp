@@ -1,8 +1,8 @@
 #include "hpm/io/csv.h"
 
 #include <charconv>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 namespace hpm::io {
@@ -133,8 +133,12 @@ bool CsvReader::read_record() {
     quoted_.push_back(false);
     break;
   }
-  enum { kStart, kUnquoted, kQuoted, kAfterQuote } state = fields_.back().empty() ? kStart
-                                                                                   : kUnquoted;
+  enum {
+    kStart,
+    kUnquoted,
+    kQuoted,
+    kAfterQuote
+  } state = fields_.back().empty() ? kStart : kUnquoted;
   const char delim = opt_.delimiter;
   const auto new_field = [&] {
     fields_.emplace_back();
@@ -181,8 +185,9 @@ bool CsvReader::read_record() {
         break;
       case kQuoted:
         if (c == -1) {
-          fail(fields_.size() - 1, "unterminated quoted field: expected a closing '\"' before "
-                                   "the end of the file");
+          fail(fields_.size() - 1,
+               "unterminated quoted field: expected a closing '\"' before "
+               "the end of the file");
         }
         if (c == '"') {
           if (peek_char() == '"') {
@@ -200,9 +205,10 @@ bool CsvReader::read_record() {
         if (c == delim) {
           new_field();
         } else {
-          fail(fields_.size() - 1, "expected a delimiter or the end of the line after the "
-                                   "closing quote, found " +
-                                       char_name(c));
+          fail(fields_.size() - 1,
+               "expected a delimiter or the end of the line after the "
+               "closing quote, found " +
+                   char_name(c));
         }
         break;
     }
@@ -221,7 +227,7 @@ bool CsvReader::next_fields(std::vector<std::string>& fields) {
                   " defaults given for " + std::to_string(columns_) +
                   " columns (expected one per column)");
   }
-  fields = fields_;
+  fields.swap(fields_);  // fields_ is refilled by the next read_record()
   return true;
 }
 
@@ -264,8 +270,8 @@ bool CsvReader::next(std::vector<CsvValue>& row) {
   for (std::size_t i = 0; i < fields.size(); ++i) {
     const ColumnType type = opt_.types.empty() ? ColumnType::String : opt_.types[i];
     // Strings: only an unquoted empty field is missing ("" is an empty string). Numbers: blank.
-    const bool missing = type == ColumnType::String ? fields[i].empty() && !quoted_[i]
-                                                    : trim(fields[i]).empty();
+    const bool missing =
+        type == ColumnType::String ? fields[i].empty() && !quoted_[i] : trim(fields[i]).empty();
     if (!missing) {
       row.push_back(convert(i, fields[i], false));
     } else if (!opt_.defaults.empty() && opt_.defaults[i]) {

@@ -7,8 +7,14 @@
 namespace hpm::io {
 namespace {
 
-enum WireType : unsigned { kVarint = 0, kFixed64 = 1, kLen = 2, kStartGroup = 3, kEndGroup = 4,
-                           kFixed32 = 5 };
+enum WireType : unsigned {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLen = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5
+};
 
 const char* wire_type_name(unsigned wt) {
   switch (wt) {
@@ -355,7 +361,8 @@ Tensor parse_fixed(const Example& ex, const FixedLenFeature& spec, const std::st
 
   if (spec.kind == Feature::Bytes) {
     if (numel != 1) {
-      throw IoError(where + ": feature '" + spec.key + "': bytes features can be parsed only as a " +
+      throw IoError(where + ": feature '" + spec.key +
+                    "': bytes features can be parsed only as a " +
                     "single value (shape [] or [1]), not shape " + spec.shape.str() +
                     "; read the Example's bytes list directly");
     }
@@ -373,7 +380,8 @@ Tensor parse_fixed(const Example& ex, const FixedLenFeature& spec, const std::st
                   "float_list or int64_list");
   }
   const std::size_t count = spec.kind == Feature::Float ? f.floats.size() : f.ints.size();
-  if (static_cast<std::int64_t>(count) == numel) return values_tensor(f, spec.kind, count, spec.shape);
+  if (static_cast<std::int64_t>(count) == numel)
+    return values_tensor(f, spec.kind, count, spec.shape);
   if (!present && count == 1) {  // a scalar default fills the whole shape
     Tensor t = values_tensor(f, spec.kind, 0, spec.shape);
     if (spec.kind == Feature::Float) {
@@ -492,8 +500,8 @@ std::vector<std::pair<std::string, Tensor>> parse_example(const Example& example
   out.reserve(specs.size());
   std::set<std::string> seen;
   for (const auto& spec : specs) {
-    const std::string& key = std::visit([](const auto& s) -> const std::string& { return s.key; },
-                                        spec);
+    const std::string& key =
+        std::visit([](const auto& s) -> const std::string& { return s.key; }, spec);
     if (!seen.insert(key).second) {
       throw IoError(where_for_errors + ": feature '" + key + "' appears twice in the spec");
     }

@@ -157,7 +157,8 @@ bool InputStream::fill() {
       }
       if (compression_ == Compression::Gzip &&
           (zs.avail_in < 2 || zs.next_in[0] != 0x1f || zs.next_in[1] != 0x8b)) {
-        throw IoError(path_ + ": unexpected bytes after the end of the gzip stream at file offset " +
+        throw IoError(path_ +
+                      ": unexpected bytes after the end of the gzip stream at file offset " +
                       std::to_string(consumed_before) +
                       " (expected the end of the file or another gzip member)");
       }
@@ -246,8 +247,8 @@ void InputStream::skip(std::uint64_t n) {
                     ": the " + std::string(z_ ? "uncompressed " : "") + "stream has only " +
                     std::to_string(position_) + " bytes");
     }
-    const std::size_t k =
-        static_cast<std::size_t>(std::min<std::uint64_t>(n, static_cast<std::uint64_t>(len_ - pos_)));
+    const std::size_t k = static_cast<std::size_t>(
+        std::min<std::uint64_t>(n, static_cast<std::uint64_t>(len_ - pos_)));
     consume(k);
     n -= k;
   }
@@ -296,9 +297,9 @@ struct TfRecordWriter::Impl {
   int fd = -1;
   bool closed = false;
   bool failed = false;
-  std::uint64_t offset = 0;       // uncompressed bytes accepted
-  std::uint64_t file_bytes = 0;   // bytes written to the temporary file
-  std::string out;                // bytes waiting for write(2)
+  std::uint64_t offset = 0;      // uncompressed bytes accepted
+  std::uint64_t file_bytes = 0;  // bytes written to the temporary file
+  std::string out;               // bytes waiting for write(2)
   z_stream zs{};
   bool z_init = false;
 
@@ -403,6 +404,8 @@ TfRecordWriter::TfRecordWriter(std::string path, Compression compression)
 }
 
 TfRecordWriter::~TfRecordWriter() = default;
+TfRecordWriter::TfRecordWriter(TfRecordWriter&&) noexcept = default;
+TfRecordWriter& TfRecordWriter::operator=(TfRecordWriter&&) noexcept = default;
 
 const std::string& TfRecordWriter::path() const { return impl_->path; }
 std::uint64_t TfRecordWriter::offset() const { return impl_->offset; }
@@ -510,7 +513,7 @@ bool TfRecordReader::next(std::string& record) {
     }
     const std::uint64_t total = kHeaderBytes + length + kFooterBytes;
     // Grow with the data actually read, so a corrupt length never allocates a huge buffer.
-    record.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(length, 64u << 20)));
+    record.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(length, 1u << 20)));
     const std::size_t data = in_.read_append(record, static_cast<std::size_t>(length));
     if (data < length) {
       record.clear();

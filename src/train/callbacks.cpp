@@ -27,8 +27,9 @@ void ProgressCallback::on_epoch_begin(Trainer&, std::int64_t) {
 
 void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
   const auto now = std::chrono::steady_clock::now();
+  const bool known = b.steps_per_epoch > 0;  // pipelines of unknown length show no bar or ETA
   const double remaining =
-      b.samples_per_s > 0 ? static_cast<double>(b.steps_per_epoch - b.step_in_epoch) *
+      known && b.samples_per_s > 0 ? static_cast<double>(b.steps_per_epoch - b.step_in_epoch) *
                                 (std::chrono::duration<double>(now - epoch_start_).count() /
                                  static_cast<double>(b.step_in_epoch))
                           : 0.0;
@@ -36,6 +37,14 @@ void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
     if (now - last_draw_ < std::chrono::milliseconds(100) && b.step_in_epoch != b.steps_per_epoch)
       return;
     last_draw_ = now;
+    if (!known) {
+      std::fprintf(out_, "\r\033[Kepoch %lld/%lld step %lld loss %.4f acc %.4f %.0f samples/s",
+                   static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs_),
+                   static_cast<long long>(b.step_in_epoch), b.running_loss, b.running_accuracy,
+                   b.samples_per_s);
+      std::fflush(out_);
+      return;
+    }
     constexpr int kWidth = 30;
     const auto filled = static_cast<int>(kWidth * b.step_in_epoch / b.steps_per_epoch);
     std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s%s] %lld/%lld loss %.4f acc %.4f %.0f samples/s ETA %s",

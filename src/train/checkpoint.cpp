@@ -49,6 +49,14 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   };
   write("model.safetensors", model.state_dict());
   write("optimizer.safetensors", optimizer.state());
+  if (!state.iterator_state.empty()) {
+    io::write_file_atomic(dir + "/iterator.bin", state.iterator_state);
+    files["iterator.bin"] = {{"crc32c", checksum_hex(state.iterator_state)},
+                             {"bytes", state.iterator_state.size()}};
+  } else {
+    std::error_code ec;
+    fs::remove(dir + "/iterator.bin", ec);
+  }
   json rng = json::array();
   for (auto w : state.rng.s) rng.push_back(std::to_string(w));
   const json j = {{"format", kFormat},
@@ -96,8 +104,8 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
   if (j.value("format", "") != kFormat) {
     throw CheckpointError(state_path + ": unknown format (expected " + kFormat + ")");
   }
-  std::map<std::string, io::SafetensorsFile> loaded;
-  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+  // Every file is read and checked before anything is modified.
+  auto verified = [&](const std::string& file) {
     const std::string p = dir + "/" + file;
     const std::string bytes = io::read_file(p);
     const std::string expected = j.at("files").at(file).at("crc32c").get<std::string>();
@@ -106,8 +114,14 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
                             ", trainer_state.json records " + expected +
                             "): the file is corrupt or was modified");
     }
-    loaded.emplace(file, io::decode_safetensors(bytes, p));
+    return bytes;
+  };
+  std::map<std::string, io::SafetensorsFile> loaded;
+  for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    loaded.emplace(file, io::decode_safetensors(verified(file), dir + "/" + file));
   }
+  std::string iterator_state;
+  if (j.at("files").contains("iterator.bin")) iterator_state = verified("iterator.bin");
   try {
     model.load_state_dict(loaded.at("model.safetensors").tensors);
     if (optimizer) optimizer->load_state(loaded.at("optimizer.safetensors").tensors);
@@ -122,6 +136,7 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
   for (std::size_t i = 0; i < 4; ++i) s.rng.s[i] = std::stoull(j.at("rng").at(i).get<std::string>());
   s.rng.has_spare = j.at("rng_has_spare").get<bool>();
   s.rng.spare = j.at("rng_spare").get<float>();
+  s.iterator_state = std::move(iterator_state);
   return s;
 }
 

@@ -57,6 +57,13 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
 
 FitResult Trainer::fit(const data::LabelledData& train, const data::LabelledData* test,
                        const FitOptions& options) {
+  return fit(data::Dataset::batched_slices({train.inputs, train.labels}, options.batch_size,
+                                           options.shuffle, options.seed, options.drop_last),
+             test, options);
+}
+
+FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* test,
+                       const FitOptions& options) {
   options_ = options;
   stop_ = false;
   FitResult result;
@@ -69,12 +76,9 @@ FitResult Trainer::fit(const data::LabelledData& train, const data::LabelledData
   } else {
     manual_seed(options.seed);
   }
-  data::Batcher batcher(train, options.batch_size, options.shuffle, state_.seed, options.drop_last);
-  const std::int64_t steps_per_epoch = batcher.batches_per_epoch();
+  const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
   if (steps_per_epoch == 0) {
-    throw TrainingError("the training set (" + std::to_string(train.size()) +
-                        " examples) is smaller than one batch of " +
-                        std::to_string(options.batch_size));
+    throw TrainingError("the training data yields no batch (is it smaller than one batch?)");
   }
   // Fail before any work if checkpoints could not be written.
   if (!options.checkpoint_dir.empty()) io::ensure_directory(options.checkpoint_dir);
@@ -83,15 +87,28 @@ FitResult Trainer::fit(const data::LabelledData& train, const data::LabelledData
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
   for (; state_.epoch < options.epochs && !stop_; ++state_.epoch) {
     model_->train();
-    batcher.seek(state_.epoch, state_.step_in_epoch);
+    std::unique_ptr<data::Iterator> it = train.make_iterator(state_.epoch);
+    if (state_.step_in_epoch > 0 && !state_.iterator_state.empty()) {
+      data::StateReader reader(state_.iterator_state);
+      it->restore(reader);
+    }
+    state_.iterator_state.clear();
     if (!options.schedule_per_step) optimizer_->set_lr(schedule_->lr(base_lr_, state_.epoch));
     for (auto& cb : callbacks_) cb->on_epoch_begin(*this, state_.epoch);
     EpochLogs logs;
     logs.epoch = state_.epoch;
     double loss_sum = 0.0, epoch_seconds = 0.0;
     std::int64_t correct = 0, seen = 0, batches = 0;
-    Tensor x, y;
-    while (!stop_ && batcher.next(x, y)) {
+    bool epoch_done = false;
+    data::Element batch;
+    while (!stop_) {
+      if (!it->next(batch)) {
+        epoch_done = true;
+        break;
+      }
+      if (batch.size() < 2) throw TrainingError("training batches need (inputs, labels) components");
+      const Tensor& x = batch[0];
+      const Tensor& y = batch[1];
       if (options.schedule_per_step) {
         optimizer_->set_lr(schedule_->lr(base_lr_, state_.global_step));
       }
@@ -121,26 +138,32 @@ FitResult Trainer::fit(const data::LabelledData& train, const data::LabelledData
     logs.samples_per_s = epoch_seconds > 0 ? static_cast<double>(seen) / epoch_seconds : 0.0;
     logs.seconds = epoch_seconds;
     logs.lr = optimizer_->lr();
-    const bool epoch_done = state_.step_in_epoch >= steps_per_epoch;
     if (epoch_done && test != nullptr && test->size() > 0) {
       const EvalResult ev = evaluate(*test, options.eval_batch_size);
       logs.test_loss = ev.loss;
       logs.test_accuracy = ev.accuracy;
     }
     if (epoch_done) {
-      state_.step_in_epoch = 0;
       result.history.push_back(logs);
       for (auto& cb : callbacks_) cb->on_epoch_end(*this, logs);
     }
     const bool last = state_.epoch + 1 >= options.epochs;
     if (!options.checkpoint_dir.empty() &&
-        (stop_ || last || (epoch_done && (state_.epoch + 1) % options.checkpoint_every == 0))) {
+        (!epoch_done || last || (state_.epoch + 1) % options.checkpoint_every == 0)) {
       TrainerState s = state_;
-      if (epoch_done) ++s.epoch;  // the checkpoint resumes at the next epoch
+      if (epoch_done) {
+        ++s.epoch;  // the checkpoint resumes at the next epoch
+        s.step_in_epoch = 0;
+      } else {
+        data::StateWriter w;
+        it->save(w);
+        s.iterator_state = w.bytes();
+      }
       s.rng = default_generator().state();
       result.last_checkpoint = save_checkpoint(options.checkpoint_dir, *model_, *optimizer_, s);
     }
     if (!epoch_done) break;  // stopped mid-epoch
+    state_.step_in_epoch = 0;
   }
   result.seconds = since(t_fit);
   for (auto& cb : callbacks_) cb->on_train_end(*this, result);

@@ -1,6 +1,9 @@
 #include "hpm/io/csv.h"
 
 #include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <limits>
 
 #include "io/io_test_util.h"
 
@@ -149,10 +152,10 @@ TEST_F(CsvTest, MissingValuesUseDefaultsOrFail) {
   EXPECT_EQ(std::get<float>(row[1]), 0.25f);
   ASSERT_TRUE(reader.next(row));
   EXPECT_EQ(std::get<std::string>(row[0]), "");  // quoted empty string is a value
-  EXPECT_EQ(std::get<float>(row[1]), 0.25f);      // blank number is missing
-  EXPECT_EQ(io_error_of([&] { reader.next(row); }),
-            path("data.csv") +
-                ": line 4, column 'count': missing value and the column has no default");
+  EXPECT_EQ(std::get<float>(row[1]), 0.25f);     // blank number is missing
+  EXPECT_EQ(
+      io_error_of([&] { reader.next(row); }),
+      path("data.csv") + ": line 4, column 'count': missing value and the column has no default");
 
   CsvOptions bad = opt;
   bad.defaults[1] = std::string("cheap");
@@ -213,6 +216,34 @@ TEST_F(CsvTest, TextLines) {
   ASSERT_TRUE(big.next(line));
   EXPECT_EQ(line, "y");
   EXPECT_CONTAINS(io_error_of([&] { TextLineReader r(path("nope.txt")); }), path("nope.txt"));
+}
+
+TEST_F(CsvTest, CompressedCsvAndTextLines) {
+  const std::string p = path("data.csv.gz");
+  const std::string text = "a,b\r\n1,\"x\"\r\n2,y\r\n";
+  gzFile gz = gzopen(p.c_str(), "wb");
+  ASSERT_NE(gz, nullptr);
+  ASSERT_EQ(gzwrite(gz, text.data(), static_cast<unsigned>(text.size())),
+            static_cast<int>(text.size()));
+  ASSERT_EQ(gzclose(gz), Z_OK);
+
+  CsvOptions opt;
+  opt.types = {ColumnType::I64, ColumnType::String};
+  opt.compression = Compression::Gzip;
+  CsvReader reader(p, opt);
+  std::vector<CsvValue> row;
+  ASSERT_TRUE(reader.next(row));
+  EXPECT_EQ(std::get<std::int64_t>(row[0]), 1);
+  EXPECT_EQ(std::get<std::string>(row[1]), "x");
+  ASSERT_TRUE(reader.next(row));
+  EXPECT_EQ(std::get<std::string>(row[1]), "y");
+  EXPECT_FALSE(reader.next(row));
+
+  TextLineReader lines(p, Compression::Gzip);
+  std::string line;
+  std::vector<std::string> all;
+  while (lines.next(line)) all.push_back(line);
+  EXPECT_EQ(all, (std::vector<std::string>{"a,b", "1,\"x\"", "2,y"}));
 }
 
 }  // namespace

@@ -107,10 +107,10 @@ TEST(ExampleTest, MergeRulesAndUnknownFields) {
   EXPECT_EQ(m.at("x"), Feature::of_floats({3.0f}));
   EXPECT_EQ(m.at("y"), Feature::of_ints({2}));
   // Unknown fields of every wire type are skipped.
-  const std::string unknown = bytes({0x38, 0x96, 0x01,                    // field 7 varint
-                                     0x41, 1, 2, 3, 4, 5, 6, 7, 8,        // field 8 fixed64
-                                     0x4a, 0x02, 'h', 'i',                // field 9 bytes
-                                     0x55, 1, 2, 3, 4});                  // field 10 fixed32
+  const std::string unknown = bytes({0x38, 0x96, 0x01,                      // field 7 varint
+                                     0x41, 1,    2,    3,   4, 5, 6, 7, 8,  // field 8 fixed64
+                                     0x4a, 0x02, 'h',  'i',                 // field 9 bytes
+                                     0x55, 1,    2,    3,   4});            // field 10 fixed32
   EXPECT_EQ(decode_example(unknown + encode_example(a) + unknown, "rec"), a);
 }
 
@@ -118,18 +118,25 @@ TEST(ExampleTest, DecodeErrorsNameWhereAndOffset) {
   const std::string good = encode_example(sample());
   // Truncation anywhere is an error, never a crash.
   for (std::size_t n = 1; n < good.size(); ++n) {
-    const std::string msg = io_error_of([&] { decode_example(good.substr(0, n), "file.tfrecord:3"); });
+    const std::string msg =
+        io_error_of([&] { decode_example(good.substr(0, n), "file.tfrecord:3"); });
     EXPECT_CONTAINS(msg, "file.tfrecord:3");
     EXPECT_CONTAINS(msg, "at byte");
   }
   // Truncated varint.
-  EXPECT_CONTAINS(io_error_of([] { decode_example(bytes({0x38, 0x96}), "r"); }),
+  EXPECT_CONTAINS(io_error_of([] {
+                    decode_example(bytes({0x38, 0x96}), "r");
+                  }),
                   "r: invalid tf.train.Example at byte 1: truncated varint");
   // Length past the end.
-  EXPECT_CONTAINS(io_error_of([] { decode_example(bytes({0x0a, 0x05, 0x0a}), "r"); }),
+  EXPECT_CONTAINS(io_error_of([] {
+                    decode_example(bytes({0x0a, 0x05, 0x0a}), "r");
+                  }),
                   "at byte 1: length 5 of Example.features runs past the end");
   // Wrong wire type for a known field.
-  EXPECT_CONTAINS(io_error_of([] { decode_example(bytes({0x08, 0x01}), "r"); }),
+  EXPECT_CONTAINS(io_error_of([] {
+                    decode_example(bytes({0x08, 0x01}), "r");
+                  }),
                   "at byte 0: Example.features: expected wire type 2 (length-delimited), found 0");
   // Wrong wire type inside a list: int64_list value as fixed32.
   EXPECT_CONTAINS(io_error_of([] {
@@ -137,17 +144,42 @@ TEST(ExampleTest, DecodeErrorsNameWhereAndOffset) {
                   }),
                   "Int64List.value: expected wire type 0 (varint), found 5");
   // Packed floats not a multiple of 4.
-  EXPECT_CONTAINS(
-      io_error_of([] { decode_example(wrap("k", bytes({0x12, 0x05, 0x0a, 0x03, 1, 2, 3})), "r"); }),
-      "expected a multiple of 4");
+  EXPECT_CONTAINS(io_error_of([] {
+                    decode_example(wrap("k", bytes({0x12, 0x05, 0x0a, 0x03, 1, 2, 3})), "r");
+                  }),
+                  "expected a multiple of 4");
   // Groups, invalid wire types, field 0, overlong varints.
   EXPECT_CONTAINS(io_error_of([] { decode_example(bytes({0x3b}), "r"); }), "start group");
   EXPECT_CONTAINS(io_error_of([] { decode_example(bytes({0x3e}), "r"); }), "invalid wire type 6");
-  EXPECT_CONTAINS(io_error_of([] { decode_example(bytes({0x02, 0x00}), "r"); }),
+  EXPECT_CONTAINS(io_error_of([] {
+                    decode_example(bytes({0x02, 0x00}), "r");
+                  }),
                   "invalid field number 0");
   std::string overlong(11, static_cast<char>(0x80));
   EXPECT_CONTAINS(io_error_of([&] { decode_example(bytes({0x38}) + overlong, "r"); }),
                   "longer than 10 bytes");
+}
+
+TEST(ExampleTest, MutatedBytesDecodeOrThrowIoError) {
+  const std::string good = encode_example(sample());
+  unsigned state = 7;
+  const auto rnd = [&] {
+    state = state * 1103515245u + 12345u;
+    return state >> 8;
+  };
+  int errors = 0;
+  for (int trial = 0; trial < 5000; ++trial) {
+    std::string bad = good;
+    const int flips = 1 + static_cast<int>(rnd() % 3);
+    for (int i = 0; i < flips; ++i) bad[rnd() % bad.size()] = static_cast<char>(rnd());
+    try {
+      decode_example(bad, "fuzz");
+    } catch (const IoError& e) {
+      ++errors;
+      EXPECT_CONTAINS(e.what(), "fuzz: invalid tf.train.Example at byte");
+    }
+  }
+  EXPECT_GT(errors, 0);
 }
 
 TEST(ExampleTest, ReadsPythonFixtures) {

@@ -60,14 +60,30 @@ Written write_records(const std::string& path, const std::vector<std::string>& r
   return w;
 }
 
+// One-shot zlib inflate of a whole zlib (Zlib) or gzip (Gzip) stream; None returns the input.
+std::string inflate_all(const std::string& in, Compression c) {
+  if (c == Compression::None) return in;
+  z_stream zs{};
+  EXPECT_EQ(inflateInit2(&zs, c == Compression::Gzip ? 31 : 15), Z_OK);
+  std::string out(in.size() * 20 + 1024, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  zs.avail_in = static_cast<uInt>(in.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(inflate(&zs, Z_FINISH), Z_STREAM_END);
+  EXPECT_EQ(zs.avail_in, 0u);
+  out.resize(zs.total_out);
+  inflateEnd(&zs);
+  return out;
+}
+
 std::string small_record(int i) { return "record number " + std::to_string(i); }
 
 class TfRecordTest : public testing::TempDirTest {
  protected:
   // Three small records in an uncompressed file; returns their offsets.
   std::vector<std::uint64_t> write_three(const std::string& p) {
-    return write_records(p, {small_record(0), small_record(1), small_record(2)},
-                         Compression::None)
+    return write_records(p, {small_record(0), small_record(1), small_record(2)}, Compression::None)
         .offsets;
   }
 };
@@ -118,7 +134,10 @@ TEST_P(TfRecordRoundTrip, WritesAndReadsBack) {
   EXPECT_FALSE(reader.next(r));
   EXPECT_EQ(read_tfrecord_file(p, GetParam()), records);
 
+  // Decompressed independently of InputStream, the file holds exactly the uncompressed framing.
   const std::string raw = read_raw(p);
+  write_records(path("plain"), records, Compression::None);
+  EXPECT_EQ(inflate_all(raw, GetParam()), read_raw(path("plain")));
   if (GetParam() == Compression::Gzip) {
     EXPECT_EQ(static_cast<unsigned char>(raw[0]), 0x1f);
     EXPECT_EQ(static_cast<unsigned char>(raw[1]), 0x8b);
@@ -166,9 +185,10 @@ TEST_P(TfRecordRoundTrip, EmptyFileHasNoRecords) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllCompressions, TfRecordRoundTrip,
-                         ::testing::Values(Compression::None, Compression::Zlib,
-                                           Compression::Gzip),
-                         [](const auto& info) { return std::string(compression_name(info.param)); });
+                         ::testing::Values(Compression::None, Compression::Zlib, Compression::Gzip),
+                         [](const auto& info) {
+                           return std::string(compression_name(info.param));
+                         });
 
 class TfRecordFixture : public ::testing::TestWithParam<std::string> {};
 
@@ -194,7 +214,8 @@ TEST_P(TfRecordFixture, ReadsPythonWrittenFileExactly) {
   EXPECT_EQ(r, from_hex(last["hex"].get<std::string>()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Python, TfRecordFixture, ::testing::Values("NONE", "ZLIB", "GZIP"));
+INSTANTIATE_TEST_SUITE_P(Python, TfRecordFixture, ::testing::Values("NONE", "ZLIB", "GZIP"),
+                         [](const auto& info) { return info.param; });
 
 TEST_F(TfRecordTest, WriterMatchesPythonBytes) {
   const auto doc = nlohmann::json::parse(read_file(kFixtures + "examples.json"));
@@ -359,6 +380,15 @@ TEST_F(TfRecordTest, UnclosedWriterLeavesNoFile) {
     writer.write("abc");
   }
   EXPECT_TRUE(listing().empty());
+
+  std::vector<TfRecordWriter> writers;
+  writers.emplace_back(path("moved.tfrecord"), Compression::Zlib);
+  writers[0].write("a");
+  TfRecordWriter moved = std::move(writers[0]);
+  moved.write("b");
+  moved.close();
+  EXPECT_EQ(read_tfrecord_file(path("moved.tfrecord"), Compression::Zlib),
+            (std::vector<std::string>{"a", "b"}));
 }
 
 TEST_F(TfRecordTest, WriterErrorsNameThePath) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "hpm/data/pipeline.h"
 #include "hpm/nn/module.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/optim/schedule.h"
@@ -40,6 +41,13 @@ struct Config {
   bool shuffle = true;
   std::int64_t train_limit = 0;  // use only the first N training examples (0 = all)
   std::int64_t test_limit = 0;
+  std::int64_t shuffle_buffer = -1;  // -1: the whole training set
+  std::vector<data::AugmentOp> augment;
+  int parallel_calls = data::kAutotune;
+  bool deterministic = true;
+  std::int64_t prefetch = 0;  // 0: none; data::kAutotune
+  bool cache = false;
+  bool drop_remainder = true;
 
   // [optimizer]
   std::string optimizer = "sgd";
@@ -68,6 +76,8 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 std::shared_ptr<nn::Sequential> build_model(const Config& config);
+// The training input pipeline the [data] section describes (seeded by [train] seed).
+data::PipelineSpec pipeline_spec(const Config& config);
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& config, const nn::Module& model);
 std::shared_ptr<optim::LrSchedule> build_schedule(const Config& config);
 

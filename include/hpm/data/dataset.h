@@ -100,6 +100,11 @@ class Dataset {
   static Dataset from_generator(std::function<bool(std::int64_t index, Element& out)> fn,
                                 std::int64_t cardinality = kUnknown);
   static Dataset zip(std::vector<Dataset> datasets);
+  // Batches of rows of `tensors` (same first dimension), in a uniformly random order drawn from
+  // (seed, epoch) when `shuffle`: what from_tensor_slices(...).shuffle(all).batch(n) means, done
+  // as one gather per batch instead of per-element work.
+  static Dataset batched_slices(std::vector<Tensor> tensors, std::int64_t batch_size, bool shuffle,
+                                std::uint64_t seed, bool drop_remainder);
   // An endless stream of I64 scalars drawn from a generator seeded by (seed, epoch): zip it with
   // a dataset to give every element its own seed for random augmentation (tf.data's
   // Dataset.random), so augmentation in a parallel map is deterministic and resumable.

@@ -1,10 +1,8 @@
-// The minimal data path that training needs before the full input pipeline exists: a labelled
-// data set held in memory (Fashion-MNIST from its IDX files) and a shuffled batcher whose order
-// is a pure function of (seed, epoch), so a resumed run sees exactly the batches it would have.
+// A labelled data set held in memory, as read from IDX files (Fashion-MNIST, MNIST). Pipelines
+// over it are built with data/pipeline.h.
 #pragma once
 #include <cstdint>
 #include <string>
-#include <vector>
 
 #include "hpm/tensor/tensor.h"
 
@@ -21,26 +19,5 @@ struct LabelledData {
 // the file for anything missing, corrupt or inconsistent.
 LabelledData load_mnist_split(const std::string& dir, const std::string& split);
 
-class Batcher {
- public:
-  Batcher(const LabelledData& data, std::int64_t batch_size, bool shuffle, std::uint64_t seed,
-          bool drop_last);
-
-  void start_epoch(std::int64_t epoch);  // resets the position to the first batch
-  // The next batch of the epoch; false at its end.
-  bool next(Tensor& inputs, Tensor& labels);
-  std::int64_t batches_per_epoch() const;
-  std::int64_t position() const { return position_; }  // batches served this epoch
-  void seek(std::int64_t epoch, std::int64_t position);  // for resume
-
- private:
-  const LabelledData* data_;
-  std::int64_t batch_size_;
-  bool shuffle_;
-  std::uint64_t seed_;
-  bool drop_last_;
-  std::int64_t position_ = 0;
-  std::vector<std::int64_t> order_;
-};
 
 }  // namespace hpm::data

@@ -1,6 +1,8 @@
-// A labelled image pipeline described by plain settings (what the config's [data] section holds):
-// source -> [cache] -> [shuffle] -> zip(random seeds) -> map(augment, parallel) -> batch ->
-// [prefetch]. Elements are (image (N,C,H,W) F32, label (N) I64) after batching.
+// A labelled image pipeline described by plain settings (what the config's [data] section holds).
+// With a full shuffle (or none): batched_slices -> zip(random seeds) -> map(augment a batch,
+// parallel) -> [prefetch]. With a bounded shuffle buffer or a cache: from_tensor_slices ->
+// [cache] -> [shuffle] -> zip(random seeds) -> map(augment, parallel) -> batch -> [prefetch].
+// Elements are (images (N,C,H,W) F32, labels (N) I64).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -33,7 +35,9 @@ struct PipelineSpec {
 // Throws std::invalid_argument naming a bad op or setting.
 Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec);
 
-// The augmentation of one (image, label, seed) element, as the pipeline's map applies it.
+// The augmentation of one (image, label, seed) element, as the per-element pipeline applies it.
 Element augment_element(Element e, const std::vector<AugmentOp>& ops);
+// The same over a batch (images, labels, seed), row i seeded by augment_seed(seed, 0, i).
+Element augment_batch(Element e, const std::vector<AugmentOp>& ops);
 
 }  // namespace hpm::data

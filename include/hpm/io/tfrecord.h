@@ -17,7 +17,8 @@
 // Errors are IoErrors that name the file, the byte offset of the record and what was expected
 // versus found:
 //   "<path>: truncated record at byte N: expected M bytes, found K before the end of the file"
-//   "<path>: corrupt record at byte N: length CRC mismatch (expected masked CRC 0x..., found 0x...)"
+//   "<path>: corrupt record at byte N: length CRC mismatch (expected masked CRC 0x..., found
+//   0x...)"
 //   "<path>: corrupt record at byte N: data CRC mismatch over L bytes (expected ..., found ...)"
 #pragma once
 #include <cstdint>
@@ -39,8 +40,9 @@ Compression compression_from_name(const std::string& name);
 const char* compression_name(Compression c);
 
 // A buffered byte stream over a file, decompressing Zlib/Gzip on the fly (concatenated streams are
-// read one after the other, as zcat does). Never holds more than its buffers in memory. Read errors,
-// corrupt or truncated compressed data are IoErrors naming the path and the offsets.
+// read one after the other, as zcat does). Never holds more than its buffers in memory (the
+// buffer size, at least 4096 bytes, once for decompressed and once for compressed bytes). Read
+// errors, corrupt or truncated compressed data are IoErrors naming the path and the offsets.
 class InputStream {
  public:
   static constexpr std::size_t kDefaultBufferSize = std::size_t{256} << 10;
@@ -73,22 +75,22 @@ class InputStream {
 
  private:
   struct Zlib;
-  bool fill();            // refills buf_ when empty; false at end of stream
-  bool fill_input();      // refills the compressed input buffer; false at end of file
-  void rewind();          // back to byte 0 of the file
+  bool fill();        // refills buf_ when empty; false at end of stream
+  bool fill_input();  // refills the compressed input buffer; false at end of file
+  void rewind();      // back to byte 0 of the file
   void skip(std::uint64_t n);
 
   std::string path_;
   Compression compression_;
   int fd_ = -1;
-  std::unique_ptr<char[]> buf_;   // uncompressed bytes [pos_, len_) are unread
+  std::unique_ptr<char[]> buf_;  // uncompressed bytes [pos_, len_) are unread
   std::size_t cap_;
   std::size_t pos_ = 0;
   std::size_t len_ = 0;
   std::uint64_t position_ = 0;     // uncompressed offset of buf_[pos_]
   std::uint64_t file_offset_ = 0;  // bytes read from the file so far
   bool eof_ = false;
-  std::unique_ptr<Zlib> z_;        // only when compressed
+  std::unique_ptr<Zlib> z_;  // only when compressed
 };
 
 // Writes a TFRecord file. Bytes go to "<path>.tmp.<pid>" in the same directory; close() finishes
@@ -103,6 +105,8 @@ class TfRecordWriter {
   ~TfRecordWriter();
   TfRecordWriter(const TfRecordWriter&) = delete;
   TfRecordWriter& operator=(const TfRecordWriter&) = delete;
+  TfRecordWriter(TfRecordWriter&&) noexcept;
+  TfRecordWriter& operator=(TfRecordWriter&&) noexcept;  // discards this writer's unclosed file
 
   void write(std::string_view record);
   // Commits the file (see above). A second close() does nothing.

@@ -1,6 +1,6 @@
 // Checkpoints: a directory per save, `<root>/ckpt-<global step>/` holding model.safetensors,
-// optimizer.safetensors and trainer_state.json (epoch, step, RNG, and the CRC32C of each
-// safetensors file). Every file is written to a temporary name, fsynced and renamed; the
+// optimizer.safetensors, iterator.bin (the input pipeline's state, when saved mid-epoch) and
+// trainer_state.json (epoch, step, RNG, and the CRC32C of each other file). Every file is written to a temporary name, fsynced and renamed; the
 // trainer state goes last and `<root>/latest` is switched only after it, so a crash mid-save
 // leaves the previous checkpoint as the latest. Loading verifies the checksums.
 #pragma once
@@ -19,6 +19,7 @@ struct TrainerState {
   std::int64_t global_step = 0;
   std::uint64_t seed = 0;
   Generator::State rng;  // the default generator (dropout, init)
+  std::string iterator_state;  // the input pipeline's Iterator state mid-epoch (empty at a boundary)
 };
 
 class CheckpointError : public std::runtime_error {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/nn/module.h"
 #include "hpm/optim/optimizer.h"
@@ -24,6 +25,7 @@ class TrainingError : public std::runtime_error {
 
 struct FitOptions {
   std::int64_t epochs = 1;
+  // For fit(LabelledData): how to batch it.
   std::int64_t batch_size = 64;
   bool shuffle = true;
   bool drop_last = true;  // as the peer scripts: every step sees a full batch
@@ -84,6 +86,10 @@ class Trainer {
   Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimizer> optimizer,
           std::shared_ptr<optim::LrSchedule> schedule = nullptr);
 
+  // `train` yields (inputs, labels) batches; each epoch runs a new iterator (make_iterator(epoch)),
+  // and a mid-epoch checkpoint saves the iterator's state.
+  FitResult fit(const data::Dataset& train, const data::LabelledData* test, const FitOptions& options);
+  // In-memory data: batches of options.batch_size, shuffled from (seed, epoch) when options.shuffle.
   FitResult fit(const data::LabelledData& train, const data::LabelledData* test,
                 const FitOptions& options);
   EvalResult evaluate(const data::LabelledData& data, std::int64_t batch_size = 1000);
