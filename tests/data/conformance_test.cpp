@@ -146,6 +146,26 @@ std::vector<Case> cases() {
                      .ignore_errors();
                },
                scalars({0, 2, 3, 4, 6, 7, 8})});
+  c.push_back({"interleave",
+               [] {
+                 return Dataset::range(0, 4).interleave(
+                     [](const Element& e) {
+                       const auto k = e[0].to_vector_i64()[0];
+                       return Dataset::range(10 * k, 10 * k + k + 1);
+                     },
+                     2, 2);
+               },
+               scalars({0, 10, 11, 20, 21, 22, 30, 31, 32, 33})});
+  c.push_back({"interleave_parallel",
+               [] {
+                 return Dataset::range(0, 5).interleave(
+                     [](const Element& e) {
+                       const auto k = e[0].to_vector_i64()[0];
+                       return Dataset::range(100 * k, 100 * k + 3);
+                     },
+                     3, 1, 3);
+               },
+               scalars({0, 100, 200, 1, 101, 201, 2, 102, 202, 300, 400, 301, 401, 302, 402})});
   c.push_back({"pipeline",
                [] {
                  return Dataset::range(0, 40)

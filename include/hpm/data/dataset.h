@@ -112,6 +112,12 @@ class Dataset {
 
   // ---- transformations ----
   Dataset map(MapFn fn, MapOptions options = {}) const;
+  // Maps each element to a dataset and mixes their elements: block_length from each of
+  // cycle_length open datasets in turn (tf.data's interleave). With num_parallel_calls > 1 or
+  // kAutotune, each open dataset is read ahead by its own thread (parallel extraction), the
+  // output order staying the deterministic round-robin.
+  Dataset interleave(std::function<Dataset(const Element&)> fn, std::int64_t cycle_length,
+                     std::int64_t block_length = 1, int num_parallel_calls = 1) const;
   Dataset filter(PredicateFn predicate) const;
   Dataset shuffle(std::int64_t buffer_size, std::uint64_t seed,
                   bool reshuffle_each_iteration = true) const;
