@@ -7,7 +7,9 @@
 // records the finished slots and the input's state, so restoring reproduces the same sequence.
 #include <chrono>
 #include <condition_variable>
+#include <atomic>
 #include <deque>
+#include <fstream>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -51,17 +53,43 @@ int hardware_threads() {
   return n == 0 ? 1 : static_cast<int>(n);
 }
 
+std::int64_t half_available_memory() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::int64_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024 / 2;
+  }
+  return std::int64_t{1} << 30;
+}
+
+std::mutex budget_mu;
+AutotuneBudget budget_setting;
+std::atomic<std::int64_t> ram_reserved{0};
+
+// Autotune tuning windows: long enough to average jitter, short enough to react within an epoch.
+constexpr std::int64_t kWindowElements = 16;
+constexpr double kWindowSeconds = 0.02;
+constexpr double kInputBound = 0.05;  // grow while the consumer waits more than this share
+
 // Shared machinery: a pool of producer threads that each take the next input element in order,
 // transform it (or not), and complete its slot.
 class SlotPipeline : public Iterator {
  public:
+  // With `autotune`, `threads` and `max_buffered` are the limits and the stage starts at one
+  // worker and the given starting buffer, growing while the consumer waits on it.
   SlotPipeline(std::unique_ptr<Iterator> input, std::string stage, int threads,
-               std::int64_t max_buffered, bool deterministic)
+               std::int64_t max_buffered, bool deterministic, bool autotune_threads = false,
+               bool autotune_buffer = false)
       : input_(std::move(input)),
         stage_(std::move(stage)),
         threads_(threads),
+        active_(autotune_threads ? 1 : threads),
         max_buffered_(max_buffered),
-        deterministic_(deterministic) {}
+        deterministic_(deterministic),
+        autotune_threads_(autotune_threads),
+        autotune_buffer_(autotune_buffer) {}
 
   // Derived classes call shutdown() in their destructors, before their members (the map
   // function) go; this one is a backstop.
@@ -71,6 +99,7 @@ class SlotPipeline : public Iterator {
     const auto t0 = Clock::now();
     std::unique_lock lock(mu_);
     start_threads_locked();
+    if (window_start_ == Clock::time_point{}) window_start_ = t0;
     occupancy_sum_ += static_cast<double>(slots_.size()) / static_cast<double>(max_buffered_);
     ++requests_;
     for (;;) {
@@ -93,7 +122,13 @@ class SlotPipeline : public Iterator {
         }
         slots_.erase(it);
         ++produced_;
-        wait_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+        const auto now = Clock::now();
+        const double waited = std::chrono::duration<double>(now - t0).count();
+        wait_seconds_ += waited;
+        window_wait_ += waited;
+        ++window_count_;
+        if (s->error_message.empty()) note_element_bytes(s->value);
+        maybe_tune(now);
         cv_.notify_all();
         if (!s->error_message.empty()) throw DataError(s->error_origin, s->error_message, true);
         out = std::move(s->value);
@@ -136,11 +171,16 @@ class SlotPipeline : public Iterator {
     s.name = stage_;
     s.elements = produced_;
     s.seconds_per_element = completed_ ? work_seconds_ / static_cast<double>(completed_) : 0.0;
-    s.parallelism = threads_;
+    s.parallelism = active_;
     s.buffer_size = max_buffered_;
     s.buffer_occupancy = requests_ ? occupancy_sum_ / static_cast<double>(requests_) : 0.0;
+    const double life = std::chrono::duration<double>(Clock::now() - first_request_).count();
+    s.wait_fraction = requests_ && life > 0 ? std::min(1.0, wait_seconds_ / life) : 0.0;
+    s.autotuned = autotune_threads_ || autotune_buffer_;
     out.push_back(s);
   }
+
+
 
  protected:
   // Takes the inputs of one output from `input` (called under the stage's lock, so in order);
@@ -153,13 +193,54 @@ class SlotPipeline : public Iterator {
   virtual Element transform(std::vector<Element> in) = 0;
 
  protected:
-  void shutdown_workers() { shutdown(); }
+  void shutdown_workers() {
+    shutdown();
+    ram_reserved -= reserved_bytes_;
+    reserved_bytes_ = 0;
+  }
 
  private:
+  void note_element_bytes(const Element& e) {
+    std::int64_t bytes = 0;
+    for (const auto& t : e) bytes += static_cast<std::int64_t>(t.nbytes());
+    element_bytes_ = std::max(element_bytes_, bytes);
+  }
+
+  // The AUTOTUNE model: per window, the share of the consumer's time spent waiting here. Above
+  // kInputBound the stage is the bottleneck: add a worker (within the CPU budget) or, for a
+  // buffering stage, a slot (within the RAM budget, counting this stage's largest element).
+  void maybe_tune(Clock::time_point now) {
+    if (!autotune_threads_ && !autotune_buffer_) return;
+    const double window = std::chrono::duration<double>(now - window_start_).count();
+    if (window_count_ < kWindowElements || window < kWindowSeconds) return;
+    const bool input_bound = window_wait_ / window > kInputBound;
+    window_start_ = now;
+    window_wait_ = 0;
+    window_count_ = 0;
+    if (!input_bound) return;
+    if (autotune_threads_ && active_ < threads_) {
+      ++active_;
+      if (max_buffered_ < 2 * active_) grow_buffer(2 * active_ - max_buffered_);
+      cv_.notify_all();
+      return;
+    }
+    if (autotune_buffer_ && max_buffered_ < buffer_limit_) grow_buffer(1);
+  }
+
+  void grow_buffer(std::int64_t slots) {
+    const std::int64_t cost = slots * std::max<std::int64_t>(element_bytes_, 1);
+    if (ram_reserved.load() + cost > autotune_budget().ram_bytes) return;  // keep to the RAM budget
+    ram_reserved += cost;
+    reserved_bytes_ += cost;
+    max_buffered_ += slots;
+    cv_.notify_all();
+  }
+
   void start_threads_locked() {
     if (started_) return;
     started_ = true;
-    for (int i = 0; i < threads_; ++i) workers_.emplace_back([this] { work(); });
+    first_request_ = Clock::now();
+    for (int i = 0; i < threads_; ++i) workers_.emplace_back([this, i] { work(i); });
   }
 
   void shutdown() {
@@ -172,12 +253,12 @@ class SlotPipeline : public Iterator {
     workers_.clear();
   }
 
-  void work() {
+  void work(int index) {
     std::unique_lock lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] {
-        return stopping_ ||
-               (!paused_ && !input_ended_ && static_cast<std::int64_t>(slots_.size()) < max_buffered_);
+        return stopping_ || (!paused_ && !input_ended_ && index < active_ &&
+                             static_cast<std::int64_t>(slots_.size()) < max_buffered_);
       });
       if (stopping_) return;
       auto slot = std::make_shared<Slot>();
@@ -236,9 +317,16 @@ class SlotPipeline : public Iterator {
 
   std::unique_ptr<Iterator> input_;
   std::string stage_;
-  int threads_;
+  int threads_;  // workers started (the most AUTOTUNE may use)
+  int active_;   // workers allowed to run
   std::int64_t max_buffered_;
   bool deterministic_;
+  bool autotune_threads_, autotune_buffer_;
+  std::int64_t buffer_limit_ = 1 << 20;  // slots; the RAM budget binds first
+  std::int64_t element_bytes_ = 0, reserved_bytes_ = 0;
+  Clock::time_point window_start_{}, first_request_{};
+  double window_wait_ = 0;
+  std::int64_t window_count_ = 0;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -253,8 +341,9 @@ class SlotPipeline : public Iterator {
 
 class ParallelMapIt : public SlotPipeline {
  public:
-  ParallelMapIt(std::unique_ptr<Iterator> input, MapFn fn, int threads, bool deterministic)
-      : SlotPipeline(std::move(input), "map", threads, 2 * threads, deterministic), fn_(std::move(fn)) {}
+  ParallelMapIt(std::unique_ptr<Iterator> input, MapFn fn, int threads, bool deterministic, bool autotune)
+      : SlotPipeline(std::move(input), "map", threads, autotune ? 2 : 2 * threads, deterministic, autotune),
+        fn_(std::move(fn)) {}
   // Workers must stop before fn_ is destroyed.
   ~ParallelMapIt() override { shutdown_workers(); }
 
@@ -270,8 +359,9 @@ class ParallelMapIt : public SlotPipeline {
 class MapAndBatchIt : public SlotPipeline {
  public:
   MapAndBatchIt(std::unique_ptr<Iterator> input, MapFn fn, int threads, bool deterministic,
-                std::int64_t batch, bool drop_remainder)
-      : SlotPipeline(std::move(input), "map_and_batch", threads, 2 * threads, deterministic),
+                std::int64_t batch, bool drop_remainder, bool autotune)
+      : SlotPipeline(std::move(input), "map_and_batch", threads, autotune ? 2 : 2 * threads, deterministic,
+                     autotune),
         fn_(std::move(fn)),
         batch_(batch),
         drop_(drop_remainder) {}
@@ -298,8 +388,8 @@ class MapAndBatchIt : public SlotPipeline {
 
 class PrefetchIt : public SlotPipeline {
  public:
-  PrefetchIt(std::unique_ptr<Iterator> input, std::int64_t buffer)
-      : SlotPipeline(std::move(input), "prefetch", 1, buffer, true) {}
+  PrefetchIt(std::unique_ptr<Iterator> input, std::int64_t buffer, bool autotune)
+      : SlotPipeline(std::move(input), "prefetch", 1, buffer, true, false, autotune) {}
   ~PrefetchIt() override { shutdown_workers(); }
 
  protected:
@@ -359,9 +449,10 @@ class MapAndBatchNode : public DatasetNode {
   }
   std::string name() const override { return "map_and_batch"; }
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
-    const int threads = o_.num_parallel_calls == kAutotune ? hardware_threads() : o_.num_parallel_calls;
+    const bool autotune = o_.num_parallel_calls == kAutotune;
+    const int threads = autotune ? autotune_budget().cpu : o_.num_parallel_calls;
     return std::make_unique<MapAndBatchIt>(input_.make_iterator(epoch), fn_, threads, o_.deterministic, batch_,
-                                           drop_);
+                                           drop_, autotune);
   }
 
  private:
@@ -382,11 +473,10 @@ class MapNode : public DatasetNode {
   std::int64_t cardinality() const override { return input_.cardinality(); }
   std::string name() const override { return "map"; }
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
-    const int threads = o_.num_parallel_calls == kAutotune ? hardware_threads() : o_.num_parallel_calls;
-    if (threads <= 1 && o_.num_parallel_calls != kAutotune) {
-      return std::make_unique<SequentialMapIt>(input_.make_iterator(epoch), fn_);
-    }
-    return std::make_unique<ParallelMapIt>(input_.make_iterator(epoch), fn_, threads, o_.deterministic);
+    const bool autotune = o_.num_parallel_calls == kAutotune;
+    const int threads = autotune ? autotune_budget().cpu : o_.num_parallel_calls;
+    if (threads <= 1 && !autotune) return std::make_unique<SequentialMapIt>(input_.make_iterator(epoch), fn_);
+    return std::make_unique<ParallelMapIt>(input_.make_iterator(epoch), fn_, threads, o_.deterministic, autotune);
   }
 
  private:
@@ -401,8 +491,9 @@ class PrefetchNode : public DatasetNode {
   std::int64_t cardinality() const override { return input_.cardinality(); }
   std::string name() const override { return "prefetch"; }
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
-    // AUTOTUNE: a buffer of 2 covers one step of jitter; see the autotune model for growth.
-    return std::make_unique<PrefetchIt>(input_.make_iterator(epoch), buffer_ == kAutotune ? 2 : buffer_);
+    // AUTOTUNE starts with one slot and grows while the consumer waits (SlotPipeline::maybe_tune).
+    const bool autotune = buffer_ == kAutotune;
+    return std::make_unique<PrefetchIt>(input_.make_iterator(epoch), autotune ? 1 : buffer_, autotune);
   }
 
  private:
@@ -411,6 +502,21 @@ class PrefetchNode : public DatasetNode {
 };
 
 }  // namespace
+
+void set_autotune_budget(const AutotuneBudget& budget) {
+  std::lock_guard lock(budget_mu);
+  budget_setting = budget;
+}
+
+AutotuneBudget autotune_budget() {
+  std::lock_guard lock(budget_mu);
+  AutotuneBudget b = budget_setting;
+  if (b.cpu <= 0) b.cpu = hardware_threads();
+  if (b.ram_bytes <= 0) b.ram_bytes = half_available_memory();
+  return b;
+}
+
+std::int64_t autotune_ram_in_use() { return ram_reserved.load(); }
 
 std::optional<Dataset> fuse_map_and_batch(const DatasetNode& node, std::int64_t batch, bool drop) {
   const auto* map = dynamic_cast<const MapNode*>(&node);

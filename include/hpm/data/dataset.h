@@ -37,6 +37,16 @@ constexpr std::int64_t kInfinite = -1;
 constexpr std::int64_t kUnknown = -2;
 constexpr int kAutotune = -1;
 
+// What AUTOTUNE may spend: threads for parallel stages (the consumer's own thread not counted)
+// and bytes of buffered elements across all autotuned stages of the process.
+struct AutotuneBudget {
+  int cpu = 0;                   // 0: the machine's hardware threads
+  std::int64_t ram_bytes = 0;    // 0: half of the memory available when first asked
+};
+void set_autotune_budget(const AutotuneBudget& budget);
+AutotuneBudget autotune_budget();    // with the defaults resolved
+std::int64_t autotune_ram_in_use();  // bytes currently reserved by autotuned buffers
+
 // Per-stage measurements, filled by Iterator::stats().
 struct StageStats {
   std::string name;
@@ -46,6 +56,8 @@ struct StageStats {
   std::int64_t buffer_size = 0;    // current, for buffering stages
   double buffer_occupancy = 0;     // mean fraction of the buffer full when the consumer asked
   std::int64_t errors_skipped = 0;
+  double wait_fraction = 0;        // share of the consumer's time spent waiting on this stage
+  bool autotuned = false;
 };
 
 class Iterator {
