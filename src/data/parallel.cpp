@@ -253,46 +253,60 @@ class SlotPipeline : public Iterator {
     workers_.clear();
   }
 
+  // Pulling holds only input_mu_ (lock order: input_mu_, then mu_), so while one worker runs a
+  // slow input (prefetch's whole upstream pipeline), consumers keep taking finished slots. A slot
+  // is reserved while input_mu_ is held, so slot order is input order.
   void work(int index) {
-    std::unique_lock lock(mu_);
+    auto may_pull = [&] {
+      return !paused_ && !input_ended_ && index < active_ &&
+             static_cast<std::int64_t>(slots_.size()) < max_buffered_;
+    };
     for (;;) {
-      cv_.wait(lock, [&] {
-        return stopping_ || (!paused_ && !input_ended_ && index < active_ &&
-                             static_cast<std::int64_t>(slots_.size()) < max_buffered_);
-      });
+      {
+        // Wait without input_mu_: an idle worker must not hold up the active ones.
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || may_pull(); });
+        if (stopping_) return;
+      }
+      std::unique_lock in_lock(input_mu_);
+      std::unique_lock lock(mu_);
       if (stopping_) return;
+      if (!may_pull()) continue;  // things changed while we waited for input_mu_
       auto slot = std::make_shared<Slot>();
       slots_.push_back(slot);
       ++in_flight_;
-      // Taking the input element and placing its slot happen under one lock: slot order is input
-      // order.
+      lock.unlock();
+
       std::vector<Element> in;
       bool have = false;
+      std::string origin, message;
       try {
         have = pull(*input_, in);
       } catch (const DataError& e) {
-        slot->error_origin = e.origin();
-        slot->error_message = e.what();
-        slot->done = true;
+        origin = e.origin();
+        message = e.what();
       } catch (const std::exception& e) {
-        slot->error_origin = stage_;
-        slot->error_message = stage_ + ": " + e.what();
-        slot->done = true;
+        origin = stage_;
+        message = stage_ + ": " + e.what();
       }
-      if (!have && !slot->done) {
-        slot->end = true;
+      if (!have || !message.empty()) {
+        lock.lock();  // still holding input_mu_: no other worker pulls past the end
+        if (!message.empty()) {
+          slot->error_origin = std::move(origin);
+          slot->error_message = std::move(message);
+        } else {
+          slot->end = true;
+          input_ended_ = true;
+        }
         slot->done = true;
-        input_ended_ = true;
-      }
-      if (slot->done) {
         --in_flight_;
         cv_.notify_all();
         continue;
       }
-      lock.unlock();
+      in_lock.unlock();
+
       const auto t0 = Clock::now();
       Element result;
-      std::string origin, message;
       try {
         result = transform(std::move(in));
       } catch (const DataError& e) {
@@ -328,6 +342,7 @@ class SlotPipeline : public Iterator {
   double window_wait_ = 0;
   std::int64_t window_count_ = 0;
 
+  std::mutex input_mu_;  // serializes input_->next() among workers
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Slot>> slots_;
