@@ -217,7 +217,8 @@ class SlotPipeline : public Iterator {
     window_start_ = now;
     window_wait_ = 0;
     window_count_ = 0;
-    if (!input_bound) return;
+    // The first window holds thread start-up and the first element's latency: not a steady state.
+    if (windows_++ == 0 || !input_bound) return;
     if (autotune_threads_ && active_ < threads_) {
       ++active_;
       if (max_buffered_ < 2 * active_) grow_buffer(2 * active_ - max_buffered_);
@@ -340,7 +341,7 @@ class SlotPipeline : public Iterator {
   std::int64_t element_bytes_ = 0, reserved_bytes_ = 0;
   Clock::time_point window_start_{}, first_request_{};
   double window_wait_ = 0;
-  std::int64_t window_count_ = 0;
+  std::int64_t window_count_ = 0, windows_ = 0;
 
   std::mutex input_mu_;  // serializes input_->next() among workers
   mutable std::mutex mu_;

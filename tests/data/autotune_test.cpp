@@ -47,7 +47,7 @@ TEST_F(Autotune, ParallelismStaysLowWhenTheConsumerIsTheBottleneck) {
   const Dataset d = Dataset::range(0, 60).map([](Element e) { return e; }, MapOptions{kAutotune, true});
   auto it = d.make_iterator();
   Element e;
-  while (it->next(e)) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // a slow step
+  while (it->next(e)) std::this_thread::sleep_for(std::chrono::milliseconds(4));  // a slow step
   EXPECT_EQ(stage(*it, "map").parallelism, 1);
 }
 
