@@ -2,6 +2,8 @@
 //   build/bench/kernels_bench --benchmark_filter=Relu
 #include <benchmark/benchmark.h>
 
+#include <string>
+
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
@@ -32,49 +34,72 @@ void BM_MaxPool2x2(benchmark::State& st) {
 }
 BENCHMARK(BM_MaxPool2x2);
 
-void BM_Conv2Forward(benchmark::State& st) {
+// Each convolution case runs the dispatching entry point (name without suffix: what the engine
+// uses, HPM_CONV=im2col switches it) and both implementations explicitly (/im2col, /dnnl), so one
+// binary gives the A/B: --benchmark_filter=Conv --benchmark_repetitions=5.
+template <typename Fn>
+bool register_conv(const char* name, void (*bench)(benchmark::State&, Fn), Fn dispatch, Fn im2col,
+                   Fn dnnl) {
+  benchmark::RegisterBenchmark(name, bench, dispatch);
+  benchmark::RegisterBenchmark((std::string(name) + "/im2col").c_str(), bench, im2col);
+  benchmark::RegisterBenchmark((std::string(name) + "/dnnl").c_str(), bench, dnnl);
+  return true;
+}
+using ConvForwardFn = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&);
+using ConvBackwardFn = void (*)(const Tensor&, const Tensor&, const Tensor&, const Conv2dParams&,
+                                Tensor*, Tensor*, Tensor*);
+
+void BM_Conv2Forward(benchmark::State& st, ConvForwardFn fwd) {
   Generator gen(1);
   Tensor x = Tensor::randn({64, 32, 14, 14}, gen), w = Tensor::randn({64, 32, 3, 3}, gen),
          b = Tensor::randn({64}, gen);
-  for (auto _ : st) benchmark::DoNotOptimize(conv2d_forward(x, w, b, Conv2dParams{1, 1, 1, 1}));
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * 64 * 196 * 64 * 288 * static_cast<double>(st.iterations()),
-                                              benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  for (auto _ : st) benchmark::DoNotOptimize(fwd(x, w, b, Conv2dParams{1, 1, 1, 1}));
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * 64 * 196 * 64 * 288 * static_cast<double>(st.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Conv2Forward);
+const bool kConv2Forward = register_conv("BM_Conv2Forward", BM_Conv2Forward, conv2d_forward,
+                                         conv2d_forward_im2col, conv2d_forward_dnnl);
 
-void BM_Conv2Backward(benchmark::State& st) {
+void BM_Conv2Backward(benchmark::State& st, ConvBackwardFn bwd) {
   Generator gen(1);
   Tensor x = Tensor::randn({64, 32, 14, 14}, gen), w = Tensor::randn({64, 32, 3, 3}, gen),
          gy = Tensor::randn({64, 64, 14, 14}, gen);
   for (auto _ : st) {
     Tensor gx, gw, gb;
-    conv2d_backward(gy, x, w, Conv2dParams{1, 1, 1, 1}, &gx, &gw, &gb);
+    bwd(gy, x, w, Conv2dParams{1, 1, 1, 1}, &gx, &gw, &gb);
     benchmark::DoNotOptimize(gx);
   }
-  st.counters["GFLOP/s"] = benchmark::Counter(4.0 * 64 * 196 * 64 * 288 * static_cast<double>(st.iterations()),
-                                              benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(4.0 * 64 * 196 * 64 * 288 * static_cast<double>(st.iterations()),
+                         benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
 }
-BENCHMARK(BM_Conv2Backward);
+const bool kConv2Backward = register_conv("BM_Conv2Backward", BM_Conv2Backward, conv2d_backward,
+                                          conv2d_backward_im2col, conv2d_backward_dnnl);
 
-void BM_Conv1Forward(benchmark::State& st) {
+void BM_Conv1Forward(benchmark::State& st, ConvForwardFn fwd) {
   Generator gen(1);
   Tensor x = Tensor::randn({64, 1, 28, 28}, gen), w = Tensor::randn({32, 1, 3, 3}, gen),
          b = Tensor::randn({32}, gen);
-  for (auto _ : st) benchmark::DoNotOptimize(conv2d_forward(x, w, b, Conv2dParams{1, 1, 1, 1}));
+  for (auto _ : st) benchmark::DoNotOptimize(fwd(x, w, b, Conv2dParams{1, 1, 1, 1}));
 }
-BENCHMARK(BM_Conv1Forward);
+const bool kConv1Forward = register_conv("BM_Conv1Forward", BM_Conv1Forward, conv2d_forward,
+                                         conv2d_forward_im2col, conv2d_forward_dnnl);
 
-void BM_Conv1BackwardWeights(benchmark::State& st) {
+// The cnn's input needs no gradient, so the first conv's backward is weights and bias only.
+void BM_Conv1BackwardWeights(benchmark::State& st, ConvBackwardFn bwd) {
   Generator gen(1);
   Tensor x = Tensor::randn({64, 1, 28, 28}, gen), w = Tensor::randn({32, 1, 3, 3}, gen),
          gy = Tensor::randn({64, 32, 28, 28}, gen);
   for (auto _ : st) {
     Tensor gw, gb;
-    conv2d_backward(gy, x, w, Conv2dParams{1, 1, 1, 1}, nullptr, &gw, &gb);
+    bwd(gy, x, w, Conv2dParams{1, 1, 1, 1}, nullptr, &gw, &gb);
     benchmark::DoNotOptimize(gw);
   }
 }
-BENCHMARK(BM_Conv1BackwardWeights);
+const bool kConv1BackwardWeights =
+    register_conv("BM_Conv1BackwardWeights", BM_Conv1BackwardWeights, conv2d_backward,
+                  conv2d_backward_im2col, conv2d_backward_dnnl);
 
 void BM_ReluForward(benchmark::State& st) {
   Generator gen(1);

@@ -68,15 +68,29 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm);
 // Rows of x(N,...) picked by indices (I64), in order: the batcher's gather.
 Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices);
 
-// ---- convolution (im2col + GEMM) ---------------------------------------------------------------
+// ---- convolution ------------------------------------------------------------------------------
 struct Conv2dParams {
   int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
 };
 // x(N,C,H,W), w(OC,C,KH,KW), bias(OC) or undefined -> (N,OC,OH,OW)
+// Runs oneDNN's convolution primitives, falling back to im2col + GEMM for shapes oneDNN rejects;
+// the environment variable HPM_CONV=im2col (read once) forces the im2col path.
 Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 // Fills whichever of grad_x, grad_w, grad_bias is non-null.
 void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
                      const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias);
+// The two implementations, for tests and benchmarks. The oneDNN ones throw dnnl::error for a
+// shape no oneDNN implementation accepts.
+Tensor conv2d_forward_im2col(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             const Conv2dParams& p);
+void conv2d_backward_im2col(const Tensor& grad_y, const Tensor& x, const Tensor& w,
+                            const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
+                            Tensor* grad_bias);
+Tensor conv2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                           const Conv2dParams& p);
+void conv2d_backward_dnnl(const Tensor& grad_y, const Tensor& x, const Tensor& w,
+                          const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
+                          Tensor* grad_bias);
 
 // ---- pooling ---------------------------------------------------------------------------
 struct Pool2dParams {

@@ -9,8 +9,11 @@
 // One GEMM with B*P columns runs far closer to peak than B small per-image GEMMs, and chunking
 // the batch bounds the col buffer (a few MiB) however large the evaluation batch is.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
+#include <string_view>
 
 #include "hpm/tensor/kernels.h"
 #include "parallel.h"
@@ -119,8 +122,8 @@ void col2im(const float* col, std::int64_t b, const Geometry& g, const Conv2dPar
 
 }  // namespace
 
-Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
-                      const Conv2dParams& p) {
+Tensor conv2d_forward_im2col(const Tensor& x, const Tensor& w, const Tensor& bias,
+                             const Conv2dParams& p) {
   const Geometry g = geometry(x.shape(), w.shape(), p);
   const std::int64_t P = g.p(), chunk = chunk_images(g);
   Tensor col = Tensor::empty({g.ckk(), chunk * P}, DType::F32, x.device());
@@ -149,8 +152,9 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
   return y;
 }
 
-void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
-                     const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) {
+void conv2d_backward_im2col(const Tensor& grad_y, const Tensor& x, const Tensor& w,
+                            const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
+                            Tensor* grad_bias) {
   const Geometry g = geometry(x.shape(), w.shape(), p);
   const std::int64_t P = g.p(), chunk = chunk_images(g);
   Tensor gyt = Tensor::empty({g.oc, chunk * P}, DType::F32, x.device());
@@ -196,6 +200,44 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
       col2im(dcol.data<float>(), b, g, p, grad_x->data<float>() + n0 * g.c * g.h * g.w);
     }
   }
+}
+
+// ---- dispatch -----------------------------------------------------------------------------------
+// oneDNN's direct convolutions beat im2col + GEMM on both of the cnn's convolutions, forward and
+// backward, at 1 and 2 threads (conv_dnnl.cpp explains why; A/B: bench/kernels_bench
+// --benchmark_filter=Conv). im2col stays as the fallback for shapes oneDNN rejects (dnnl::error;
+// the fallback recomputes every requested output) and for A/B runs of whole programs:
+// HPM_CONV=im2col.
+namespace {
+bool use_dnnl() {
+  static const bool on = [] {
+    const char* v = std::getenv("HPM_CONV");
+    return !(v && std::string_view(v) == "im2col");
+  }();
+  return on;
+}
+}  // namespace
+
+Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+  if (use_dnnl() && x.numel() > 0) {
+    try {
+      return conv2d_forward_dnnl(x, w, bias, p);
+    } catch (const dnnl::error&) {
+    }
+  }
+  return conv2d_forward_im2col(x, w, bias, p);
+}
+
+void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                     Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) {
+  if (use_dnnl() && x.numel() > 0) {
+    try {
+      conv2d_backward_dnnl(grad_y, x, w, p, grad_x, grad_w, grad_bias);
+      return;
+    } catch (const dnnl::error&) {
+    }
+  }
+  conv2d_backward_im2col(grad_y, x, w, p, grad_x, grad_w, grad_bias);
 }
 
 }  // namespace hpm::kernels

@@ -1,0 +1,169 @@
+// The oneDNN convolution against the im2col + GEMM one (itself checked against a direct loop in
+// tensor_test.cpp, and both against PyTorch in the golden tests): forward and all three
+// gradients, on shapes that exercise oneDNN's layout and padding handling.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm {
+namespace {
+
+using kernels::Conv2dParams;
+
+struct ConvCase {
+  std::int64_t n, c, h, w, oc, kh, kw;
+  Conv2dParams p;
+  std::string str() const {
+    return "x(" + std::to_string(n) + "," + std::to_string(c) + "," + std::to_string(h) + "," +
+           std::to_string(w) + ") w(" + std::to_string(oc) + "," + std::to_string(c) + "," +
+           std::to_string(kh) + "," + std::to_string(kw) + ") stride " +
+           std::to_string(p.stride_h) + "x" + std::to_string(p.stride_w) + " pad " +
+           std::to_string(p.pad_h) + "x" + std::to_string(p.pad_w);
+  }
+};
+
+const std::vector<ConvCase>& cases() {
+  static const std::vector<ConvCase> all = {
+      {2, 3, 7, 6, 4, 3, 3, {2, 1, 1, 0}},       // mixed stride and padding
+      {3, 1, 9, 11, 5, 3, 3, {1, 1, 1, 1}},      // one input channel, odd sizes
+      {2, 5, 13, 13, 7, 5, 5, {2, 2, 2, 2}},     // 5x5, stride 2, pad 2
+      {4, 17, 8, 8, 33, 1, 1, {1, 1, 0, 0}},     // 1x1, channels not a multiple of 16
+      {1, 8, 10, 7, 16, 3, 2, {2, 1, 0, 1}},     // non-square kernel
+      {2, 4, 8, 9, 6, 3, 3, {2, 2, 0, 0}},       // stride 2 leaving the last input row unused
+      {5, 16, 12, 12, 32, 3, 3, {1, 1, 1, 1}},   // blocked layouts on both sides
+      {64, 32, 14, 14, 64, 3, 3, {1, 1, 1, 1}},  // the cnn's second convolution
+  };
+  return all;
+}
+
+// |a - b| <= tol * max(1, max |b|) elementwise: relative to the tensor's scale, so that
+// near-zero entries of a long sum are not held to a relative tolerance of their own.
+void expect_close(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_TRUE(a.defined()) << what;
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  const std::vector<float> va = a.to_vector(), vb = b.to_vector();
+  float scale = 1.0f;
+  for (float v : vb) scale = std::max(scale, std::fabs(v));
+  float worst = 0.0f;
+  for (std::size_t i = 0; i < va.size(); ++i) worst = std::max(worst, std::fabs(va[i] - vb[i]));
+  EXPECT_LE(worst, 1e-4f * scale) << what << ": max abs diff " << worst << ", scale " << scale;
+}
+
+TEST(ConvDnnl, ForwardMatchesIm2col) {
+  Generator gen(11);
+  for (const ConvCase& c : cases()) {
+    Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
+    Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
+    Tensor b = Tensor::randn({c.oc}, gen);
+    expect_close(kernels::conv2d_forward_dnnl(x, w, b, c.p),
+                 kernels::conv2d_forward_im2col(x, w, b, c.p), c.str() + " with bias");
+    expect_close(kernels::conv2d_forward_dnnl(x, w, Tensor(), c.p),
+                 kernels::conv2d_forward_im2col(x, w, Tensor(), c.p), c.str() + " no bias");
+  }
+}
+
+TEST(ConvDnnl, BackwardMatchesIm2col) {
+  Generator gen(12);
+  for (const ConvCase& c : cases()) {
+    Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
+    Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
+    Tensor y = kernels::conv2d_forward_im2col(x, w, Tensor(), c.p);
+    Tensor gy = Tensor::randn(y.shape(), gen);
+    Tensor rx, rw, rb;
+    kernels::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
+    {
+      Tensor gx, gw, gb;
+      kernels::conv2d_backward_dnnl(gy, x, w, c.p, &gx, &gw, &gb);
+      expect_close(gx, rx, c.str() + " grad_x");
+      expect_close(gw, rw, c.str() + " grad_w");
+      expect_close(gb, rb, c.str() + " grad_bias");
+    }
+    // Subsets, as autograd asks for them: each is a different plan.
+    {
+      Tensor gx;
+      kernels::conv2d_backward_dnnl(gy, x, w, c.p, &gx, nullptr, nullptr);
+      expect_close(gx, rx, c.str() + " grad_x alone");
+    }
+    {
+      Tensor gw, gb;
+      kernels::conv2d_backward_dnnl(gy, x, w, c.p, nullptr, &gw, &gb);
+      expect_close(gw, rw, c.str() + " grad_w with grad_bias, no grad_x");
+      expect_close(gb, rb, c.str() + " grad_bias with grad_w, no grad_x");
+    }
+    {
+      Tensor gw;
+      kernels::conv2d_backward_dnnl(gy, x, w, c.p, nullptr, &gw, nullptr);
+      expect_close(gw, rw, c.str() + " grad_w alone");
+    }
+    {
+      Tensor gx, gb;
+      kernels::conv2d_backward_dnnl(gy, x, w, c.p, &gx, nullptr, &gb);
+      expect_close(gx, rx, c.str() + " grad_x with grad_bias");
+      expect_close(gb, rb, c.str() + " grad_bias without grad_w");
+    }
+  }
+}
+
+TEST(ConvDnnl, DispatchMatchesIm2col) {
+  Generator gen(13);
+  const ConvCase& c = cases()[2];
+  Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
+  Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
+  Tensor b = Tensor::randn({c.oc}, gen);
+  Tensor y = kernels::conv2d_forward(x, w, b, c.p);
+  expect_close(y, kernels::conv2d_forward_im2col(x, w, b, c.p), c.str());
+  Tensor gy = Tensor::randn(y.shape(), gen), gx, gw, gb, rx, rw, rb;
+  kernels::conv2d_backward(gy, x, w, c.p, &gx, &gw, &gb);
+  kernels::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
+  expect_close(gx, rx, c.str() + " grad_x");
+  expect_close(gw, rw, c.str() + " grad_w");
+  expect_close(gb, rb, c.str() + " grad_bias");
+}
+
+TEST(ConvDnnl, RejectsMismatchedShapes) {
+  Tensor x = Tensor::zeros({1, 3, 5, 5}), w = Tensor::zeros({4, 2, 3, 3});
+  EXPECT_THROW(kernels::conv2d_forward_dnnl(x, w, Tensor(), {}), std::invalid_argument);
+  Tensor big = Tensor::zeros({4, 3, 7, 7});
+  EXPECT_THROW(kernels::conv2d_forward_dnnl(x, big, Tensor(), {}), std::invalid_argument);
+}
+
+// Two threads running the same (cached) plans at once: each call has its own workspace and
+// scratchpad, so the results must equal the single-threaded ones.
+TEST(ConvDnnl, ConcurrentCallsShareCachedPlans) {
+  Generator gen(14);
+  const ConvCase& c = cases()[6];
+  Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
+  Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
+  Tensor b = Tensor::randn({c.oc}, gen);
+  const Tensor ref = kernels::conv2d_forward_im2col(x, w, b, c.p);
+  Tensor gy = Tensor::randn(ref.shape(), gen), rx, rw, rb;
+  kernels::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
+  std::vector<std::vector<Tensor>> out(2);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        Tensor y = kernels::conv2d_forward_dnnl(x, w, b, c.p), gx, gw, gb;
+        kernels::conv2d_backward_dnnl(gy, x, w, c.p, &gx, &gw, &gb);
+        out[t] = {y, gx, gw, gb};
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 2; ++t) {
+    expect_close(out[t][0], ref, "thread " + std::to_string(t) + " y");
+    expect_close(out[t][1], rx, "thread " + std::to_string(t) + " grad_x");
+    expect_close(out[t][2], rw, "thread " + std::to_string(t) + " grad_w");
+    expect_close(out[t][3], rb, "thread " + std::to_string(t) + " grad_bias");
+  }
+}
+
+}  // namespace
+}  // namespace hpm
