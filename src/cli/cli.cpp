@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <climits>
+#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +16,9 @@
 #include "hpm/cli/config.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
+#include "hpm/io/example.h"
+#include "hpm/io/idx.h"
+#include "hpm/io/tfrecord.h"
 #include "hpm/tensor/device.h"
 #include "hpm/train/callbacks.h"
 #include "hpm/train/trainer.h"
@@ -181,6 +186,80 @@ int run_data_bench(const Common& c, std::int64_t epochs) {
   return 0;
 }
 
+struct ConvertOptions {
+  std::string dir = "/usr/share/datasets/fashion-mnist", out, compression = "none";
+  int shards = 4;
+};
+
+// Fashion-MNIST as sharded TFRecord files of tf.train.Example {image: 784 raw bytes, label: int64}.
+int run_data_convert(const ConvertOptions& o) {
+  const io::Compression compression = io::compression_from_name(o.compression);
+  io::ensure_directory(o.out);
+  const std::string ext = compression == io::Compression::Gzip   ? ".tfrecord.gz"
+                          : compression == io::Compression::Zlib ? ".tfrecord.zlib"
+                                                                 : ".tfrecord";
+  for (const char* split : {"train", "t10k"}) {
+    const io::IdxArray images = io::read_idx(o.dir + "/" + split + "-images-idx3-ubyte.gz");
+    const io::IdxArray labels = io::read_idx(o.dir + "/" + split + "-labels-idx1-ubyte.gz");
+    const std::int64_t n = images.dims[0];
+    const std::size_t image_bytes = images.data.size() / static_cast<std::size_t>(n);
+    for (int shard = 0; shard < o.shards; ++shard) {
+      char name[96];
+      std::snprintf(name, sizeof name, "/%s-%05d-of-%05d", split, shard, o.shards);
+      const std::string path = o.out + name + ext;
+      io::TfRecordWriter w(path, compression);
+      std::int64_t count = 0;
+      for (std::int64_t i = shard; i < n; i += o.shards) {
+        io::Example ex;
+        const auto* img = reinterpret_cast<const char*>(images.data.data()) + static_cast<std::size_t>(i) * image_bytes;
+        ex["image"] = io::Feature::of_bytes({std::string(img, image_bytes)});
+        ex["label"] = io::Feature::of_ints({static_cast<std::int64_t>(labels.data[static_cast<std::size_t>(i)])});
+        w.write(io::encode_example(ex));
+        ++count;
+      }
+      w.close();
+      std::printf("%s: %lld records\n", path.c_str(), static_cast<long long>(count));
+    }
+  }
+  return 0;
+}
+
+int run_data_inspect(const std::string& file, const std::string& compression) {
+  io::TfRecordReader reader(file, io::compression_from_name(compression));
+  std::string record;
+  std::int64_t records = 0;
+  struct Seen {
+    io::Feature::Kind kind;
+    std::size_t min_len = SIZE_MAX, max_len = 0;
+    std::size_t min_bytes = SIZE_MAX, max_bytes = 0;  // per bytes value
+  };
+  std::map<std::string, Seen> features;
+  while (reader.next(record)) {
+    const io::Example ex = io::decode_example(record, file + " record " + std::to_string(records));
+    for (const auto& [key, f] : ex) {
+      const std::size_t len = f.kind == io::Feature::Bytes   ? f.bytes.size()
+                              : f.kind == io::Feature::Float ? f.floats.size()
+                                                             : f.ints.size();
+      auto [it, fresh] = features.try_emplace(key, Seen{f.kind});
+      it->second.min_len = std::min(it->second.min_len, len);
+      it->second.max_len = std::max(it->second.max_len, len);
+      for (const auto& b : f.bytes) {
+        it->second.min_bytes = std::min(it->second.min_bytes, b.size());
+        it->second.max_bytes = std::max(it->second.max_bytes, b.size());
+      }
+    }
+    ++records;
+  }
+  std::printf("%s: %lld records\n", file.c_str(), static_cast<long long>(records));
+  for (const auto& [key, s] : features) {
+    std::printf("  %-12s %-10s values per record: %zu..%zu", key.c_str(), io::feature_kind_name(s.kind),
+                s.min_len == SIZE_MAX ? 0 : s.min_len, s.max_len);
+    if (s.max_bytes > 0) std::printf(", bytes per value: %zu..%zu", s.min_bytes, s.max_bytes);
+    std::printf("\n");
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -201,6 +280,17 @@ int main(int argc, char** argv) {
   CLI::App* bench_cmd = data_cmd->add_subcommand("bench", "run a config's input pipeline alone and time it");
   add_common(bench_cmd, bench_opts);
   bench_cmd->add_option("--epochs", bench_epochs, "passes over the data")->check(CLI::PositiveNumber);
+  ConvertOptions convert;
+  CLI::App* convert_cmd = data_cmd->add_subcommand(
+      "convert", "write Fashion-MNIST as sharded TFRecord files of tf.train.Example (image bytes, label)");
+  convert_cmd->add_option("--dir", convert.dir, "IDX data set directory");
+  convert_cmd->add_option("--out", convert.out, "output directory")->required();
+  convert_cmd->add_option("--shards", convert.shards, "files per split")->check(CLI::Range(1, 100000));
+  convert_cmd->add_option("--compression", convert.compression, "none, zlib or gzip");
+  std::string inspect_file, inspect_compression = "none";
+  CLI::App* inspect_cmd = data_cmd->add_subcommand("inspect", "count the records of a TFRecord file and list its features");
+  inspect_cmd->add_option("file", inspect_file, "TFRecord file")->required();
+  inspect_cmd->add_option("--compression", inspect_compression, "none, zlib or gzip");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -210,6 +300,8 @@ int main(int argc, char** argv) {
     if (*train_cmd) return run_train(train_opts, resume);
     if (*eval_cmd) return run_evaluate(eval_opts, checkpoint);
     if (*bench_cmd) return run_data_bench(bench_opts, bench_epochs);
+    if (*convert_cmd) return run_data_convert(convert);
+    if (*inspect_cmd) return run_data_inspect(inspect_file, inspect_compression);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

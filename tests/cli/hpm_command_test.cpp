@@ -161,5 +161,35 @@ TEST(HpmCommand, UnwritableCheckpointDirectoryIsReported) {
   EXPECT_NE(r.output.find(dir / "plainfile/ckpt"), std::string::npos) << r.output;
 }
 
+TEST(HpmCommand, DataConvertThenInspect) {
+  TempDir dir;
+  write_dataset(dir.path(), 30, 10);
+  Result c = run("data convert --dir " + dir.path() + " --out " + dir / "tfr" + " --shards 3 --compression gzip");
+  ASSERT_EQ(c.code, 0) << c.output;
+  Result i = run("data inspect " + dir / "tfr/train-00001-of-00003.tfrecord.gz --compression gzip");
+  ASSERT_EQ(i.code, 0) << i.output;
+  EXPECT_NE(i.output.find(": 10 records"), std::string::npos) << i.output;
+  EXPECT_NE(i.output.find("image        bytes_list"), std::string::npos) << i.output;
+  EXPECT_NE(i.output.find("bytes per value: 784..784"), std::string::npos) << i.output;
+  EXPECT_NE(i.output.find("label        int64_list"), std::string::npos) << i.output;
+  Result bad = run("data inspect " + dir / "tfr/train-00001-of-00003.tfrecord.gz");
+  EXPECT_EQ(bad.code, 1) << "a gzip file read as uncompressed must fail: " << bad.output;
+}
+
+TEST(HpmCommand, DataBenchReportsStages) {
+  TempDir dir;
+  write_dataset(dir.path(), 256, 10);
+  const std::string cfg = mlp_config(dir, dir.path(),
+                                     "");
+  std::ofstream(cfg, std::ios::app) << "";
+  Result r = run("data bench " + cfg + " --set data.parallel_calls=2 --set data.prefetch=2 --report " +
+                 dir / "bench.json" + " --set 'data.augment=[{op=\"random_flip\"}]'");
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = nlohmann::json::parse(std::ifstream(dir / "bench.json"));
+  EXPECT_EQ(j["elements"].get<int>(), 256);
+  EXPECT_GT(j["elements_per_s"].get<double>(), 0);
+  ASSERT_GE(j["stages"].size(), 2u);
+}
+
 }  // namespace
 }  // namespace hpm
