@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "hpm/tensor/random.h"
+#include "hpm/trace/trace.h"
 
 namespace hpm::data {
 
@@ -35,6 +36,7 @@ class FileSequenceIt : public Iterator {
       if (!reader_) open(0);
       bool got = false;
       try {
+        trace::Span span("read record", "extract");
         got = read(out);
       } catch (const io::IoError& e) {
         throw DataError(stage_, e.what());

@@ -16,6 +16,7 @@
 
 #include "fusion.h"
 #include "hpm/data/dataset.h"
+#include "hpm/trace/trace.h"
 #include "stack.h"
 
 namespace hpm::data {
@@ -69,8 +70,8 @@ AutotuneBudget budget_setting;
 std::atomic<std::int64_t> ram_reserved{0};
 
 // Autotune tuning windows: long enough to average jitter, short enough to react within an epoch.
-constexpr std::int64_t kWindowElements = 16;
-constexpr double kWindowSeconds = 0.02;
+constexpr std::int64_t kWindowElements = 4;
+constexpr double kWindowSeconds = 0.005;
 constexpr double kInputBound = 0.05;  // grow while the consumer waits more than this share
 
 // Shared machinery: a pool of producer threads that each take the next input element in order,
@@ -258,6 +259,7 @@ class SlotPipeline : public Iterator {
   // slow input (prefetch's whole upstream pipeline), consumers keep taking finished slots. A slot
   // is reserved while input_mu_ is held, so slot order is input order.
   void work(int index) {
+    if (trace::enabled()) trace::name_thread(stage_ + " worker " + std::to_string(index));
     auto may_pull = [&] {
       return !paused_ && !input_ended_ && index < active_ &&
              static_cast<std::int64_t>(slots_.size()) < max_buffered_;
@@ -309,6 +311,7 @@ class SlotPipeline : public Iterator {
       const auto t0 = Clock::now();
       Element result;
       try {
+        trace::Span span(stage_ == "prefetch" ? "prefetch" : "map", "transform");
         result = transform(std::move(in));
       } catch (const DataError& e) {
         origin = e.origin();
@@ -420,6 +423,7 @@ class SequentialMapIt : public Iterator {
     if (!input_->next(in)) return false;
     const auto t0 = Clock::now();
     try {
+      trace::Span span("map", "transform");
       out = fn_(std::move(in));
     } catch (const DataError&) {
       throw;

@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "hpm/data/dataset.h"
+#include "hpm/trace/trace.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
@@ -118,6 +119,7 @@ class GeneratorNode : public DatasetNode {
         if (done_) return false;
         out.clear();
         const std::int64_t i = i_++;  // advance first: a throwing call skips its index
+        trace::Span span("read", "extract");
         bool more = false;
         try {
           more = n_->fn_(i, out);

@@ -8,6 +8,7 @@
 #include "hpm/io/atomic_file.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
+#include "hpm/trace/trace.h"
 
 namespace hpm::train {
 
@@ -35,6 +36,7 @@ Trainer::Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optim
       base_lr_(optimizer_->lr()) {}
 
 double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* correct) {
+  trace::Span span("train step", "train");
   optimizer_->zero_grad();
   Tensor logits = model_->forward(x);
   Tensor loss = loss_ ? loss_(logits, y) : cross_entropy(logits, y, options_.label_smoothing);
@@ -102,7 +104,12 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     bool epoch_done = false;
     data::Element batch;
     while (!stop_) {
-      if (!it->next(batch)) {
+      bool got = false;
+      {
+        trace::Span span("next batch", "load");
+        got = it->next(batch);
+      }
+      if (!got) {
         epoch_done = true;
         break;
       }

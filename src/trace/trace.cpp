@@ -1,0 +1,135 @@
+#include "hpm/trace/trace.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+namespace hpm::trace {
+
+namespace detail {
+std::atomic<bool> on{false};
+}
+
+namespace {
+std::mutex mu;
+std::vector<Event> recorded;
+std::map<std::thread::id, std::uint64_t> thread_ids;
+std::map<std::uint64_t, std::string> thread_names;
+std::chrono::steady_clock::time_point origin;
+
+std::uint64_t thread_index_locked() {
+  auto [it, fresh] = thread_ids.try_emplace(std::this_thread::get_id(), thread_ids.size());
+  return it->second;
+}
+}  // namespace
+
+void start() {
+  std::lock_guard lock(mu);
+  recorded.clear();
+  thread_ids.clear();
+  thread_names.clear();
+  origin = std::chrono::steady_clock::now();
+  detail::on = true;
+}
+
+void stop() { detail::on = false; }
+bool enabled() { return detail::on.load(); }
+
+void name_thread(const std::string& name) {
+  std::lock_guard lock(mu);
+  thread_names[thread_index_locked()] = name;
+}
+
+void detail::record(const char* name, const char* category, std::chrono::steady_clock::time_point begin,
+                    std::chrono::steady_clock::time_point end) {
+  std::lock_guard lock(mu);
+  const double s = std::chrono::duration<double, std::micro>(begin - origin).count();
+  const double d = std::chrono::duration<double, std::micro>(end - begin).count();
+  recorded.push_back({name, category, thread_index_locked(), s, d});
+}
+
+std::vector<Event> events() {
+  std::lock_guard lock(mu);
+  std::vector<Event> out = recorded;
+  std::sort(out.begin(), out.end(), [](const Event& a, const Event& b) { return a.start_us < b.start_us; });
+  return out;
+}
+
+std::string chrome_json(const std::vector<Event>& evs) {
+  nlohmann::json list = nlohmann::json::array();
+  std::map<std::uint64_t, std::string> names;
+  {
+    std::lock_guard lock(mu);
+    names = thread_names;
+  }
+  for (const auto& [tid, name] : names) {
+    list.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", tid}, {"args", {{"name", name}}}});
+  }
+  for (const auto& e : evs) {
+    list.push_back({{"ph", "X"}, {"name", e.name}, {"cat", e.category}, {"pid", 1}, {"tid", e.thread},
+                    {"ts", e.start_us}, {"dur", e.duration_us}});
+  }
+  return nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump();
+}
+
+std::string svg(const std::vector<Event>& evs, const std::string& title, double width_px) {
+  std::map<std::uint64_t, std::string> names;
+  {
+    std::lock_guard lock(mu);
+    names = thread_names;
+  }
+  std::vector<std::uint64_t> lanes;
+  double end_us = 1;
+  for (const auto& e : evs) {
+    if (std::find(lanes.begin(), lanes.end(), e.thread) == lanes.end()) lanes.push_back(e.thread);
+    end_us = std::max(end_us, e.start_us + e.duration_us);
+  }
+  std::sort(lanes.begin(), lanes.end());
+  const double left = 150, lane_h = 28, top = 40;
+  const double plot_w = width_px - left - 20;
+  const double height = top + lane_h * static_cast<double>(lanes.size()) + 60;
+  static const std::map<std::string, std::string> colours = {
+      {"extract", "#4e79a7"}, {"transform", "#f28e2b"}, {"load", "#59a14f"}, {"train", "#e15759"}};
+  std::ostringstream os;
+  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width_px << "\" height=\"" << height
+     << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  os << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  os << "<text x=\"10\" y=\"22\" font-size=\"15\">" << title << "</text>\n";
+  for (std::size_t i = 0; i < lanes.size(); ++i) {
+    const double y = top + lane_h * static_cast<double>(i);
+    const auto it = names.find(lanes[i]);
+    os << "<text x=\"10\" y=\"" << y + 18 << "\">"
+       << (it != names.end() ? it->second : "thread " + std::to_string(lanes[i])) << "</text>\n";
+    os << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << y + lane_h - 2 << "\" y2=\""
+       << y + lane_h - 2 << "\" stroke=\"#ddd\"/>\n";
+  }
+  for (const auto& e : evs) {
+    const auto lane = static_cast<double>(std::find(lanes.begin(), lanes.end(), e.thread) - lanes.begin());
+    const double x = left + plot_w * e.start_us / end_us;
+    const double w = std::max(0.5, plot_w * e.duration_us / end_us);
+    const auto c = colours.find(e.category);
+    os << "<rect x=\"" << x << "\" y=\"" << top + lane_h * lane + 3 << "\" width=\"" << w << "\" height=\""
+       << lane_h - 8 << "\" fill=\"" << (c != colours.end() ? c->second : "#999") << "\"><title>" << e.name
+       << " " << e.duration_us / 1000.0 << " ms</title></rect>\n";
+  }
+  const double axis_y = top + lane_h * static_cast<double>(lanes.size()) + 15;
+  for (int k = 0; k <= 10; ++k) {
+    const double x = left + plot_w * k / 10.0;
+    os << "<text x=\"" << x << "\" y=\"" << axis_y << "\" text-anchor=\"middle\">" << end_us / 1000.0 * k / 10.0
+       << (k == 10 ? " ms" : "") << "</text>\n";
+  }
+  double lx = left;
+  for (const char* cat : {"extract", "transform", "load", "train"}) {
+    os << "<rect x=\"" << lx << "\" y=\"" << axis_y + 15 << "\" width=\"12\" height=\"12\" fill=\""
+       << colours.at(cat) << "\"/><text x=\"" << lx + 16 << "\" y=\"" << axis_y + 26 << "\">" << cat
+       << "</text>\n";
+    lx += 110;
+  }
+  os << "</svg>\n";
+  return os.str();
+}
+
+}  // namespace hpm::trace
