@@ -115,6 +115,7 @@ class InterleaveNode : public DatasetNode {
           Slot s;
           s.source = e;
           s.it = n_->open(e).make_iterator(epoch_);
+          s.it->warm_up();
           slots_.push_back(std::move(s));
         }
       }

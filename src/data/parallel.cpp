@@ -139,6 +139,11 @@ class SlotPipeline : public Iterator {
     }
   }
 
+  void warm_up() override {
+    std::lock_guard lock(mu_);
+    start_threads_locked();
+  }
+
   void save(StateWriter& w) override {
     std::unique_lock lock(mu_);
     paused_ = true;

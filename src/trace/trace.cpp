@@ -1,6 +1,7 @@
 #include "hpm/trace/trace.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -118,8 +119,9 @@ std::string svg(const std::vector<Event>& evs, const std::string& title, double 
   const double axis_y = top + lane_h * static_cast<double>(lanes.size()) + 15;
   for (int k = 0; k <= 10; ++k) {
     const double x = left + plot_w * k / 10.0;
-    os << "<text x=\"" << x << "\" y=\"" << axis_y << "\" text-anchor=\"middle\">" << end_us / 1000.0 * k / 10.0
-       << (k == 10 ? " ms" : "") << "</text>\n";
+    char label[32];
+    std::snprintf(label, sizeof label, "%.1f%s", end_us / 1000.0 * k / 10.0, k == 10 ? " ms" : "");
+    os << "<text x=\"" << x << "\" y=\"" << axis_y << "\" text-anchor=\"middle\">" << label << "</text>\n";
   }
   double lx = left;
   for (const char* cat : {"extract", "transform", "load", "train"}) {

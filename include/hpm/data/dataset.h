@@ -70,6 +70,9 @@ class Iterator {
   virtual void save(StateWriter& w) = 0;
   virtual void restore(StateReader& r) = 0;
   virtual void stats(std::vector<StageStats>& out) const { (void)out; }
+  // Starts background work now rather than at the first next() (parallel stages start their
+  // threads): interleave warms every dataset it opens, so their slow opens overlap.
+  virtual void warm_up() {}
 };
 
 // Iterators keep their node alive (shared_from_this), so an iterator may outlive its Dataset.

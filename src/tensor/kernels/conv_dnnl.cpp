@@ -281,11 +281,15 @@ class PlanCache {
   std::map<Key, std::shared_ptr<const Plan>> plans_;
 };
 
+// The engine is constructed before the caches so that, statics being destroyed in reverse order,
+// the cached primitives are destroyed while their engine still exists.
 PlanCache<ForwardPlan>& forward_cache() {
+  cpu_engine();
   static PlanCache<ForwardPlan> cache;
   return cache;
 }
 PlanCache<BackwardPlan>& backward_cache() {
+  cpu_engine();
   static PlanCache<BackwardPlan> cache;
   return cache;
 }
