@@ -11,6 +11,7 @@ PACKAGES=(
   libcli11-dev           # command line
   nlohmann-json3-dev     # reports, safetensors headers
   zlib1g-dev             # gzip'd IDX, TFRecord compression
+  libpng-dev libjpeg62-turbo-dev  # image decoding in the input pipeline
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist  # the embedded default data set
 )

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpm/cli/config.h"
+#include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/example.h"
@@ -187,7 +188,7 @@ int run_data_bench(const Common& c, std::int64_t epochs) {
 }
 
 struct ConvertOptions {
-  std::string dir = "/usr/share/datasets/fashion-mnist", out, compression = "none";
+  std::string dir = "/usr/share/datasets/fashion-mnist", out, compression = "none", image_format = "raw";
   int shards = 4;
 };
 
@@ -212,7 +213,14 @@ int run_data_convert(const ConvertOptions& o) {
       for (std::int64_t i = shard; i < n; i += o.shards) {
         io::Example ex;
         const auto* img = reinterpret_cast<const char*>(images.data.data()) + static_cast<std::size_t>(i) * image_bytes;
-        ex["image"] = io::Feature::of_bytes({std::string(img, image_bytes)});
+        std::string raw(img, image_bytes);
+        if (o.image_format == "png") {
+          const Tensor pixels = io::idx_to_f32(io::IdxArray{io::kIdxU8, {1, images.dims[1], images.dims[2]},
+                                                            std::vector<unsigned char>(raw.begin(), raw.end())},
+                                               1.0f / 255.0f);
+          raw = data::encode_png(pixels);
+        }
+        ex["image"] = io::Feature::of_bytes({std::move(raw)});
         ex["label"] = io::Feature::of_ints({static_cast<std::int64_t>(labels.data[static_cast<std::size_t>(i)])});
         w.write(io::encode_example(ex));
         ++count;
@@ -287,6 +295,8 @@ int main(int argc, char** argv) {
   convert_cmd->add_option("--out", convert.out, "output directory")->required();
   convert_cmd->add_option("--shards", convert.shards, "files per split")->check(CLI::Range(1, 100000));
   convert_cmd->add_option("--compression", convert.compression, "none, zlib or gzip");
+  convert_cmd->add_option("--image-format", convert.image_format, "raw (784 bytes) or png")
+      ->check(CLI::IsMember({"raw", "png"}));
   std::string inspect_file, inspect_compression = "none";
   CLI::App* inspect_cmd = data_cmd->add_subcommand("inspect", "count the records of a TFRecord file and list its features");
   inspect_cmd->add_option("file", inspect_file, "TFRecord file")->required();

@@ -172,6 +172,10 @@ TEST(HpmCommand, DataConvertThenInspect) {
   EXPECT_NE(i.output.find("image        bytes_list"), std::string::npos) << i.output;
   EXPECT_NE(i.output.find("bytes per value: 784..784"), std::string::npos) << i.output;
   EXPECT_NE(i.output.find("label        int64_list"), std::string::npos) << i.output;
+  Result png = run("data convert --dir " + dir.path() + " --out " + dir / "png" + " --shards 1 --image-format png");
+  ASSERT_EQ(png.code, 0) << png.output;
+  Result pi = run("data inspect " + dir / "png/t10k-00000-of-00001.tfrecord");
+  EXPECT_NE(pi.output.find(": 10 records"), std::string::npos) << pi.output;
   Result bad = run("data inspect " + dir / "tfr/train-00001-of-00003.tfrecord.gz");
   EXPECT_EQ(bad.code, 1) << "a gzip file read as uncompressed must fail: " << bad.output;
 }
