@@ -117,6 +117,7 @@ int run_train(const Common& c, const std::string& resume) {
     history.push_back({{"epoch", e.epoch + 1}, {"train_loss", e.train_loss},
                        {"train_accuracy", e.train_accuracy}, {"test_loss", e.test_loss},
                        {"test_accuracy", e.test_accuracy}, {"samples_per_s", e.samples_per_s},
+                       {"input_bound", e.input_bound},
                        {"lr", e.lr}});
   }
   write_report(c.report, {{"test_accuracy", ev.accuracy},
@@ -128,6 +129,7 @@ int run_train(const Common& c, const std::string& resume) {
                           {"seconds", r.seconds},
                           {"train_seconds", r.train_seconds},
                           {"step_peak_bytes", r.step_peak_bytes},
+                          {"input_wait_seconds", r.input_wait_seconds},
                           {"threads", cfg.threads},
                           {"batch_size", cfg.batch_size},
                           {"parameters", model->num_parameters()},
@@ -175,12 +177,14 @@ int run_data_bench(const Common& c, std::int64_t epochs) {
               static_cast<long long>(elements), static_cast<long long>(batches), rate);
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& st : stats) {
-    std::printf("  %-16s parallelism %2d  buffer %3lld  occupancy %4.0f%%  %8.1f us/element\n",
+    std::printf("  %-16s parallelism %2d  buffer %3lld  occupancy %4.0f%%  %8.1f us/output  consumer waited %4.1f%%%s\n",
                 st.name.c_str(), st.parallelism, static_cast<long long>(st.buffer_size),
-                100.0 * st.buffer_occupancy, 1e6 * st.seconds_per_element);
+                100.0 * st.buffer_occupancy, 1e6 * st.seconds_per_element, 100.0 * st.wait_fraction,
+                st.autotuned ? "  (autotuned)" : "");
     stages.push_back({{"name", st.name}, {"elements", st.elements}, {"parallelism", st.parallelism},
                       {"buffer_size", st.buffer_size}, {"buffer_occupancy", st.buffer_occupancy},
-                      {"seconds_per_element", st.seconds_per_element}, {"errors_skipped", st.errors_skipped}});
+                      {"seconds_per_output", st.seconds_per_element}, {"errors_skipped", st.errors_skipped},
+                      {"consumer_wait_fraction", st.wait_fraction}, {"autotuned", st.autotuned}});
   }
   write_report(c.report, {{"elements_per_s", rate}, {"elements", elements}, {"batches", batches},
                           {"epochs", epochs}, {"seconds", seconds}, {"stages", stages}});

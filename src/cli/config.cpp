@@ -327,7 +327,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   data.get("test_limit", c.test_limit);
   data.get("shuffle_buffer", c.shuffle_buffer);
   data.get("deterministic", c.deterministic);
-  data.get("cache", c.cache);
+  if (const toml::table* t = section(path, root, "data"); t && t->get("cache") && t->get("cache")->is_string()) {
+    data.get("cache", c.cache_path);
+    c.cache = true;
+  } else {
+    data.get("cache", c.cache);
+  }
   data.get("drop_remainder", c.drop_remainder);
   data.get_count_or_autotune("parallel_calls", c.parallel_calls);
   data.get_count_or_autotune("prefetch", c.prefetch);
@@ -496,6 +501,7 @@ data::PipelineSpec pipeline_spec(const Config& c) {
   spec.drop_remainder = c.drop_remainder;
   spec.prefetch = c.prefetch;
   spec.cache = c.cache;
+  spec.cache_path = c.cache_path;
   return spec;
 }
 

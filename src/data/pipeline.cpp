@@ -76,7 +76,7 @@ Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec) {
     return spec.prefetch != 0 ? b.prefetch(spec.prefetch) : b;
   }
   Dataset d = Dataset::from_tensor_slices({data.inputs, data.labels});
-  if (spec.cache) d = d.cache();
+  if (spec.cache) d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path);
   if (spec.shuffle_buffer != 0) {
     d = d.shuffle(spec.shuffle_buffer < 0 ? std::max<std::int64_t>(1, data.size()) : spec.shuffle_buffer,
                   spec.seed);

@@ -70,7 +70,8 @@ void ProgressCallback::on_epoch_end(Trainer&, const EpochLogs& e) {
   if (e.test_accuracy >= 0) {
     std::fprintf(out_, " test_loss %.4f test_acc %.4f", e.test_loss, e.test_accuracy);
   }
-  std::fprintf(out_, " %.0f samples/s %.1fs\n", e.samples_per_s, e.seconds);
+  std::fprintf(out_, " %.0f samples/s %.1fs input-bound %.1f%%\n", e.samples_per_s, e.seconds,
+               100.0 * e.input_bound);
   std::fflush(out_);
 }
 

@@ -99,15 +99,18 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     for (auto& cb : callbacks_) cb->on_epoch_begin(*this, state_.epoch);
     EpochLogs logs;
     logs.epoch = state_.epoch;
-    double loss_sum = 0.0, epoch_seconds = 0.0;
+    double loss_sum = 0.0, epoch_seconds = 0.0, wait_seconds = 0.0;
     std::int64_t correct = 0, seen = 0, batches = 0;
     bool epoch_done = false;
+    const auto epoch_start = Clock::now();
     data::Element batch;
     while (!stop_) {
       bool got = false;
       {
         trace::Span span("next batch", "load");
+        const auto w0 = Clock::now();
         got = it->next(batch);
+        wait_seconds += since(w0);
       }
       if (!got) {
         epoch_done = true;
@@ -140,6 +143,9 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     }
     result.train_seconds += epoch_seconds;
     result.train_samples += seen;
+    result.input_wait_seconds += wait_seconds;
+    const double epoch_wall = since(epoch_start);
+    logs.input_bound = epoch_wall > 0 ? wait_seconds / epoch_wall : 0.0;
     logs.train_loss = batches ? loss_sum / static_cast<double>(batches) : 0.0;
     logs.train_accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
     logs.samples_per_s = epoch_seconds > 0 ? static_cast<double>(seen) / epoch_seconds : 0.0;

@@ -3,7 +3,11 @@
 // 0, 1, 5 and the last element giving exactly the remaining elements.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <stdexcept>
 
@@ -295,6 +299,52 @@ TEST(Dataset, CacheServesLaterPassesWithoutTheInput) {
   EXPECT_EQ(all(d), scalars(iota(0, 5)));
   EXPECT_EQ(all(d), scalars(iota(0, 5)));
   EXPECT_EQ(calls, 5);
+}
+
+TEST(Dataset, FileCacheIsWrittenOnlyByACompletePass) {
+  const std::string path = (std::filesystem::temp_directory_path() / ("hpm-cache-" + std::to_string(::getpid()))).string();
+  std::filesystem::remove(path);
+  int calls = 0;
+  const Dataset d = Dataset::from_generator([&](std::int64_t i, Element& out) {
+                      if (i >= 6) return false;
+                      ++calls;
+                      out = {Tensor::scalar(static_cast<float>(i)), Tensor::from_i64(std::vector<std::int64_t>{i}, {1})};
+                      return true;
+                    })
+                        .cache(path);
+  {
+    // An interrupted first pass leaves no cache file behind.
+    auto it = d.make_iterator();
+    Element e;
+    ASSERT_TRUE(it->next(e));
+    ASSERT_TRUE(it->next(e));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  const Seq first = all(d);
+  EXPECT_TRUE(std::filesystem::exists(path));
+  const int calls_after_first = calls;
+  EXPECT_EQ(all(d), first);
+  EXPECT_EQ(calls, calls_after_first) << "the second pass must come from the file";
+  // Save and restore while reading the cache.
+  auto it = d.make_iterator();
+  Element e;
+  ASSERT_TRUE(it->next(e));
+  ASSERT_TRUE(it->next(e));
+  StateWriter w;
+  it->save(w);
+  auto restored = d.make_iterator();
+  StateReader r(w.bytes());
+  restored->restore(r);
+  EXPECT_EQ(drain(*restored), Seq(first.begin() + 2, first.end()));
+  // A corrupted cache file is reported, not trusted.
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  auto bad = d.make_iterator();
+  EXPECT_THROW(drain(*bad), DataError);
+  std::filesystem::remove(path);
 }
 
 TEST(Dataset, RestoringIntoADifferentPipelineFails) {

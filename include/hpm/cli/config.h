@@ -47,6 +47,7 @@ struct Config {
   bool deterministic = true;
   std::int64_t prefetch = 0;  // 0: none; data::kAutotune
   bool cache = false;
+  std::string cache_path;  // cache = "PATH": on disk
   bool drop_remainder = true;
 
   // [optimizer]

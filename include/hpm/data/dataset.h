@@ -147,6 +147,10 @@ class Dataset {
   Dataset shard(std::int64_t num_shards, std::int64_t index) const;
   Dataset enumerate(std::int64_t start = 0) const;  // prepends an I64 scalar index
   Dataset cache() const;                            // in memory, filled by the first pass
+  // On disk at `path`: the first complete pass writes `path.tmp.<pid>` and renames it into place
+  // only at its end, so a crash leaves nothing a later run trusts; later passes (and later runs)
+  // read the file, every record CRC-checked. A pass restored mid-way passes through uncached.
+  Dataset cache(const std::string& path) const;
   Dataset prefetch(std::int64_t buffer_size = kAutotune) const;
   Dataset ignore_errors() const;
 

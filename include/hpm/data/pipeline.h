@@ -29,7 +29,8 @@ struct PipelineSpec {
   std::int64_t batch_size = 64;
   bool drop_remainder = true;
   std::int64_t prefetch = kAutotune;  // 0: none
-  bool cache = false;                 // in memory, before shuffling
+  bool cache = false;                 // before shuffling: in memory, or in cache_path if set
+  std::string cache_path;
 };
 
 // Throws std::invalid_argument naming a bad op or setting.

@@ -44,6 +44,7 @@ struct EpochLogs {
   double train_loss = 0, train_accuracy = 0;
   double test_loss = -1, test_accuracy = -1;  // -1 when no evaluation data
   double samples_per_s = 0, seconds = 0, lr = 0;
+  double input_bound = 0;  // share of the epoch's wall time spent waiting for the next batch
 };
 
 struct BatchLogs {
@@ -63,6 +64,7 @@ struct FitResult {
   double train_seconds = 0;       // time inside training steps (no evaluation)
   double seconds = 0;             // wall time of fit
   std::size_t step_peak_bytes = 0;  // max Device bytes a training step added over its start
+  double input_wait_seconds = 0;    // waiting for batches from the input pipeline
   std::string last_checkpoint;
   double samples_per_s() const { return train_seconds > 0 ? train_samples / train_seconds : 0; }
 };
