@@ -30,6 +30,14 @@ struct JpegError {
   char message[JMSG_LENGTH_MAX];
 };
 
+// libjpeg prints warnings (e.g. "Premature end of JPEG file") to stderr and goes on with made-up
+// pixels; here a warning is kept and turned into an error after decoding, so a corrupt record is
+// reported rather than trained on.
+void jpeg_quiet(j_common_ptr cinfo) {
+  auto* err = reinterpret_cast<JpegError*>(cinfo->err);
+  if (err->message[0] == '\0') (*cinfo->err->format_message)(cinfo, err->message);
+}
+
 void jpeg_fail(j_common_ptr cinfo) {
   auto* err = reinterpret_cast<JpegError*>(cinfo->err);
   (*cinfo->err->format_message)(cinfo, err->message);
@@ -63,6 +71,7 @@ Tensor decode_jpeg(std::string_view bytes) {
   JpegError err{};
   cinfo.err = jpeg_std_error(&err.mgr);
   err.mgr.error_exit = jpeg_fail;
+  err.mgr.output_message = jpeg_quiet;
   std::vector<unsigned char> px;
   std::int64_t h = 0, w = 0, c = 0;
   // libjpeg reports errors by longjmp: nothing with a destructor may live between here and there.
@@ -84,7 +93,9 @@ Tensor decode_jpeg(std::string_view bytes) {
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
   jpeg_finish_decompress(&cinfo);
+  const long warnings = cinfo.err->num_warnings;
   jpeg_destroy_decompress(&cinfo);
+  if (warnings > 0) throw DataError("decode_jpeg", std::string("corrupt or truncated JPEG: ") + err.message);
   return planar(px.data(), h, w, c);
 }
 

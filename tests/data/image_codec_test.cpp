@@ -75,8 +75,9 @@ TEST(ImageCodec, CorruptDataIsADataError) {
   png.resize(png.size() / 2);
   EXPECT_THROW(decode_png(png), DataError);
   std::string jpeg = encode_jpeg(gradient_image(1, 8, 8), 90);
-  jpeg.resize(20);
-  EXPECT_THROW(decode_jpeg(jpeg), DataError);
+  EXPECT_THROW(decode_jpeg(jpeg.substr(0, 20)), DataError);
+  // Cut inside the entropy-coded data: libjpeg only warns; hpm reports it.
+  EXPECT_THROW(decode_jpeg(jpeg.substr(0, jpeg.size() - 40)), DataError);
   EXPECT_THROW(decode_image("GIF89a...."), DataError);
 }
 
