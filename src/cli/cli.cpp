@@ -62,6 +62,25 @@ data::LabelledData limit(data::LabelledData d, std::int64_t n) {
   return d;
 }
 
+// The training pipeline and the evaluation set the [data] section describes.
+data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples) {
+  if (cfg.source == "tfrecord") {
+    *examples = -1;
+    return data::build_tfrecord_pipeline(cfg.files, io::compression_from_name(cfg.compression), pipeline_spec(cfg));
+  }
+  const data::LabelledData train = limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
+  *examples = train.size();
+  return data::build_pipeline(train, pipeline_spec(cfg));
+}
+
+data::LabelledData test_set(const Config& cfg) {
+  if (cfg.source == "tfrecord") {
+    return limit(data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression)),
+                 cfg.test_limit);
+  }
+  return limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
+}
+
 void write_report(const std::string& path, const nlohmann::json& j) {
   if (path.empty()) return;
   io::write_file_atomic(path, j.dump(2) + "\n");
@@ -73,15 +92,15 @@ int run_train(const Common& c, const std::string& resume) {
   auto model = build_model(cfg);
   auto optimizer = build_optimizer(cfg, *model);
   auto schedule = build_schedule(cfg);
-  const data::LabelledData train = limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
-  const data::LabelledData test = limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
+  std::int64_t train_examples = 0;
+  const data::Dataset pipeline = training_pipeline(cfg, &train_examples);
+  const data::LabelledData test = test_set(cfg);
 
   train::Trainer trainer(model, optimizer, schedule);
   const bool tty = isatty(fileno(stdout)) != 0;
   trainer.add_callback(std::make_shared<train::ProgressCallback>(stdout, tty, cfg.epochs));
   if (!cfg.metrics_csv.empty()) trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
 
-  const data::Dataset pipeline = data::build_pipeline(train, pipeline_spec(cfg));
   train::FitOptions fo;
   fo.epochs = cfg.epochs;
   fo.seed = cfg.seed;
@@ -94,7 +113,7 @@ int run_train(const Common& c, const std::string& resume) {
 
   std::printf("hpm train %s: %lld parameters, %lld training / %lld test examples, batch %lld, %d thread(s)\n",
               cfg.path.c_str(), static_cast<long long>(model->num_parameters()),
-              static_cast<long long>(train.size()), static_cast<long long>(test.size()),
+              static_cast<long long>(train_examples), static_cast<long long>(test.size()),
               static_cast<long long>(cfg.batch_size), cfg.threads);
   train::FitResult r;
   try {
@@ -143,7 +162,7 @@ int run_evaluate(const Common& c, const std::string& checkpoint) {
   auto model = build_model(cfg);
   train::load_checkpoint(checkpoint, *model, nullptr);
   auto optimizer = build_optimizer(cfg, *model);
-  const data::LabelledData test = limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
+  const data::LabelledData test = test_set(cfg);
   train::Trainer trainer(model, optimizer);
   const train::EvalResult ev = trainer.evaluate(test);
   std::printf("test accuracy %.4f, test loss %.4f on %lld examples\n", ev.accuracy, ev.loss,
@@ -155,8 +174,8 @@ int run_evaluate(const Common& c, const std::string& checkpoint) {
 
 int run_data_bench(const Common& c, std::int64_t epochs) {
   Config cfg = configure(c);
-  const data::LabelledData train = limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
-  const data::Dataset pipeline = data::build_pipeline(train, pipeline_spec(cfg));
+  std::int64_t train_examples = 0;
+  const data::Dataset pipeline = training_pipeline(cfg, &train_examples);
   std::int64_t elements = 0, batches = 0;
   double seconds = 0;
   std::vector<data::StageStats> stats;

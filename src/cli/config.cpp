@@ -5,6 +5,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "hpm/io/tfrecord.h"
 #include "hpm/nn/layers.h"
 
 namespace hpm::cli {
@@ -321,6 +322,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   TableReader data(path, "[data]", section(path, root, "data"));
   data.get("dir", c.data_dir);
   data.get("dataset", c.dataset);
+  data.get("source", c.source);
+  data.get("files", c.files);
+  data.get("test_files", c.test_files);
+  data.get("compression", c.compression);
   data.get_positive("batch_size", c.batch_size);
   data.get("shuffle", c.shuffle);
   data.get("train_limit", c.train_limit);
@@ -341,6 +346,17 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     c.augment = parse_augment(path, *t->get("augment"));
   }
   data.finish();
+  if (c.source != "idx" && c.source != "tfrecord") {
+    throw ConfigError(path + ": [data] source must be \"idx\" or \"tfrecord\", got \"" + c.source + "\"");
+  }
+  if (c.source == "tfrecord" && (c.files.empty() || c.test_files.empty())) {
+    throw ConfigError(path + ": [data] source = \"tfrecord\" needs files and test_files (glob patterns)");
+  }
+  try {
+    io::compression_from_name(c.compression);
+  } catch (const std::exception& e) {
+    throw ConfigError(path + ": [data] compression: " + e.what());
+  }
   if (c.dataset != "fashion-mnist" && c.dataset != "mnist") {
     throw ConfigError(path + ": [data] dataset '" + c.dataset +
                       "' is not supported (fashion-mnist or mnist, IDX files in dir)");

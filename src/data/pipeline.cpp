@@ -2,7 +2,11 @@
 
 #include <stdexcept>
 
+#include "hpm/data/file_sources.h"
 #include "hpm/data/image.h"
+#include "hpm/data/image_codec.h"
+
+#include <cmath>
 
 namespace hpm::data {
 
@@ -49,8 +53,9 @@ Element augment_batch(Element e, const std::vector<AugmentOp>& ops) {
   return {out, e[1]};
 }
 
-Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec) {
-  for (const AugmentOp& op : spec.augment) {
+namespace {
+void check_augment(const std::vector<AugmentOp>& augment) {
+  for (const AugmentOp& op : augment) {
     if (op.op != "random_crop" && op.op != "random_flip" && op.op != "normalize" && op.op != "resize") {
       throw std::invalid_argument("unknown augmentation op '" + op.op +
                                   "' (known: random_crop, random_flip, normalize, resize)");
@@ -62,6 +67,74 @@ Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec) {
       throw std::invalid_argument("normalize needs mean and std");
     }
   }
+}
+}  // namespace
+
+Element decode_image_example(Element record) {
+  const io::Example ex = io::decode_example(tensor_bytes(record.at(0)), "example");
+  const auto image = ex.find("image");
+  const auto label = ex.find("label");
+  if (image == ex.end() || image->second.kind != io::Feature::Bytes || image->second.bytes.size() != 1 ||
+      label == ex.end() || label->second.kind != io::Feature::Int64 || label->second.ints.size() != 1) {
+    throw DataError("decode_image_example", "expected features image (one bytes value) and label (one int64)");
+  }
+  const std::string& bytes = image->second.bytes[0];
+  Tensor pixels;
+  const bool encoded = bytes.size() >= 4 && (bytes.compare(0, 4, "\x89PNG") == 0 ||
+                                             (static_cast<unsigned char>(bytes[0]) == 0xff &&
+                                              static_cast<unsigned char>(bytes[1]) == 0xd8));
+  if (encoded) {
+    pixels = decode_image(bytes);
+  } else {
+    const auto side = static_cast<std::int64_t>(std::lround(std::sqrt(static_cast<double>(bytes.size()))));
+    if (side * side != static_cast<std::int64_t>(bytes.size())) {
+      throw DataError("decode_image_example", "raw image of " + std::to_string(bytes.size()) +
+                                                  " bytes is not a square grey image");
+    }
+    pixels = Tensor::empty({1, side, side});
+    float* d = pixels.data<float>();
+    for (std::size_t i = 0; i < bytes.size(); ++i) d[i] = static_cast<unsigned char>(bytes[i]) / 255.0f;
+  }
+  return {pixels, Tensor::from_i64(std::vector<std::int64_t>{label->second.ints[0]}, Shape{})};
+}
+
+Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression, const PipelineSpec& spec) {
+  check_augment(spec.augment);
+  Dataset d = list_files(files, spec.shuffle_buffer != 0, spec.seed)
+                  .interleave([compression](const Element& path) { return tfrecord_from_path(path, compression); },
+                              4, 1, kAutotune)
+                  .map(decode_image_example, MapOptions{spec.parallel_calls, spec.deterministic});
+  if (spec.cache) d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path);
+  if (spec.shuffle_buffer != 0) d = d.shuffle(spec.shuffle_buffer < 0 ? 10000 : spec.shuffle_buffer, spec.seed);
+  if (!spec.augment.empty()) {
+    const std::vector<AugmentOp> ops = spec.augment;
+    d = Dataset::zip({d, Dataset::random(spec.seed)})
+            .map([ops](Element e) { return augment_element(std::move(e), ops); },
+                 MapOptions{spec.parallel_calls, spec.deterministic});
+  }
+  d = d.batch(spec.batch_size, spec.drop_remainder);
+  return spec.prefetch != 0 ? d.prefetch(spec.prefetch) : d;
+}
+
+LabelledData load_tfrecord_examples(const std::string& files, io::Compression compression) {
+  PipelineSpec spec;
+  spec.shuffle_buffer = 0;
+  spec.batch_size = 1 << 30;  // one batch holding everything
+  spec.drop_remainder = false;
+  spec.prefetch = 0;
+  spec.parallel_calls = 1;
+  auto it = build_tfrecord_pipeline(files, compression, spec).make_iterator();
+  Element all;
+  LabelledData d;
+  if (it->next(all)) {
+    d.inputs = all[0];
+    d.labels = all[1];
+  }
+  return d;
+}
+
+Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec) {
+  check_augment(spec.augment);
   if (!spec.cache && (spec.shuffle_buffer == -1 || spec.shuffle_buffer == 0)) {
     // A full shuffle: gather whole batches, then augment batch by batch, so the sequential part of
     // the pipeline is one gather per batch and threads meet once per batch.

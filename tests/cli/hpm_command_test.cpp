@@ -176,6 +176,13 @@ TEST(HpmCommand, DataConvertThenInspect) {
   ASSERT_EQ(png.code, 0) << png.output;
   Result pi = run("data inspect " + dir / "png/t10k-00000-of-00001.tfrecord");
   EXPECT_NE(pi.output.find(": 10 records"), std::string::npos) << pi.output;
+  // Train from the converted files: the same data through list_files, interleave and parse.
+  Result t = run("train " + mlp_config(dir, dir.path()) + " --set train.epochs=1 --set data.source=tfrecord" +
+                 " --set data.compression=gzip --set data.files=" + dir / "tfr/train-*" +
+                 " --set data.test_files=" + dir / "tfr/t10k-*" + " --report " + dir / "tfr.json");
+  ASSERT_EQ(t.code, 0) << t.output;
+  auto j = nlohmann::json::parse(std::ifstream(dir / "tfr.json"));
+  EXPECT_EQ(j["steps"].get<int>(), 30 / 16);
   Result bad = run("data inspect " + dir / "tfr/train-00001-of-00003.tfrecord.gz");
   EXPECT_EQ(bad.code, 1) << "a gzip file read as uncompressed must fail: " << bad.output;
 }

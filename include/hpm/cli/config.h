@@ -37,6 +37,8 @@ struct Config {
   // [data]
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string dataset = "fashion-mnist";
+  std::string source = "idx";  // idx (dir's IDX files) | tfrecord (files, test_files)
+  std::string files, test_files, compression = "none";
   std::int64_t batch_size = 64;
   bool shuffle = true;
   std::int64_t train_limit = 0;  // use only the first N training examples (0 = all)

@@ -10,6 +10,7 @@
 
 #include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
+#include "hpm/io/tfrecord.h"
 
 namespace hpm::data {
 
@@ -35,6 +36,16 @@ struct PipelineSpec {
 
 // Throws std::invalid_argument naming a bad op or setting.
 Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec);
+
+// The same over TFRecord files of tf.train.Example {image: raw square grey bytes or PNG/JPEG,
+// label: int64} (what `hpm data convert` writes): list_files -> interleave (parallel reads) ->
+// map(decode) -> [cache] -> shuffle (a full shuffle becomes a 10k buffer) -> augment -> batch ->
+// [prefetch].
+Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression, const PipelineSpec& spec);
+// Every example of the matching files, in file order, as an in-memory set (for evaluation).
+LabelledData load_tfrecord_examples(const std::string& files, io::Compression compression);
+// (record bytes) -> (image (C,H,W) F32 in [0,1], label I64 scalar).
+Element decode_image_example(Element record);
 
 // The augmentation of one (image, label, seed) element, as the per-element pipeline applies it.
 Element augment_element(Element e, const std::vector<AugmentOp>& ops);
