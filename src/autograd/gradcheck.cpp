@@ -43,7 +43,7 @@ const std::vector<std::string>& op_names() {
       "Neg",       "Exp",       "Log",        "Sqrt",         "Square",       "Relu",
       "Tanh",      "Sigmoid",   "Gelu",       "Sum",          "SumDim",       "Reshape",
       "Transpose", "Permute",   "MatMul",     "Linear",       "Conv2d",       "MaxPool2d",
-      "AvgPool2d", "BatchNorm", "LayerNorm",  "Embedding",    "Softmax",      "LogSoftmax",
+      "AvgPool2d", "BatchNorm", "Conv2dRelu", "LayerNorm",  "Embedding",    "Softmax",      "LogSoftmax",
       "CrossEntropy", "NllLoss", "KlDiv"};
   return names;
 }

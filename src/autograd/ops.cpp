@@ -176,6 +176,17 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const kernels::Conv2dParams& p) {
   Tensor y = kernels::conv2d_forward(x, weight, bias, p);
+  if (p.relu) {
+    // relu(conv(x)): the gradient passes where the output is positive, then through the conv.
+    Tensor yd = y.detach();
+    return record("Conv2dRelu", {x, weight, bias}, y, [x, weight, p, yd](const Tensor& g, const Needs& n) {
+      const Tensor gr = kernels::unary_backward(UnaryOp::Relu, g, Tensor(), yd);
+      Tensor gx, gw, gb;
+      kernels::conv2d_backward(gr, x, weight, p, n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                               n[2] ? &gb : nullptr);
+      return Tensors{gx, gw, gb};
+    });
+  }
   return record("Conv2d", {x, weight, bias}, y, [x, weight, p](const Tensor& g, const Needs& n) {
     Tensor gx, gw, gb;
     kernels::conv2d_backward(g, x, weight, p, n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,

@@ -61,6 +61,12 @@ Tensor Conv2d::forward(const Tensor& x) {
   return conv2d(x, weight, bias, p);
 }
 
+Tensor Conv2d::forward_relu(const Tensor& x) {
+  if (x.dim() != 4 || x.size(1) != o_.in_channels) return relu(forward(x));  // forward reports it
+  kernels::Conv2dParams p{o_.stride, o_.stride, o_.padding, o_.padding, true};
+  return conv2d(x, weight, bias, p);
+}
+
 std::string Conv2d::extra_repr() const {
   std::ostringstream os;
   os << o_.in_channels << ", " << o_.out_channels << ", kernel_size=" << o_.kernel_size

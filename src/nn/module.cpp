@@ -1,5 +1,7 @@
 #include "hpm/nn/module.h"
 
+#include "hpm/nn/layers.h"
+
 #include <map>
 #include <sstream>
 #include <stdexcept>
@@ -123,7 +125,19 @@ std::shared_ptr<Sequential> Sequential::slice(std::size_t begin, std::size_t end
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  for (const auto& [name, layer] : children()) h = layer->forward(h);
+  const auto& layers = children();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    // Conv2d then ReLU runs as one fused op (identical results, one pass less over the output).
+    if (i + 1 < layers.size()) {
+      auto* conv = dynamic_cast<Conv2d*>(layers[i].second.get());
+      if (conv != nullptr && dynamic_cast<ReLU*>(layers[i + 1].second.get()) != nullptr) {
+        h = conv->forward_relu(h);
+        ++i;
+        continue;
+      }
+    }
+    h = layers[i].second->forward(h);
+  }
   return h;
 }
 

@@ -3,6 +3,9 @@
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/autograd/node.h"
 #include "hpm/autograd/ops.h"
+#include "hpm/tensor/random.h"
+
+#include <cmath>
 
 namespace hpm {
 namespace {
@@ -63,6 +66,32 @@ TEST(Engine, PostAccumulateHookFires) {
   });
   sum(mul(w, 2.0f)).backward();
   EXPECT_EQ(calls, 1);
+}
+
+TEST(Engine, FusedConvReluMatchesTheComposition) {
+  Generator gen(3);
+  Tensor x = Tensor::randn({2, 3, 7, 6}, gen), w = Tensor::randn({4, 3, 3, 3}, gen), b = Tensor::randn({4}, gen);
+  Tensor g = Tensor::randn({2, 4, 7, 6}, gen);
+  kernels::Conv2dParams p{1, 1, 1, 1};
+  auto run = [&](bool fused, std::vector<Tensor>& grads) {
+    Tensor xi = x.clone(), wi = w.clone(), bi = b.clone();
+    for (Tensor* t : {&xi, &wi, &bi}) t->set_requires_grad(true);
+    kernels::Conv2dParams q = p;
+    q.relu = fused;
+    Tensor y = fused ? conv2d(xi, wi, bi, q) : relu(conv2d(xi, wi, bi, q));
+    y.backward(g);
+    grads = {xi.grad(), wi.grad(), bi.grad()};
+    return y;
+  };
+  std::vector<Tensor> ga, gb;
+  const Tensor ya = run(true, ga), yb = run(false, gb);
+  const auto close = [](const Tensor& a, const Tensor& b) {
+    for (std::int64_t i = 0; i < a.numel(); ++i)
+      if (std::fabs(a.data<float>()[i] - b.data<float>()[i]) > 1e-4f * (1.0f + std::fabs(b.data<float>()[i]))) return false;
+    return true;
+  };
+  EXPECT_TRUE(close(ya, yb));
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(close(ga[static_cast<std::size_t>(i)], gb[static_cast<std::size_t>(i)])) << i;
 }
 
 TEST(Engine, DiamondGraph) {

@@ -102,6 +102,14 @@ void check_Convolution() {
   }
   EXPECT_GRADCHECK([same](const In& x) { return conv2d(x[0], x[1], Tensor(), same); },
                    param({1, 2, 4, 4}), param({3, 2, 1, 1}));
+  // With the fused ReLU. A bias shifting half the channels far below zero keeps every output
+  // away from the kink, so both sides of the ReLU are exercised without crossing it.
+  kernels::Conv2dParams fused = same;
+  fused.relu = true;
+  Tensor shift = Tensor::from({3.0f, -30.0f, 3.0f}, {3});
+  shift.set_requires_grad(true);
+  EXPECT_GRADCHECK([fused](const In& x) { return conv2d(x[0], x[1], x[2], fused); }, param({1, 2, 5, 5}, 0.0f, 0.5f),
+                   param({3, 2, 3, 3}, 0.0f, 0.5f), shift);
 }
 
 void check_Pooling() {

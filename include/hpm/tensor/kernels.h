@@ -71,6 +71,9 @@ Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices);
 // ---- convolution ------------------------------------------------------------------------------
 struct Conv2dParams {
   int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  // Forward only: apply ReLU to the output in the same pass (oneDNN post-op), saving the separate
+  // ReLU's read and write of the whole activation. Backward kernels ignore it.
+  bool relu = false;
 };
 // x(N,C,H,W), w(OC,C,KH,KW), bias(OC) or undefined -> (N,OC,OH,OW)
 // Runs oneDNN's convolution primitives, falling back to im2col + GEMM for shapes oneDNN rejects;

@@ -144,8 +144,13 @@ Tensor conv2d_forward_im2col(const Tensor& x, const Tensor& w, const Tensor& bia
         const float* s = pt + (o * b + n) * P;
         float* d = py + r * P;
         const float bv = pb ? pb[o] : 0.0f;
+        if (p.relu) {
 #pragma omp simd
-        for (std::int64_t k = 0; k < P; ++k) d[k] = s[k] + bv;
+          for (std::int64_t k = 0; k < P; ++k) d[k] = std::max(s[k] + bv, 0.0f);
+        } else {
+#pragma omp simd
+          for (std::int64_t k = 0; k < P; ++k) d[k] = s[k] + bv;
+        }
       }
     });
   }

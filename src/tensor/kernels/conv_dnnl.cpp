@@ -55,7 +55,7 @@ dnnl::stream& thread_stream() {
 struct Key {
   std::int64_t n, c, h, w, oc, kh, kw;
   int stride_h, stride_w, pad_h, pad_w;
-  int part;  // 0 forward; else 1 | 2 (grad_x) | 4 (grad_w) | 8 (grad_bias with grad_w)
+  int part;  // 0 forward, 16 forward + ReLU; else 1 | 2 (grad_x) | 4 (grad_w) | 8 (grad_bias with grad_w)
   bool bias;
   int threads;
   auto operator<=>(const Key&) const = default;
@@ -187,7 +187,13 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Key& k, bool bias) {
       dnnl::prop_kind::forward_training, kAlgorithm, any(d.src), any(d.wei),
       bias ? memory::desc(d.bias, kF32, Tag::x) : memory::desc(), any(d.dst), d.strides, d.pad_l,
       d.pad_r);
-  return dnnl::convolution_forward::primitive_desc(desc, user_scratchpad(), cpu_engine());
+  dnnl::primitive_attr attr = user_scratchpad();
+  if (k.part == 16) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, dnnl::algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
+  return dnnl::convolution_forward::primitive_desc(desc, attr, cpu_engine());
 }
 
 std::shared_ptr<const ForwardPlan> create_forward(const Key& k) {
@@ -332,7 +338,7 @@ Tensor workspace(std::size_t bytes, Device& device) {
 
 Tensor conv2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p) {
-  const Key k = make_key(x, w, p, 0, bias.defined());
+  const Key k = make_key(x, w, p, p.relu ? 16 : 0, bias.defined());
   if (bias.defined()) check_shape(bias, Shape{k.oc}, "conv2d bias");
   const auto plan = forward_cache().get(k, create_forward);
   Tensor y = Tensor::empty({k.n, k.oc, out_h(k), out_w(k)}, DType::F32, x.device());
