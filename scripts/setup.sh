@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libdnnl-dev            # GEMM and convolution kernels (oneDNN, OpenMP runtime)
+  ocl-icd-opencl-dev opencl-c-headers  # Debian's dnnl-config.cmake insists on finding OpenCL
+  libgloo-dev            # collectives across processes and hosts (comm layer's gloo backend)
   libtomlplusplus-dev    # config files
   libcli11-dev           # command line
   nlohmann-json3-dev     # reports, safetensors headers

@@ -1,0 +1,76 @@
+#include "hpm/comm/communicator.h"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace hpm::comm {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAverage:
+      return "average";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "?";
+}
+
+const char* algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kDirect:
+      return "direct";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kRecursiveDoubling:
+      return "recursive_doubling";
+  }
+  return "?";
+}
+
+Algorithm algorithm_from_name(const std::string& name) {
+  if (name == "auto") return Algorithm::kAuto;
+  if (name == "direct") return Algorithm::kDirect;
+  if (name == "ring") return Algorithm::kRing;
+  if (name == "recursive_doubling" || name == "halving_doubling")
+    return Algorithm::kRecursiveDoubling;
+  throw std::invalid_argument("unknown all-reduce algorithm '" + name +
+                              "' (expected auto, direct, ring or recursive_doubling)");
+}
+
+void Work::wait(Milliseconds timeout) {
+  timeout = std::min(timeout, limit_);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (timeout == Milliseconds::max()) {
+    cv_.wait(lock, [&] { return done_; });
+  } else if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+    throw CommError(what_ + ": not complete after " + std::to_string(timeout.count()) + " ms");
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+bool Work::completed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Work::finish(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+void Communicator::check_buffer(const Tensor& t, const char* what) {
+  if (!t.defined()) throw std::invalid_argument(std::string(what) + ": undefined tensor");
+  if (t.dtype() != DType::F32) {
+    throw std::invalid_argument(std::string(what) + ": only float32 tensors are supported");
+  }
+}
+
+}  // namespace hpm::comm

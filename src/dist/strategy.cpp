@@ -1,0 +1,2 @@
+// Strategies: see include/hpm/dist/strategy.h (in progress).
+namespace hpm::dist {}

@@ -1,0 +1,277 @@
+// The local backend against closed forms: every collective, every all-reduce algorithm, group
+// sizes 1-5 (powers of two and not), message sizes around the ring's sub-chunk; bitwise agreement
+// across ranks and runs; and every documented failure (timeout, a rank that left, mismatched
+// calls, a recv that never matches).
+#include "hpm/comm/local.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "hpm/tensor/random.h"
+
+namespace hpm::comm {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Runs fn(rank) on one thread per rank and joins them.
+template <typename Fn>
+void on_ranks(int size, Fn fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) threads.emplace_back([&, r] { fn(r); });
+  for (auto& t : threads) t.join();
+}
+
+// Rank r holds r + 1 + i/1000 at element i: sums, averages and maxima have closed forms.
+Tensor contribution(int rank, std::int64_t n) {
+  Tensor t = Tensor::empty({n});
+  float* p = t.data<float>();
+  for (std::int64_t i = 0; i < n; ++i)
+    p[i] = static_cast<float>(rank + 1) + static_cast<float>(i % 1000) / 1000.0f;
+  return t;
+}
+
+struct Case {
+  int size;
+  Algorithm algorithm;
+  std::int64_t n;
+};
+
+class AllreduceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AllreduceTest, MatchesClosedFormAndAgreesBitwise) {
+  const Case c = GetParam();
+  auto comms = make_local_group(c.size, 10s);
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+    std::vector<Tensor> results(c.size);
+    on_ranks(c.size, [&](int r) {
+      comms[r]->set_algorithm(c.algorithm);
+      results[r] = contribution(r, c.n);
+      comms[r]->allreduce(results[r], op)->wait();
+    });
+    const float n_ranks = static_cast<float>(c.size);
+    for (std::int64_t i = 0; i < c.n; ++i) {
+      const float frac = static_cast<float>(i % 1000) / 1000.0f;
+      float expected = 0;
+      if (op == ReduceOp::kMax)
+        expected = n_ranks + frac;
+      else
+        expected = n_ranks * (n_ranks + 1) / 2 + n_ranks * frac;
+      if (op == ReduceOp::kAverage) expected /= n_ranks;
+      ASSERT_NEAR(results[0].data<float>()[i], expected, 1e-5f * std::abs(expected))
+          << reduce_op_name(op) << " element " << i;
+    }
+    for (int r = 1; r < c.size; ++r) {
+      ASSERT_EQ(
+          0, std::memcmp(results[0].data<float>(), results[r].data<float>(), results[r].nbytes()))
+          << "rank " << r << " differs from rank 0 (" << reduce_op_name(op) << ")";
+    }
+  }
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (int size : {1, 2, 3, 4, 5}) {
+    for (Algorithm a :
+         {Algorithm::kDirect, Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kAuto}) {
+      for (std::int64_t n : {1, 7, 1000, 200003}) out.push_back({size, a, n});
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Local, AllreduceTest, ::testing::ValuesIn(cases()), [](const auto& info) {
+  return "size" + std::to_string(info.param.size) + "_" + algorithm_name(info.param.algorithm) +
+         "_n" + std::to_string(info.param.n);
+});
+
+TEST(LocalAllreduce, BitIdenticalFromRunToRun) {
+  for (Algorithm a : {Algorithm::kDirect, Algorithm::kRing, Algorithm::kRecursiveDoubling}) {
+    std::vector<std::vector<float>> runs;
+    for (int run = 0; run < 2; ++run) {
+      auto comms = make_local_group(3, 10s);
+      std::vector<Tensor> data(3);
+      on_ranks(3, [&](int r) {
+        Generator gen(100 + static_cast<std::uint64_t>(r));
+        data[r] = Tensor::randn({70001}, gen);
+        comms[r]->set_algorithm(a);
+        comms[r]->allreduce(data[r], ReduceOp::kAverage)->wait();
+      });
+      runs.push_back(data[1].to_vector());
+    }
+    EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)))
+        << algorithm_name(a);
+  }
+}
+
+TEST(LocalAllreduce, QueuedCollectivesRunInIssueOrder) {
+  auto comms = make_local_group(2, 10s);
+  std::vector<std::vector<Tensor>> data(2);
+  on_ranks(2, [&](int r) {
+    std::vector<WorkPtr> works;
+    for (int k = 0; k < 20; ++k) {
+      data[r].push_back(Tensor::full({100 + k}, static_cast<float>(k * (r + 1))));
+      works.push_back(comms[r]->allreduce(data[r].back()));
+    }
+    for (auto& w : works) w->wait();
+  });
+  for (int k = 0; k < 20; ++k) EXPECT_FLOAT_EQ(data[0][k].data<float>()[99], 3.0f * k);
+}
+
+TEST(LocalCollectives, ReduceScatterAllgatherBroadcastBarrier) {
+  for (int size : {1, 2, 3, 4}) {
+    auto comms = make_local_group(size, 10s);
+    const std::int64_t block = 1001;
+    std::vector<Tensor> scattered(size), gathered(size), bcast(size);
+    on_ranks(size, [&](int r) {
+      Tensor in = contribution(r, block * size);
+      scattered[r] = Tensor::empty({block});
+      comms[r]->reduce_scatter(in, scattered[r], ReduceOp::kSum)->wait();
+      gathered[r] = Tensor::empty({block * size});
+      comms[r]->allgather(Tensor::full({block}, static_cast<float>(r)), gathered[r])->wait();
+      bcast[r] = Tensor::full({33}, static_cast<float>(r + 10));
+      comms[r]->broadcast(bcast[r], size - 1)->wait();
+      comms[r]->barrier()->wait();
+    });
+    const float s = static_cast<float>(size);
+    for (int r = 0; r < size; ++r) {
+      for (std::int64_t i = 0; i < block; ++i) {
+        const std::int64_t g = r * block + i;
+        ASSERT_NEAR(scattered[r].data<float>()[i],
+                    s * (s + 1) / 2 + s * static_cast<float>(g % 1000) / 1000.0f, 1e-4f);
+      }
+      for (int j = 0; j < size; ++j)
+        ASSERT_EQ(gathered[r].data<float>()[j * block + 5], static_cast<float>(j));
+      ASSERT_EQ(bcast[r].data<float>()[32], s - 1 + 10);
+    }
+  }
+}
+
+TEST(LocalPointToPoint, TagsMatchInOrderWhicheverSideComesFirst) {
+  auto comms = make_local_group(2, 5s);
+  on_ranks(2, [&](int r) {
+    if (r == 0) {
+      comms[0]->send(Tensor::full({4}, 1.0f), 1, 7)->wait();
+      comms[0]->send(Tensor::full({4}, 2.0f), 1, 8)->wait();
+      comms[0]->send(Tensor::full({4}, 3.0f), 1, 7)->wait();
+      Tensor back = Tensor::empty({2});
+      comms[0]->recv(back, 1, 0)->wait();
+      EXPECT_EQ(back.data<float>()[1], 42.0f);
+    } else {
+      Tensor a = Tensor::empty({4}), b = Tensor::empty({4}), c = Tensor::empty({4});
+      auto wb = comms[1]->recv(b, 0, 8);
+      auto wa = comms[1]->recv(a, 0, 7);
+      auto wc = comms[1]->recv(c, 0, 7);
+      wa->wait();
+      wb->wait();
+      wc->wait();
+      EXPECT_EQ(a.data<float>()[0], 1.0f);
+      EXPECT_EQ(b.data<float>()[0], 2.0f);
+      EXPECT_EQ(c.data<float>()[0], 3.0f);
+      comms[1]->send(Tensor::full({2}, 42.0f), 0, 0);
+    }
+  });
+}
+
+TEST(LocalPointToPoint, SizeMismatchAndMissingMessageAreErrors) {
+  auto comms = make_local_group(2, 300ms);
+  comms[0]->send(Tensor::full({4}, 1.0f), 1, 0);
+  Tensor small = Tensor::empty({3});
+  try {
+    comms[1]->recv(small, 0, 0)->wait();
+    FAIL() << "expected a size mismatch";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 3 floats, the message has 4"), std::string::npos)
+        << e.what();
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    comms[1]->recv(small, 0, 5)->wait();
+    FAIL() << "expected a timeout";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("recv of 3 floats from rank 0 tag 5"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
+TEST(LocalFailures, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
+  auto comms = make_local_group(3, 400ms);
+  std::vector<std::string> errors(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  on_ranks(2, [&](int r) {  // rank 2 never calls
+    try {
+      comms[r]->allreduce(Tensor::full({1 << 16}, 1.0f))->wait();
+    } catch (const CommError& e) {
+      errors[r] = e.what();
+    }
+  });
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("rank(s) 2 did not arrive within"), std::string::npos) << errors[r];
+  }
+  // The group stays failed: a later collective fails at once with the same reason.
+  try {
+    comms[2]->barrier()->wait();
+    FAIL() << "expected the failed group to refuse";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank(s) 2 did not arrive"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(LocalFailures, ARankThatLeavesIsNamed) {
+  auto comms = make_local_group(2, 20s);
+  Tensor data = Tensor::full({1000}, 1.0f);
+  auto work = comms[0]->allreduce(data);
+  std::this_thread::sleep_for(50ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  comms[1].reset();  // rank 1's communicator is destroyed: the rank is gone
+  try {
+    work->wait();
+    FAIL() << "expected an error";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 has left the group"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+}
+
+TEST(LocalFailures, MismatchedCollectivesNameBothCalls) {
+  auto comms = make_local_group(2, 5s);
+  std::vector<std::string> errors(2);
+  on_ranks(2, [&](int r) {
+    try {
+      if (r == 0)
+        comms[0]->allreduce(Tensor::full({10}, 1.0f))->wait();
+      else
+        comms[1]->broadcast(Tensor::full({12}, 1.0f), 0)->wait();
+    } catch (const CommError& e) {
+      errors[r] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("mismatched collectives: rank 0 called allreduce of 10 floats (sum"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("rank 1 called broadcast of 12 floats from root 0"), std::string::npos) << e;
+  }
+}
+
+TEST(LocalCollectives, BadArgumentsAreRejectedOnTheCallersThread) {
+  auto comms = make_local_group(2, 1s);
+  EXPECT_THROW(comms[0]->allreduce(Tensor()), std::invalid_argument);
+  EXPECT_THROW(comms[0]->allreduce(Tensor::zeros({3}, DType::I64)), std::invalid_argument);
+  EXPECT_THROW(comms[0]->broadcast(Tensor::zeros({3}), 2), std::invalid_argument);
+  EXPECT_THROW(comms[0]->reduce_scatter(Tensor::zeros({5}), Tensor::zeros({2})),
+               std::invalid_argument);
+  EXPECT_THROW(comms[0]->send(Tensor::zeros({5}), -1, 0), std::invalid_argument);
+  EXPECT_THROW(algorithm_from_name("butterfly"), std::invalid_argument);
+  EXPECT_EQ(algorithm_from_name("ring"), Algorithm::kRing);
+}
+
+}  // namespace
+}  // namespace hpm::comm
