@@ -1,2 +1,456 @@
-// Strategies: see include/hpm/dist/strategy.h (in progress).
-namespace hpm::dist {}
+#include "hpm/dist/strategy.h"
+
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "hpm/autograd/grad_mode.h"
+#include "hpm/comm/hierarchical.h"
+#include "hpm/comm/local.h"
+#include "hpm/tensor/device.h"
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
+#include "hpm/trace/trace.h"
+
+namespace hpm::dist {
+
+// ---------------------------------------------------------------------------------------------
+// Pool: one long-lived thread per local replica, each with its own intra-op thread count (an
+// OpenMP setting is per thread), started together for each step.
+
+class Strategy::Pool {
+ public:
+  Pool(int replicas, int threads_each) {
+    for (int r = 0; r < replicas; ++r) {
+      threads_.emplace_back([this, r, threads_each] {
+        set_num_threads(threads_each);
+        trace::name_thread("replica " + std::to_string(r));
+        loop(r);
+      });
+    }
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+  // Runs fn(r) on replica r's thread for every r; rethrows the first replica's exception.
+  void run(const std::function<void(int)>& fn) {
+    std::unique_lock<std::mutex> lock(mu_);
+    job_ = &fn;
+    remaining_ = static_cast<int>(threads_.size());
+    errors_.assign(threads_.size(), nullptr);
+    ++generation_;
+    cv_.notify_all();
+    done_cv_.wait(lock, [&] { return remaining_ == 0; });
+    job_ = nullptr;
+    for (auto& e : errors_)
+      if (e) std::rethrow_exception(e);
+  }
+
+ private:
+  void loop(int r) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stopping_ || generation_ != seen; });
+        if (stopping_) return;
+        seen = generation_;
+        job = job_;
+      }
+      std::exception_ptr error;
+      try {
+        (*job)(r);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      errors_[static_cast<std::size_t>(r)] = error;
+      if (--remaining_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  std::vector<std::thread> threads_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const std::function<void(int)>* job_ = nullptr;
+  std::uint64_t generation_ = 0;
+  int remaining_ = 0;
+  std::vector<std::exception_ptr> errors_;
+  bool stopping_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
+  Tensor pred = kernels::argmax_last(logits);
+  const auto* p = pred.data<std::int64_t>();
+  const auto* y = labels.data<std::int64_t>();
+  std::int64_t c = 0;
+  for (std::int64_t i = 0; i < labels.numel(); ++i) c += p[i] == y[i];
+  return c;
+}
+
+void copy_state(const nn::Module& from, const nn::Module& to) {
+  const nn::NamedTensors src = from.state_dict();
+  nn::NamedTensors dst = to.state_dict();
+  for (std::size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+}
+
+std::uint64_t replica_seed(std::uint64_t seed, int replica) {
+  return seed + 1000003ull * static_cast<std::uint64_t>(replica + 1);
+}
+
+}  // namespace
+
+Strategy::Strategy(const StrategyOptions& options, int worker_rank, int num_workers)
+    : options_(options), worker_rank_(worker_rank), num_workers_(num_workers) {
+  if (options.replicas < 1) throw std::invalid_argument("a strategy needs at least one replica");
+}
+
+Strategy::~Strategy() = default;
+
+void Strategy::scope(const ModelFactory& model_fn, const OptimizerFactory& optimizer_fn) {
+  replicas_.clear();
+  Generator::State after_first{};
+  for (int r = 0; r < options_.replicas; ++r) {
+    Replica rep;
+    rep.model = model_fn();
+    rep.optimizer = optimizer_fn(*rep.model);
+    rep.generator = std::make_unique<Generator>(
+        replica_seed(options_.seed, worker_rank_ * options_.replicas + r));
+    if (r == 0) after_first = default_generator().state();
+    replicas_.push_back(std::move(rep));
+  }
+  // Replicas beyond the first are overwritten with its values: the generator continues as if they
+  // had never been drawn, so a strategy changes no later random number.
+  default_generator().set_state(after_first);
+  for (std::size_t r = 1; r < replicas_.size(); ++r)
+    copy_state(*replicas_[0].model, *replicas_[r].model);
+  const int per = std::max(1, options_.threads / options_.replicas);
+  pool_ = std::make_unique<Pool>(options_.replicas, per);
+}
+
+std::shared_ptr<nn::Module> Strategy::model() const { return replicas_.at(0).model; }
+std::shared_ptr<optim::Optimizer> Strategy::optimizer() const { return replicas_.at(0).optimizer; }
+
+void Strategy::mirror_from_primary() {
+  const nn::NamedTensors state = replicas_.at(0).optimizer->state();
+  for (std::size_t r = 1; r < replicas_.size(); ++r) {
+    copy_state(*replicas_[0].model, *replicas_[r].model);
+    replicas_[r].optimizer->load_state(state);
+  }
+}
+
+void Strategy::set_lr(float lr) {
+  for (auto& rep : replicas_) rep.optimizer->set_lr(lr);
+}
+
+void Strategy::run(const std::function<void(ReplicaContext&)>& fn) {
+  if (replicas_.empty())
+    throw std::logic_error("strategy.run before strategy.scope built the replicas");
+  if (!pool_) {  // one replica on the caller's thread
+    ReplicaContext ctx{worker_rank_, num_replicas_in_sync(), *replicas_[0].model,
+                       *replicas_[0].optimizer};
+    fn(ctx);
+    return;
+  }
+  pool_->run([&](int r) {
+    Replica& rep = replicas_[static_cast<std::size_t>(r)];
+    ThreadGeneratorGuard gen(*rep.generator);
+    ReplicaContext ctx{worker_rank_ * local_replicas() + r, num_replicas_in_sync(), *rep.model,
+                       *rep.optimizer};
+    fn(ctx);
+  });
+}
+
+std::pair<std::int64_t, std::int64_t> Strategy::replica_rows(std::int64_t global_batch,
+                                                             int r) const {
+  const std::int64_t n = num_replicas_in_sync();
+  const std::int64_t i = static_cast<std::int64_t>(worker_rank_) * local_replicas() + r;
+  const std::int64_t first = global_batch * i / n, last = global_batch * (i + 1) / n;
+  return {first, last - first};
+}
+
+Strategy::ReplicaOutcome Strategy::forward_backward(int r, const Tensor& x, const Tensor& y,
+                                                    const LossFn& loss_fn, Reducer* reducer) {
+  Replica& rep = replicas_[static_cast<std::size_t>(r)];
+  const auto [first, rows] = replica_rows(x.size(0), r);
+  ReplicaOutcome out;
+  out.rows = rows;
+  rep.optimizer->zero_grad();
+  if (reducer) reducer->prepare_for_backward();
+  if (rows > 0) {
+    const Tensor xr = x.narrow(first, rows), yr = y.narrow(first, rows);
+    Tensor logits = rep.model->forward(xr);
+    Tensor loss = loss_fn(logits, yr);
+    const float value = loss.item();
+    out.finite = std::isfinite(value);
+    out.loss_sum = static_cast<double>(value) * static_cast<double>(rows);
+    out.correct = count_correct(logits, yr);
+    // Gradients are averaged over replicas; weighting by rows makes that the global batch's mean
+    // also when the batch does not split evenly.
+    const double weight = static_cast<double>(num_replicas_in_sync()) * static_cast<double>(rows) /
+                          static_cast<double>(x.size(0));
+    if (weight != 1.0) loss = loss * static_cast<float>(weight);
+    trace::Span span("backward", "compute");
+    loss.backward();
+  }
+  // A replica without rows still takes part: its gradients count as zeros.
+  if (reducer) reducer->finalize();
+  return out;
+}
+
+StepResult Strategy::combine(const std::vector<ReplicaOutcome>& outcomes,
+                             comm::Communicator* workers) {
+  double loss_sum = 0;
+  double correct = 0, rows = 0, bad = 0;
+  for (const auto& o : outcomes) {
+    loss_sum += o.loss_sum;
+    correct += static_cast<double>(o.correct);
+    rows += static_cast<double>(o.rows);
+    bad += o.finite ? 0 : 1;
+  }
+  if (workers != nullptr && workers->size() > 1) {
+    Tensor t = Tensor::from({static_cast<float>(loss_sum), static_cast<float>(correct),
+                             static_cast<float>(rows), static_cast<float>(bad)},
+                            {4});
+    workers->allreduce(t, comm::ReduceOp::kSum)->wait();
+    const float* p = t.data<float>();
+    loss_sum = p[0];
+    correct = p[1];
+    rows = p[2];
+    bad = p[3];
+  }
+  StepResult r;
+  r.samples = static_cast<std::int64_t>(rows);
+  r.correct = static_cast<std::int64_t>(correct);
+  r.loss = rows > 0 ? loss_sum / rows : 0.0;
+  r.finite = bad == 0 && std::isfinite(r.loss);
+  return r;
+}
+
+double Strategy::reduce(comm::ReduceOp op, const std::vector<double>& per_replica) {
+  const bool max = op == comm::ReduceOp::kMax;
+  double v = max ? -INFINITY : 0.0;
+  for (double x : per_replica) v = max ? std::max(v, x) : v + x;
+  if (comm::Communicator* workers = worker_communicator();
+      workers != nullptr && workers->size() > 1) {
+    Tensor t = Tensor::from({static_cast<float>(v)}, {1});
+    workers->allreduce(t, max ? comm::ReduceOp::kMax : comm::ReduceOp::kSum)->wait();
+    v = t.item();
+  }
+  if (op == comm::ReduceOp::kAverage) v /= static_cast<double>(num_replicas_in_sync());
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// OneDevice
+
+namespace {
+
+class OneDevice final : public Strategy {
+ public:
+  explicit OneDevice(const StrategyOptions& o) : Strategy(with_one_replica(o), 0, 1) {}
+  std::string name() const override { return "one_device"; }
+
+  void scope(const ModelFactory& model_fn, const OptimizerFactory& optimizer_fn) override {
+    replicas_.clear();
+    Replica rep;
+    rep.model = model_fn();
+    rep.optimizer = optimizer_fn(*rep.model);
+    replicas_.push_back(std::move(rep));
+  }
+
+  // On the caller's thread with the default generator: exactly the single-device training loop.
+  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip) override {
+    ReplicaOutcome o = forward_backward(0, x, y, loss, nullptr);
+    StepResult r = combine({o}, nullptr);
+    if (!r.finite) return r;
+    if (clip > 0) optim::clip_grad_norm(replicas_[0].model->parameters(), clip);
+    replicas_[0].optimizer->step();
+    return r;
+  }
+
+ private:
+  static StrategyOptions with_one_replica(StrategyOptions o) {
+    o.replicas = 1;
+    return o;
+  }
+};
+
+// Mirrored and MultiWorkerMirrored: the same step, over communicators of different reach.
+class MirroredBase : public Strategy {
+ public:
+  MirroredBase(const StrategyOptions& o, int worker_rank, int num_workers,
+               comm::CommunicatorPtr workers)
+      : Strategy(o, worker_rank, num_workers), workers_(std::move(workers)) {}
+
+  void scope(const ModelFactory& model_fn, const OptimizerFactory& optimizer_fn) override {
+    Strategy::scope(model_fn, optimizer_fn);
+    std::vector<comm::CommunicatorPtr> comms = make_replica_communicators();
+    reducers_.clear();
+    reducers_.resize(replicas_.size());
+    // Reducers verify the model and broadcast its values: a collective, so every replica at once.
+    run([&](ReplicaContext& c) {
+      const int r = c.replica_id_in_sync - worker_rank_ * local_replicas();
+      comms[static_cast<std::size_t>(r)]->set_algorithm(options_.algorithm);
+      reducers_[static_cast<std::size_t>(r)] =
+          std::make_unique<Reducer>(c.model, comms[static_cast<std::size_t>(r)], options_.reducer);
+    });
+  }
+
+  void mirror_from_primary() override {
+    Strategy::mirror_from_primary();
+    if (workers_ && workers_->size() > 1) {  // every worker restored the same checkpoint; make sure
+      run([&](ReplicaContext& c) {
+        broadcast_state(c.model,
+                        *reducers_[static_cast<std::size_t>(c.replica_id_in_sync -
+                                                            worker_rank_ * local_replicas())]
+                             ->communicator());
+      });
+    }
+  }
+
+  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip) override {
+    std::vector<ReplicaOutcome> outcomes(replicas_.size());
+    run([&](ReplicaContext& c) {
+      const int r = c.replica_id_in_sync - worker_rank_ * local_replicas();
+      outcomes[static_cast<std::size_t>(r)] =
+          forward_backward(r, x, y, loss, reducers_[static_cast<std::size_t>(r)].get());
+    });
+    StepResult result = combine(outcomes, workers_.get());
+    if (!result.finite) return result;
+    run([&](ReplicaContext& c) {
+      // Gradients are identical on every replica, so clipping and the update are too.
+      if (clip > 0) optim::clip_grad_norm(c.model.parameters(), clip);
+      c.optimizer.step();
+    });
+    return result;
+  }
+
+  comm::Communicator* worker_communicator() const override { return workers_.get(); }
+
+ protected:
+  virtual std::vector<comm::CommunicatorPtr> make_replica_communicators() = 0;
+  comm::CommunicatorPtr workers_;
+  std::vector<std::unique_ptr<Reducer>> reducers_;
+};
+
+class Mirrored final : public MirroredBase {
+ public:
+  explicit Mirrored(const StrategyOptions& o) : MirroredBase(o, 0, 1, nullptr) {}
+  std::string name() const override { return "mirrored"; }
+
+ protected:
+  std::vector<comm::CommunicatorPtr> make_replica_communicators() override {
+    return comm::make_local_group(options_.replicas, options_.timeout);
+  }
+};
+
+class MultiWorkerMirrored final : public MirroredBase {
+ public:
+  MultiWorkerMirrored(comm::CommunicatorPtr workers, const StrategyOptions& o)
+      : MirroredBase(o, workers->rank(), workers->size(), workers) {}
+  std::string name() const override { return "multi_worker_mirrored"; }
+
+ protected:
+  std::vector<comm::CommunicatorPtr> make_replica_communicators() override {
+    if (options_.replicas == 1) return {workers_};
+    return comm::make_hierarchical_group(workers_, options_.replicas, options_.timeout);
+  }
+};
+
+class CentralStorage final : public Strategy {
+ public:
+  explicit CentralStorage(const StrategyOptions& o) : Strategy(o, 0, 1) {}
+  std::string name() const override { return "central_storage"; }
+
+  void scope(const ModelFactory& model_fn, const OptimizerFactory& optimizer_fn) override {
+    central_model_ = model_fn();
+    central_optimizer_ = optimizer_fn(*central_model_);
+    const Generator::State after_central = default_generator().state();
+    Strategy::scope(model_fn, [](nn::Module& m) {  // replicas only compute: plain SGD never steps
+      return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{});
+    });
+    default_generator().set_state(after_central);
+    for (auto& rep : replicas_) copy_state(*central_model_, *rep.model);
+  }
+
+  std::shared_ptr<nn::Module> model() const override { return central_model_; }
+  std::shared_ptr<optim::Optimizer> optimizer() const override { return central_optimizer_; }
+  void mirror_from_primary() override {}  // replicas read the central variables every step
+  void set_lr(float lr) override { central_optimizer_->set_lr(lr); }
+
+  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip) override {
+    std::vector<ReplicaOutcome> outcomes(replicas_.size());
+    run([&](ReplicaContext& c) {
+      const int r = c.replica_id_in_sync;
+      copy_state(*central_model_, c.model);  // read the variables from where they live
+      outcomes[static_cast<std::size_t>(r)] = forward_backward(r, x, y, loss, nullptr);
+    });
+    StepResult result = combine(outcomes, nullptr);
+    if (!result.finite) return result;
+    aggregate_gradients();
+    if (clip > 0) optim::clip_grad_norm(central_model_->parameters(), clip);
+    central_optimizer_->step();
+    return result;
+  }
+
+ private:
+  // central.grad = mean over replicas, added in replica order (deterministic).
+  void aggregate_gradients() {
+    trace::Span span("aggregate gradients", "comm");
+    const std::vector<Tensor> central = central_model_->parameters();
+    std::vector<std::vector<Tensor>> reps;
+    for (auto& rep : replicas_) reps.push_back(rep.model->parameters());
+    const float inv = 1.0f / static_cast<float>(replicas_.size());
+    for (std::size_t i = 0; i < central.size(); ++i) {
+      Tensor g = Tensor::zeros(central[i].shape());
+      float* dst = g.data<float>();
+      for (auto& params : reps) {
+        Tensor rg = params[i].grad();
+        if (!rg.defined()) continue;
+        const float* src = rg.data<float>();
+        for (std::int64_t k = 0; k < g.numel(); ++k) dst[k] += src[k];
+      }
+      for (std::int64_t k = 0; k < g.numel(); ++k) dst[k] *= inv;
+      Tensor p = central[i];
+      p.set_grad(g);
+    }
+  }
+
+  std::shared_ptr<nn::Module> central_model_;
+  std::shared_ptr<optim::Optimizer> central_optimizer_;
+};
+
+}  // namespace
+
+std::shared_ptr<Strategy> make_one_device(const StrategyOptions& options) {
+  return std::make_shared<OneDevice>(options);
+}
+std::shared_ptr<Strategy> make_mirrored(const StrategyOptions& options) {
+  return std::make_shared<Mirrored>(options);
+}
+std::shared_ptr<Strategy> make_multi_worker_mirrored(comm::CommunicatorPtr workers,
+                                                     const StrategyOptions& options) {
+  if (!workers)
+    throw std::invalid_argument("multi_worker_mirrored needs a process-level communicator");
+  return std::make_shared<MultiWorkerMirrored>(std::move(workers), options);
+}
+std::shared_ptr<Strategy> make_central_storage(const StrategyOptions& options) {
+  return std::make_shared<CentralStorage>(options);
+}
+
+}  // namespace hpm::dist

@@ -65,10 +65,20 @@ std::uint64_t Generator::below(std::uint64_t n) {
   return static_cast<std::uint64_t>(m >> 64);
 }
 
+namespace {
+thread_local Generator* thread_generator = nullptr;
+}
+
 Generator& default_generator() {
   static Generator gen(0);
-  return gen;
+  return thread_generator != nullptr ? *thread_generator : gen;
 }
+
+ThreadGeneratorGuard::ThreadGeneratorGuard(Generator& g) : previous_(thread_generator) {
+  thread_generator = &g;
+}
+
+ThreadGeneratorGuard::~ThreadGeneratorGuard() { thread_generator = previous_; }
 
 void manual_seed(std::uint64_t seed) { default_generator().seed_(seed); }
 

@@ -1,0 +1,78 @@
+// Reducer: keeps data-parallel replicas' gradients in sync, as PyTorch's DDP reducer does.
+// Parameters are grouped, in reverse registration order (roughly the order backward produces
+// their gradients), into flat buckets of at most `bucket_bytes`. A hook on each parameter marks
+// its gradient ready; when every gradient of a bucket is ready the bucket is copied into its flat
+// buffer and its all-reduce (average) starts at once, so communication overlaps the rest of
+// backward. Buckets start in index order on every rank, so all ranks issue the same collectives in
+// the same order. finalize() waits for them and writes the averaged gradients back.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "hpm/comm/communicator.h"
+#include "hpm/nn/module.h"
+
+namespace hpm::dist {
+
+struct ReducerOptions {
+  std::size_t bucket_bytes = 25u << 20;  // PyTorch's default bucket_cap_mb
+  // false: every bucket's all-reduce waits for finalize(), i.e. runs after backward (for
+  // measuring what overlap buys).
+  bool overlap = true;
+};
+
+struct ReducerStats {
+  std::size_t buckets = 0;
+  std::size_t bytes = 0;             // gradient bytes all-reduced per step
+  double finalize_wait_seconds = 0;  // time finalize() waited for all-reduces, summed over steps
+};
+
+class Reducer {
+ public:
+  // Checks that every rank holds the same parameters (names and shapes; a clear error naming the
+  // first difference otherwise) and copies rank 0's parameter and buffer values to every rank.
+  Reducer(const nn::Module& model, comm::CommunicatorPtr comm, ReducerOptions options = {});
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Call before each backward that should synchronize.
+  void prepare_for_backward();
+  // Starts what is not started yet (parameters that got no gradient count as zero), waits for
+  // every bucket and writes the averaged gradients into the parameters' .grad.
+  void finalize();
+
+  // While off, backward accumulates gradients locally and nothing is communicated (DDP's
+  // no_sync, for gradient accumulation): the next synchronized backward reduces the sum.
+  void set_sync(bool on);
+  bool sync_enabled() const;
+
+  const ReducerStats& stats() const;
+  const comm::CommunicatorPtr& communicator() const;
+
+  struct State;
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+// Disables synchronization for its lifetime: `{ NoSync guard(reducer); ...backward...; }`.
+class NoSync {
+ public:
+  explicit NoSync(Reducer& r) : r_(r), was_(r.sync_enabled()) { r_.set_sync(false); }
+  ~NoSync() { r_.set_sync(was_); }
+  NoSync(const NoSync&) = delete;
+  NoSync& operator=(const NoSync&) = delete;
+
+ private:
+  Reducer& r_;
+  bool was_;
+};
+
+// Every rank must hold the same parameters, in the same order: throws std::runtime_error naming
+// the first rank and parameter that differ from rank 0.
+void verify_same_model(const nn::Module& model, comm::Communicator& comm);
+// Copies rank 0's parameters and buffers to every rank.
+void broadcast_state(const nn::Module& model, comm::Communicator& comm);
+
+}  // namespace hpm::dist

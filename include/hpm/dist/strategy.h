@@ -1,0 +1,136 @@
+// Distribution strategies after tf.distribute: the same training step on one device, on several
+// replicas in one process (Mirrored), on replicas in several processes or hosts
+// (MultiWorkerMirrored), or on replicas that compute while the variables live in one place
+// (CentralStorage).
+//
+//   auto strategy = dist::make_mirrored({.replicas = 2});
+//   strategy->scope(build_model, build_optimizer);   // every replica's variables, mirrored
+//   dist::StepResult r = strategy->train_step(x, y, loss_fn, 0.0f);  // x, y: one global batch
+//
+// Synchronous strategies keep every replica identical: N steps on R replicas with global batch B
+// match one device with batch B up to floating-point reassociation (tests/dist). Local replicas
+// run on threads of their own, each with its share of the CPU budget (`threads`) and its own
+// random generator (seed, replica).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hpm/comm/communicator.h"
+#include "hpm/dist/reducer.h"
+#include "hpm/nn/module.h"
+#include "hpm/optim/optimizer.h"
+
+namespace hpm::dist {
+
+using ModelFactory = std::function<std::shared_ptr<nn::Module>()>;
+using OptimizerFactory = std::function<std::shared_ptr<optim::Optimizer>(nn::Module&)>;
+using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& labels)>;
+
+// What one step did, over all replicas in sync (every worker's share of the global batch).
+struct StepResult {
+  double loss = 0;           // mean over the global batch
+  std::int64_t correct = 0;  // top-1 hits
+  std::int64_t samples = 0;
+  bool finite = true;  // false: some replica's loss was NaN or infinite; nothing was updated
+};
+
+struct ReplicaContext {
+  int replica_id_in_sync = 0;  // worker_rank * local_replicas + local replica
+  int num_replicas_in_sync = 1;
+  nn::Module& model;
+  optim::Optimizer& optimizer;
+};
+
+struct StrategyOptions {
+  int replicas = 1;        // local replicas (threads) in this process
+  int threads = 1;         // the process's CPU budget, shared among its replicas
+  std::uint64_t seed = 0;  // replica r draws from Generator(seed + 1000003 * (r + 1))
+  ReducerOptions reducer;
+  comm::Algorithm algorithm = comm::Algorithm::kAuto;
+  comm::Milliseconds timeout{std::chrono::seconds(60)};
+};
+
+class Strategy {
+ public:
+  virtual ~Strategy();
+  Strategy(const Strategy&) = delete;
+  Strategy& operator=(const Strategy&) = delete;
+
+  virtual std::string name() const = 0;  // "one_device", "mirrored", ...
+  int local_replicas() const { return options_.replicas; }
+  int worker_rank() const { return worker_rank_; }
+  int num_workers() const { return num_workers_; }
+  int num_replicas_in_sync() const { return local_replicas() * num_workers_; }
+
+  // Builds every local replica's model and optimizer (the factories run once per replica, on the
+  // calling thread; replica 0 first, and the default generator is left as after that first call)
+  // and mirrors replica 0's values (worker 0's, across workers) to all of them.
+  virtual void scope(const ModelFactory& model_fn, const OptimizerFactory& optimizer_fn);
+
+  // The variables as the user sees them: what to evaluate and checkpoint.
+  virtual std::shared_ptr<nn::Module> model() const;
+  virtual std::shared_ptr<optim::Optimizer> optimizer() const;
+  // After the primary copy was changed from outside (a checkpoint restored): copies its
+  // parameters, buffers and optimizer state to every replica.
+  virtual void mirror_from_primary();
+  virtual void set_lr(float lr);
+
+  // strategy.run: fn on every local replica at once, each on its own thread.
+  void run(const std::function<void(ReplicaContext&)>& fn);
+  // The sum, mean or max over all replicas in sync of one value per local replica.
+  double reduce(comm::ReduceOp op, const std::vector<double>& per_replica);
+
+  // Rows [first, first + count) of the global batch that local replica r trains on.
+  std::pair<std::int64_t, std::int64_t> replica_rows(std::int64_t global_batch, int r) const;
+
+  // One synchronous step on a global batch: every replica runs forward and backward on its rows,
+  // gradients are averaged, clipped by global norm if `clip_grad_norm` > 0, and applied. When a
+  // loss is not finite, no replica updates and the result says so.
+  virtual StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss,
+                                float clip_grad_norm) = 0;
+
+ protected:
+  Strategy(const StrategyOptions& options, int worker_rank, int num_workers);
+  struct Replica {
+    std::shared_ptr<nn::Module> model;
+    std::shared_ptr<optim::Optimizer> optimizer;
+    std::unique_ptr<Generator> generator;
+  };
+  // Forward and backward of local replica r on its rows; loss scaled so that averaging gradients
+  // over all replicas gives the global batch's mean. Returns (loss * rows, correct, finite).
+  struct ReplicaOutcome {
+    double loss_sum = 0;
+    std::int64_t correct = 0, rows = 0;
+    bool finite = true;
+  };
+  ReplicaOutcome forward_backward(int r, const Tensor& x, const Tensor& y, const LossFn& loss,
+                                  Reducer* reducer);
+  // Adds up local outcomes (and, across workers, through `workers`) into a StepResult.
+  StepResult combine(const std::vector<ReplicaOutcome>& outcomes, comm::Communicator* workers);
+  // The communicator that connects this process to the other workers (none in one process).
+  virtual comm::Communicator* worker_communicator() const { return nullptr; }
+
+  StrategyOptions options_;
+  int worker_rank_, num_workers_;
+  std::vector<Replica> replicas_;
+
+ private:
+  class Pool;
+  std::unique_ptr<Pool> pool_;
+};
+
+std::shared_ptr<Strategy> make_one_device(const StrategyOptions& options = {});
+// `options.replicas` replicas in this process, kept in sync by the local backend's all-reduce.
+std::shared_ptr<Strategy> make_mirrored(const StrategyOptions& options);
+// One process of many: `workers` connects the processes (the gloo backend); each holds
+// `options.replicas` local replicas, reduced locally first, then across processes.
+std::shared_ptr<Strategy> make_multi_worker_mirrored(comm::CommunicatorPtr workers,
+                                                     const StrategyOptions& options);
+// Variables on one host copy; the replicas compute gradients on copies of them, the gradients are
+// averaged there and the optimizer runs once.
+std::shared_ptr<Strategy> make_central_storage(const StrategyOptions& options);
+
+}  // namespace hpm::dist

@@ -1,0 +1,256 @@
+#include "hpm/dist/reducer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <vector>
+
+#include "hpm/trace/trace.h"
+
+namespace hpm::dist {
+
+namespace {
+
+// "name[d0,d1]" for every parameter, one per line: what ranks compare.
+std::vector<std::string> describe_parameters(const nn::Module& model) {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : model.named_parameters()) out.push_back(name + t.shape().str());
+  return out;
+}
+
+std::string join_lines(const std::vector<std::string>& lines) {
+  std::string s;
+  for (const auto& l : lines) s += l + "\n";
+  return s;
+}
+
+}  // namespace
+
+void verify_same_model(const nn::Module& model, comm::Communicator& comm) {
+  // Text travels as one float per byte (exact): first every rank's length, then the padded text.
+  const std::string text = join_lines(describe_parameters(model));
+  const int size = comm.size();
+  Tensor lengths = Tensor::empty({size});
+  comm.allgather(Tensor::full({1}, static_cast<float>(text.size())), lengths)->wait();
+  std::int64_t longest = 0;
+  for (int r = 0; r < size; ++r)
+    longest = std::max(longest, static_cast<std::int64_t>(lengths.data<float>()[r]));
+  Tensor mine = Tensor::zeros({longest});
+  for (std::size_t i = 0; i < text.size(); ++i)
+    mine.data<float>()[i] = static_cast<unsigned char>(text[i]);
+  Tensor all = Tensor::empty({longest * size});
+  comm.allgather(mine, all)->wait();
+  auto text_of = [&](int r) {
+    std::string s(static_cast<std::size_t>(lengths.data<float>()[r]), ' ');
+    for (std::size_t i = 0; i < s.size(); ++i)
+      s[i] = static_cast<char>(all.data<float>()[r * longest + static_cast<std::int64_t>(i)]);
+    return s;
+  };
+  const std::string reference = text_of(0);
+  for (int r = 1; r < size; ++r) {
+    const std::string other = text_of(r);
+    if (other == reference) continue;
+    std::istringstream a(reference), b(other);
+    std::string la, lb;
+    int index = 0;
+    while (true) {
+      const bool ha = static_cast<bool>(std::getline(a, la)),
+                 hb = static_cast<bool>(std::getline(b, lb));
+      if (!ha && !hb) break;
+      if (!ha) la = "(nothing)";
+      if (!hb) lb = "(nothing)";
+      if (la != lb) {
+        throw std::runtime_error("rank " + std::to_string(r) +
+                                 " holds a different model from rank 0: parameter " +
+                                 std::to_string(index) + " is " + lb + " on rank " +
+                                 std::to_string(r) + " but " + la + " on rank 0");
+      }
+      ++index;
+    }
+  }
+}
+
+void broadcast_state(const nn::Module& model, comm::Communicator& comm) {
+  // One flat broadcast: parameters are many and small.
+  const nn::NamedTensors state = model.state_dict();
+  std::int64_t total = 0;
+  for (const auto& [name, t] : state)
+    if (t.dtype() == DType::F32) total += t.numel();
+  Tensor flat = Tensor::empty({total});
+  std::int64_t off = 0;
+  for (const auto& [name, t] : state) {
+    if (t.dtype() != DType::F32) continue;
+    std::memcpy(flat.data<float>() + off, t.data<float>(), t.nbytes());
+    off += t.numel();
+  }
+  comm.broadcast(flat, 0)->wait();
+  off = 0;
+  for (const auto& [name, t] : state) {
+    if (t.dtype() != DType::F32) continue;
+    std::memcpy(t.data<float>(), flat.data<float>() + off, t.nbytes());
+    off += t.numel();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct Reducer::State {
+  struct Bucket {
+    std::vector<std::size_t> params;  // indices into State::params
+    Tensor flat;
+    std::size_t pending = 0;
+    bool launched = false;
+    comm::WorkPtr work;
+  };
+
+  comm::CommunicatorPtr comm;
+  ReducerOptions options;
+  std::vector<Tensor> params;
+  std::vector<std::size_t> bucket_of;  // per parameter
+  std::vector<Bucket> buckets;
+  std::size_t next_launch = 0;
+  bool sync = true;
+  bool armed = false;
+  ReducerStats stats;
+  std::mutex mu;  // hooks may fire from any thread that runs backward
+
+  void mark_ready(std::size_t param) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!sync || !armed) return;
+    Bucket& b = buckets[bucket_of[param]];
+    if (b.pending == 0) return;  // a second accumulation into the same gradient: already counted
+    --b.pending;
+    if (options.overlap) launch_ready_locked();
+  }
+
+  void launch_ready_locked() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0)
+      launch(buckets[next_launch++]);
+  }
+
+  void launch(Bucket& b) {
+    trace::Span span("bucket copy", "comm");
+    float* dst = b.flat.data<float>();
+    for (std::size_t i : b.params) {
+      Tensor& p = params[i];
+      Tensor g = p.grad();
+      const auto n = static_cast<std::size_t>(p.numel());
+      if (g.defined())
+        std::memcpy(dst, g.data<float>(), n * sizeof(float));
+      else
+        std::memset(dst, 0, n * sizeof(float));
+      dst += n;
+    }
+    b.launched = true;
+    b.work = comm->allreduce(b.flat, comm::ReduceOp::kAverage);
+  }
+};
+
+Reducer::Reducer(const nn::Module& model, comm::CommunicatorPtr comm, ReducerOptions options)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  s.comm = std::move(comm);
+  s.options = options;
+  verify_same_model(model, *s.comm);
+  broadcast_state(model, *s.comm);
+  for (const auto& [name, t] : model.named_parameters()) s.params.push_back(t);
+  s.bucket_of.resize(s.params.size());
+  std::size_t bytes = 0;
+  for (std::size_t k = s.params.size(); k-- > 0;) {
+    const std::size_t nbytes = s.params[k].nbytes();
+    if (s.buckets.empty() || (bytes + nbytes > options.bucket_bytes && bytes > 0)) {
+      s.buckets.emplace_back();
+      bytes = 0;
+    }
+    s.buckets.back().params.push_back(k);
+    s.bucket_of[k] = s.buckets.size() - 1;
+    bytes += nbytes;
+  }
+  for (auto& b : s.buckets) {
+    std::int64_t n = 0;
+    for (std::size_t i : b.params) n += s.params[i].numel();
+    b.flat = Tensor::empty({n});
+    s.stats.bytes += static_cast<std::size_t>(n) * sizeof(float);
+  }
+  s.stats.buckets = s.buckets.size();
+  std::weak_ptr<State> weak = state_;
+  for (std::size_t i = 0; i < s.params.size(); ++i) {
+    s.params[i].autograd_meta().post_accumulate_hooks.push_back([weak, i](Tensor&) {
+      if (auto st = weak.lock()) st->mark_ready(i);
+    });
+  }
+}
+
+Reducer::~Reducer() {
+  // Nothing may still write into buckets that are about to be freed.
+  for (auto& b : state_->buckets) {
+    if (b.work) {
+      try {
+        b.work->wait();
+      } catch (const std::exception&) {
+      }
+    }
+  }
+}
+
+void Reducer::prepare_for_backward() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  State& s = *state_;
+  for (auto& b : s.buckets) {
+    b.pending = b.params.size();
+    b.launched = false;
+    b.work.reset();
+  }
+  s.next_launch = 0;
+  s.armed = true;
+}
+
+void Reducer::finalize() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.sync) return;
+    if (!s.armed) throw std::logic_error("Reducer::finalize without prepare_for_backward");
+    for (auto& b : s.buckets) b.pending = 0;  // unused parameters contribute zeros
+    s.launch_ready_locked();
+    s.armed = false;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    trace::Span span("wait for all-reduce", "comm");
+    for (auto& b : s.buckets) b.work->wait();
+  }
+  s.stats.finalize_wait_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& b : s.buckets) {
+    const float* src = b.flat.data<float>();
+    for (std::size_t i : b.params) {
+      Tensor& p = s.params[i];
+      Tensor g = p.grad();
+      if (!g.defined()) {
+        g = Tensor::empty(p.shape());
+        p.set_grad(g);
+      }
+      std::memcpy(g.data<float>(), src, p.nbytes());
+      src += p.numel();
+    }
+  }
+}
+
+void Reducer::set_sync(bool on) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->sync = on;
+}
+
+bool Reducer::sync_enabled() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->sync;
+}
+
+const ReducerStats& Reducer::stats() const { return state_->stats; }
+const comm::CommunicatorPtr& Reducer::communicator() const { return state_->comm; }
+
+}  // namespace hpm::dist
