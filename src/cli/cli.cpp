@@ -7,13 +7,15 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <climits>
-#include <map>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "hpm/cli/bench.h"
 #include "hpm/cli/config.h"
+#include "hpm/cli/distributed.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
@@ -21,6 +23,7 @@
 #include "hpm/io/idx.h"
 #include "hpm/io/tfrecord.h"
 #include "hpm/tensor/device.h"
+#include "hpm/trace/trace.h"
 #include "hpm/train/callbacks.h"
 #include "hpm/train/trainer.h"
 
@@ -42,7 +45,8 @@ void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("--report", c.report, "write a JSON report to this file");
   cmd->add_option("--threads", c.threads, "intra-op threads (default: [train] threads, else 1)")
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 Config configure(const Common& c) {
@@ -66,17 +70,20 @@ data::LabelledData limit(data::LabelledData d, std::int64_t n) {
 data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples) {
   if (cfg.source == "tfrecord") {
     *examples = -1;
-    return data::build_tfrecord_pipeline(cfg.files, io::compression_from_name(cfg.compression), pipeline_spec(cfg));
+    return data::build_tfrecord_pipeline(cfg.files, io::compression_from_name(cfg.compression),
+                                         pipeline_spec(cfg));
   }
-  const data::LabelledData train = limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
+  const data::LabelledData train =
+      limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
   *examples = train.size();
   return data::build_pipeline(train, pipeline_spec(cfg));
 }
 
 data::LabelledData test_set(const Config& cfg) {
   if (cfg.source == "tfrecord") {
-    return limit(data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression)),
-                 cfg.test_limit);
+    return limit(
+        data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression)),
+        cfg.test_limit);
   }
   return limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
 }
@@ -86,20 +93,34 @@ void write_report(const std::string& path, const nlohmann::json& j) {
   io::write_file_atomic(path, j.dump(2) + "\n");
 }
 
-int run_train(const Common& c, const std::string& resume) {
+int run_train(const Common& c, const std::string& resume, const WorkerFlags& worker) {
   Config cfg = configure(c);
   manual_seed(cfg.seed);  // model initialization draws from the default generator
-  auto model = build_model(cfg);
-  auto optimizer = build_optimizer(cfg, *model);
+  std::shared_ptr<dist::Strategy> strategy = build_strategy(cfg, worker);
+  std::shared_ptr<nn::Module> model;
   auto schedule = build_schedule(cfg);
+  std::unique_ptr<train::Trainer> trainer_ptr;
+  if (strategy) {
+    strategy->scope([&] { return std::shared_ptr<nn::Module>(build_model(cfg)); },
+                    [&](nn::Module& m) { return build_optimizer(cfg, m); });
+    model = strategy->model();
+    trainer_ptr = std::make_unique<train::Trainer>(strategy, schedule);
+  } else {
+    model = build_model(cfg);
+    trainer_ptr = std::make_unique<train::Trainer>(model, build_optimizer(cfg, *model), schedule);
+  }
+  train::Trainer& trainer = *trainer_ptr;
+  // In a multi-worker job only worker 0 speaks (progress, report); the others report errors.
+  const bool chief = !strategy || strategy->worker_rank() == 0;
   std::int64_t train_examples = 0;
   const data::Dataset pipeline = training_pipeline(cfg, &train_examples);
   const data::LabelledData test = test_set(cfg);
 
-  train::Trainer trainer(model, optimizer, schedule);
   const bool tty = isatty(fileno(stdout)) != 0;
-  trainer.add_callback(std::make_shared<train::ProgressCallback>(stdout, tty, cfg.epochs));
-  if (!cfg.metrics_csv.empty()) trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
+  if (chief)
+    trainer.add_callback(std::make_shared<train::ProgressCallback>(stdout, tty, cfg.epochs));
+  if (!cfg.metrics_csv.empty() && chief)
+    trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
 
   train::FitOptions fo;
   fo.epochs = cfg.epochs;
@@ -111,10 +132,21 @@ int run_train(const Common& c, const std::string& resume) {
   fo.checkpoint_every = cfg.checkpoint_every;
   fo.resume_from = resume;
 
-  std::printf("hpm train %s: %lld parameters, %lld training / %lld test examples, batch %lld, %d thread(s)\n",
-              cfg.path.c_str(), static_cast<long long>(model->num_parameters()),
-              static_cast<long long>(train_examples), static_cast<long long>(test.size()),
-              static_cast<long long>(cfg.batch_size), cfg.threads);
+  if (chief) {
+    std::printf(
+        "hpm train %s: %lld parameters, %lld training / %lld test examples, batch %lld, %d "
+        "thread(s)",
+        cfg.path.c_str(), static_cast<long long>(model->num_parameters()),
+        static_cast<long long>(train_examples), static_cast<long long>(test.size()),
+        static_cast<long long>(cfg.batch_size), cfg.threads);
+    if (strategy) {
+      std::printf(", strategy %s: %d replica(s) in sync (%d worker(s) x %d)",
+                  strategy->name().c_str(), strategy->num_replicas_in_sync(),
+                  strategy->num_workers(), strategy->local_replicas());
+    }
+    std::printf("\n");
+  }
+  if (!cfg.timeline.empty()) trace::start();
   train::FitResult r;
   try {
     r = trainer.fit(pipeline, &test, fo);
@@ -124,18 +156,30 @@ int run_train(const Common& c, const std::string& resume) {
       last = cfg.checkpoint_dir + "/" + io::read_file(cfg.checkpoint_dir + "/latest");
       while (!last.empty() && last.back() == '\n') last.pop_back();
     }
-    std::fprintf(stderr, "hpm: error: %s; %s\n", e.what(),
-                 last.empty() ? "no checkpoint was written" : ("last good checkpoint: " + last).c_str());
+    std::fprintf(
+        stderr, "hpm: error: %s; %s\n", e.what(),
+        last.empty() ? "no checkpoint was written" : ("last good checkpoint: " + last).c_str());
     return 3;
   }
+  if (!cfg.timeline.empty()) {
+    trace::stop();
+    std::string path = cfg.timeline;
+    if (strategy && strategy->num_workers() > 1)
+      path += ".rank" + std::to_string(strategy->worker_rank());
+    io::write_file_atomic(path, trace::chrome_json(trace::events()));
+  }
+  if (!chief) return 0;
   const train::EvalResult ev = trainer.evaluate(test);
   std::printf("test accuracy %.4f, test loss %.4f, %.0f training samples/s, %.1f s\n", ev.accuracy,
               ev.loss, r.samples_per_s(), r.seconds);
   nlohmann::json history = nlohmann::json::array();
   for (const auto& e : r.history) {
-    history.push_back({{"epoch", e.epoch + 1}, {"train_loss", e.train_loss},
-                       {"train_accuracy", e.train_accuracy}, {"test_loss", e.test_loss},
-                       {"test_accuracy", e.test_accuracy}, {"samples_per_s", e.samples_per_s},
+    history.push_back({{"epoch", e.epoch + 1},
+                       {"train_loss", e.train_loss},
+                       {"train_accuracy", e.train_accuracy},
+                       {"test_loss", e.test_loss},
+                       {"test_accuracy", e.test_accuracy},
+                       {"samples_per_s", e.samples_per_s},
                        {"input_bound", e.input_bound},
                        {"lr", e.lr}});
   }
@@ -150,6 +194,8 @@ int run_train(const Common& c, const std::string& resume) {
                           {"step_peak_bytes", r.step_peak_bytes},
                           {"input_wait_seconds", r.input_wait_seconds},
                           {"threads", cfg.threads},
+                          {"strategy", strategy ? strategy->name() : std::string("one_device")},
+                          {"replicas_in_sync", strategy ? strategy->num_replicas_in_sync() : 1},
                           {"batch_size", cfg.batch_size},
                           {"parameters", model->num_parameters()},
                           {"checkpoint", r.last_checkpoint},
@@ -167,8 +213,10 @@ int run_evaluate(const Common& c, const std::string& checkpoint) {
   const train::EvalResult ev = trainer.evaluate(test);
   std::printf("test accuracy %.4f, test loss %.4f on %lld examples\n", ev.accuracy, ev.loss,
               static_cast<long long>(ev.samples));
-  write_report(c.report, {{"test_accuracy", ev.accuracy}, {"test_loss", ev.loss},
-                          {"examples", ev.samples}, {"checkpoint", checkpoint}});
+  write_report(c.report, {{"test_accuracy", ev.accuracy},
+                          {"test_loss", ev.loss},
+                          {"examples", ev.samples},
+                          {"checkpoint", checkpoint}});
   return 0;
 }
 
@@ -192,26 +240,39 @@ int run_data_bench(const Common& c, std::int64_t epochs) {
     it->stats(stats);
   }
   const double rate = seconds > 0 ? static_cast<double>(elements) / seconds : 0.0;
-  std::printf("hpm data bench %s: %lld elements in %lld batches, %.0f elements/s\n", cfg.path.c_str(),
-              static_cast<long long>(elements), static_cast<long long>(batches), rate);
+  std::printf("hpm data bench %s: %lld elements in %lld batches, %.0f elements/s\n",
+              cfg.path.c_str(), static_cast<long long>(elements), static_cast<long long>(batches),
+              rate);
   nlohmann::json stages = nlohmann::json::array();
   for (const auto& st : stats) {
-    std::printf("  %-16s parallelism %2d  buffer %3lld  occupancy %4.0f%%  %8.1f us/output  consumer waited %4.1f%%%s\n",
-                st.name.c_str(), st.parallelism, static_cast<long long>(st.buffer_size),
-                100.0 * st.buffer_occupancy, 1e6 * st.seconds_per_element, 100.0 * st.wait_fraction,
-                st.autotuned ? "  (autotuned)" : "");
-    stages.push_back({{"name", st.name}, {"elements", st.elements}, {"parallelism", st.parallelism},
-                      {"buffer_size", st.buffer_size}, {"buffer_occupancy", st.buffer_occupancy},
-                      {"seconds_per_output", st.seconds_per_element}, {"errors_skipped", st.errors_skipped},
-                      {"consumer_wait_fraction", st.wait_fraction}, {"autotuned", st.autotuned}});
+    std::printf(
+        "  %-16s parallelism %2d  buffer %3lld  occupancy %4.0f%%  %8.1f us/output  consumer "
+        "waited %4.1f%%%s\n",
+        st.name.c_str(), st.parallelism, static_cast<long long>(st.buffer_size),
+        100.0 * st.buffer_occupancy, 1e6 * st.seconds_per_element, 100.0 * st.wait_fraction,
+        st.autotuned ? "  (autotuned)" : "");
+    stages.push_back({{"name", st.name},
+                      {"elements", st.elements},
+                      {"parallelism", st.parallelism},
+                      {"buffer_size", st.buffer_size},
+                      {"buffer_occupancy", st.buffer_occupancy},
+                      {"seconds_per_output", st.seconds_per_element},
+                      {"errors_skipped", st.errors_skipped},
+                      {"consumer_wait_fraction", st.wait_fraction},
+                      {"autotuned", st.autotuned}});
   }
-  write_report(c.report, {{"elements_per_s", rate}, {"elements", elements}, {"batches", batches},
-                          {"epochs", epochs}, {"seconds", seconds}, {"stages", stages}});
+  write_report(c.report, {{"elements_per_s", rate},
+                          {"elements", elements},
+                          {"batches", batches},
+                          {"epochs", epochs},
+                          {"seconds", seconds},
+                          {"stages", stages}});
   return 0;
 }
 
 struct ConvertOptions {
-  std::string dir = "/usr/share/datasets/fashion-mnist", out, compression = "none", image_format = "raw";
+  std::string dir = "/usr/share/datasets/fashion-mnist", out, compression = "none",
+              image_format = "raw";
   int shards = 4;
 };
 
@@ -235,16 +296,20 @@ int run_data_convert(const ConvertOptions& o) {
       std::int64_t count = 0;
       for (std::int64_t i = shard; i < n; i += o.shards) {
         io::Example ex;
-        const auto* img = reinterpret_cast<const char*>(images.data.data()) + static_cast<std::size_t>(i) * image_bytes;
+        const auto* img = reinterpret_cast<const char*>(images.data.data()) +
+                          static_cast<std::size_t>(i) * image_bytes;
         std::string raw(img, image_bytes);
         if (o.image_format == "png") {
-          const Tensor pixels = io::idx_to_f32(io::IdxArray{io::kIdxU8, {1, images.dims[1], images.dims[2]},
-                                                            std::vector<unsigned char>(raw.begin(), raw.end())},
-                                               1.0f / 255.0f);
+          const Tensor pixels =
+              io::idx_to_f32(io::IdxArray{io::kIdxU8,
+                                          {1, images.dims[1], images.dims[2]},
+                                          std::vector<unsigned char>(raw.begin(), raw.end())},
+                             1.0f / 255.0f);
           raw = data::encode_png(pixels);
         }
         ex["image"] = io::Feature::of_bytes({std::move(raw)});
-        ex["label"] = io::Feature::of_ints({static_cast<std::int64_t>(labels.data[static_cast<std::size_t>(i)])});
+        ex["label"] = io::Feature::of_ints(
+            {static_cast<std::int64_t>(labels.data[static_cast<std::size_t>(i)])});
         w.write(io::encode_example(ex));
         ++count;
       }
@@ -283,8 +348,8 @@ int run_data_inspect(const std::string& file, const std::string& compression) {
   }
   std::printf("%s: %lld records\n", file.c_str(), static_cast<long long>(records));
   for (const auto& [key, s] : features) {
-    std::printf("  %-12s %-10s values per record: %zu..%zu", key.c_str(), io::feature_kind_name(s.kind),
-                s.min_len == SIZE_MAX ? 0 : s.min_len, s.max_len);
+    std::printf("  %-12s %-10s values per record: %zu..%zu", key.c_str(),
+                io::feature_kind_name(s.kind), s.min_len == SIZE_MAX ? 0 : s.min_len, s.max_len);
     if (s.max_bytes > 0) std::printf(", bytes per value: %zu..%zu", s.min_bytes, s.max_bytes);
     std::printf("\n");
   }
@@ -301,6 +366,18 @@ int main(int argc, char** argv) {
   CLI::App* train_cmd = app.add_subcommand("train", "train a model described by a TOML config");
   add_common(train_cmd, train_opts);
   train_cmd->add_option("--resume", resume, "continue from a checkpoint directory");
+  WorkerFlags worker;
+  train_cmd
+      ->add_option("--rank", worker.rank,
+                   "this worker's rank (multi_worker_mirrored; else from hpm launch or mpirun)")
+      ->check(CLI::NonNegativeNumber);
+  train_cmd->add_option("--world-size", worker.world_size, "number of worker processes")
+      ->check(CLI::PositiveNumber);
+  train_cmd->add_option(
+      "--rendezvous", worker.rendezvous,
+      "HOST:PORT of rank 0's store (rank 0 hosts it), or a directory all workers share");
+  train_cmd->add_option("--hostname", worker.hostname,
+                        "address this worker's collectives bind to (default 127.0.0.1)");
   CLI::App* eval_cmd = app.add_subcommand("evaluate", "evaluate a checkpoint on the test set");
   add_common(eval_cmd, eval_opts);
   eval_cmd->add_option("--checkpoint", checkpoint, "checkpoint directory")->required();
@@ -308,33 +385,56 @@ int main(int argc, char** argv) {
   data_cmd->require_subcommand(1);
   Common bench_opts;
   std::int64_t bench_epochs = 1;
-  CLI::App* bench_cmd = data_cmd->add_subcommand("bench", "run a config's input pipeline alone and time it");
+  CLI::App* bench_cmd =
+      data_cmd->add_subcommand("bench", "run a config's input pipeline alone and time it");
   add_common(bench_cmd, bench_opts);
-  bench_cmd->add_option("--epochs", bench_epochs, "passes over the data")->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--epochs", bench_epochs, "passes over the data")
+      ->check(CLI::PositiveNumber);
   ConvertOptions convert;
   CLI::App* convert_cmd = data_cmd->add_subcommand(
-      "convert", "write Fashion-MNIST as sharded TFRecord files of tf.train.Example (image bytes, label)");
+      "convert",
+      "write Fashion-MNIST as sharded TFRecord files of tf.train.Example (image bytes, label)");
   convert_cmd->add_option("--dir", convert.dir, "IDX data set directory");
   convert_cmd->add_option("--out", convert.out, "output directory")->required();
-  convert_cmd->add_option("--shards", convert.shards, "files per split")->check(CLI::Range(1, 100000));
+  convert_cmd->add_option("--shards", convert.shards, "files per split")
+      ->check(CLI::Range(1, 100000));
   convert_cmd->add_option("--compression", convert.compression, "none, zlib or gzip");
   convert_cmd->add_option("--image-format", convert.image_format, "raw (784 bytes) or png")
       ->check(CLI::IsMember({"raw", "png"}));
   std::string inspect_file, inspect_compression = "none";
-  CLI::App* inspect_cmd = data_cmd->add_subcommand("inspect", "count the records of a TFRecord file and list its features");
+  CLI::App* inspect_cmd = data_cmd->add_subcommand(
+      "inspect", "count the records of a TFRecord file and list its features");
   inspect_cmd->add_option("file", inspect_file, "TFRecord file")->required();
   inspect_cmd->add_option("--compression", inspect_compression, "none, zlib or gzip");
+  AllreduceBenchOptions allreduce_bench;
+  CLI::App* perf_cmd = app.add_subcommand("bench", "measure the runtime's building blocks");
+  perf_cmd->require_subcommand(1);
+  CLI::App* allreduce_cmd =
+      perf_cmd->add_subcommand("allreduce", "all-reduce time and bandwidth per message size");
+  allreduce_cmd
+      ->add_option("--backend", allreduce_bench.backend, "local (threads) or gloo (processes)")
+      ->check(CLI::IsMember({"local", "gloo"}));
+  allreduce_cmd
+      ->add_option("--world", allreduce_bench.world,
+                   "ranks (gloo: forked here unless under hpm launch)")
+      ->check(CLI::Range(1, 256));
+  allreduce_cmd->add_option("--sizes", allreduce_bench.sizes,
+                            "comma-separated message sizes (K, M, G suffixes)");
+  allreduce_cmd->add_option("--algorithm", allreduce_bench.algorithm,
+                            "auto, direct, ring or recursive_doubling");
+  allreduce_cmd->add_option("--report", allreduce_bench.report, "write the results as JSON");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    if (*train_cmd) return run_train(train_opts, resume);
+    if (*train_cmd) return run_train(train_opts, resume, worker);
     if (*eval_cmd) return run_evaluate(eval_opts, checkpoint);
     if (*bench_cmd) return run_data_bench(bench_opts, bench_epochs);
     if (*convert_cmd) return run_data_convert(convert);
     if (*inspect_cmd) return run_data_inspect(inspect_file, inspect_compression);
+    if (*allreduce_cmd) return run_bench_allreduce(allreduce_bench);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

@@ -1,10 +1,12 @@
 #include "hpm/cli/config.h"
 
+#include <toml++/toml.h>
+
 #include <map>
 #include <set>
 #include <sstream>
-#include <toml++/toml.h>
 
+#include "hpm/comm/communicator.h"
 #include "hpm/io/tfrecord.h"
 #include "hpm/nn/layers.h"
 
@@ -91,8 +93,8 @@ class TableReader {
       if (!used_.count(key)) {
         std::ostringstream known;
         for (const auto& u : used_) known << (known.tellp() > 0 ? ", " : "") << u;
-        throw ConfigError(where(path_, k.source()) + ": unknown key '" + key + "' in " +
-                          section_ + " (known keys: " + known.str() + ")");
+        throw ConfigError(where(path_, k.source()) + ": unknown key '" + key + "' in " + section_ +
+                          " (known keys: " + known.str() + ")");
       }
     }
   }
@@ -220,7 +222,8 @@ std::vector<data::AugmentOp> parse_augment(const std::string& path, const toml::
     for (const auto& [k, v] : t) {
       const std::string key(k.str());
       if (!it->second.count(key)) {
-        throw ConfigError(where(path, k.source()) + ": unknown key '" + key + "' for augment op " + op.op);
+        throw ConfigError(where(path, k.source()) + ": unknown key '" + key + "' for augment op " +
+                          op.op);
       }
     }
     auto floats = [&](const char* key) {
@@ -228,9 +231,12 @@ std::vector<data::AugmentOp> parse_augment(const std::string& path, const toml::
       const toml::node* n = t.get(key);
       if (!n) throw ConfigError(eat + ": " + op.op + " needs '" + key + "'");
       if (n->is_number()) return std::vector<float>{static_cast<float>(*n->value<double>())};
-      if (!n->is_array()) throw ConfigError(where(path, n->source()) + ": '" + key + "' must be a number or an array");
+      if (!n->is_array())
+        throw ConfigError(where(path, n->source()) + ": '" + key +
+                          "' must be a number or an array");
       for (const auto& e : *n->as_array()) {
-        if (!e.is_number()) throw ConfigError(where(path, e.source()) + ": '" + key + "' must hold numbers");
+        if (!e.is_number())
+          throw ConfigError(where(path, e.source()) + ": '" + key + "' must hold numbers");
         out.push_back(static_cast<float>(*e.value<double>()));
       }
       return out;
@@ -239,11 +245,13 @@ std::vector<data::AugmentOp> parse_augment(const std::string& path, const toml::
       if (auto n = size->value_exact<std::int64_t>(); n && *n > 0) {
         op.height = op.width = *n;
       } else if (const toml::array* a = size->as_array(); a && a->size() == 2 &&
-                 a->get(0)->value_exact<std::int64_t>() && a->get(1)->value_exact<std::int64_t>()) {
+                                                          a->get(0)->value_exact<std::int64_t>() &&
+                                                          a->get(1)->value_exact<std::int64_t>()) {
         op.height = *a->get(0)->value_exact<std::int64_t>();
         op.width = *a->get(1)->value_exact<std::int64_t>();
       } else {
-        throw ConfigError(where(path, size->source()) + ": size must be a positive integer or [height, width]");
+        throw ConfigError(where(path, size->source()) +
+                          ": size must be a positive integer or [height, width]");
       }
     } else if (op.op == "random_crop" || op.op == "resize") {
       throw ConfigError(eat + ": " + op.op + " needs 'size'");
@@ -278,7 +286,8 @@ void apply_override(toml::table& root, const std::string& assignment) {
     root.insert(sec, toml::table{});
     target = root.get(sec);
   }
-  if (!target->is_table()) throw ConfigError("--set " + assignment + ": [" + sec + "] is not a table");
+  if (!target->is_table())
+    throw ConfigError("--set " + assignment + ": [" + sec + "] is not a table");
   target->as_table()->insert_or_assign(key, *parsed.get("v"));
 }
 
@@ -299,7 +308,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   c.path = path;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    static const std::set<std::string> sections = {"model", "data", "optimizer", "schedule", "train"};
+    static const std::set<std::string> sections = {"model",    "data",  "optimizer",
+                                                   "schedule", "train", "strategy"};
     if (!sections.count(key)) {
       throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
                         "] (known: data, model, optimizer, schedule, train)");
@@ -311,7 +321,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   {
     const toml::node* layers = model->get("layers");
     if (!layers || !layers->is_array() || layers->as_array()->empty()) {
-      throw ConfigError(where(path, model->source()) + ": [model] needs a non-empty 'layers' array");
+      throw ConfigError(where(path, model->source()) +
+                        ": [model] needs a non-empty 'layers' array");
     }
     for (const auto& l : *layers->as_array()) c.layers.push_back(parse_layer(path, l));
     TableReader r(path, "[model]", model);
@@ -332,7 +343,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   data.get("test_limit", c.test_limit);
   data.get("shuffle_buffer", c.shuffle_buffer);
   data.get("deterministic", c.deterministic);
-  if (const toml::table* t = section(path, root, "data"); t && t->get("cache") && t->get("cache")->is_string()) {
+  if (const toml::table* t = section(path, root, "data");
+      t && t->get("cache") && t->get("cache")->is_string()) {
     data.get("cache", c.cache_path);
     c.cache = true;
   } else {
@@ -347,10 +359,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   }
   data.finish();
   if (c.source != "idx" && c.source != "tfrecord") {
-    throw ConfigError(path + ": [data] source must be \"idx\" or \"tfrecord\", got \"" + c.source + "\"");
+    throw ConfigError(path + ": [data] source must be \"idx\" or \"tfrecord\", got \"" + c.source +
+                      "\"");
   }
   if (c.source == "tfrecord" && (c.files.empty() || c.test_files.empty())) {
-    throw ConfigError(path + ": [data] source = \"tfrecord\" needs files and test_files (glob patterns)");
+    throw ConfigError(path +
+                      ": [data] source = \"tfrecord\" needs files and test_files (glob patterns)");
   }
   try {
     io::compression_from_name(c.compression);
@@ -402,6 +416,34 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   tr.get_positive("checkpoint_every", c.checkpoint_every);
   tr.get("metrics_csv", c.metrics_csv);
   tr.finish();
+
+  TableReader st(path, "[strategy]", section(path, root, "strategy"));
+  st.get("kind", c.strategy);
+  st.get_positive("replicas", c.replicas);
+  st.get("bucket_mb", c.bucket_mb);
+  st.get("overlap", c.overlap);
+  st.get("algorithm", c.algorithm);
+  st.get_positive("timeout_s", c.timeout_s);
+  st.get("timeline", c.timeline);
+  st.finish();
+  static const std::set<std::string> kinds = {"one_device", "mirrored", "multi_worker_mirrored",
+                                              "central_storage"};
+  if (!kinds.count(c.strategy)) {
+    throw ConfigError(path +
+                      ": [strategy] kind must be one_device, mirrored, multi_worker_mirrored or "
+                      "central_storage, got \"" +
+                      c.strategy + "\"");
+  }
+  if (c.bucket_mb <= 0) throw ConfigError(path + ": [strategy] bucket_mb must be positive");
+  try {
+    comm::algorithm_from_name(c.algorithm);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(path + ": [strategy] algorithm: " + e.what());
+  }
+  if (c.strategy == "one_device" && c.replicas != 1) {
+    throw ConfigError(path + ": [strategy] one_device has exactly one replica, got replicas = " +
+                      std::to_string(c.replicas));
+  }
   return c;
 }
 
@@ -415,9 +457,10 @@ class LayerArgs {
     if (fallback) return *fallback;
     throw ConfigError(s_.where + ": layer " + s_.type + " needs '" + key + "'");
   }
-  std::int64_t integer(const std::string& key, std::optional<std::int64_t> fallback = std::nullopt) const {
-    const double v = number(key, fallback ? std::optional<double>(static_cast<double>(*fallback))
-                                          : std::nullopt);
+  std::int64_t integer(const std::string& key,
+                       std::optional<std::int64_t> fallback = std::nullopt) const {
+    const double v = number(
+        key, fallback ? std::optional<double>(static_cast<double>(*fallback)) : std::nullopt);
     if (v != static_cast<double>(static_cast<std::int64_t>(v)) || v < 0) {
       throw ConfigError(s_.where + ": layer " + s_.type + " '" + key +
                         "' must be a non-negative integer");
@@ -428,7 +471,8 @@ class LayerArgs {
     for (const auto& [k, v] : s_.flags)
       if (k == key) return v;
     for (const auto& [k, v] : s_.numbers)
-      if (k == key) throw ConfigError(s_.where + ": layer " + s_.type + " '" + key + "' must be a boolean");
+      if (k == key)
+        throw ConfigError(s_.where + ": layer " + s_.type + " '" + key + "' must be a boolean");
     return fallback;
   }
   std::string string(const std::string& key, const std::string& fallback) const {
@@ -457,7 +501,8 @@ std::shared_ptr<nn::Module> make_layer(const LayerSpec& s) {
       }
       return std::make_shared<nn::GELU>(approx == "tanh");
     }
-    if (t == "linear") return std::make_shared<nn::Linear>(a.integer("in"), a.integer("out"), a.flag("bias", true));
+    if (t == "linear")
+      return std::make_shared<nn::Linear>(a.integer("in"), a.integer("out"), a.flag("bias", true));
     if (t == "conv2d") {
       nn::Conv2dOptions o;
       o.in_channels = a.integer("in");
@@ -474,12 +519,12 @@ std::shared_ptr<nn::Module> make_layer(const LayerSpec& s) {
                                              static_cast<int>(a.integer("padding", 0)));
     }
     if (t == "avgpool2d") {
-      return std::make_shared<nn::AvgPool2d>(static_cast<int>(a.integer("kernel")),
-                                             static_cast<int>(a.integer("stride", 0)),
-                                             static_cast<int>(a.integer("padding", 0)),
-                                             a.flag("count_include_pad", true));
+      return std::make_shared<nn::AvgPool2d>(
+          static_cast<int>(a.integer("kernel")), static_cast<int>(a.integer("stride", 0)),
+          static_cast<int>(a.integer("padding", 0)), a.flag("count_include_pad", true));
     }
-    if (t == "dropout") return std::make_shared<nn::Dropout>(static_cast<float>(a.number("p", 0.5)));
+    if (t == "dropout")
+      return std::make_shared<nn::Dropout>(static_cast<float>(a.number("p", 0.5)));
     if (t == "batchnorm1d" || t == "batchnorm2d") {
       nn::BatchNormOptions o;
       o.num_features = a.integer("features");
@@ -490,9 +535,11 @@ std::shared_ptr<nn::Module> make_layer(const LayerSpec& s) {
     }
     if (t == "layernorm") {
       if (s.shape.empty()) throw ConfigError(s.where + ": layernorm needs 'shape'");
-      return std::make_shared<nn::LayerNorm>(Shape(s.shape), static_cast<float>(a.number("eps", 1e-5)));
+      return std::make_shared<nn::LayerNorm>(Shape(s.shape),
+                                             static_cast<float>(a.number("eps", 1e-5)));
     }
-    if (t == "embedding") return std::make_shared<nn::Embedding>(a.integer("num"), a.integer("dim"));
+    if (t == "embedding")
+      return std::make_shared<nn::Embedding>(a.integer("num"), a.integer("dim"));
   } catch (const std::invalid_argument& e) {
     throw ConfigError(s.where + ": " + e.what());
   }
@@ -530,7 +577,8 @@ std::shared_ptr<optim::Optimizer> build_optimizer(const Config& c, const nn::Mod
     }
     if (c.optimizer == "adam" || c.optimizer == "adamw") {
       optim::AdamOptions o{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.amsgrad, false};
-      if (c.optimizer == "adamw") return std::make_shared<optim::AdamW>(model.named_parameters(), o);
+      if (c.optimizer == "adamw")
+        return std::make_shared<optim::AdamW>(model.named_parameters(), o);
       return std::make_shared<optim::Adam>(model.named_parameters(), o);
     }
   } catch (const std::invalid_argument& e) {
@@ -545,10 +593,11 @@ std::shared_ptr<optim::LrSchedule> build_schedule(const Config& c) {
     if (c.schedule == "constant") return std::make_shared<optim::ConstantLr>();
     if (c.schedule == "step") return std::make_shared<optim::StepLr>(c.step_size, c.gamma);
     if (c.schedule == "cosine") return std::make_shared<optim::CosineLr>(c.t_max, c.eta_min);
-    if (c.schedule == "warmup") return std::make_shared<optim::WarmupLr>(c.warmup_start_factor, c.warmup);
+    if (c.schedule == "warmup")
+      return std::make_shared<optim::WarmupLr>(c.warmup_start_factor, c.warmup);
     if (c.schedule == "warmup_cosine") {
-      return std::make_shared<optim::WarmupLr>(c.warmup_start_factor, c.warmup,
-                                               std::make_shared<optim::CosineLr>(c.t_max, c.eta_min));
+      return std::make_shared<optim::WarmupLr>(
+          c.warmup_start_factor, c.warmup, std::make_shared<optim::CosineLr>(c.t_max, c.eta_min));
     }
   } catch (const std::invalid_argument& e) {
     throw ConfigError(c.path + ": [schedule] " + e.what());

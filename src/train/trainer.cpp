@@ -35,8 +35,36 @@ Trainer::Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optim
       schedule_(schedule ? std::move(schedule) : std::make_shared<optim::ConstantLr>()),
       base_lr_(optimizer_->lr()) {}
 
+Trainer::Trainer(std::shared_ptr<dist::Strategy> strategy,
+                 std::shared_ptr<optim::LrSchedule> schedule)
+    : Trainer(strategy->model(), strategy->optimizer(), std::move(schedule)) {
+  strategy_ = std::move(strategy);
+}
+
+void Trainer::set_lr(float lr) {
+  if (strategy_)
+    strategy_->set_lr(lr);
+  else
+    optimizer_->set_lr(lr);
+}
+
 double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* correct) {
   trace::Span span("train step", "train");
+  if (strategy_) {
+    const LossFn loss = loss_ ? loss_ : [this](const Tensor& logits, const Tensor& labels) {
+      return cross_entropy(logits, labels, options_.label_smoothing);
+    };
+    const dist::StepResult r = strategy_->train_step(x, y, loss, options_.clip_grad_norm);
+    if (!r.finite) {
+      std::ostringstream os;
+      os << "loss is not finite (NaN or Inf on some replica) at epoch " << state_.epoch + 1
+         << ", step " << state_.step_in_epoch + 1 << " (global step " << state_.global_step + 1
+         << "); stopping without updating the model";
+      throw TrainingError(os.str());
+    }
+    *correct += r.correct;
+    return r.loss;
+  }
   optimizer_->zero_grad();
   Tensor logits = model_->forward(x);
   Tensor loss = loss_ ? loss_(logits, y) : cross_entropy(logits, y, options_.label_smoothing);
@@ -75,6 +103,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   if (!options.resume_from.empty()) {
     state_ = load_checkpoint(options.resume_from, *model_, optimizer_.get());
     default_generator().set_state(state_.rng);
+    if (strategy_) strategy_->mirror_from_primary();
   } else {
     manual_seed(options.seed);
   }
@@ -95,7 +124,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       it->restore(reader);
     }
     state_.iterator_state.clear();
-    if (!options.schedule_per_step) optimizer_->set_lr(schedule_->lr(base_lr_, state_.epoch));
+    if (!options.schedule_per_step) set_lr(schedule_->lr(base_lr_, state_.epoch));
     for (auto& cb : callbacks_) cb->on_epoch_begin(*this, state_.epoch);
     EpochLogs logs;
     logs.epoch = state_.epoch;
@@ -116,11 +145,12 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
         epoch_done = true;
         break;
       }
-      if (batch.size() < 2) throw TrainingError("training batches need (inputs, labels) components");
+      if (batch.size() < 2)
+        throw TrainingError("training batches need (inputs, labels) components");
       const Tensor& x = batch[0];
       const Tensor& y = batch[1];
       if (options.schedule_per_step) {
-        optimizer_->set_lr(schedule_->lr(base_lr_, state_.global_step));
+        set_lr(schedule_->lr(base_lr_, state_.global_step));
       }
       const std::size_t before = device.stats().current_bytes;
       device.reset_peak();
@@ -135,7 +165,11 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       ++state_.step_in_epoch;
       ++state_.global_step;
       ++result.steps;
-      BatchLogs b{state_.epoch, state_.step_in_epoch, steps_per_epoch, state_.global_step, loss,
+      BatchLogs b{state_.epoch,
+                  state_.step_in_epoch,
+                  steps_per_epoch,
+                  state_.global_step,
+                  loss,
                   loss_sum / static_cast<double>(batches),
                   static_cast<double>(correct) / static_cast<double>(seen),
                   static_cast<double>(seen) / epoch_seconds};
@@ -161,7 +195,8 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       for (auto& cb : callbacks_) cb->on_epoch_end(*this, logs);
     }
     const bool last = state_.epoch + 1 >= options.epochs;
-    if (!options.checkpoint_dir.empty() &&
+    const bool writes_checkpoints = !strategy_ || strategy_->worker_rank() == 0;
+    if (!options.checkpoint_dir.empty() && writes_checkpoints &&
         (!epoch_done || last || (state_.epoch + 1) % options.checkpoint_every == 0)) {
       TrainerState s = state_;
       if (epoch_done) {

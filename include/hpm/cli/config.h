@@ -59,7 +59,7 @@ struct Config {
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
 
   // [schedule]
-  std::string schedule = "constant";  // constant | step | cosine | warmup | warmup_cosine
+  std::string schedule = "constant";    // constant | step | cosine | warmup | warmup_cosine
   std::string schedule_unit = "epoch";  // epoch | step
   std::int64_t step_size = 1, t_max = 1, warmup = 0;
   float gamma = 0.1f, eta_min = 0.0f, warmup_start_factor = 0.1f;
@@ -72,6 +72,16 @@ struct Config {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 1;
   std::string metrics_csv;
+
+  // [strategy]
+  std::string strategy =
+      "one_device";         // one_device | mirrored | multi_worker_mirrored | central_storage
+  int replicas = 1;         // local replicas (per process for multi_worker_mirrored)
+  double bucket_mb = 25.0;  // gradient bucket cap
+  bool overlap = true;      // all-reduce buckets during backward (false: after it)
+  std::string algorithm = "auto";  // auto | direct | ring | recursive_doubling
+  int timeout_s = 60;              // collectives fail after this long
+  std::string timeline;  // Chrome trace JSON of the run (per rank: compute and all-reduce)
 };
 
 // Parses `path`, then applies `overrides` ("section.key=value", value in TOML syntax, or a bare

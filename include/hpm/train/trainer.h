@@ -10,6 +10,7 @@
 
 #include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
+#include "hpm/dist/strategy.h"
 #include "hpm/nn/module.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/optim/schedule.h"
@@ -31,12 +32,12 @@ struct FitOptions {
   bool drop_last = true;  // as the peer scripts: every step sees a full batch
   std::uint64_t seed = 0;
   float label_smoothing = 0.0f;
-  float clip_grad_norm = 0.0f;  // 0 = off
+  float clip_grad_norm = 0.0f;     // 0 = off
   bool schedule_per_step = false;  // the LR schedule's t: global step, else epoch
   std::int64_t eval_batch_size = 1000;
-  std::string checkpoint_dir;          // empty = no checkpoints
-  std::int64_t checkpoint_every = 1;   // epochs
-  std::string resume_from;             // checkpoint root or ckpt-* directory
+  std::string checkpoint_dir;         // empty = no checkpoints
+  std::int64_t checkpoint_every = 1;  // epochs
+  std::string resume_from;            // checkpoint root or ckpt-* directory
 };
 
 struct EpochLogs {
@@ -59,10 +60,10 @@ struct EvalResult {
 
 struct FitResult {
   std::vector<EpochLogs> history;
-  std::int64_t steps = 0;         // optimizer steps taken in this call
+  std::int64_t steps = 0;  // optimizer steps taken in this call
   std::int64_t train_samples = 0;
-  double train_seconds = 0;       // time inside training steps (no evaluation)
-  double seconds = 0;             // wall time of fit
+  double train_seconds = 0;         // time inside training steps (no evaluation)
+  double seconds = 0;               // wall time of fit
   std::size_t step_peak_bytes = 0;  // max Device bytes a training step added over its start
   double input_wait_seconds = 0;    // waiting for batches from the input pipeline
   std::string last_checkpoint;
@@ -87,11 +88,18 @@ class Trainer {
  public:
   Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimizer> optimizer,
           std::shared_ptr<optim::LrSchedule> schedule = nullptr);
+  // Trains through a distribution strategy whose scope() has built the replicas: each batch is
+  // one global batch, split among the replicas in sync. Evaluation, prediction and checkpoints
+  // use the strategy's primary copy of the variables; only worker 0 writes checkpoints.
+  Trainer(std::shared_ptr<dist::Strategy> strategy,
+          std::shared_ptr<optim::LrSchedule> schedule = nullptr);
 
   // `train` yields (inputs, labels) batches; each epoch runs a new iterator (make_iterator(epoch)),
   // and a mid-epoch checkpoint saves the iterator's state.
-  FitResult fit(const data::Dataset& train, const data::LabelledData* test, const FitOptions& options);
-  // In-memory data: batches of options.batch_size, shuffled from (seed, epoch) when options.shuffle.
+  FitResult fit(const data::Dataset& train, const data::LabelledData* test,
+                const FitOptions& options);
+  // In-memory data: batches of options.batch_size, shuffled from (seed, epoch) when
+  // options.shuffle.
   FitResult fit(const data::LabelledData& train, const data::LabelledData* test,
                 const FitOptions& options);
   EvalResult evaluate(const data::LabelledData& data, std::int64_t batch_size = 1000);
@@ -106,10 +114,12 @@ class Trainer {
 
  private:
   double train_step(const Tensor& x, const Tensor& y, std::int64_t* correct);
+  void set_lr(float lr);
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<optim::LrSchedule> schedule_;
+  std::shared_ptr<dist::Strategy> strategy_;  // null: the model trains on the caller's thread
   LossFn loss_;
   FitOptions options_;
   TrainerState state_;

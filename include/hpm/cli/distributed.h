@@ -1,0 +1,25 @@
+// The [strategy] section and the worker flags, turned into a dist::Strategy.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "hpm/cli/config.h"
+#include "hpm/dist/strategy.h"
+
+namespace hpm::cli {
+
+// Where this process stands among the workers of a multi-worker job: from `hpm train --rank R
+// --world-size W --rendezvous HOST:PORT|DIR`, else from the environment `hpm launch` or `mpirun`
+// sets (see comm::gloo_options_from_env).
+struct WorkerFlags {
+  int rank = -1;
+  int world_size = 0;
+  std::string rendezvous;
+  std::string hostname;  // the address this worker's gloo device binds to (default 127.0.0.1)
+};
+
+// Null for one_device (the Trainer then runs the model on the calling thread). Throws
+// ConfigError when multi_worker_mirrored has no way to find its peers.
+std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags);
+
+}  // namespace hpm::cli

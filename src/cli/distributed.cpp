@@ -1,0 +1,54 @@
+#include "hpm/cli/distributed.h"
+
+#include "hpm/comm/gloo.h"
+
+namespace hpm::cli {
+
+namespace {
+
+comm::GlooOptions worker_options(const Config& cfg, const WorkerFlags& flags) {
+  comm::GlooOptions o;
+  if (flags.rank >= 0 || flags.world_size > 0 || !flags.rendezvous.empty()) {
+    if (flags.rank < 0 || flags.world_size < 1 || flags.rendezvous.empty()) {
+      throw ConfigError("multi_worker_mirrored: --rank, --world-size and --rendezvous go together");
+    }
+    o.rank = flags.rank;
+    o.world_size = flags.world_size;
+    o.rendezvous = flags.rendezvous;
+  } else if (auto env = comm::gloo_options_from_env()) {
+    o = *env;
+  } else {
+    throw ConfigError(cfg.path +
+                      ": [strategy] kind = \"multi_worker_mirrored\" needs its peers: run it under "
+                      "`hpm launch -n N --`, "
+                      "under mpirun, or with --rank, --world-size and --rendezvous HOST:PORT");
+  }
+  if (o.rank >= o.world_size) {
+    throw ConfigError("multi_worker_mirrored: rank " + std::to_string(o.rank) +
+                      " is not below the world size " + std::to_string(o.world_size));
+  }
+  if (!flags.hostname.empty()) o.hostname = flags.hostname;
+  o.timeout = std::chrono::seconds(cfg.timeout_s);
+  return o;
+}
+
+}  // namespace
+
+std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags) {
+  if (cfg.strategy == "one_device") return nullptr;
+  dist::StrategyOptions so;
+  so.replicas = cfg.replicas;
+  so.threads = cfg.threads;
+  so.seed = cfg.seed;
+  so.reducer.bucket_bytes = static_cast<std::size_t>(cfg.bucket_mb * 1024.0 * 1024.0);
+  so.reducer.overlap = cfg.overlap;
+  so.algorithm = comm::algorithm_from_name(cfg.algorithm);
+  so.timeout = std::chrono::seconds(cfg.timeout_s);
+  if (cfg.strategy == "mirrored") return dist::make_mirrored(so);
+  if (cfg.strategy == "central_storage") return dist::make_central_storage(so);
+  comm::CommunicatorPtr workers = comm::make_gloo_communicator(worker_options(cfg, flags));
+  workers->set_algorithm(so.algorithm);
+  return dist::make_multi_worker_mirrored(workers, so);
+}
+
+}  // namespace hpm::cli
