@@ -41,22 +41,24 @@ void write_dataset(const std::string& dir, std::int64_t n_train, std::int64_t n_
       const auto label = static_cast<unsigned char>(gen.below(10));
       labels.data.push_back(label);
       for (int k = 0; k < 784; ++k)
-        images.data.push_back(static_cast<unsigned char>(
-            (k % 10 == label ? 200 : 20) + static_cast<int>(gen.below(40))));
+        images.data.push_back(static_cast<unsigned char>((k % 10 == label ? 200 : 20) +
+                                                         static_cast<int>(gen.below(40))));
     }
     io::write_idx(dir + "/" + split + "-images-idx3-ubyte.gz", images, true);
     io::write_idx(dir + "/" + split + "-labels-idx1-ubyte.gz", labels, true);
   }
 }
 
-std::string mlp_config(const TempDir& dir, const std::string& data_dir, const std::string& extra = "") {
+std::string mlp_config(const TempDir& dir, const std::string& data_dir,
+                       const std::string& extra = "") {
   const std::string path = dir / "mlp.toml";
-  std::ofstream(path) << "[model]\nlayers = [{ type = \"flatten\" }, { type = \"linear\", in = 784, "
-                         "out = 32 }, { type = \"relu\" }, { type = \"linear\", in = 32, out = 10 }]\n"
-                      << "[data]\ndir = \"" << data_dir << "\"\nbatch_size = 16\n"
-                      << "[optimizer]\nkind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n"
-                      << "[train]\nepochs = 2\n"
-                      << extra;
+  std::ofstream(path)
+      << "[model]\nlayers = [{ type = \"flatten\" }, { type = \"linear\", in = 784, "
+         "out = 32 }, { type = \"relu\" }, { type = \"linear\", in = 32, out = 10 }]\n"
+      << "[data]\ndir = \"" << data_dir << "\"\nbatch_size = 16\n"
+      << "[optimizer]\nkind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n"
+      << "[train]\nepochs = 2\n"
+      << extra;
   return path;
 }
 
@@ -76,7 +78,8 @@ TEST(HpmCommand, HelpListsSubcommands) {
 TEST(HpmCommand, TrainsWritesReportAndResumes) {
   TempDir dir;
   write_dataset(dir.path(), 400, 100);
-  const std::string cfg = mlp_config(dir, dir.path(), "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  const std::string cfg =
+      mlp_config(dir, dir.path(), "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
   Result r = run("train " + cfg + " --report " + dir / "report.json" + " --set train.epochs=1");
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = nlohmann::json::parse(std::ifstream(dir / "report.json"));
@@ -86,7 +89,8 @@ TEST(HpmCommand, TrainsWritesReportAndResumes) {
   }
   EXPECT_GT(j["test_accuracy"].get<double>(), 0.5);
   EXPECT_EQ(j["steps"].get<int>(), 25);
-  Result resumed = run("train " + cfg + " --resume " + dir / "ckpt" + " --report " + dir / "r2.json");
+  Result resumed =
+      run("train " + cfg + " --resume " + dir / "ckpt" + " --report " + dir / "r2.json");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
   auto j2 = nlohmann::json::parse(std::ifstream(dir / "r2.json"));
   EXPECT_EQ(j2["steps"].get<int>(), 50);
@@ -109,8 +113,8 @@ TEST(HpmCommand, WrongIdxMagicIsReported) {
   write_dataset(dir.path(), 40, 10);
   const std::string bad = dir / "train-labels-idx1-ubyte.gz";
   std::filesystem::remove(bad);
-  std::ofstream(dir / "train-labels-idx1-ubyte", std::ios::binary) << std::string("\x12\x34\x08\x01", 4)
-                                                                   << std::string(4 + 40, '\0');
+  std::ofstream(dir / "train-labels-idx1-ubyte", std::ios::binary)
+      << std::string("\x12\x34\x08\x01", 4) << std::string(4 + 40, '\0');
   Result r = run("train " + mlp_config(dir, dir.path()));
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("train-labels-idx1-ubyte"), std::string::npos) << r.output;
@@ -139,7 +143,8 @@ TEST(HpmCommand, ConfigTypoIsReportedWithItsLine) {
 TEST(HpmCommand, NonFiniteLossStopsKeepingTheLastGoodCheckpoint) {
   TempDir dir;
   write_dataset(dir.path(), 160, 40);
-  const std::string cfg = mlp_config(dir, dir.path(), "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  const std::string cfg =
+      mlp_config(dir, dir.path(), "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
   ASSERT_EQ(run("train " + cfg + " --set train.epochs=1").code, 0);
   Result r = run("train " + cfg + " --resume " + dir / "ckpt" + " --set optimizer.lr=1e30");
   EXPECT_EQ(r.code, 3) << r.output;
@@ -155,8 +160,8 @@ TEST(HpmCommand, UnwritableCheckpointDirectoryIsReported) {
   TempDir dir;
   write_dataset(dir.path(), 40, 10);
   std::ofstream(dir / "plainfile") << "x";
-  Result r = run("train " + mlp_config(dir, dir.path()) + " --set train.checkpoint_dir=" +
-                 dir / "plainfile/ckpt");
+  Result r = run("train " + mlp_config(dir, dir.path()) +
+                 " --set train.checkpoint_dir=" + dir / "plainfile/ckpt");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find(dir / "plainfile/ckpt"), std::string::npos) << r.output;
 }
@@ -164,7 +169,8 @@ TEST(HpmCommand, UnwritableCheckpointDirectoryIsReported) {
 TEST(HpmCommand, DataConvertThenInspect) {
   TempDir dir;
   write_dataset(dir.path(), 30, 10);
-  Result c = run("data convert --dir " + dir.path() + " --out " + dir / "tfr" + " --shards 3 --compression gzip");
+  Result c = run("data convert --dir " + dir.path() + " --out " + dir / "tfr" +
+                 " --shards 3 --compression gzip");
   ASSERT_EQ(c.code, 0) << c.output;
   Result i = run("data inspect " + dir / "tfr/train-00001-of-00003.tfrecord.gz --compression gzip");
   ASSERT_EQ(i.code, 0) << i.output;
@@ -172,12 +178,14 @@ TEST(HpmCommand, DataConvertThenInspect) {
   EXPECT_NE(i.output.find("image        bytes_list"), std::string::npos) << i.output;
   EXPECT_NE(i.output.find("bytes per value: 784..784"), std::string::npos) << i.output;
   EXPECT_NE(i.output.find("label        int64_list"), std::string::npos) << i.output;
-  Result png = run("data convert --dir " + dir.path() + " --out " + dir / "png" + " --shards 1 --image-format png");
+  Result png = run("data convert --dir " + dir.path() + " --out " + dir / "png" +
+                   " --shards 1 --image-format png");
   ASSERT_EQ(png.code, 0) << png.output;
   Result pi = run("data inspect " + dir / "png/t10k-00000-of-00001.tfrecord");
   EXPECT_NE(pi.output.find(": 10 records"), std::string::npos) << pi.output;
   // Train from the converted files: the same data through list_files, interleave and parse.
-  Result t = run("train " + mlp_config(dir, dir.path()) + " --set train.epochs=1 --set data.source=tfrecord" +
+  Result t = run("train " + mlp_config(dir, dir.path()) +
+                 " --set train.epochs=1 --set data.source=tfrecord" +
                  " --set data.compression=gzip --set data.files=" + dir / "tfr/train-*" +
                  " --set data.test_files=" + dir / "tfr/t10k-*" + " --report " + dir / "tfr.json");
   ASSERT_EQ(t.code, 0) << t.output;
@@ -190,16 +198,133 @@ TEST(HpmCommand, DataConvertThenInspect) {
 TEST(HpmCommand, DataBenchReportsStages) {
   TempDir dir;
   write_dataset(dir.path(), 256, 10);
-  const std::string cfg = mlp_config(dir, dir.path(),
-                                     "");
+  const std::string cfg = mlp_config(dir, dir.path(), "");
   std::ofstream(cfg, std::ios::app) << "";
-  Result r = run("data bench " + cfg + " --set data.parallel_calls=2 --set data.prefetch=2 --report " +
-                 dir / "bench.json" + " --set 'data.augment=[{op=\"random_flip\"}]'");
+  Result r =
+      run("data bench " + cfg + " --set data.parallel_calls=2 --set data.prefetch=2 --report " +
+          dir / "bench.json" + " --set 'data.augment=[{op=\"random_flip\"}]'");
   ASSERT_EQ(r.code, 0) << r.output;
   auto j = nlohmann::json::parse(std::ifstream(dir / "bench.json"));
   EXPECT_EQ(j["elements"].get<int>(), 256);
   EXPECT_GT(j["elements_per_s"].get<double>(), 0);
   ASSERT_GE(j["stages"].size(), 2u);
+}
+
+}  // namespace
+}  // namespace hpm
+
+namespace hpm {
+namespace {
+
+double report_value(const std::string& path, const char* key) {
+  return nlohmann::json::parse(std::ifstream(path))[key].get<double>();
+}
+
+// Every strategy trains the same model to the same place (the arithmetic differs only by the
+// order of floating-point additions), writes its name in the report, and resumes.
+TEST(HpmStrategy, MirroredAndCentralStorageTrainLikeOneDevice) {
+  TempDir dir;
+  write_dataset(dir.path(), 640, 200);
+  const std::string cfg =
+      mlp_config(dir, dir.path(), "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  Result one =
+      run("train " + cfg + " --set train.epochs=1 --set train.checkpoint_dir='' --report " +
+          dir / "one.json");
+  ASSERT_EQ(one.code, 0) << one.output;
+  for (const char* kind : {"mirrored", "central_storage"}) {
+    const std::string report = dir / (std::string(kind) + ".json");
+    Result r =
+        run("train " + cfg +
+            " --set train.epochs=1 --set train.checkpoint_dir='' --set strategy.kind=" + kind +
+            " --set strategy.replicas=2 --threads 2 --report " + report);
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find(std::string("strategy ") + kind + ": 2 replica(s) in sync"),
+              std::string::npos)
+        << r.output;
+    auto j = nlohmann::json::parse(std::ifstream(report));
+    EXPECT_EQ(j["strategy"], kind);
+    EXPECT_EQ(j["replicas_in_sync"], 2);
+    EXPECT_EQ(j["steps"], 40);
+    EXPECT_NEAR(j["test_loss"].get<double>(), report_value(dir / "one.json", "test_loss"), 2e-3)
+        << kind;
+  }
+  // Mirrored with checkpoints, then resumed: the restored variables reach every replica.
+  Result first =
+      run("train " + cfg +
+          " --set strategy.kind=mirrored --set strategy.replicas=2 --set train.epochs=1");
+  ASSERT_EQ(first.code, 0) << first.output;
+  Result resumed =
+      run("train " + cfg + " --set strategy.kind=mirrored --set strategy.replicas=2 --resume " +
+          dir / "ckpt" + " --report " + dir / "resumed.json");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_EQ(report_value(dir / "resumed.json", "steps"), 80);
+  EXPECT_GT(report_value(dir / "resumed.json", "test_accuracy"), 0.5);
+}
+
+TEST(HpmStrategy, ConfigErrorsNameTheKey) {
+  TempDir dir;
+  write_dataset(dir.path(), 64, 16);
+  const std::string cfg = mlp_config(dir, dir.path());
+  Result typo = run("train " + cfg + " --set strategy.kind=mirrord");
+  EXPECT_EQ(typo.code, 1);
+  EXPECT_NE(typo.output.find("[strategy] kind must be one_device, mirrored, multi_worker_mirrored "
+                             "or central_storage, got \"mirrord\""),
+            std::string::npos)
+      << typo.output;
+  Result algo =
+      run("train " + cfg + " --set strategy.kind=mirrored --set strategy.algorithm=butterfly");
+  EXPECT_EQ(algo.code, 1);
+  EXPECT_NE(algo.output.find("unknown all-reduce algorithm 'butterfly'"), std::string::npos)
+      << algo.output;
+  Result one = run("train " + cfg + " --set strategy.replicas=2");
+  EXPECT_EQ(one.code, 1);
+  EXPECT_NE(one.output.find("one_device has exactly one replica"), std::string::npos) << one.output;
+  Result unknown = run("train " + cfg + " --set strategy.replica=2");
+  EXPECT_EQ(unknown.code, 1);
+  EXPECT_NE(unknown.output.find("replica"), std::string::npos) << unknown.output;
+  Result lonely = run("train " + cfg + " --set strategy.kind=multi_worker_mirrored");
+  EXPECT_EQ(lonely.code, 1);
+  EXPECT_NE(lonely.output.find("needs its peers"), std::string::npos) << lonely.output;
+}
+
+// Two processes rendezvous through a shared directory (gloo's FileStore) and train as one.
+TEST(HpmStrategy, MultiWorkerMirroredOverTwoProcessesMatchesOneDevice) {
+  TempDir dir;
+  write_dataset(dir.path(), 640, 200);
+  const std::string cfg = mlp_config(dir, dir.path());
+  Result one = run("train " + cfg + " --set train.epochs=1 --report " + dir / "one.json");
+  ASSERT_EQ(one.code, 0) << one.output;
+  std::filesystem::create_directories(dir / "rdv");
+  const std::string common = "train " + cfg +
+                             " --set train.epochs=1 --set strategy.kind=multi_worker_mirrored "
+                             "--set strategy.timeout_s=30 --world-size 2 --rendezvous " +
+                             dir / "rdv";
+  const std::string hpm = std::string(HPM_BINARY_DIR) + "/hpm ";
+  Result both = {0, ""};
+  {
+    const std::string cmd = "(" + hpm + common + " --rank 1 > " + dir / "rank1.log" +
+                            " 2>&1; echo $? > " + dir / "rank1.code" + ") & " + hpm + common +
+                            " --rank 0 --report " + dir / "mwm.json" +
+                            " 2>&1; code=$?; wait; exit $code";
+    FILE* p = popen(("sh -c '" + cmd + "'").c_str(), "r");
+    std::array<char, 4096> buf{};
+    while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p))
+      both.output.append(buf.data(), n);
+    const int status = pclose(p);
+    both.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+  ASSERT_EQ(both.code, 0) << both.output;
+  std::ifstream code1(dir / "rank1.code");
+  int rank1 = -1;
+  code1 >> rank1;
+  std::ifstream log1(dir / "rank1.log");
+  EXPECT_EQ(rank1, 0) << std::string(std::istreambuf_iterator<char>(log1), {});
+  EXPECT_NE(
+      both.output.find("strategy multi_worker_mirrored: 2 replica(s) in sync (2 worker(s) x 1)"),
+      std::string::npos)
+      << both.output;
+  EXPECT_NEAR(report_value(dir / "mwm.json", "test_loss"),
+              report_value(dir / "one.json", "test_loss"), 2e-3);
 }
 
 }  // namespace
