@@ -1,0 +1,121 @@
+#!/usr/bin/python3
+"""hpm's data-parallel runtime against its peers, side by side in one run (issue 4).
+
+1. All-reduce between 2 ranks: hpm local (threads sharing memory), hpm gloo (processes over TCP
+   loopback), OpenMPI (../shared/peers/mpi_allreduce.c) and torch.distributed gloo
+   (../shared/peers/torch_allreduce.py). The peers take whole MiB, so 4 KiB is measured for hpm only.
+2. Training samples/s on Fashion-MNIST, global batch 64: hpm one replica (1 thread), Mirrored with
+   2 replicas (2 threads), MultiWorkerMirrored with 2 processes of 1 thread, against PyTorch DDP
+   with 2 processes of 1 thread (../shared/peers/torch_ddp.py).
+Each measurement is repeated REPEATS times, alternating; medians are printed.
+
+usage: bench/dist_vs_peers.py [--repeats 3] [--models mlp,cnn]
+Needs: build/ (scripts/setup.sh), python3-torch, openmpi-bin and libopenmpi-dev (apt-get).
+"""
+import argparse, json, os, shutil, statistics, subprocess, sys, tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PEERS = os.path.join(ROOT, "..", "shared", "peers")
+HPM = os.path.join(ROOT, "build", "hpm")
+
+
+def peer_env():
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)  # the peer scripts name the right core themselves
+    env["OPENBLAS_NUM_THREADS"] = "1"
+    return env
+
+
+def hpm_allreduce(backend, sizes):
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        subprocess.run([HPM, "bench", "allreduce", "--backend", backend, "--world", "2", "--sizes", sizes,
+                        "--report", f.name], check=True, stdout=subprocess.DEVNULL)
+        return {r["bytes"]: r for r in json.load(open(f.name))["results"]}
+
+
+def mpi_allreduce(binary, mb, iters):
+    out = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", binary, str(mb), str(iters)],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])["seconds_per_allreduce"]
+
+
+def torch_allreduce(mb, iters):
+    out = subprocess.run(["/usr/bin/python3", os.path.join(PEERS, "torch_allreduce.py"), "2", str(mb), str(iters)],
+                         check=True, capture_output=True, text=True, env=peer_env()).stdout
+    return json.loads(out.strip().splitlines()[-1])["seconds_per_allreduce"]
+
+
+def hpm_train(model, extra, limit):
+    cfg = os.path.join(ROOT, "examples", f"fashion_{model}.toml")
+    with tempfile.TemporaryDirectory() as d:
+        report = os.path.join(d, "r.json")
+        args = [cfg, "--set", "train.epochs=1", "--set", f"data.train_limit={limit}", "--set", "data.test_limit=1000",
+                "--report", report] + extra
+        if "multi_worker" in " ".join(extra):
+            rdv = os.path.join(d, "rdv")
+            os.makedirs(rdv)
+            common = [HPM, "train"] + args[:-2] + ["--world-size", "2", "--rendezvous", rdv]
+            p1 = subprocess.Popen(common + ["--rank", "1"], stdout=subprocess.DEVNULL)
+            subprocess.run(common + ["--rank", "0", "--report", report], check=True, stdout=subprocess.DEVNULL)
+            if p1.wait() != 0:
+                raise RuntimeError("rank 1 failed")
+        else:
+            subprocess.run([HPM, "train"] + args, check=True, stdout=subprocess.DEVNULL)
+        return json.load(open(report))["train_samples_per_s"]
+
+
+def torch_ddp(model, steps):
+    out = subprocess.run(["/usr/bin/python3", os.path.join(PEERS, "torch_ddp.py"), model, "2", "64", str(steps)],
+                         check=True, capture_output=True, text=True, env=peer_env()).stdout
+    return json.loads(out.strip().splitlines()[-1])["samples_per_s"]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--models", default="mlp,cnn")
+    a = ap.parse_args()
+    med = statistics.median
+
+    tmp = tempfile.mkdtemp()
+    mpi_bin = os.path.join(tmp, "mpi_allreduce")
+    subprocess.run(["mpicc", "-O2", "-o", mpi_bin, os.path.join(PEERS, "mpi_allreduce.c")], check=True)
+    runs = {k: [] for k in ("local64", "gloo64", "local4k", "gloo4k", "mpi64", "torch64")}
+    for _ in range(a.repeats):
+        loc = hpm_allreduce("local", "4K,64M")
+        glo = hpm_allreduce("gloo", "4K,64M")
+        runs["local64"].append(loc[64 << 20]["seconds"])
+        runs["gloo64"].append(glo[64 << 20]["seconds"])
+        runs["local4k"].append(loc[4096]["seconds"])
+        runs["gloo4k"].append(glo[4096]["seconds"])
+        runs["mpi64"].append(mpi_allreduce(mpi_bin, 64, 10))
+        runs["torch64"].append(torch_allreduce(64, 10))
+    shutil.rmtree(tmp)
+    gb = lambda s: (64 << 20) / s / 1e9
+    print("All-reduce, 2 ranks, median seconds and algorithm bandwidth (GB/s = 1e9 B/s)")
+    print(f"  64 MiB: hpm local {med(runs['local64'])*1e3:.2f} ms ({gb(med(runs['local64'])):.2f} GB/s), "
+          f"hpm gloo {med(runs['gloo64'])*1e3:.2f} ms ({gb(med(runs['gloo64'])):.2f} GB/s), "
+          f"OpenMPI {med(runs['mpi64'])*1e3:.2f} ms ({gb(med(runs['mpi64'])):.2f} GB/s), "
+          f"torch gloo {med(runs['torch64'])*1e3:.2f} ms ({gb(med(runs['torch64'])):.2f} GB/s)")
+    print(f"  ratios at 64 MiB: hpm local / OpenMPI bandwidth {med(runs['mpi64'])/med(runs['local64']):.2f}x, "
+          f"hpm gloo / torch gloo {med(runs['torch64'])/med(runs['gloo64']):.2f}x")
+    print(f"  4 KiB: hpm local {med(runs['local4k'])*1e6:.1f} us, hpm gloo {med(runs['gloo4k'])*1e6:.1f} us")
+
+    for model in a.models.split(","):
+        limit = 12800 if model == "cnn" else 60000
+        steps = limit // 64
+        r = {k: [] for k in ("one", "mirrored", "mwm", "ddp")}
+        for _ in range(a.repeats):
+            r["one"].append(hpm_train(model, ["--threads", "1"], limit))
+            r["mirrored"].append(hpm_train(model, ["--threads", "2", "--set", "strategy.kind=mirrored",
+                                                   "--set", "strategy.replicas=2"], limit))
+            r["mwm"].append(hpm_train(model, ["--threads", "1", "--set", "strategy.kind=multi_worker_mirrored"], limit))
+            r["ddp"].append(torch_ddp(model, min(steps, 300)))
+        m = {k: med(v) for k, v in r.items()}
+        print(f"{model}, global batch 64, training samples/s: one replica {m['one']:.0f}, Mirrored x2 {m['mirrored']:.0f} "
+              f"({m['mirrored']/m['one']:.2f}x one replica, {m['mirrored']/m['ddp']:.2f}x DDP), "
+              f"MultiWorkerMirrored 2 processes {m['mwm']:.0f} ({m['mwm']/m['ddp']:.2f}x DDP), PyTorch DDP 2 processes {m['ddp']:.0f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
