@@ -1,5 +1,6 @@
 #include "hpm/dist/strategy.h"
 
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -184,7 +185,8 @@ std::pair<std::int64_t, std::int64_t> Strategy::replica_rows(std::int64_t global
 }
 
 Strategy::ReplicaOutcome Strategy::forward_backward(int r, const Tensor& x, const Tensor& y,
-                                                    const LossFn& loss_fn, Reducer* reducer) {
+                                                    const LossFn& loss_fn, Reducer* reducer,
+                                                    const std::function<void(bool)>& on_loss) {
   Replica& rep = replicas_[static_cast<std::size_t>(r)];
   const auto [first, rows] = replica_rows(x.size(0), r);
   ReplicaOutcome out;
@@ -197,6 +199,7 @@ Strategy::ReplicaOutcome Strategy::forward_backward(int r, const Tensor& x, cons
     Tensor loss = loss_fn(logits, yr);
     const float value = loss.item();
     out.finite = std::isfinite(value);
+    if (on_loss) on_loss(out.finite);
     out.loss_sum = static_cast<double>(value) * static_cast<double>(rows);
     out.correct = count_correct(logits, yr);
     // Gradients are averaged over replicas; weighting by rows makes that the global batch's mean
@@ -325,24 +328,33 @@ class MirroredBase : public Strategy {
 
   StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip) override {
     std::vector<ReplicaOutcome> outcomes(replicas_.size());
+    // In one process, every replica can see whether any loss was not finite once its gradients
+    // are reduced (each replica marks the flag before it joins the all-reduce that finalize waits
+    // for), so forward, backward and update are one job per step. Across processes the verdict
+    // takes a collective of its own, so the update waits for a second job.
+    const bool one_process = workers_ == nullptr || workers_->size() == 1;
+    std::atomic<int> not_finite{0};
     run([&](ReplicaContext& c) {
       const int r = c.replica_id_in_sync - worker_rank_ * local_replicas();
-      outcomes[static_cast<std::size_t>(r)] =
-          forward_backward(r, x, y, loss, reducers_[static_cast<std::size_t>(r)].get());
+      ReplicaOutcome& o = outcomes[static_cast<std::size_t>(r)];
+      o = forward_backward(r, x, y, loss, reducers_[static_cast<std::size_t>(r)].get(),
+                           [&](bool finite) { not_finite.fetch_add(finite ? 0 : 1); });
+      if (one_process && not_finite.load() == 0) update(c, clip);
     });
     StepResult result = combine(outcomes, workers_.get());
-    if (!result.finite) return result;
-    run([&](ReplicaContext& c) {
-      // Gradients are identical on every replica, so clipping and the update are too.
-      if (clip > 0) optim::clip_grad_norm(c.model.parameters(), clip);
-      c.optimizer.step();
-    });
+    if (!result.finite || one_process) return result;
+    run([&](ReplicaContext& c) { update(c, clip); });
     return result;
   }
 
   comm::Communicator* worker_communicator() const override { return workers_.get(); }
 
  protected:
+  // Gradients are identical on every replica, so clipping and the update are too.
+  static void update(ReplicaContext& c, float clip) {
+    if (clip > 0) optim::clip_grad_norm(c.model.parameters(), clip);
+    c.optimizer.step();
+  }
   virtual std::vector<comm::CommunicatorPtr> make_replica_communicators() = 0;
   comm::CommunicatorPtr workers_;
   std::vector<std::unique_ptr<Reducer>> reducers_;

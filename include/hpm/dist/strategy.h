@@ -106,8 +106,10 @@ class Strategy {
     std::int64_t correct = 0, rows = 0;
     bool finite = true;
   };
+  // `on_loss(finite)` runs before backward (and so before this replica joins any all-reduce).
   ReplicaOutcome forward_backward(int r, const Tensor& x, const Tensor& y, const LossFn& loss,
-                                  Reducer* reducer);
+                                  Reducer* reducer,
+                                  const std::function<void(bool)>& on_loss = nullptr);
   // Adds up local outcomes (and, across workers, through `workers`) into a StepResult.
   StepResult combine(const std::vector<ReplicaOutcome>& outcomes, comm::Communicator* workers);
   // The communicator that connects this process to the other workers (none in one process).
