@@ -16,6 +16,7 @@
 #include "hpm/cli/bench.h"
 #include "hpm/cli/config.h"
 #include "hpm/cli/distributed.h"
+#include "hpm/cli/launch.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
@@ -67,16 +68,25 @@ data::LabelledData limit(data::LabelledData d, std::int64_t n) {
 }
 
 // The training pipeline and the evaluation set the [data] section describes.
-data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples) {
+// `strategy`, when it spans workers and [strategy] shard is not "batch", gets this worker's shard.
+data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
+                                const dist::Strategy* strategy = nullptr) {
+  data::PipelineSpec spec = pipeline_spec(cfg);
+  if (strategy != nullptr && strategy->num_workers() > 1 && cfg.shard != "batch") {
+    spec.num_shards = strategy->num_workers();
+    spec.shard_index = strategy->worker_rank();
+    spec.shard_files = cfg.shard == "files";
+    spec.batch_size = cfg.batch_size / strategy->num_workers();
+  }
   if (cfg.source == "tfrecord") {
     *examples = -1;
     return data::build_tfrecord_pipeline(cfg.files, io::compression_from_name(cfg.compression),
-                                         pipeline_spec(cfg));
+                                         spec);
   }
   const data::LabelledData train =
       limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
   *examples = train.size();
-  return data::build_pipeline(train, pipeline_spec(cfg));
+  return data::build_pipeline(train, spec);
 }
 
 data::LabelledData test_set(const Config& cfg) {
@@ -113,7 +123,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   // In a multi-worker job only worker 0 speaks (progress, report); the others report errors.
   const bool chief = !strategy || strategy->worker_rank() == 0;
   std::int64_t train_examples = 0;
-  const data::Dataset pipeline = training_pipeline(cfg, &train_examples);
+  const data::Dataset pipeline = training_pipeline(cfg, &train_examples, strategy.get());
   const data::LabelledData test = test_set(cfg);
 
   const bool tty = isatty(fileno(stdout)) != 0;
@@ -423,12 +433,15 @@ int main(int argc, char** argv) {
   allreduce_cmd->add_option("--algorithm", allreduce_bench.algorithm,
                             "auto, direct, ring or recursive_doubling");
   allreduce_cmd->add_option("--report", allreduce_bench.report, "write the results as JSON");
+  LaunchOptions launch;
+  CLI::App* launch_cmd = add_launch_command(app, launch);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    if (*launch_cmd) return run_launch(launch);
     if (*train_cmd) return run_train(train_opts, resume, worker);
     if (*eval_cmd) return run_evaluate(eval_opts, checkpoint);
     if (*bench_cmd) return run_data_bench(bench_opts, bench_epochs);

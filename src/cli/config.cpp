@@ -425,7 +425,16 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   st.get("algorithm", c.algorithm);
   st.get_positive("timeout_s", c.timeout_s);
   st.get("timeline", c.timeline);
+  st.get("shard", c.shard);
   st.finish();
+  if (c.shard != "batch" && c.shard != "elements" && c.shard != "files") {
+    throw ConfigError(path +
+                      ": [strategy] shard must be \"batch\", \"elements\" or \"files\", got \"" +
+                      c.shard + "\"");
+  }
+  if (c.shard == "files" && c.source != "tfrecord") {
+    throw ConfigError(path + ": [strategy] shard = \"files\" needs [data] source = \"tfrecord\"");
+  }
   static const std::set<std::string> kinds = {"one_device", "mirrored", "multi_worker_mirrored",
                                               "central_storage"};
   if (!kinds.count(c.strategy)) {

@@ -46,7 +46,16 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
   so.timeout = std::chrono::seconds(cfg.timeout_s);
   if (cfg.strategy == "mirrored") return dist::make_mirrored(so);
   if (cfg.strategy == "central_storage") return dist::make_central_storage(so);
-  comm::CommunicatorPtr workers = comm::make_gloo_communicator(worker_options(cfg, flags));
+  const comm::GlooOptions where = worker_options(cfg, flags);
+  if (cfg.shard != "batch") {
+    if (cfg.batch_size % where.world_size != 0) {
+      throw ConfigError(cfg.path + ": [strategy] shard = \"" + cfg.shard + "\": batch_size " +
+                        std::to_string(cfg.batch_size) + " does not split evenly over " +
+                        std::to_string(where.world_size) + " workers");
+    }
+    so.per_worker_batches = true;
+  }
+  comm::CommunicatorPtr workers = comm::make_gloo_communicator(where);
   workers->set_algorithm(so.algorithm);
   return dist::make_multi_worker_mirrored(workers, so);
 }

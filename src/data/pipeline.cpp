@@ -1,12 +1,12 @@
 #include "hpm/data/pipeline.h"
 
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 
 #include "hpm/data/file_sources.h"
 #include "hpm/data/image.h"
 #include "hpm/data/image_codec.h"
-
-#include <cmath>
 
 namespace hpm::data {
 
@@ -38,7 +38,8 @@ Element augment_batch(Element e, const std::vector<AugmentOp>& ops) {
   const auto seed = static_cast<std::uint64_t>(e[2].data<std::int64_t>()[0]);
   const Tensor& images = e[0];
   const std::int64_t n = images.size(0);
-  std::vector<std::int64_t> row_dims(images.shape().dims().begin() + 1, images.shape().dims().end());
+  std::vector<std::int64_t> row_dims(images.shape().dims().begin() + 1,
+                                     images.shape().dims().end());
   Tensor out;
   for (std::int64_t i = 0; i < n; ++i) {
     Generator gen(augment_seed(seed, 0, i));
@@ -56,7 +57,8 @@ Element augment_batch(Element e, const std::vector<AugmentOp>& ops) {
 namespace {
 void check_augment(const std::vector<AugmentOp>& augment) {
   for (const AugmentOp& op : augment) {
-    if (op.op != "random_crop" && op.op != "random_flip" && op.op != "normalize" && op.op != "resize") {
+    if (op.op != "random_crop" && op.op != "random_flip" && op.op != "normalize" &&
+        op.op != "resize") {
       throw std::invalid_argument("unknown augmentation op '" + op.op +
                                   "' (known: random_crop, random_flip, normalize, resize)");
     }
@@ -74,9 +76,11 @@ Element decode_image_example(Element record) {
   const io::Example ex = io::decode_example(tensor_bytes(record.at(0)), "example");
   const auto image = ex.find("image");
   const auto label = ex.find("label");
-  if (image == ex.end() || image->second.kind != io::Feature::Bytes || image->second.bytes.size() != 1 ||
-      label == ex.end() || label->second.kind != io::Feature::Int64 || label->second.ints.size() != 1) {
-    throw DataError("decode_image_example", "expected features image (one bytes value) and label (one int64)");
+  if (image == ex.end() || image->second.kind != io::Feature::Bytes ||
+      image->second.bytes.size() != 1 || label == ex.end() ||
+      label->second.kind != io::Feature::Int64 || label->second.ints.size() != 1) {
+    throw DataError("decode_image_example",
+                    "expected features image (one bytes value) and label (one int64)");
   }
   const std::string& bytes = image->second.bytes[0];
   Tensor pixels;
@@ -86,26 +90,63 @@ Element decode_image_example(Element record) {
   if (encoded) {
     pixels = decode_image(bytes);
   } else {
-    const auto side = static_cast<std::int64_t>(std::lround(std::sqrt(static_cast<double>(bytes.size()))));
+    const auto side =
+        static_cast<std::int64_t>(std::lround(std::sqrt(static_cast<double>(bytes.size()))));
     if (side * side != static_cast<std::int64_t>(bytes.size())) {
       throw DataError("decode_image_example", "raw image of " + std::to_string(bytes.size()) +
                                                   " bytes is not a square grey image");
     }
     pixels = Tensor::empty({1, side, side});
     float* d = pixels.data<float>();
-    for (std::size_t i = 0; i < bytes.size(); ++i) d[i] = static_cast<unsigned char>(bytes[i]) / 255.0f;
+    for (std::size_t i = 0; i < bytes.size(); ++i)
+      d[i] = static_cast<unsigned char>(bytes[i]) / 255.0f;
   }
   return {pixels, Tensor::from_i64(std::vector<std::int64_t>{label->second.ints[0]}, Shape{})};
 }
 
-Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression, const PipelineSpec& spec) {
+namespace {
+void check_shards(const PipelineSpec& spec) {
+  if (spec.num_shards < 1 || spec.shard_index < 0 || spec.shard_index >= spec.num_shards) {
+    throw std::invalid_argument("shard " + std::to_string(spec.shard_index) + " of " +
+                                std::to_string(spec.num_shards) + " does not exist");
+  }
+}
+
+// Rows i with i % num_shards == index, copied.
+LabelledData shard_rows(const LabelledData& data, std::int64_t num_shards, std::int64_t index) {
+  const std::int64_t n = data.size(), rows = (n - index + num_shards - 1) / num_shards;
+  Shape in_shape = data.inputs.shape();
+  in_shape[0] = rows;
+  LabelledData out{Tensor::empty(in_shape), Tensor::empty({rows}, DType::I64)};
+  const std::int64_t width = data.inputs.numel() / std::max<std::int64_t>(n, 1);
+  const float* src = data.inputs.data<float>();
+  float* dst = out.inputs.data<float>();
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t i = r * num_shards + index;
+    std::copy(src + i * width, src + (i + 1) * width, dst + r * width);
+    out.labels.data<std::int64_t>()[r] = data.labels.data<std::int64_t>()[i];
+  }
+  return out;
+}
+}  // namespace
+
+Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression,
+                                const PipelineSpec& spec) {
   check_augment(spec.augment);
-  Dataset d = list_files(files, spec.shuffle_buffer != 0, spec.seed)
-                  .interleave([compression](const Element& path) { return tfrecord_from_path(path, compression); },
-                              4, 1, kAutotune)
-                  .map(decode_image_example, MapOptions{spec.parallel_calls, spec.deterministic});
+  check_shards(spec);
+  Dataset listed = list_files(files, spec.shuffle_buffer != 0, spec.seed);
+  if (spec.num_shards > 1 && spec.shard_files)
+    listed = listed.shard(spec.num_shards, spec.shard_index);
+  Dataset d =
+      listed
+          .interleave(
+              [compression](const Element& path) { return tfrecord_from_path(path, compression); },
+              4, 1, kAutotune)
+          .map(decode_image_example, MapOptions{spec.parallel_calls, spec.deterministic});
+  if (spec.num_shards > 1 && !spec.shard_files) d = d.shard(spec.num_shards, spec.shard_index);
   if (spec.cache) d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path);
-  if (spec.shuffle_buffer != 0) d = d.shuffle(spec.shuffle_buffer < 0 ? 10000 : spec.shuffle_buffer, spec.seed);
+  if (spec.shuffle_buffer != 0)
+    d = d.shuffle(spec.shuffle_buffer < 0 ? 10000 : spec.shuffle_buffer, spec.seed);
   if (!spec.augment.empty()) {
     const std::vector<AugmentOp> ops = spec.augment;
     d = Dataset::zip({d, Dataset::random(spec.seed)})
@@ -133,13 +174,18 @@ LabelledData load_tfrecord_examples(const std::string& files, io::Compression co
   return d;
 }
 
-Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec) {
+Dataset build_pipeline(const LabelledData& all, const PipelineSpec& spec) {
   check_augment(spec.augment);
+  check_shards(spec);
+  if (spec.shard_files)
+    throw std::invalid_argument("sharding by files needs a file source (source = \"tfrecord\")");
+  const LabelledData data =
+      spec.num_shards > 1 ? shard_rows(all, spec.num_shards, spec.shard_index) : all;
   if (!spec.cache && (spec.shuffle_buffer == -1 || spec.shuffle_buffer == 0)) {
     // A full shuffle: gather whole batches, then augment batch by batch, so the sequential part of
     // the pipeline is one gather per batch and threads meet once per batch.
-    Dataset b = Dataset::batched_slices({data.inputs, data.labels}, spec.batch_size, spec.shuffle_buffer != 0,
-                                        spec.seed, spec.drop_remainder);
+    Dataset b = Dataset::batched_slices({data.inputs, data.labels}, spec.batch_size,
+                                        spec.shuffle_buffer != 0, spec.seed, spec.drop_remainder);
     if (!spec.augment.empty()) {
       const std::vector<AugmentOp> ops = spec.augment;
       b = Dataset::zip({b, Dataset::random(spec.seed)})
@@ -151,8 +197,9 @@ Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec) {
   Dataset d = Dataset::from_tensor_slices({data.inputs, data.labels});
   if (spec.cache) d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path);
   if (spec.shuffle_buffer != 0) {
-    d = d.shuffle(spec.shuffle_buffer < 0 ? std::max<std::int64_t>(1, data.size()) : spec.shuffle_buffer,
-                  spec.seed);
+    d = d.shuffle(
+        spec.shuffle_buffer < 0 ? std::max<std::int64_t>(1, data.size()) : spec.shuffle_buffer,
+        spec.seed);
   }
   if (!spec.augment.empty()) {
     const std::vector<AugmentOp> ops = spec.augment;

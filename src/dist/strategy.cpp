@@ -176,11 +176,12 @@ void Strategy::run(const std::function<void(ReplicaContext&)>& fn) {
   });
 }
 
-std::pair<std::int64_t, std::int64_t> Strategy::replica_rows(std::int64_t global_batch,
-                                                             int r) const {
-  const std::int64_t n = num_replicas_in_sync();
-  const std::int64_t i = static_cast<std::int64_t>(worker_rank_) * local_replicas() + r;
-  const std::int64_t first = global_batch * i / n, last = global_batch * (i + 1) / n;
+std::pair<std::int64_t, std::int64_t> Strategy::replica_rows(std::int64_t batch, int r) const {
+  // The batch is split among the replicas it belongs to: this worker's, or everybody's.
+  const bool own = options_.per_worker_batches;
+  const std::int64_t n = own ? local_replicas() : num_replicas_in_sync();
+  const std::int64_t i = (own ? 0 : static_cast<std::int64_t>(worker_rank_) * local_replicas()) + r;
+  const std::int64_t first = batch * i / n, last = batch * (i + 1) / n;
   return {first, last - first};
 }
 
@@ -204,8 +205,10 @@ Strategy::ReplicaOutcome Strategy::forward_backward(int r, const Tensor& x, cons
     out.correct = count_correct(logits, yr);
     // Gradients are averaged over replicas; weighting by rows makes that the global batch's mean
     // also when the batch does not split evenly.
-    const double weight = static_cast<double>(num_replicas_in_sync()) * static_cast<double>(rows) /
-                          static_cast<double>(x.size(0));
+    const double global_batch =
+        static_cast<double>(x.size(0)) * (options_.per_worker_batches ? num_workers_ : 1);
+    const double weight =
+        static_cast<double>(num_replicas_in_sync()) * static_cast<double>(rows) / global_batch;
     if (weight != 1.0) loss = loss * static_cast<float>(weight);
     trace::Span span("backward", "compute");
     loss.backward();

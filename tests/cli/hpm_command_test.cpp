@@ -282,6 +282,11 @@ TEST(HpmStrategy, ConfigErrorsNameTheKey) {
   Result unknown = run("train " + cfg + " --set strategy.replica=2");
   EXPECT_EQ(unknown.code, 1);
   EXPECT_NE(unknown.output.find("replica"), std::string::npos) << unknown.output;
+  Result files = run("train " + cfg + " --set strategy.kind=mirrored --set strategy.shard=files");
+  EXPECT_EQ(files.code, 1);
+  EXPECT_NE(files.output.find("shard = \"files\" needs [data] source = \"tfrecord\""),
+            std::string::npos)
+      << files.output;
   Result lonely = run("train " + cfg + " --set strategy.kind=multi_worker_mirrored");
   EXPECT_EQ(lonely.code, 1);
   EXPECT_NE(lonely.output.find("needs its peers"), std::string::npos) << lonely.output;
@@ -294,35 +299,44 @@ TEST(HpmStrategy, MultiWorkerMirroredOverTwoProcessesMatchesOneDevice) {
   const std::string cfg = mlp_config(dir, dir.path());
   Result one = run("train " + cfg + " --set train.epochs=1 --report " + dir / "one.json");
   ASSERT_EQ(one.code, 0) << one.output;
-  std::filesystem::create_directories(dir / "rdv");
-  const std::string common = "train " + cfg +
-                             " --set train.epochs=1 --set strategy.kind=multi_worker_mirrored "
-                             "--set strategy.timeout_s=30 --world-size 2 --rendezvous " +
-                             dir / "rdv";
-  const std::string hpm = std::string(HPM_BINARY_DIR) + "/hpm ";
-  Result both = {0, ""};
-  {
+  // Both ranks at once: rank 1 in the background, rank 0 in the foreground.
+  auto two_processes = [&](const std::string& name, const std::string& extra) {
+    std::filesystem::create_directories(dir / name);
+    const std::string common = "train " + cfg +
+                               " --set train.epochs=1 --set strategy.kind=multi_worker_mirrored "
+                               "--set strategy.timeout_s=30 --world-size 2 --rendezvous " +
+                               dir / name + " " + extra;
+    const std::string hpm = std::string(HPM_BINARY_DIR) + "/hpm ";
     const std::string cmd = "(" + hpm + common + " --rank 1 > " + dir / "rank1.log" +
                             " 2>&1; echo $? > " + dir / "rank1.code" + ") & " + hpm + common +
-                            " --rank 0 --report " + dir / "mwm.json" +
+                            " --rank 0 --report " + dir / (name + ".json") +
                             " 2>&1; code=$?; wait; exit $code";
+    Result both{0, ""};
     FILE* p = popen(("sh -c '" + cmd + "'").c_str(), "r");
     std::array<char, 4096> buf{};
     while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p))
       both.output.append(buf.data(), n);
     const int status = pclose(p);
     both.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  }
+    std::ifstream code1(dir / "rank1.code");
+    int rank1 = -1;
+    code1 >> rank1;
+    std::ifstream log1(dir / "rank1.log");
+    EXPECT_EQ(rank1, 0) << std::string(std::istreambuf_iterator<char>(log1), {});
+    return both;
+  };
+  Result both = two_processes("mwm", "");
   ASSERT_EQ(both.code, 0) << both.output;
-  std::ifstream code1(dir / "rank1.code");
-  int rank1 = -1;
-  code1 >> rank1;
-  std::ifstream log1(dir / "rank1.log");
-  EXPECT_EQ(rank1, 0) << std::string(std::istreambuf_iterator<char>(log1), {});
   EXPECT_NE(
       both.output.find("strategy multi_worker_mirrored: 2 replica(s) in sync (2 worker(s) x 1)"),
       std::string::npos)
       << both.output;
+  // Each worker reading only its half of the elements (batches of 8): other batches than the
+  // single device's, so only the outcome compares.
+  Result sharded = two_processes("sharded", "--set strategy.shard=elements");
+  ASSERT_EQ(sharded.code, 0) << sharded.output;
+  EXPECT_EQ(report_value(dir / "sharded.json", "steps"), 40);
+  EXPECT_GT(report_value(dir / "sharded.json", "test_accuracy"), 0.5);
   EXPECT_NEAR(report_value(dir / "mwm.json", "test_loss"),
               report_value(dir / "one.json", "test_loss"), 2e-3);
 }

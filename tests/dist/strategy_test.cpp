@@ -142,6 +142,35 @@ TEST(Strategies, MultiWorkerMirroredMatchesOneDevice) {
   }
 }
 
+// Workers that read their own shards: worker w gets rows [32w, 32w + 32) of the global batch.
+TEST(Strategies, MultiWorkerMirroredWithPerWorkerBatchesMatchesOneDevice) {
+  const std::vector<float> ref = train(*make_one_device(), 4, 64);
+  auto workers = comm::make_local_group(2, 20s);
+  std::vector<std::vector<float>> results(2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Generator init(7);
+      ThreadGeneratorGuard guard(init);
+      StrategyOptions o;
+      o.replicas = 2;
+      o.per_worker_batches = true;
+      auto s = make_multi_worker_mirrored(workers[w], o);
+      s->scope(small_model, sgd);
+      for (int k = 0; k < 4; ++k) {
+        const Batch b = batch(64, 100 + static_cast<std::uint64_t>(k));
+        const StepResult r =
+            s->train_step(b.x.narrow(32 * w, 32), b.y.narrow(32 * w, 32), loss_fn, 0.0f);
+        EXPECT_EQ(r.samples, 64);
+      }
+      results[w] = flat_parameters(*s->model());
+    });
+  }
+  for (auto& t : threads) t.join();
+  expect_close(ref, results[0], "multi-worker mirrored, per-worker batches");
+  EXPECT_EQ(results[0], results[1]);
+}
+
 TEST(Strategies, MirroredIsBitIdenticalFromRunToRun) {
   StrategyOptions o;
   o.replicas = 2;

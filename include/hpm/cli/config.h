@@ -82,6 +82,10 @@ struct Config {
   std::string algorithm = "auto";  // auto | direct | ring | recursive_doubling
   int timeout_s = 60;              // collectives fail after this long
   std::string timeline;  // Chrome trace JSON of the run (per rank: compute and all-reduce)
+  // How workers share the data: "batch" (each reads every global batch and trains on its slice of
+  // the rows: the single-device arithmetic), "elements" or "files" (each reads only its shard,
+  // batches of batch_size / workers).
+  std::string shard = "batch";
 };
 
 // Parses `path`, then applies `overrides` ("section.key=value", value in TOML syntax, or a bare

@@ -32,6 +32,10 @@ struct PipelineSpec {
   std::int64_t prefetch = kAutotune;  // 0: none
   bool cache = false;                 // before shuffling: in memory, or in cache_path if set
   std::string cache_path;
+  // This worker's share of the data (tf.data's auto-sharding): element i belongs to shard
+  // i % num_shards; with shard_files, TFRecord files are dealt out instead of elements.
+  std::int64_t num_shards = 1, shard_index = 0;
+  bool shard_files = false;
 };
 
 // Throws std::invalid_argument naming a bad op or setting.
@@ -41,7 +45,8 @@ Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec);
 // label: int64} (what `hpm data convert` writes): list_files -> interleave (parallel reads) ->
 // map(decode) -> [cache] -> shuffle (a full shuffle becomes a 10k buffer) -> augment -> batch ->
 // [prefetch].
-Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression, const PipelineSpec& spec);
+Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression,
+                                const PipelineSpec& spec);
 // Every example of the matching files, in file order, as an in-memory set (for evaluation).
 LabelledData load_tfrecord_examples(const std::string& files, io::Compression compression);
 // (record bytes) -> (image (C,H,W) F32 in [0,1], label I64 scalar).

@@ -51,6 +51,10 @@ struct StrategyOptions {
   ReducerOptions reducer;
   comm::Algorithm algorithm = comm::Algorithm::kAuto;
   comm::Milliseconds timeout{std::chrono::seconds(60)};
+  // false: every worker is given the same global batch and trains on its slice of the rows (the
+  // exact single-device arithmetic). true: each worker's input is already its own shard (the
+  // dataset was sharded by files or elements), of equal size on every worker.
+  bool per_worker_batches = false;
 };
 
 class Strategy {
@@ -83,8 +87,8 @@ class Strategy {
   // The sum, mean or max over all replicas in sync of one value per local replica.
   double reduce(comm::ReduceOp op, const std::vector<double>& per_replica);
 
-  // Rows [first, first + count) of the global batch that local replica r trains on.
-  std::pair<std::int64_t, std::int64_t> replica_rows(std::int64_t global_batch, int r) const;
+  // Rows [first, first + count) of the batch given to train_step that local replica r trains on.
+  std::pair<std::int64_t, std::int64_t> replica_rows(std::int64_t batch, int r) const;
 
   // One synchronous step on a global batch: every replica runs forward and backward on its rows,
   // gradients are averaged, clipped by global norm if `clip_grad_norm` > 0, and applied. When a
