@@ -49,7 +49,7 @@ void Work::wait(Milliseconds timeout) {
   } else if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
     throw CommError(what_ + ": not complete after " + std::to_string(timeout.count()) + " ms");
   }
-  if (error_) std::rethrow_exception(error_);
+  if (failed_) throw CommError(error_);
 }
 
 bool Work::completed() const {
@@ -58,10 +58,23 @@ bool Work::completed() const {
 }
 
 void Work::finish(std::exception_ptr error) {
+  // Keep the message, not the exception object: waiters on other threads each throw their own
+  // copy, so no exception object is shared between threads.
+  std::string message;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      message = e.what();
+    } catch (...) {
+      message = what_ + ": unknown error";
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ = true;
-    error_ = std::move(error);
+    failed_ = error != nullptr;
+    error_ = std::move(message);
   }
   cv_.notify_all();
 }

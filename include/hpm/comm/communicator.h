@@ -73,7 +73,8 @@ class Work {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
-  std::exception_ptr error_;
+  bool failed_ = false;
+  std::string error_;
 };
 
 using WorkPtr = std::shared_ptr<Work>;
