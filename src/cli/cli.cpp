@@ -176,7 +176,12 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     std::string path = cfg.timeline;
     if (strategy && strategy->num_workers() > 1)
       path += ".rank" + std::to_string(strategy->worker_rank());
-    io::write_file_atomic(path, trace::chrome_json(trace::events()));
+    const bool svg = path.size() > 4 && path.compare(path.size() - 4, 4, ".svg") == 0;
+    io::write_file_atomic(
+        path,
+        svg ? trace::svg(trace::events(), "hpm train " + cfg.path + " (" +
+                                              (strategy ? strategy->name() : "one_device") + ")")
+            : trace::chrome_json(trace::events()));
   }
   if (!chief) return 0;
   const train::EvalResult ev = trainer.evaluate(test);
