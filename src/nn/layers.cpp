@@ -47,8 +47,8 @@ Conv2d::Conv2d(const Conv2dOptions& o, Generator& gen) : o_(o) {
   }
   const std::int64_t fan_in = o.in_channels * o.kernel_size * o.kernel_size;
   weight = register_parameter(
-      "weight", fan_in_uniform({o.out_channels, o.in_channels, o.kernel_size, o.kernel_size},
-                               fan_in, gen));
+      "weight",
+      fan_in_uniform({o.out_channels, o.in_channels, o.kernel_size, o.kernel_size}, fan_in, gen));
   if (o.bias) bias = register_parameter("bias", fan_in_uniform({o.out_channels}, fan_in, gen));
 }
 
@@ -76,7 +76,8 @@ std::string Conv2d::extra_repr() const {
 
 namespace {
 kernels::Pool2dParams pool_params(int k, int s, int p, bool include_pad) {
-  if (k <= 0 || s < 0 || p < 0) throw std::invalid_argument("pooling: invalid kernel/stride/padding");
+  if (k <= 0 || s < 0 || p < 0)
+    throw std::invalid_argument("pooling: invalid kernel/stride/padding");
   const int stride = s == 0 ? k : s;
   return {k, k, stride, stride, p, p, include_pad};
 }
@@ -94,7 +95,7 @@ AvgPool2d::AvgPool2d(int kernel_size, int stride, int padding, bool count_includ
     : p_(pool_params(kernel_size, stride, padding, count_include_pad)) {}
 std::string AvgPool2d::extra_repr() const { return pool_repr(p_); }
 
-Dropout::Dropout(float p, Generator& gen) : p_(p), gen_(&gen) {
+Dropout::Dropout(float p, Generator* gen) : p_(p), gen_(gen) {
   if (p < 0.0f || p >= 1.0f) {
     throw std::invalid_argument("Dropout: p must be in [0, 1), got " + std::to_string(p));
   }
@@ -160,7 +161,8 @@ std::string LayerNorm::extra_repr() const {
 }
 
 Embedding::Embedding(std::int64_t num_embeddings, std::int64_t dim, Generator& gen) {
-  if (num_embeddings <= 0 || dim <= 0) throw std::invalid_argument("Embedding: sizes must be positive");
+  if (num_embeddings <= 0 || dim <= 0)
+    throw std::invalid_argument("Embedding: sizes must be positive");
   weight = register_parameter("weight", Tensor::randn({num_embeddings, dim}, gen));
 }
 

@@ -111,8 +111,12 @@ class Sigmoid : public Module {
 
 class Dropout : public Module {
  public:
-  explicit Dropout(float p = 0.5f, Generator& gen = default_generator());
-  Tensor forward(const Tensor& x) override { return dropout(x, p_, is_training(), *gen_); }
+  // Without `gen`, each forward draws from the calling thread's default generator (so replicas
+  // on threads of their own draw from their own streams).
+  explicit Dropout(float p = 0.5f, Generator* gen = nullptr);
+  Tensor forward(const Tensor& x) override {
+    return dropout(x, p_, is_training(), gen_ != nullptr ? *gen_ : default_generator());
+  }
   std::string type_name() const override { return "Dropout"; }
   std::string extra_repr() const override;
 
@@ -132,7 +136,9 @@ class BatchNorm : public Module {
  public:
   BatchNorm(const BatchNormOptions& o, int spatial_dims);
   Tensor forward(const Tensor& x) override;
-  std::string type_name() const override { return spatial_dims_ == 2 ? "BatchNorm2d" : "BatchNorm1d"; }
+  std::string type_name() const override {
+    return spatial_dims_ == 2 ? "BatchNorm2d" : "BatchNorm1d";
+  }
   std::string extra_repr() const override;
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
