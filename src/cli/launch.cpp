@@ -35,12 +35,11 @@ constexpr std::size_t kMaxLine = 1 << 20;  // longer lines are relayed in pieces
 constexpr auto kDrainAfterExit = std::chrono::milliseconds(1000);
 
 const char* const kFooter =
-    "Each rank gets HPM_RANK, HPM_LOCAL_RANK, HPM_WORLD_SIZE and HPM_RENDEZVOUS (a fresh "
-    "temporary\n"
-    "directory unless --rendezvous or --rendezvous-dir is given; HPM_TIMEOUT with --timeout). Its\n"
-    "stdout and stderr lines are relayed whole, prefixed with \"[RANK] \"; stdin is /dev/null.\n"
-    "SIGINT and SIGTERM are forwarded to every rank. When a rank exits non-zero or is killed, the\n"
-    "others get SIGTERM, then SIGKILL after --grace seconds.\n"
+    "Each rank gets HPM_RANK, HPM_LOCAL_RANK, HPM_WORLD_SIZE and HPM_RENDEZVOUS: --rendezvous, or\n"
+    "a fresh directory (removed at the end) in --rendezvous-dir or the temporary directory; and\n"
+    "HPM_TIMEOUT with --timeout. Its stdout and stderr lines are relayed whole, prefixed with\n"
+    "\"[RANK] \"; its stdin is /dev/null. SIGINT and SIGTERM are forwarded to every rank. When\n"
+    "a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after --grace s.\n"
     "\n"
     "Exit status: 0 when every rank exits 0; else that of the first rank to fail (its exit\n"
     "status, or 128+N when killed by signal N); 128+N when the launcher itself got signal N;\n"
@@ -140,10 +139,11 @@ struct Stream {
       pending.clear();
     }
   }
-  // Reads what is available; false at end of file.
+  // Reads what is available (at most 4 MiB, so that one chatty rank cannot starve the others);
+  // false at end of file.
   bool pump() {
     char buf[64 * 1024];
-    for (;;) {
+    for (int reads = 0; reads < 64; ++reads) {
       const ssize_t n = ::read(fd, buf, sizeof buf);
       if (n > 0) {
         pending.append(buf, static_cast<std::size_t>(n));
@@ -155,6 +155,7 @@ struct Stream {
       close();
       return false;
     }
+    return true;
   }
   void close() {
     if (fd < 0) return;
@@ -190,8 +191,12 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous) 
     throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   }
   const pid_t launcher = ::getpid();
+  // Until the child has restored the default dispositions, a signal would run the launcher's
+  // handler in it and write to the launcher's self-pipe: hold signals across the fork.
+  sigset_t all, before;
+  sigfillset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, &before);
   const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     ::setpgid(0, 0);
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -208,7 +213,11 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous) 
     ::setenv("HPM_LOCAL_RANK", std::to_string(r.index).c_str(), 1);
     ::setenv("HPM_WORLD_SIZE", std::to_string(o.processes).c_str(), 1);
     ::setenv("HPM_RENDEZVOUS", rendezvous.c_str(), 1);
-    if (o.timeout_s > 0) ::setenv("HPM_TIMEOUT", std::to_string(o.timeout_s).c_str(), 1);
+    if (o.timeout_s > 0) {
+      char seconds[32];
+      std::snprintf(seconds, sizeof seconds, "%g", o.timeout_s);
+      ::setenv("HPM_TIMEOUT", seconds, 1);
+    }
     std::vector<char*> argv;
     for (const auto& a : o.command) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
@@ -217,6 +226,12 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous) 
         "hpm launch: cannot run " + o.command[0] + ": " + std::strerror(errno) + "\n";
     [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg.data(), msg.size());
     ::_exit(127);
+  }
+  const int fork_errno = errno;
+  ::sigprocmask(SIG_SETMASK, &before, nullptr);
+  if (pid < 0) {
+    for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(fork_errno));
   }
   ::setpgid(pid, pid);  // also here: whichever of parent and child runs first
   ::close(out[1]);
@@ -276,8 +291,8 @@ class Launcher {
           streams.push_back(s);
         }
       }
-      Clock::time_point wake =
-          Clock::now() + std::chrono::milliseconds(200);  // a SIGCHLD may go astray
+      // Wake at least every 200 ms: a SIGCHLD may go astray.
+      Clock::time_point wake = Clock::now() + std::chrono::milliseconds(200);
       for (const auto& at : {kill_at, drain_until})
         if (at) wake = std::min(wake, *at);
       ::poll(fds.data(), fds.size(), ms_until(wake));
@@ -290,7 +305,7 @@ class Launcher {
         for (auto& r : ranks_) {
           if (!r.running) continue;
           say("rank " + std::to_string(r.index) + " still running " + format_seconds(o_.grace_s) +
-              " after SIGTERM: sending SIGKILL");
+              " after " + stopped_with_ + ": sending SIGKILL");
           ::kill(-r.pid, SIGKILL);
         }
         kill_at.reset();
@@ -323,6 +338,7 @@ class Launcher {
       if (!interrupted_) interrupted_ = sig;
       say("got " + signal_name(sig) + ": forwarding it to the ranks");
       stop_all(sig);
+      stopped_with_ = signal_name(sig);
       if (!kill_at) kill_at = Clock::now() + grace();
     }
   }
@@ -374,6 +390,7 @@ class Launcher {
   std::vector<Rank> ranks_;
   std::optional<std::size_t> first_failure_;
   int interrupted_ = 0;
+  std::string stopped_with_ = "SIGTERM";  // what the ranks were last asked to stop with
 };
 
 }  // namespace
@@ -387,8 +404,9 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions& o) {
   auto* tcp =
       cmd->add_option("--rendezvous", o.rendezvous,
                       "HOST:PORT of the TCP store rank 0 will host (port 0: any free port)");
-  auto* dir =
-      cmd->add_option("--rendezvous-dir", o.rendezvous_dir, "a shared directory for the FileStore");
+  auto* dir = cmd->add_option(
+      "--rendezvous-dir", o.rendezvous_dir,
+      "where to make the run's FileStore directory (default: the temporary directory)");
   tcp->excludes(dir);
   cmd->add_option("--timeout", o.timeout_s,
                   "rendezvous and collective timeout for the ranks, seconds (HPM_TIMEOUT)")
@@ -412,15 +430,20 @@ int run_launch(const LaunchOptions& o) {
       say(e.what());
       return 2;
     }
-  } else if (rendezvous.empty()) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "hpm-launch-XXXXXX").string();
+  } else {
+    // A fresh directory per run (inside --rendezvous-dir if given): keys a previous run left
+    // behind would send the ranks to dead addresses.
+    std::error_code ec;
+    const std::filesystem::path parent = rendezvous.empty() ? std::filesystem::temp_directory_path()
+                                                            : std::filesystem::absolute(rendezvous);
+    std::filesystem::create_directories(parent, ec);
+    std::string tmpl = (parent / "hpm-launch-XXXXXX").string();
     if (::mkdtemp(tmpl.data()) == nullptr) {
-      say(std::string("cannot create a rendezvous directory: ") + std::strerror(errno));
+      say("cannot create a rendezvous directory in " + parent.string() + ": " +
+          std::strerror(errno));
       return 1;
     }
     rendezvous = temporary = tmpl;
-  } else {
-    rendezvous = std::filesystem::absolute(rendezvous).string();
   }
   const int code = Launcher(o).run(rendezvous);
   if (!temporary.empty()) {

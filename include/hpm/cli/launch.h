@@ -1,0 +1,31 @@
+// `hpm launch -n N [--rendezvous HOST:PORT | --rendezvous-dir DIR] [--timeout S] -- PROGRAM
+// ARGS...` starts N local ranks of PROGRAM with the environment the gloo backend reads (HPM_RANK,
+// HPM_LOCAL_RANK, HPM_WORLD_SIZE, HPM_RENDEZVOUS, HPM_TIMEOUT), prefixes every line they print
+// with "[rank] ", forwards SIGINT/SIGTERM to them, and stops them all when one fails.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace hpm::cli {
+
+struct LaunchOptions {
+  int processes = 1;
+  std::string rendezvous;  // HOST:PORT: rank 0 hosts the TCP store (port 0: pick a free one)
+  std::string
+      rendezvous_dir;  // where to make the run's FileStore directory (removed after); default /tmp
+  double timeout_s = 0;  // exported as HPM_TIMEOUT when > 0
+  double grace_s = 5;    // from SIGTERM to SIGKILL when the ranks are stopped
+  std::vector<std::string> command;
+};
+
+// Adds the `launch` subcommand to `app`; parsing fills `options`.
+CLI::App* add_launch_command(CLI::App& app, LaunchOptions& options);
+
+// Runs the ranks until all have exited; returns the exit status described in `hpm launch --help`.
+int run_launch(const LaunchOptions& options);
+
+}  // namespace hpm::cli

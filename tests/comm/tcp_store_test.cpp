@@ -1,0 +1,275 @@
+// The rendezvous stores: the TCP store's protocol end to end on 127.0.0.1 (set/get/wait/check/add,
+// blocking gets answered when another client sets the key, timeouts naming the missing keys,
+// connect retries while the server starts, a server that goes away, limits and malformed
+// requests), HOST:PORT parsing, and the FileStore's counter across processes.
+#include <arpa/inet.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "common/temp_dir.h"
+#include "hpm/comm/store.h"
+
+namespace hpm::comm {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+std::vector<char> bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
+std::string text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
+
+template <typename Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST(TcpStoreTest, SetGetCheckAndBinaryValues) {
+  TcpStoreServer server("127.0.0.1", 0);
+  ASSERT_GT(server.port(), 0);
+  TcpStore store("127.0.0.1", server.port(), 2s);
+  EXPECT_EQ(store.address(), "127.0.0.1:" + std::to_string(server.port()));
+  EXPECT_FALSE(store.check({"a"}));
+  const std::vector<char> binary{'\0', '\xff', 'x', '\0'};
+  store.set("a", binary);
+  store.set("empty", {});
+  EXPECT_EQ(store.get("a"), binary);
+  EXPECT_TRUE(store.get("empty").empty());
+  EXPECT_TRUE(store.check({"a", "empty"}));
+  EXPECT_FALSE(store.check({"a", "b"}));
+  store.set("a", bytes("replaced"));
+  EXPECT_EQ(text(store.get("a")), "replaced");
+  // A second client sees the first one's keys.
+  TcpStore other("127.0.0.1", server.port(), 2s);
+  EXPECT_EQ(text(other.get("a")), "replaced");
+}
+
+TEST(TcpStoreTest, BlockingGetIsAnsweredWhenAnotherClientSetsTheKey) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore waiter("127.0.0.1", server.port(), 5s);
+  TcpStore setter("127.0.0.1", server.port(), 5s);
+  const auto t0 = Clock::now();
+  std::thread later([&] {
+    std::this_thread::sleep_for(150ms);
+    setter.set("late", bytes("here"));
+  });
+  EXPECT_EQ(text(waiter.get("late")), "here");
+  const auto took = Clock::now() - t0;
+  later.join();
+  EXPECT_GE(took, 140ms);
+  EXPECT_LT(took, 1s);  // answered on arrival, not at the timeout
+  // wait() for several keys, one of them set later.
+  std::thread again([&] {
+    std::this_thread::sleep_for(50ms);
+    setter.set("k2", bytes("2"));
+  });
+  setter.set("k1", bytes("1"));
+  waiter.wait({"k1", "k2"}, 2000ms);
+  again.join();
+}
+
+TEST(TcpStoreTest, TimeoutsNameTheMissingKeys) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore store("127.0.0.1", server.port(), 300ms);
+  store.set("here", bytes("1"));
+  const auto t0 = Clock::now();
+  const std::string e = error_of([&] { store.wait({"here", "absent1", "absent2"}, 200ms); });
+  EXPECT_TRUE(contains(e, "key(s) 'absent1', 'absent2' not set within 200 ms")) << e;
+  EXPECT_FALSE(contains(e, "'here'")) << e;
+  EXPECT_TRUE(contains(e, "rendezvous 127.0.0.1:")) << e;
+  EXPECT_GE(Clock::now() - t0, 190ms);
+  const std::string g = error_of([&] { store.get("nope"); });
+  EXPECT_TRUE(contains(g, "key 'nope' not set within 300 ms")) << g;
+  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_TRUE(store.missing({"here", "nope"}, 0ms) == std::vector<std::string>{"nope"});
+  // The connection is still usable after timeouts.
+  EXPECT_EQ(text(store.get("here")), "1");
+}
+
+TEST(TcpStoreTest, AddIsAtomicAcrossClients) {
+  TcpStoreServer server("127.0.0.1", 0);
+  constexpr int kClients = 6, kAdds = 100;
+  std::vector<std::thread> threads;
+  std::atomic<int> sevens{0};
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&] {
+      TcpStore store("127.0.0.1", server.port(), 5s);
+      for (int i = 0; i < kAdds; ++i)
+        if (store.add("counter", 1) == 7) ++sevens;
+    });
+  }
+  for (auto& t : threads) t.join();
+  TcpStore store("127.0.0.1", server.port(), 5s);
+  EXPECT_EQ(store.add("counter", 0), kClients * kAdds);
+  EXPECT_EQ(sevens.load(), 1);  // every intermediate sum was returned to exactly one caller
+  EXPECT_EQ(text(store.get("counter")), std::to_string(kClients * kAdds));
+  EXPECT_EQ(store.add("negative", -5), -5);
+  store.set("word", bytes("abc"));
+  EXPECT_TRUE(contains(error_of([&] { store.add("word", 1); }), "does not hold an integer"));
+}
+
+TEST(TcpStoreTest, ClientRetriesUntilTheServerStarts) {
+  int port = 0;
+  {
+    TcpStoreServer probe("127.0.0.1", 0);  // a port that was free a moment ago
+    port = probe.port();
+  }
+  std::unique_ptr<TcpStoreServer> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(300ms);
+    server = std::make_unique<TcpStoreServer>("127.0.0.1", port);
+  });
+  const auto t0 = Clock::now();
+  TcpStore store("127.0.0.1", port, 5s);
+  EXPECT_GE(Clock::now() - t0, 250ms);
+  starter.join();
+  store.set("x", bytes("y"));
+  EXPECT_EQ(text(store.get("x")), "y");
+}
+
+TEST(TcpStoreTest, NoServerFailsWithinTheTimeout) {
+  int port = 0;
+  {
+    TcpStoreServer probe("127.0.0.1", 0);
+    port = probe.port();
+  }
+  const auto t0 = Clock::now();
+  const std::string e = error_of([&] { TcpStore("127.0.0.1", port, 700ms); });
+  const auto took = Clock::now() - t0;
+  EXPECT_EQ(e, "rendezvous 127.0.0.1:" + std::to_string(port) +
+                   ": no store answered within 700 ms (last error: Connection refused)");
+  EXPECT_GE(took, 690ms);
+  EXPECT_LT(took, 1500ms);
+}
+
+TEST(TcpStoreTest, ServerThatGoesAwayFailsCallsPromptly) {
+  auto server = std::make_unique<TcpStoreServer>("127.0.0.1", 0);
+  TcpStore store("127.0.0.1", server->port(), 5s);
+  store.set("a", bytes("1"));
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(100ms);
+    server.reset();
+  });
+  const auto t0 = Clock::now();
+  const std::string e = error_of([&] { store.get("never"); });  // parked when the server stops
+  stopper.join();
+  EXPECT_TRUE(contains(e, "the store closed the connection")) << e;
+  EXPECT_LT(Clock::now() - t0, 2s);
+  EXPECT_TRUE(contains(error_of([&] { store.set("b", bytes("2")); }), "lost earlier"));
+}
+
+TEST(TcpStoreTest, LimitsAndMalformedRequests) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore store("127.0.0.1", server.port(), 2s);
+  EXPECT_THROW(store.set(std::string(kStoreMaxKeyBytes + 1, 'k'), bytes("v")),
+               std::invalid_argument);
+  EXPECT_THROW(store.set("big", std::vector<char>(kStoreMaxMessageBytes + 1)),
+               std::invalid_argument);
+
+  // A raw client that sends an oversized frame, then one that sends garbage: each gets an error
+  // reply and is dropped; the server keeps serving everyone else.
+  for (const std::vector<char>& frame : {std::vector<char>{'\xff', '\xff', '\xff', '\x7f'},
+                                         std::vector<char>{3, 0, 0, 0, 99, 1, 2}}) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(server.port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    ASSERT_EQ(::send(fd, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
+    std::string reply;
+    char buf[256];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+      reply.append(buf, static_cast<std::size_t>(n));
+    ::close(fd);
+    ASSERT_GT(reply.size(), 5u);
+    EXPECT_EQ(reply[4], 2) << "an error status";
+  }
+  store.set("still", bytes("serving"));
+  EXPECT_EQ(text(store.get("still")), "serving");
+}
+
+TEST(TcpStoreTest, WorksUnderGlooPrefixStore) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore store("127.0.0.1", server.port(), 2s);
+  gloo::rendezvous::PrefixStore prefixed("job7", store);
+  prefixed.set("0", bytes("address"));
+  EXPECT_EQ(text(store.get("job7/0")), "address");
+  prefixed.wait({"0"}, 100ms);
+  EXPECT_THROW(prefixed.wait({"1"}, 100ms), CommError);
+}
+
+TEST(HostPortTest, ParsesAndRejects) {
+  EXPECT_EQ(parse_host_port("10.0.0.1:29500").host, "10.0.0.1");
+  EXPECT_EQ(parse_host_port("10.0.0.1:29500").port, 29500);
+  EXPECT_EQ(parse_host_port("node-1.cluster:0").port, 0);
+  EXPECT_EQ(parse_host_port("[::1]:80").host, "::1");
+  EXPECT_EQ(parse_host_port("[::1]:80").str(), "[::1]:80");
+  for (const char* bad : {"10.0.0.1", "10.0.0.1:", ":80", "h:port", "h:65536", "h:-1", "[::1:80"}) {
+    const std::string e = error_of([&] { parse_host_port(bad); });
+    EXPECT_TRUE(contains(e, std::string("rendezvous address '") + bad + "'")) << bad << ": " << e;
+  }
+}
+
+TEST(FileStoreTest, SetGetWaitCheck) {
+  hpm::testing::TempDir dir;
+  FileStore store(dir / "nested/store", 300ms);  // created on demand
+  EXPECT_FALSE(store.check({"k"}));
+  store.set("k", bytes("v1"));
+  store.set("k", bytes("v2"));  // unlike gloo's FileStore, overwriting is allowed
+  EXPECT_EQ(text(store.get("k")), "v2");
+  EXPECT_TRUE(store.check({"k"}));
+  const auto t0 = Clock::now();
+  const std::string e = error_of([&] { store.wait({"k", "missing"}, 100ms); });
+  EXPECT_TRUE(contains(e, "key(s) 'missing' not set within 100 ms")) << e;
+  EXPECT_LT(Clock::now() - t0, 600ms);  // milliseconds, not gloo's whole seconds
+  EXPECT_TRUE(contains(error_of([&] { store.get("absent"); }), "not set within 300 ms"));
+}
+
+// Processes sharing the directory count with add() under an flock: no increment is lost.
+TEST(FileStoreTest, AddIsAtomicAcrossProcesses) {
+  hpm::testing::TempDir dir;
+  constexpr int kProcs = 4, kAdds = 50;
+  std::vector<pid_t> pids;
+  for (int p = 0; p < kProcs; ++p) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      int code = 0;
+      try {
+        FileStore store(dir.path(), 5s);
+        for (int i = 0; i < kAdds; ++i) store.add("count", 1);
+      } catch (...) {
+        code = 1;
+      }
+      ::_exit(code);
+    }
+    pids.push_back(pid);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  FileStore store(dir.path(), 1s);
+  EXPECT_EQ(store.add("count", 0), kProcs * kAdds);
+  EXPECT_EQ(text(store.get("count")), std::to_string(kProcs * kAdds));
+}
+
+}  // namespace
+}  // namespace hpm::comm
