@@ -49,18 +49,17 @@ def hpm_train(model, extra, limit):
     cfg = os.path.join(ROOT, "examples", f"fashion_{model}.toml")
     with tempfile.TemporaryDirectory() as d:
         report = os.path.join(d, "r.json")
-        args = [cfg, "--set", "train.epochs=1", "--set", f"data.train_limit={limit}", "--set", "data.test_limit=1000",
-                "--report", report] + extra
+        base = [cfg, "--set", "train.epochs=1", "--set", f"data.train_limit={limit}", "--set", "data.test_limit=1000"] + extra
         if "multi_worker" in " ".join(extra):
             rdv = os.path.join(d, "rdv")
             os.makedirs(rdv)
-            common = [HPM, "train"] + args[:-2] + ["--world-size", "2", "--rendezvous", rdv]
+            common = [HPM, "train"] + base + ["--world-size", "2", "--rendezvous", rdv]
             p1 = subprocess.Popen(common + ["--rank", "1"], stdout=subprocess.DEVNULL)
             subprocess.run(common + ["--rank", "0", "--report", report], check=True, stdout=subprocess.DEVNULL)
             if p1.wait() != 0:
                 raise RuntimeError("rank 1 failed")
         else:
-            subprocess.run([HPM, "train"] + args, check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([HPM, "train"] + base + ["--report", report], check=True, stdout=subprocess.DEVNULL)
         return json.load(open(report))["train_samples_per_s"]
 
 
@@ -74,14 +73,21 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--models", default="mlp,cnn")
+    ap.add_argument("--skip-allreduce", action="store_true")
     a = ap.parse_args()
+    if not a.skip_allreduce:
+        allreduce_vs_peers(a.repeats)
+    training_vs_peers(a.repeats, a.models)
+
+
+def allreduce_vs_peers(repeats):
     med = statistics.median
 
     tmp = tempfile.mkdtemp()
     mpi_bin = os.path.join(tmp, "mpi_allreduce")
     subprocess.run(["mpicc", "-O2", "-o", mpi_bin, os.path.join(PEERS, "mpi_allreduce.c")], check=True)
     runs = {k: [] for k in ("local64", "gloo64", "local4k", "gloo4k", "mpi64", "torch64")}
-    for _ in range(a.repeats):
+    for _ in range(repeats):
         loc = hpm_allreduce("local", "4K,64M")
         glo = hpm_allreduce("gloo", "4K,64M")
         runs["local64"].append(loc[64 << 20]["seconds"])
@@ -101,11 +107,15 @@ def main():
           f"hpm gloo / torch gloo {med(runs['torch64'])/med(runs['gloo64']):.2f}x")
     print(f"  4 KiB: hpm local {med(runs['local4k'])*1e6:.1f} us, hpm gloo {med(runs['gloo4k'])*1e6:.1f} us")
 
-    for model in a.models.split(","):
+
+
+def training_vs_peers(repeats, models):
+    med = statistics.median
+    for model in models.split(","):
         limit = 12800 if model == "cnn" else 60000
         steps = limit // 64
         r = {k: [] for k in ("one", "mirrored", "mwm", "ddp")}
-        for _ in range(a.repeats):
+        for _ in range(repeats):
             r["one"].append(hpm_train(model, ["--threads", "1"], limit))
             r["mirrored"].append(hpm_train(model, ["--threads", "2", "--set", "strategy.kind=mirrored",
                                                    "--set", "strategy.replicas=2"], limit))

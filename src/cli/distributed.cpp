@@ -1,5 +1,7 @@
 #include "hpm/cli/distributed.h"
 
+#include <cstdlib>
+
 #include "hpm/comm/gloo.h"
 
 namespace hpm::cli {
@@ -28,7 +30,8 @@ comm::GlooOptions worker_options(const Config& cfg, const WorkerFlags& flags) {
                       " is not below the world size " + std::to_string(o.world_size));
   }
   if (!flags.hostname.empty()) o.hostname = flags.hostname;
-  o.timeout = std::chrono::seconds(cfg.timeout_s);
+  // `hpm launch --timeout` (HPM_TIMEOUT) outranks the config: the launcher knows the cluster.
+  if (std::getenv("HPM_TIMEOUT") == nullptr) o.timeout = std::chrono::seconds(cfg.timeout_s);
   return o;
 }
 
