@@ -141,6 +141,9 @@ void Strategy::scope(const ModelFactory& model_fn, const OptimizerFactory& optim
     copy_state(*replicas_[0].model, *replicas_[r].model);
   const int per = std::max(1, options_.threads / options_.replicas);
   pool_ = std::make_unique<Pool>(options_.replicas, per);
+  // The replicas own the CPU budget now. The calling thread only feeds them; a kernel team of its
+  // own would spin between its parallel regions (OpenMP's active wait) on the replicas' cores.
+  if (options_.replicas > 1) set_num_threads(1);
 }
 
 std::shared_ptr<nn::Module> Strategy::model() const { return replicas_.at(0).model; }

@@ -71,7 +71,9 @@ class Strategy {
 
   // Builds every local replica's model and optimizer (the factories run once per replica, on the
   // calling thread; replica 0 first, and the default generator is left as after that first call)
-  // and mirrors replica 0's values (worker 0's, across workers) to all of them.
+  // and mirrors replica 0's values (worker 0's, across workers) to all of them. With several
+  // local replicas, the calling thread's kernels drop to one thread: the replicas' threads share
+  // `threads` among them.
   virtual void scope(const ModelFactory& model_fn, const OptimizerFactory& optimizer_fn);
 
   // The variables as the user sees them: what to evaluate and checkpoint.
