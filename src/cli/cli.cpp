@@ -16,6 +16,7 @@
 #include "hpm/cli/bench.h"
 #include "hpm/cli/config.h"
 #include "hpm/cli/distributed.h"
+#include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
@@ -131,6 +132,20 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     trainer.add_callback(std::make_shared<train::ProgressCallback>(stdout, tty, cfg.epochs));
   if (!cfg.metrics_csv.empty() && chief)
     trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
+  // Early stopping runs on every worker, not only the chief: each sees the same metrics (losses
+  // are all-reduced, replicas identical), so all stop after the same epoch; a chief stopping
+  // alone would leave the others waiting in a collective.
+  std::shared_ptr<train::EarlyStopping> early;
+  if (cfg.early_stopping) {
+    early = std::make_shared<train::EarlyStopping>(train::EarlyStoppingOptions{
+        cfg.early_stopping_monitor, cfg.early_stopping_mode, cfg.early_stopping_min_delta,
+        cfg.early_stopping_patience, cfg.early_stopping_restore_best_weights});
+    trainer.add_callback(early);
+  }
+  if (!cfg.best_checkpoint_dir.empty() && chief) {
+    trainer.add_callback(std::make_shared<train::BestModelCheckpoint>(cfg.best_checkpoint_dir,
+                                                                      cfg.best_checkpoint_monitor));
+  }
 
   train::FitOptions fo;
   fo.epochs = cfg.epochs;
@@ -141,6 +156,16 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   fo.checkpoint_dir = cfg.checkpoint_dir;
   fo.checkpoint_every = cfg.checkpoint_every;
   fo.resume_from = resume;
+  fo.backup_dir = cfg.backup_dir;
+  fo.backup_every_steps = cfg.backup_every_steps;
+  fo.keep_backup = cfg.keep_backup;
+  fo.per_worker_input = strategy && strategy->num_workers() > 1 && cfg.shard != "batch";
+  // SIGTERM/SIGINT finish the step and back up, when there is somewhere to back up to.
+  if (!cfg.backup_dir.empty()) fo.stop_signal = install_preemption_handlers();
+  trainer.add_callback(std::make_shared<BackupReport>());
+  if (auto fault = fault_injector_from_env(strategy ? strategy->worker_rank() : 0)) {
+    trainer.add_callback(fault);
+  }
 
   if (chief) {
     std::printf(
@@ -183,7 +208,23 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                                               (strategy ? strategy->name() : "one_device") + ")")
             : trace::chrome_json(trace::events()));
   }
+  if (r.preempted) {
+    if (chief) {
+      std::fprintf(stderr,
+                   "hpm: preempted after global step %lld; backup written to %s: run the same "
+                   "command again to continue\n",
+                   static_cast<long long>(trainer.state().global_step), cfg.backup_dir.c_str());
+    }
+    return kExitPreempted;
+  }
   if (!chief) return 0;
+  if (early && early->stopped_epoch() >= 0) {
+    std::printf("early stopping after epoch %lld: best %s %.4f at epoch %lld%s\n",
+                static_cast<long long>(early->stopped_epoch() + 1),
+                cfg.early_stopping_monitor.c_str(), early->best(),
+                static_cast<long long>(early->best_epoch() + 1),
+                cfg.early_stopping_restore_best_weights ? " (its weights restored)" : "");
+  }
   const train::EvalResult ev = trainer.evaluate(test);
   std::printf("test accuracy %.4f, test loss %.4f, %.0f training samples/s, %.1f s\n", ev.accuracy,
               ev.loss, r.samples_per_s(), r.seconds);
@@ -214,6 +255,13 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                           {"batch_size", cfg.batch_size},
                           {"parameters", model->num_parameters()},
                           {"checkpoint", r.last_checkpoint},
+                          {"restored_from", r.restored_from},
+                          {"backups", r.backups},
+                          {"backup_seconds", r.backup_seconds},
+                          {"backup_bytes", r.backup_bytes},
+                          {"early_stopped_epoch", early && early->stopped_epoch() >= 0
+                                                      ? nlohmann::json(early->stopped_epoch() + 1)
+                                                      : nlohmann::json()},
                           {"history", history}});
   return 0;
 }

@@ -9,6 +9,7 @@
 #include "hpm/comm/communicator.h"
 #include "hpm/io/tfrecord.h"
 #include "hpm/nn/layers.h"
+#include "hpm/train/callbacks.h"
 
 namespace hpm::cli {
 
@@ -308,11 +309,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   c.path = path;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    static const std::set<std::string> sections = {"model",    "data",  "optimizer",
-                                                   "schedule", "train", "strategy"};
+    static const std::set<std::string> sections = {"model", "data",     "optimizer",     "schedule",
+                                                   "train", "strategy", "early_stopping"};
     if (!sections.count(key)) {
       throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
-                        "] (known: data, model, optimizer, schedule, train)");
+                        "] (known: data, early_stopping, model, optimizer, schedule, strategy, "
+                        "train)");
     }
   }
 
@@ -415,6 +417,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   tr.get("checkpoint_dir", c.checkpoint_dir);
   tr.get_positive("checkpoint_every", c.checkpoint_every);
   tr.get("metrics_csv", c.metrics_csv);
+  tr.get("backup_dir", c.backup_dir);
+  tr.get("backup_every_steps", c.backup_every_steps);
+  tr.get("keep_backup", c.keep_backup);
+  if (c.backup_every_steps < 0) {
+    throw ConfigError(path + ": [train] backup_every_steps must be 0 (each epoch) or positive");
+  }
+  tr.get("best_checkpoint_dir", c.best_checkpoint_dir);
+  tr.get("best_checkpoint_monitor", c.best_checkpoint_monitor);  // checked with [early_stopping]
   tr.finish();
 
   TableReader st(path, "[strategy]", section(path, root, "strategy"));
@@ -452,6 +462,66 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   if (c.strategy == "one_device" && c.replicas != 1) {
     throw ConfigError(path + ": [strategy] one_device has exactly one replica, got replicas = " +
                       std::to_string(c.replicas));
+  }
+
+  // [early_stopping] (present = on), and [train]'s best-epoch checkpoint, which watches a metric
+  // the same way.
+  {
+    const toml::table* es_table = section(path, root, "early_stopping");
+    c.early_stopping = es_table != nullptr;
+    TableReader es(path, "[early_stopping]", es_table);
+    es.get("monitor", c.early_stopping_monitor);
+    es.get("mode", c.early_stopping_mode);
+    es.get("min_delta", c.early_stopping_min_delta);
+    es.get("patience", c.early_stopping_patience);
+    es.get("restore_best_weights", c.early_stopping_restore_best_weights);
+    es.finish();
+    // An error names the key, at its line when the file (not --set) gave it.
+    auto at = [&](const toml::table* t, const char* key) {
+      const toml::node* n = t ? t->get(key) : nullptr;
+      return n ? where(path, n->source()) : path;
+    };
+    auto check_monitor = [&](const toml::table* t, const std::string& sec, const char* key,
+                             const std::string& monitor, const std::string& mode) {
+      if (!train::is_monitor(monitor)) {
+        std::string known;
+        for (const char* m : train::kMonitors)
+          known += (known.empty() ? "" : ", ") + std::string(m);
+        throw ConfigError(at(t, key) + ": " + sec + " " + key + " must be one of " + known +
+                          ", got \"" + monitor + "\"");
+      }
+      try {
+        train::resolve_mode(monitor, mode);
+      } catch (const std::invalid_argument& e) {
+        throw ConfigError(at(t, "mode") + ": " + sec + " " + e.what());
+      }
+    };
+    const toml::table* tr_table = section(path, root, "train");
+    check_monitor(tr_table, "[train]", "best_checkpoint_monitor", c.best_checkpoint_monitor,
+                  "auto");
+    if (c.early_stopping) {
+      check_monitor(es_table, "[early_stopping]", "monitor", c.early_stopping_monitor,
+                    c.early_stopping_mode);
+      if (c.early_stopping_patience < 0) {
+        throw ConfigError(at(es_table, "patience") +
+                          ": [early_stopping] patience must be a non-negative integer");
+      }
+      if (!(c.early_stopping_min_delta >= 0)) {
+        throw ConfigError(at(es_table, "min_delta") +
+                          ": [early_stopping] min_delta must be non-negative");
+      }
+    }
+    // Both save with keep-the-newest pruning and one `latest`: sharing a directory would delete
+    // each other's checkpoints.
+    if (!c.best_checkpoint_dir.empty() && c.best_checkpoint_dir == c.checkpoint_dir) {
+      throw ConfigError(at(tr_table, "best_checkpoint_dir") +
+                        ": [train] best_checkpoint_dir must differ from checkpoint_dir");
+    }
+    if (!c.backup_dir.empty() &&
+        (c.backup_dir == c.checkpoint_dir || c.backup_dir == c.best_checkpoint_dir)) {
+      throw ConfigError(at(tr_table, "backup_dir") +
+                        ": [train] backup_dir must differ from checkpoint_dir and best_checkpoint_dir");
+    }
   }
   return c;
 }

@@ -41,6 +41,9 @@ const char* const kFooter =
     "\"[RANK] \"; its stdin is /dev/null. SIGINT and SIGTERM are forwarded to every rank. When\n"
     "a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after --grace s.\n"
     "\n"
+    "With --max-restarts K, a failure stops every rank and starts the group again (a fresh\n"
+    "rendezvous; HPM_RESTART counts the attempts), at most K times.\n"
+    "\n"
     "Exit status: 0 when every rank exits 0; else that of the first rank to fail (its exit\n"
     "status, or 128+N when killed by signal N); 128+N when the launcher itself got signal N;\n"
     "1 when the ranks cannot be started; 2 for a usage error.";
@@ -185,7 +188,7 @@ int exit_code_of(int status) {
 }
 
 // Forks rank `index` with its pipes and environment and execs the command.
-void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous) {
+void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous, int attempt) {
   int out[2], err[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) {
     throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
@@ -213,6 +216,7 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous) 
     ::setenv("HPM_LOCAL_RANK", std::to_string(r.index).c_str(), 1);
     ::setenv("HPM_WORLD_SIZE", std::to_string(o.processes).c_str(), 1);
     ::setenv("HPM_RENDEZVOUS", rendezvous.c_str(), 1);
+    ::setenv("HPM_RESTART", std::to_string(attempt).c_str(), 1);
     if (o.timeout_s > 0) {
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", o.timeout_s);
@@ -256,15 +260,17 @@ std::string resolve_rendezvous(const std::string& text) {
 
 class Launcher {
  public:
-  explicit Launcher(const LaunchOptions& o)
-      : o_(o), ranks_(static_cast<std::size_t>(o.processes)) {}
+  Launcher(const LaunchOptions& o, int attempt)
+      : o_(o), attempt_(attempt), ranks_(static_cast<std::size_t>(o.processes)) {}
+
+  bool interrupted() const { return interrupted_ != 0; }
 
   int run(const std::string& rendezvous) {
     SignalRelay relay;
     for (std::size_t i = 0; i < ranks_.size(); ++i) {
       ranks_[i].index = static_cast<int>(i);
       try {
-        start_rank(ranks_[i], o_, rendezvous);
+        start_rank(ranks_[i], o_, rendezvous, attempt_);
       } catch (const std::exception& e) {
         say(std::string("cannot start rank ") + std::to_string(i) + ": " + e.what());
         stop_all(SIGKILL);
@@ -387,6 +393,7 @@ class Launcher {
   }
 
   const LaunchOptions& o_;
+  int attempt_;
   std::vector<Rank> ranks_;
   std::optional<std::size_t> first_failure_;
   int interrupted_ = 0;
@@ -414,13 +421,20 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions& o) {
   cmd->add_option("--grace", o.grace_s,
                   "seconds from SIGTERM to SIGKILL when stopping the ranks (default 5)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-restarts", o.max_restarts,
+                  "restart the whole group up to this many times when a rank fails (default 0)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("command", o.command, "PROGRAM ARGS... (after --; PROGRAM is looked up in PATH)")
       ->required();
   cmd->footer(kFooter);
   return cmd;
 }
 
-int run_launch(const LaunchOptions& o) {
+namespace {
+
+// One attempt: its own rendezvous (a fresh FileStore directory, or the TCP store's address with
+// port 0 resolved anew), removed afterwards. Returns the attempt's exit status.
+int run_attempt(const LaunchOptions& o, int attempt, bool* interrupted) {
   std::string rendezvous = o.rendezvous_dir;
   std::string temporary;
   if (!o.rendezvous.empty()) {
@@ -445,12 +459,40 @@ int run_launch(const LaunchOptions& o) {
     }
     rendezvous = temporary = tmpl;
   }
-  const int code = Launcher(o).run(rendezvous);
+  Launcher launcher(o, attempt);
+  const int code = launcher.run(rendezvous);
+  *interrupted = launcher.interrupted();
   if (!temporary.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(temporary, ec);
   }
   return code;
+}
+
+}  // namespace
+
+int run_launch(const LaunchOptions& o) {
+  for (int attempt = 0;; ++attempt) {
+    bool interrupted = false;
+    const auto started = Clock::now();
+    const int code = run_attempt(o, attempt, &interrupted);
+    if (code == 0) {
+      if (attempt > 0) say("all ranks finished after " + std::to_string(attempt) + " restart(s)");
+      return 0;
+    }
+    // Usage errors, a launcher told to stop, or no restarts left: this is the answer.
+    if (code == 2 || interrupted || attempt >= o.max_restarts) {
+      if (o.max_restarts > 0 && !interrupted && code != 2) {
+        say("giving up after " + std::to_string(attempt) + " restart(s)");
+      }
+      return code;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "restarting all %d ranks (restart %d of %d) after %.1f s",
+                  o.processes, attempt + 1, o.max_restarts, seconds);
+    say(buf);
+  }
 }
 
 }  // namespace hpm::cli

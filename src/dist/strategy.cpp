@@ -222,9 +222,9 @@ Strategy::ReplicaOutcome Strategy::forward_backward(int r, const Tensor& x, cons
 }
 
 StepResult Strategy::combine(const std::vector<ReplicaOutcome>& outcomes,
-                             comm::Communicator* workers) {
+                             comm::Communicator* workers, bool stop_requested) {
   double loss_sum = 0;
-  double correct = 0, rows = 0, bad = 0;
+  double correct = 0, rows = 0, bad = 0, stop = stop_requested ? 1 : 0;
   for (const auto& o : outcomes) {
     loss_sum += o.loss_sum;
     correct += static_cast<double>(o.correct);
@@ -232,21 +232,24 @@ StepResult Strategy::combine(const std::vector<ReplicaOutcome>& outcomes,
     bad += o.finite ? 0 : 1;
   }
   if (workers != nullptr && workers->size() > 1) {
-    Tensor t = Tensor::from({static_cast<float>(loss_sum), static_cast<float>(correct),
-                             static_cast<float>(rows), static_cast<float>(bad)},
-                            {4});
+    Tensor t =
+        Tensor::from({static_cast<float>(loss_sum), static_cast<float>(correct),
+                      static_cast<float>(rows), static_cast<float>(bad), static_cast<float>(stop)},
+                     {5});
     workers->allreduce(t, comm::ReduceOp::kSum)->wait();
     const float* p = t.data<float>();
     loss_sum = p[0];
     correct = p[1];
     rows = p[2];
     bad = p[3];
+    stop = p[4];
   }
   StepResult r;
   r.samples = static_cast<std::int64_t>(rows);
   r.correct = static_cast<std::int64_t>(correct);
   r.loss = rows > 0 ? loss_sum / rows : 0.0;
   r.finite = bad == 0 && std::isfinite(r.loss);
+  r.stop_requested = stop > 0;
   return r;
 }
 
@@ -283,9 +286,10 @@ class OneDevice final : public Strategy {
   }
 
   // On the caller's thread with the default generator: exactly the single-device training loop.
-  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip) override {
+  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip,
+                        bool stop_requested) override {
     ReplicaOutcome o = forward_backward(0, x, y, loss, nullptr);
-    StepResult r = combine({o}, nullptr);
+    StepResult r = combine({o}, nullptr, stop_requested);
     if (!r.finite) return r;
     if (clip > 0) optim::clip_grad_norm(replicas_[0].model->parameters(), clip);
     replicas_[0].optimizer->step();
@@ -332,7 +336,8 @@ class MirroredBase : public Strategy {
     }
   }
 
-  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip) override {
+  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip,
+                        bool stop_requested) override {
     std::vector<ReplicaOutcome> outcomes(replicas_.size());
     // In one process, every replica can see whether any loss was not finite once its gradients
     // are reduced (each replica marks the flag before it joins the all-reduce that finalize waits
@@ -347,7 +352,7 @@ class MirroredBase : public Strategy {
                            [&](bool finite) { not_finite.fetch_add(finite ? 0 : 1); });
       if (one_process && not_finite.load() == 0) update(c, clip);
     });
-    StepResult result = combine(outcomes, workers_.get());
+    StepResult result = combine(outcomes, workers_.get(), stop_requested);
     if (!result.finite || one_process) return result;
     run([&](ReplicaContext& c) { update(c, clip); });
     return result;
@@ -411,14 +416,15 @@ class CentralStorage final : public Strategy {
   void mirror_from_primary() override {}  // replicas read the central variables every step
   void set_lr(float lr) override { central_optimizer_->set_lr(lr); }
 
-  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip) override {
+  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip,
+                        bool stop_requested) override {
     std::vector<ReplicaOutcome> outcomes(replicas_.size());
     run([&](ReplicaContext& c) {
       const int r = c.replica_id_in_sync;
       copy_state(*central_model_, c.model);  // read the variables from where they live
       outcomes[static_cast<std::size_t>(r)] = forward_backward(r, x, y, loss, nullptr);
     });
-    StepResult result = combine(outcomes, nullptr);
+    StepResult result = combine(outcomes, nullptr, stop_requested);
     if (!result.finite) return result;
     aggregate_gradients();
     if (clip > 0) optim::clip_grad_norm(central_model_->parameters(), clip);

@@ -2,8 +2,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <limits>
+#include <stdexcept>
 
+#include "hpm/autograd/grad_mode.h"
 #include "hpm/io/atomic_file.h"
+#include "hpm/tensor/random.h"
 
 namespace hpm::train {
 
@@ -28,11 +32,11 @@ void ProgressCallback::on_epoch_begin(Trainer&, std::int64_t) {
 void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
   const auto now = std::chrono::steady_clock::now();
   const bool known = b.steps_per_epoch > 0;  // pipelines of unknown length show no bar or ETA
-  const double remaining =
-      known && b.samples_per_s > 0 ? static_cast<double>(b.steps_per_epoch - b.step_in_epoch) *
-                                (std::chrono::duration<double>(now - epoch_start_).count() /
-                                 static_cast<double>(b.step_in_epoch))
-                          : 0.0;
+  const double remaining = known && b.samples_per_s > 0
+                               ? static_cast<double>(b.steps_per_epoch - b.step_in_epoch) *
+                                     (std::chrono::duration<double>(now - epoch_start_).count() /
+                                      static_cast<double>(b.step_in_epoch))
+                               : 0.0;
   if (tty_) {
     if (now - last_draw_ < std::chrono::milliseconds(100) && b.step_in_epoch != b.steps_per_epoch)
       return;
@@ -47,12 +51,13 @@ void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
     }
     constexpr int kWidth = 30;
     const auto filled = static_cast<int>(kWidth * b.step_in_epoch / b.steps_per_epoch);
-    std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s%s] %lld/%lld loss %.4f acc %.4f %.0f samples/s ETA %s",
-                 static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs_),
-                 std::string(static_cast<std::size_t>(filled), '=').c_str(),
-                 std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
-                 static_cast<long long>(b.step_in_epoch), static_cast<long long>(b.steps_per_epoch),
-                 b.running_loss, b.running_accuracy, b.samples_per_s, eta(remaining).c_str());
+    std::fprintf(
+        out_, "\r\033[Kepoch %lld/%lld [%s%s] %lld/%lld loss %.4f acc %.4f %.0f samples/s ETA %s",
+        static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs_),
+        std::string(static_cast<std::size_t>(filled), '=').c_str(),
+        std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
+        static_cast<long long>(b.step_in_epoch), static_cast<long long>(b.steps_per_epoch),
+        b.running_loss, b.running_accuracy, b.samples_per_s, eta(remaining).c_str());
     std::fflush(out_);
   } else if (every_ > 0 && b.step_in_epoch % every_ == 0) {
     std::fprintf(out_, "epoch %lld step %lld/%lld loss %.4f acc %.4f samples/s %.0f eta %s\n",
@@ -83,11 +88,140 @@ CsvLogger::CsvLogger(const std::string& path) : path_(path), out_(path, std::ios
 
 void CsvLogger::on_epoch_end(Trainer&, const EpochLogs& e) {
   out_ << e.epoch + 1 << ',' << e.train_loss << ',' << e.train_accuracy << ',';
-  if (e.test_accuracy >= 0) out_ << e.test_loss << ',' << e.test_accuracy;
-  else out_ << ',';
+  if (e.test_accuracy >= 0)
+    out_ << e.test_loss << ',' << e.test_accuracy;
+  else
+    out_ << ',';
   out_ << ',' << e.lr << ',' << e.samples_per_s << ',' << e.seconds << '\n';
   out_.flush();
   if (!out_) throw io::IoError("cannot write metrics log " + path_ + ": " + std::strerror(errno));
+}
+
+// ---- Watching one epoch metric ---------------------------------------------------------------
+
+namespace {
+std::string known_monitors() {
+  std::string s;
+  for (const char* m : kMonitors) s += (s.empty() ? "" : ", ") + std::string(m);
+  return s;
+}
+
+// Strictly better by more than min_delta (Keras: a tie is not an improvement).
+bool improves(const std::string& mode, double value, double best, double min_delta) {
+  return mode == "min" ? value < best - min_delta : value > best + min_delta;
+}
+
+double worst(const std::string& mode) {
+  return mode == "min" ? std::numeric_limits<double>::infinity()
+                       : -std::numeric_limits<double>::infinity();
+}
+}  // namespace
+
+bool is_monitor(const std::string& monitor) {
+  for (const char* m : kMonitors)
+    if (monitor == m) return true;
+  return false;
+}
+
+std::string resolve_mode(const std::string& monitor, const std::string& mode) {
+  if (!is_monitor(monitor)) {
+    throw std::invalid_argument("unknown monitor '" + monitor + "' (known: " + known_monitors() +
+                                ")");
+  }
+  if (mode == "min" || mode == "max") return mode;
+  if (mode != "auto") {
+    throw std::invalid_argument("mode must be \"min\", \"max\" or \"auto\", got \"" + mode + "\"");
+  }
+  return monitor.ends_with("accuracy") ? "max" : "min";
+}
+
+double monitored_value(const EpochLogs& logs, const std::string& monitor) {
+  if (monitor == "train_loss") return logs.train_loss;
+  if (monitor == "train_accuracy") return logs.train_accuracy;
+  if (monitor != "test_loss" && monitor != "test_accuracy") {
+    throw std::invalid_argument("unknown monitor '" + monitor + "' (known: " + known_monitors() +
+                                ")");
+  }
+  const double v = monitor == "test_loss" ? logs.test_loss : logs.test_accuracy;
+  if (v < 0) {
+    throw std::invalid_argument("monitor '" + monitor +
+                                "' is not available: fit was given no evaluation data");
+  }
+  return v;
+}
+
+// ---- EarlyStopping ---------------------------------------------------------------------------
+
+EarlyStopping::EarlyStopping(EarlyStoppingOptions options)
+    : options_(std::move(options)), mode_(resolve_mode(options_.monitor, options_.mode)) {
+  if (options_.patience < 0) throw std::invalid_argument("EarlyStopping: patience must be >= 0");
+  if (!(options_.min_delta >= 0)) {
+    throw std::invalid_argument("EarlyStopping: min_delta must be >= 0");
+  }
+}
+
+void EarlyStopping::on_train_begin(Trainer&) {
+  // A second fit starts afresh, as in Keras.
+  best_ = worst(mode_);
+  best_epoch_ = stopped_epoch_ = -1;
+  wait_ = 0;
+  best_weights_.clear();
+}
+
+void EarlyStopping::on_epoch_end(Trainer& trainer, const EpochLogs& e) {
+  const double value = monitored_value(e, options_.monitor);
+  if (improves(mode_, value, best_, options_.min_delta)) {
+    best_ = value;
+    best_epoch_ = e.epoch;
+    wait_ = 0;
+    if (options_.restore_best_weights) {
+      NoGradGuard no_grad;
+      best_weights_.clear();
+      for (const auto& [name, t] : trainer.model().state_dict()) {
+        best_weights_.emplace_back(name, t.clone());
+      }
+    }
+    return;
+  }
+  if (++wait_ >= options_.patience) {
+    stopped_epoch_ = e.epoch;
+    trainer.stop_training();
+  }
+}
+
+void EarlyStopping::on_train_end(Trainer& trainer, const FitResult&) {
+  if (!options_.restore_best_weights || best_weights_.empty()) return;
+  NoGradGuard no_grad;
+  trainer.model().load_state_dict(best_weights_);
+}
+
+// ---- BestModelCheckpoint ---------------------------------------------------------------------
+
+BestModelCheckpoint::BestModelCheckpoint(std::string dir, std::string monitor,
+                                         const std::string& mode)
+    : dir_(std::move(dir)), monitor_(std::move(monitor)), mode_(resolve_mode(monitor_, mode)) {
+  if (dir_.empty()) throw std::invalid_argument("BestModelCheckpoint: dir is empty");
+}
+
+void BestModelCheckpoint::on_train_begin(Trainer&) {
+  io::ensure_directory(dir_);  // fail before any work if it cannot be written
+  best_ = worst(mode_);
+  best_epoch_ = -1;
+  last_saved_.clear();
+}
+
+void BestModelCheckpoint::on_epoch_end(Trainer& trainer, const EpochLogs& e) {
+  const double value = monitored_value(e, monitor_);
+  if (!improves(mode_, value, best_, 0.0)) return;
+  best_ = value;
+  best_epoch_ = e.epoch;
+  // As the trainer's epoch-end checkpoints: resuming from it starts the next epoch afresh.
+  TrainerState s = trainer.state();
+  s.epoch = e.epoch + 1;
+  s.step_in_epoch = 0;
+  s.iterator_state.clear();
+  s.rng = default_generator().state();
+  last_saved_ = save_checkpoint(dir_, trainer.model(), trainer.optimizer(), s, /*keep=*/1);
 }
 
 }  // namespace hpm::train

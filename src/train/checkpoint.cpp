@@ -91,6 +91,9 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   return dir;
 }
 
+// The fields of trainer_state.json (json::exception names only the key; the caller adds the file).
+static void read_state_fields(const nlohmann::json& j, TrainerState& s);
+
 TrainerState load_checkpoint(const std::string& path, nn::Module& model,
                              optim::Optimizer* optimizer) {
   const std::string dir = resolve(path);
@@ -108,7 +111,12 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
   auto verified = [&](const std::string& file) {
     const std::string p = dir + "/" + file;
     const std::string bytes = io::read_file(p);
-    const std::string expected = j.at("files").at(file).at("crc32c").get<std::string>();
+    std::string expected;
+    try {
+      expected = j.at("files").at(file).at("crc32c").get<std::string>();
+    } catch (const json::exception& e) {
+      throw CheckpointError(state_path + ": " + e.what());
+    }
     if (checksum_hex(bytes) != expected) {
       throw CheckpointError(p + ": checksum mismatch (CRC32C " + checksum_hex(bytes) +
                             ", trainer_state.json records " + expected +
@@ -121,7 +129,8 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
     loaded.emplace(file, io::decode_safetensors(verified(file), dir + "/" + file));
   }
   std::string iterator_state;
-  if (j.at("files").contains("iterator.bin")) iterator_state = verified("iterator.bin");
+  if (j.contains("files") && j["files"].contains("iterator.bin"))
+    iterator_state = verified("iterator.bin");
   try {
     model.load_state_dict(loaded.at("model.safetensors").tensors);
     if (optimizer) optimizer->load_state(loaded.at("optimizer.safetensors").tensors);
@@ -129,15 +138,54 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
     throw CheckpointError(dir + ": checkpoint does not match the model: " + e.what());
   }
   TrainerState s;
+  try {
+    read_state_fields(j, s);
+  } catch (const json::exception& e) {
+    throw CheckpointError(state_path + ": " + e.what());
+  }
+  s.iterator_state = std::move(iterator_state);
+  return s;
+}
+
+static void read_state_fields(const nlohmann::json& j, TrainerState& s) {
   s.epoch = j.at("epoch").get<std::int64_t>();
   s.step_in_epoch = j.at("step_in_epoch").get<std::int64_t>();
   s.global_step = j.at("global_step").get<std::int64_t>();
   s.seed = std::stoull(j.at("seed").get<std::string>());
-  for (std::size_t i = 0; i < 4; ++i) s.rng.s[i] = std::stoull(j.at("rng").at(i).get<std::string>());
+  for (std::size_t i = 0; i < 4; ++i)
+    s.rng.s[i] = std::stoull(j.at("rng").at(i).get<std::string>());
   s.rng.has_spare = j.at("rng_has_spare").get<bool>();
   s.rng.spare = j.at("rng_spare").get<float>();
-  s.iterator_state = std::move(iterator_state);
-  return s;
+}
+
+std::optional<RestoredCheckpoint> restore_newest_usable(const std::string& root, nn::Module& model,
+                                                        optim::Optimizer* optimizer) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory() || n.rfind("ckpt-", 0) != 0) continue;
+    try {
+      found.emplace_back(std::stoll(n.substr(5)), e.path().string());
+    } catch (const std::exception&) {
+    }
+  }
+  if (found.empty()) return std::nullopt;
+  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  RestoredCheckpoint r;
+  for (const auto& [step, dir] : found) {
+    try {
+      r.state = load_checkpoint(dir, model, optimizer);
+      r.dir = dir;
+      return r;
+    } catch (const std::exception& e) {  // corrupt JSON, checksum, truncated file, missing file
+      r.skipped.push_back(dir + ": " + e.what());
+    }
+  }
+  std::string why;
+  for (const auto& s : r.skipped) why += "\n  " + s;
+  throw CheckpointError("no usable checkpoint in " + root + " (nothing was changed):" + why);
 }
 
 }  // namespace hpm::train

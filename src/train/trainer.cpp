@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "hpm/autograd/grad_mode.h"
@@ -54,7 +55,9 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
     const LossFn loss = loss_ ? loss_ : [this](const Tensor& logits, const Tensor& labels) {
       return cross_entropy(logits, labels, options_.label_smoothing);
     };
-    const dist::StepResult r = strategy_->train_step(x, y, loss, options_.clip_grad_norm);
+    const dist::StepResult r =
+        strategy_->train_step(x, y, loss, options_.clip_grad_norm, stop_signalled());
+    stop_agreed_ = r.stop_requested;
     if (!r.finite) {
       std::ostringstream os;
       os << "loss is not finite (NaN or Inf on some replica) at epoch " << state_.epoch + 1
@@ -65,6 +68,7 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
     *correct += r.correct;
     return r.loss;
   }
+  stop_agreed_ = stop_signalled();
   optimizer_->zero_grad();
   Tensor logits = model_->forward(x);
   Tensor loss = loss_ ? loss_(logits, y) : cross_entropy(logits, y, options_.label_smoothing);
@@ -92,36 +96,97 @@ FitResult Trainer::fit(const data::LabelledData& train, const data::LabelledData
              test, options);
 }
 
+// The state to save now: at an epoch boundary (continue with the next epoch), or mid-epoch with
+// the input pipeline's position.
+TrainerState Trainer::state_to_save(data::Iterator* it, bool epoch_done) const {
+  TrainerState s = state_;
+  if (epoch_done) {
+    ++s.epoch;
+    s.step_in_epoch = 0;
+  } else {
+    data::StateWriter w;
+    it->save(w);
+    s.iterator_state = w.bytes();
+  }
+  s.rng = default_generator().state();
+  return s;
+}
+
+bool Trainer::stop_signalled() const {
+  return options_.stop_signal != nullptr && options_.stop_signal->load();
+}
+
+bool Trainer::is_chief() const { return !strategy_ || strategy_->worker_rank() == 0; }
+
+void Trainer::write_backup(data::Iterator* it, bool epoch_done, FitResult& result) {
+  if (options_.backup_dir.empty() || !is_chief()) return;
+  trace::Span span("backup", "train");
+  const auto t0 = Clock::now();
+  const std::string dir =
+      save_checkpoint(options_.backup_dir, *model_, *optimizer_, state_to_save(it, epoch_done), 2);
+  result.backup_seconds += since(t0);
+  ++result.backups;
+  std::uintmax_t bytes = 0;
+  std::error_code ec;
+  for (const auto& f : std::filesystem::directory_iterator(dir, ec)) bytes += f.file_size(ec);
+  result.backup_bytes = bytes;
+}
+
 FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* test,
                        const FitOptions& options) {
   options_ = options;
   stop_ = false;
+  stop_agreed_ = false;
   FitResult result;
   const auto t_fit = Clock::now();
   state_ = TrainerState{};
   state_.seed = options.seed;
+  std::vector<std::string> skipped_backups;
   if (!options.resume_from.empty()) {
     state_ = load_checkpoint(options.resume_from, *model_, optimizer_.get());
+  } else if (auto restored =
+                 options.backup_dir.empty()
+                     ? std::nullopt
+                     : restore_newest_usable(options.backup_dir, *model_, optimizer_.get())) {
+    state_ = restored->state;
+    result.restored_from = restored->dir;
+    skipped_backups = restored->skipped;
+  } else {
+    // A corrupt newest backup is reported through on_backup_restored even when an older one is
+    // used; with none at all, training starts afresh.
+    manual_seed(options.seed);
+  }
+  if (!options.resume_from.empty() || !result.restored_from.empty()) {
     default_generator().set_state(state_.rng);
     if (strategy_) strategy_->mirror_from_primary();
-  } else {
-    manual_seed(options.seed);
   }
   const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
   if (steps_per_epoch == 0) {
     throw TrainingError("the training data yields no batch (is it smaller than one batch?)");
   }
-  // Fail before any work if checkpoints could not be written.
+  // Fail before any work if checkpoints or backups could not be written.
   if (!options.checkpoint_dir.empty()) io::ensure_directory(options.checkpoint_dir);
+  if (!options.backup_dir.empty() && is_chief()) io::ensure_directory(options.backup_dir);
   Device& device = Device::cpu();
 
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
+  if (!result.restored_from.empty()) {
+    for (auto& cb : callbacks_)
+      cb->on_backup_restored(*this, result.restored_from, skipped_backups);
+  }
   for (; state_.epoch < options.epochs && !stop_; ++state_.epoch) {
     model_->train();
     std::unique_ptr<data::Iterator> it = train.make_iterator(state_.epoch);
-    if (state_.step_in_epoch > 0 && !state_.iterator_state.empty()) {
-      data::StateReader reader(state_.iterator_state);
-      it->restore(reader);
+    if (state_.step_in_epoch > 0) {
+      if (options.per_worker_input && !is_chief()) {
+        // Worker 0's saved position is not this worker's: replay as many batches.
+        data::Element skipped;
+        for (std::int64_t k = 0; k < state_.step_in_epoch && it->next(skipped); ++k) {
+        }
+      } else if (!state_.iterator_state.empty()) {
+        data::StateReader reader(state_.iterator_state);
+        it->restore(reader);
+      }
     }
     state_.iterator_state.clear();
     if (!options.schedule_per_step) set_lr(schedule_->lr(base_lr_, state_.epoch));
@@ -174,6 +239,15 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                   static_cast<double>(correct) / static_cast<double>(seen),
                   static_cast<double>(seen) / epoch_seconds};
       for (auto& cb : callbacks_) cb->on_batch_end(*this, b);
+      if (stop_agreed_) {  // preempted: every worker stops after this same step
+        result.preempted = true;
+        stop_ = true;
+        write_backup(it.get(), false, result);
+        break;
+      }
+      if (options.backup_every_steps > 0 && state_.global_step % options.backup_every_steps == 0) {
+        write_backup(it.get(), false, result);
+      }
     }
     result.train_seconds += epoch_seconds;
     result.train_samples += seen;
@@ -193,27 +267,24 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     if (epoch_done) {
       result.history.push_back(logs);
       for (auto& cb : callbacks_) cb->on_epoch_end(*this, logs);
+      write_backup(it.get(), true, result);
     }
-    const bool last = state_.epoch + 1 >= options.epochs;
-    const bool writes_checkpoints = !strategy_ || strategy_->worker_rank() == 0;
-    if (!options.checkpoint_dir.empty() && writes_checkpoints &&
+    // The run's last epoch: the configured one, or a callback's stop (early stopping).
+    const bool last = state_.epoch + 1 >= options.epochs || (stop_ && !result.preempted);
+    if (!options.checkpoint_dir.empty() && is_chief() &&
         (!epoch_done || last || (state_.epoch + 1) % options.checkpoint_every == 0)) {
-      TrainerState s = state_;
-      if (epoch_done) {
-        ++s.epoch;  // the checkpoint resumes at the next epoch
-        s.step_in_epoch = 0;
-      } else {
-        data::StateWriter w;
-        it->save(w);
-        s.iterator_state = w.bytes();
-      }
-      s.rng = default_generator().state();
-      result.last_checkpoint = save_checkpoint(options.checkpoint_dir, *model_, *optimizer_, s);
+      result.last_checkpoint = save_checkpoint(options.checkpoint_dir, *model_, *optimizer_,
+                                               state_to_save(it.get(), epoch_done));
     }
     if (!epoch_done) break;  // stopped mid-epoch
     state_.step_in_epoch = 0;
   }
   result.seconds = since(t_fit);
+  // Finished (all epochs, or a callback's decision): the backup has served its purpose.
+  if (!result.preempted && !options.backup_dir.empty() && !options.keep_backup && is_chief()) {
+    std::error_code ec;
+    std::filesystem::remove_all(options.backup_dir, ec);
+  }
   for (auto& cb : callbacks_) cb->on_train_end(*this, result);
   return result;
 }

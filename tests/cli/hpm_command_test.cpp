@@ -343,3 +343,93 @@ TEST(HpmStrategy, MultiWorkerMirroredOverTwoProcessesMatchesOneDevice) {
 
 }  // namespace
 }  // namespace hpm
+
+namespace hpm {
+namespace {
+
+// [early_stopping] and [train] best_checkpoint_*: every bad key or value is named, with its line.
+TEST(HpmEarlyStopping, ConfigErrorsNameTheKey) {
+  TempDir dir;
+  write_dataset(dir.path(), 64, 16);
+  auto error_of = [&](const std::string& extra, const std::string& flags = "") {
+    Result r = run("train " + mlp_config(dir, dir.path(), extra) + flags);
+    EXPECT_EQ(r.code, 1) << r.output;
+    return r.output;
+  };
+  // mlp_config's text ends at line 11; `extra` starts on line 12.
+  std::string out = error_of("[early_stopping]\npatience = 1\nmonitr = \"test_loss\"\n");
+  EXPECT_NE(out.find("mlp.toml:14:1: unknown key 'monitr' in [early_stopping]"), std::string::npos)
+      << out;
+  out = error_of("[early_stopping]\nmonitor = \"val_loss\"\n");
+  EXPECT_NE(out.find("mlp.toml:13:11: [early_stopping] monitor must be one of test_loss, "
+                     "test_accuracy, train_loss, train_accuracy, got \"val_loss\""),
+            std::string::npos)
+      << out;
+  out = error_of("[early_stopping]\nmode = \"down\"\n");
+  EXPECT_NE(out.find("mlp.toml:13:8: [early_stopping] mode must be \"min\", \"max\" or \"auto\", "
+                     "got \"down\""),
+            std::string::npos)
+      << out;
+  out = error_of("[early_stopping]\npatience = 1.5\n");
+  EXPECT_NE(out.find("mlp.toml:13:12: [early_stopping] patience must be an integer"),
+            std::string::npos)
+      << out;
+  out = error_of("[early_stopping]\npatience = -1\n");
+  EXPECT_NE(out.find("[early_stopping] patience must be a non-negative integer"), std::string::npos)
+      << out;
+  out = error_of("[early_stopping]\nmin_delta = -0.5\n");
+  EXPECT_NE(out.find("[early_stopping] min_delta must be non-negative"), std::string::npos) << out;
+  out = error_of("[early_stoping]\npatience = 1\n");
+  EXPECT_NE(out.find("mlp.toml:12:2: unknown section [early_stoping]"), std::string::npos) << out;
+  out = error_of("", " --set train.best_checkpoint_monitor=accuracy");
+  EXPECT_NE(out.find("[train] best_checkpoint_monitor must be one of"), std::string::npos) << out;
+  out = error_of("checkpoint_dir = \"ck\"\nbest_checkpoint_dir = \"ck\"\n");
+  EXPECT_NE(out.find("mlp.toml:13:23: [train] best_checkpoint_dir must differ from checkpoint_dir"),
+            std::string::npos)
+      << out;
+}
+
+// From epoch 2 the learning rate is 0 ([schedule] step with gamma 0), so the test loss stops
+// improving: with patience 1 training ends after epoch 2 of 10, and the best checkpoint is epoch
+// 1's (a tie is not an improvement).
+TEST(HpmEarlyStopping, StopsBeforeTheConfiguredEpochsAndKeepsTheBest) {
+  TempDir dir;
+  write_dataset(dir.path(), 400, 100);
+  const std::string cfg =
+      mlp_config(dir, dir.path(),
+                 "best_checkpoint_dir = \"" + dir / "best" +
+                     "\"\nbest_checkpoint_monitor = \"test_loss\"\n"
+                     "[schedule]\nkind = \"step\"\nstep_size = 1\ngamma = 0.0\n"
+                     "[early_stopping]\npatience = 1\nrestore_best_weights = true\n");
+  Result r = run("train " + cfg + " --set train.epochs=10 --report " + dir / "report.json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("early stopping after epoch 2: best test_loss"), std::string::npos)
+      << r.output;
+  auto j = nlohmann::json::parse(std::ifstream(dir / "report.json"));
+  EXPECT_EQ(j["epochs"].get<int>(), 2);
+  EXPECT_EQ(j["early_stopped_epoch"].get<int>(), 2);
+  EXPECT_EQ(j["steps"].get<int>(), 50);
+  ASSERT_EQ(j["history"].size(), 2u);
+  EXPECT_EQ(j["history"][1]["test_loss"], j["history"][0]["test_loss"]);
+  EXPECT_EQ(j["test_loss"], j["history"][0]["test_loss"]);
+
+  std::vector<std::string> kept;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "best"))
+    if (e.is_directory()) kept.push_back(e.path().filename().string());
+  EXPECT_EQ(kept, std::vector<std::string>{"ckpt-25"});
+  Result ev =
+      run("evaluate " + cfg + " --checkpoint " + dir / "best" + " --report " + dir / "eval.json");
+  ASSERT_EQ(ev.code, 0) << ev.output;
+  auto je = nlohmann::json::parse(std::ifstream(dir / "eval.json"));
+  EXPECT_EQ(je["test_loss"], j["history"][0]["test_loss"]);
+
+  // Without [early_stopping] every configured epoch runs, and the report says null.
+  Result full = run("train " + mlp_config(dir, dir.path()) + " --report " + dir / "full.json");
+  ASSERT_EQ(full.code, 0) << full.output;
+  auto jf = nlohmann::json::parse(std::ifstream(dir / "full.json"));
+  EXPECT_EQ(jf["epochs"].get<int>(), 2);
+  EXPECT_TRUE(jf["early_stopped_epoch"].is_null());
+}
+
+}  // namespace
+}  // namespace hpm

@@ -72,6 +72,19 @@ struct Config {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 1;
   std::string metrics_csv;
+  std::string backup_dir;              // BackupAndRestore (empty: off)
+  std::int64_t backup_every_steps = 0;  // 0: at each epoch end
+  bool keep_backup = false;            // keep it after a successful finish
+  std::string best_checkpoint_dir;  // empty = off; else the best epoch's checkpoint, kept alone
+  std::string best_checkpoint_monitor = "test_accuracy";  // its mode is auto
+
+  // [early_stopping]: on when the section is present (keys as train::EarlyStoppingOptions)
+  bool early_stopping = false;
+  std::string early_stopping_monitor = "test_loss";
+  std::string early_stopping_mode = "auto";
+  double early_stopping_min_delta = 0.0;
+  std::int64_t early_stopping_patience = 0;
+  bool early_stopping_restore_best_weights = false;
 
   // [strategy]
   std::string strategy =

@@ -19,6 +19,10 @@ struct LaunchOptions {
       rendezvous_dir;  // where to make the run's FileStore directory (removed after); default /tmp
   double timeout_s = 0;  // exported as HPM_TIMEOUT when > 0
   double grace_s = 5;    // from SIGTERM to SIGKILL when the ranks are stopped
+  // When a rank fails, stop the rest and start the whole group again (a fresh rendezvous; every
+  // rank gets HPM_RESTART = the attempt number), at most this many times: with a backup_dir the
+  // restarted ranks continue from the last backup.
+  int max_restarts = 0;
   std::vector<std::string> command;
 };
 

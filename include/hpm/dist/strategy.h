@@ -35,6 +35,7 @@ struct StepResult {
   std::int64_t correct = 0;  // top-1 hits
   std::int64_t samples = 0;
   bool finite = true;  // false: some replica's loss was NaN or infinite; nothing was updated
+  bool stop_requested = false;  // some worker asked to stop after this step (all agree on it)
 };
 
 struct ReplicaContext {
@@ -94,9 +95,11 @@ class Strategy {
 
   // One synchronous step on a global batch: every replica runs forward and backward on its rows,
   // gradients are averaged, clipped by global norm if `clip_grad_norm` > 0, and applied. When a
-  // loss is not finite, no replica updates and the result says so.
+  // loss is not finite, no replica updates and the result says so. `stop_requested` (this
+  // worker wants to stop after this step: preemption) is combined over every worker, so all of
+  // them learn it at the same step.
   virtual StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss,
-                                float clip_grad_norm) = 0;
+                                float clip_grad_norm, bool stop_requested = false) = 0;
 
  protected:
   Strategy(const StrategyOptions& options, int worker_rank, int num_workers);
@@ -117,7 +120,8 @@ class Strategy {
                                   Reducer* reducer,
                                   const std::function<void(bool)>& on_loss = nullptr);
   // Adds up local outcomes (and, across workers, through `workers`) into a StepResult.
-  StepResult combine(const std::vector<ReplicaOutcome>& outcomes, comm::Communicator* workers);
+  StepResult combine(const std::vector<ReplicaOutcome>& outcomes, comm::Communicator* workers,
+                     bool stop_requested);
   // The communicator that connects this process to the other workers (none in one process).
   virtual comm::Communicator* worker_communicator() const { return nullptr; }
 

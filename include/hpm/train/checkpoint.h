@@ -1,11 +1,14 @@
 // Checkpoints: a directory per save, `<root>/ckpt-<global step>/` holding model.safetensors,
 // optimizer.safetensors, iterator.bin (the input pipeline's state, when saved mid-epoch) and
-// trainer_state.json (epoch, step, RNG, and the CRC32C of each other file). Every file is written to a temporary name, fsynced and renamed; the
-// trainer state goes last and `<root>/latest` is switched only after it, so a crash mid-save
-// leaves the previous checkpoint as the latest. Loading verifies the checksums.
+// trainer_state.json (epoch, step, RNG, and the CRC32C of each other file). Every file is written
+// to a temporary name, fsynced and renamed; the trainer state goes last and `<root>/latest` is
+// switched only after it, so a crash mid-save leaves the previous checkpoint as the latest. Loading
+// verifies the checksums.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "hpm/nn/module.h"
 #include "hpm/optim/optimizer.h"
@@ -19,7 +22,8 @@ struct TrainerState {
   std::int64_t global_step = 0;
   std::uint64_t seed = 0;
   Generator::State rng;  // the default generator (dropout, init)
-  std::string iterator_state;  // the input pipeline's Iterator state mid-epoch (empty at a boundary)
+  std::string
+      iterator_state;  // the input pipeline's Iterator state mid-epoch (empty at a boundary)
 };
 
 class CheckpointError : public std::runtime_error {
@@ -36,5 +40,18 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
 // are touched only after every file is present and its checksum matches.
 TrainerState load_checkpoint(const std::string& path, nn::Module& model,
                              optim::Optimizer* optimizer);
+
+struct RestoredCheckpoint {
+  TrainerState state;
+  std::string dir;                   // the ckpt-* directory restored
+  std::vector<std::string> skipped;  // newer ones that were unusable, each "DIR: why"
+};
+
+// The newest usable checkpoint under `root` (newest global step first; a partial or corrupt one
+// is skipped and reported in `skipped`). nullopt when root holds no checkpoint at all; a
+// CheckpointError listing each one and why when none is usable. Nothing is modified unless one
+// loads completely.
+std::optional<RestoredCheckpoint> restore_newest_usable(const std::string& root, nn::Module& model,
+                                                        optim::Optimizer* optimizer);
 
 }  // namespace hpm::train

@@ -1,6 +1,7 @@
 // Trainer: fit / evaluate / predict for a classifier, in the manner of Keras' Model.fit, with
 // callbacks (progress, CSV log, checkpoints) and exact resume from a checkpoint.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -38,6 +39,24 @@ struct FitOptions {
   std::string checkpoint_dir;         // empty = no checkpoints
   std::int64_t checkpoint_every = 1;  // epochs
   std::string resume_from;            // checkpoint root or ckpt-* directory
+
+  // BackupAndRestore (Keras' semantics): everything needed to continue exactly (model, optimizer,
+  // epoch and step, the default generator, the input pipeline's position) is backed up in
+  // `backup_dir` every `backup_every_steps` steps (0: at each epoch end), at each epoch end, and
+  // when preempted. fit() first restores the newest usable backup there (a corrupt newest one is
+  // skipped and reported), so the same command run again continues where the last one stopped.
+  // The previous backup stays until the new one is complete; after a successful finish the
+  // backup is removed unless `keep_backup`. In a multi-worker job worker 0 writes it.
+  std::string backup_dir;
+  std::int64_t backup_every_steps = 0;
+  bool keep_backup = false;
+  // Preemption: once this reads true (set by a SIGTERM handler, say), fit() finishes the step in
+  // progress, writes a backup and returns with FitResult::preempted. Every worker of a
+  // multi-worker job stops after the same step.
+  const std::atomic<bool>* stop_signal = nullptr;
+  // Workers read different shards: a worker other than 0 finds its place in a restored epoch by
+  // skipping as many batches as were trained (worker 0's saved position is not its own).
+  bool per_worker_input = false;
 };
 
 struct EpochLogs {
@@ -67,6 +86,11 @@ struct FitResult {
   std::size_t step_peak_bytes = 0;  // max Device bytes a training step added over its start
   double input_wait_seconds = 0;    // waiting for batches from the input pipeline
   std::string last_checkpoint;
+  bool preempted = false;           // stopped by stop_signal; a backup was written
+  std::string restored_from;        // the backup this run continued from, if any
+  std::int64_t backups = 0;         // backups written
+  double backup_seconds = 0;        // time spent writing them
+  std::uintmax_t backup_bytes = 0;  // size of the last one
   double samples_per_s() const { return train_seconds > 0 ? train_samples / train_seconds : 0; }
 };
 
@@ -76,6 +100,9 @@ class Callback {
  public:
   virtual ~Callback() = default;
   virtual void on_train_begin(Trainer&) {}
+  // fit() continued from backup `dir`, after skipping the newer, unusable ones ("DIR: why").
+  virtual void on_backup_restored(Trainer&, const std::string& /*dir*/,
+                                  const std::vector<std::string>& /*skipped*/) {}
   virtual void on_epoch_begin(Trainer&, std::int64_t /*epoch*/) {}
   virtual void on_batch_end(Trainer&, const BatchLogs&) {}
   virtual void on_epoch_end(Trainer&, const EpochLogs&) {}
@@ -115,6 +142,10 @@ class Trainer {
  private:
   double train_step(const Tensor& x, const Tensor& y, std::int64_t* correct);
   void set_lr(float lr);
+  TrainerState state_to_save(data::Iterator* it, bool epoch_done) const;
+  void write_backup(data::Iterator* it, bool epoch_done, FitResult& result);
+  bool is_chief() const;  // writes checkpoints and backups
+  bool stop_signalled() const;
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
@@ -126,6 +157,7 @@ class Trainer {
   std::vector<std::shared_ptr<Callback>> callbacks_;
   float base_lr_;
   bool stop_ = false;
+  bool stop_agreed_ = false;  // the last step ended with a stop request (from any worker)
 };
 
 }  // namespace hpm::train
