@@ -94,7 +94,8 @@ TEST(Config, UnknownLayerKeyAndMissingLayerKey) {
     build_model(load_config(write(dir, text2)));
     FAIL();
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("layer linear needs 'out'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("layer linear needs 'out'"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -107,8 +108,8 @@ TEST(Config, UnknownSectionAndSyntaxError) {
 
 TEST(Config, OverridesApplyAndAreChecked) {
   TempDir dir;
-  Config c = load_config(write(dir, kValid), {"optimizer.lr=0.5", "train.epochs=3",
-                                              "train.checkpoint_dir=/tmp/x"});
+  Config c = load_config(write(dir, kValid),
+                         {"optimizer.lr=0.5", "train.epochs=3", "train.checkpoint_dir=/tmp/x"});
   EXPECT_FLOAT_EQ(c.lr, 0.5f);
   EXPECT_EQ(c.epochs, 3);
   EXPECT_EQ(c.checkpoint_dir, "/tmp/x");

@@ -42,10 +42,6 @@ struct Rig {
   }
 };
 
-double json_number(const std::string& path, const char* key) {
-  return nlohmann::json::parse(read_text(path))[key].get<double>();
-}
-
 TEST(FaultTolerance, KilledWorkerRestartsAndEndsBitIdentical) {
   Rig rig("[strategy]\nkind = \"multi_worker_mirrored\"\ntimeout_s = 20\n");
   const std::string two = rig.dir / "two";
@@ -105,7 +101,7 @@ TEST(FaultTolerance, PreemptedRunResumesExactly) {
   EXPECT_NE(second.output.find("continuing from backup " + rig.dir / "backup/ckpt-26"),
             std::string::npos)
       << second.output;
-  EXPECT_EQ(json_number(rig.dir / "r.json", "steps_this_run"), 80 - 26);
+  EXPECT_EQ(report_number(rig.dir / "r.json", "steps_this_run"), 80 - 26);
   EXPECT_EQ(final_model(rig.dir / "ckpt"), reference);
 }
 

@@ -8,58 +8,21 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "common/temp_dir.h"
-#include "hpm/io/idx.h"
-#include "hpm/tensor/random.h"
+#include "common/hpm_cli.h"
 
 namespace hpm {
 namespace {
 
-using hpm::testing::TempDir;
+using namespace hpm::testing;
+using Result = CommandResult;
 
-struct Result {
-  int code;
-  std::string output;  // stdout and stderr
-};
-
-Result run(const std::string& args) {
-  const std::string cmd = std::string(HPM_BINARY_DIR) + "/hpm " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf{};
-  while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-// A small synthetic Fashion-MNIST-shaped data set: images whose mean brightness encodes the label.
+Result run(const std::string& args) { return run_hpm(args); }
 void write_dataset(const std::string& dir, std::int64_t n_train, std::int64_t n_test) {
-  Generator gen(3);
-  for (auto [split, n] : {std::pair{"train", n_train}, std::pair{"t10k", n_test}}) {
-    io::IdxArray images{io::kIdxU8, {n, 28, 28}, {}}, labels{io::kIdxU8, {n}, {}};
-    for (std::int64_t i = 0; i < n; ++i) {
-      const auto label = static_cast<unsigned char>(gen.below(10));
-      labels.data.push_back(label);
-      for (int k = 0; k < 784; ++k)
-        images.data.push_back(static_cast<unsigned char>((k % 10 == label ? 200 : 20) +
-                                                         static_cast<int>(gen.below(40))));
-    }
-    io::write_idx(dir + "/" + split + "-images-idx3-ubyte.gz", images, true);
-    io::write_idx(dir + "/" + split + "-labels-idx1-ubyte.gz", labels, true);
-  }
+  write_synthetic_mnist(dir, n_train, n_test);
 }
-
 std::string mlp_config(const TempDir& dir, const std::string& data_dir,
                        const std::string& extra = "") {
-  const std::string path = dir / "mlp.toml";
-  std::ofstream(path)
-      << "[model]\nlayers = [{ type = \"flatten\" }, { type = \"linear\", in = 784, "
-         "out = 32 }, { type = \"relu\" }, { type = \"linear\", in = 32, out = 10 }]\n"
-      << "[data]\ndir = \"" << data_dir << "\"\nbatch_size = 16\n"
-      << "[optimizer]\nkind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n"
-      << "[train]\nepochs = 2\n"
-      << extra;
-  return path;
+  return small_mlp_config(dir, data_dir, extra);
 }
 
 TEST(HpmCommand, HelpListsSubcommands) {
@@ -216,10 +179,6 @@ TEST(HpmCommand, DataBenchReportsStages) {
 namespace hpm {
 namespace {
 
-double report_value(const std::string& path, const char* key) {
-  return nlohmann::json::parse(std::ifstream(path))[key].get<double>();
-}
-
 // Every strategy trains the same model to the same place (the arithmetic differs only by the
 // order of floating-point additions), writes its name in the report, and resumes.
 TEST(HpmStrategy, MirroredAndCentralStorageTrainLikeOneDevice) {
@@ -245,7 +204,7 @@ TEST(HpmStrategy, MirroredAndCentralStorageTrainLikeOneDevice) {
     EXPECT_EQ(j["strategy"], kind);
     EXPECT_EQ(j["replicas_in_sync"], 2);
     EXPECT_EQ(j["steps"], 40);
-    EXPECT_NEAR(j["test_loss"].get<double>(), report_value(dir / "one.json", "test_loss"), 2e-3)
+    EXPECT_NEAR(j["test_loss"].get<double>(), report_number(dir / "one.json", "test_loss"), 2e-3)
         << kind;
   }
   // Mirrored with checkpoints, then resumed: the restored variables reach every replica.
@@ -257,8 +216,8 @@ TEST(HpmStrategy, MirroredAndCentralStorageTrainLikeOneDevice) {
       run("train " + cfg + " --set strategy.kind=mirrored --set strategy.replicas=2 --resume " +
           dir / "ckpt" + " --report " + dir / "resumed.json");
   ASSERT_EQ(resumed.code, 0) << resumed.output;
-  EXPECT_EQ(report_value(dir / "resumed.json", "steps"), 80);
-  EXPECT_GT(report_value(dir / "resumed.json", "test_accuracy"), 0.5);
+  EXPECT_EQ(report_number(dir / "resumed.json", "steps"), 80);
+  EXPECT_GT(report_number(dir / "resumed.json", "test_accuracy"), 0.5);
 }
 
 TEST(HpmStrategy, ConfigErrorsNameTheKey) {
@@ -306,23 +265,12 @@ TEST(HpmStrategy, MultiWorkerMirroredOverTwoProcessesMatchesOneDevice) {
                                " --set train.epochs=1 --set strategy.kind=multi_worker_mirrored "
                                "--set strategy.timeout_s=30 --world-size 2 --rendezvous " +
                                dir / name + " " + extra;
-    const std::string hpm = std::string(HPM_BINARY_DIR) + "/hpm ";
-    const std::string cmd = "(" + hpm + common + " --rank 1 > " + dir / "rank1.log" +
-                            " 2>&1; echo $? > " + dir / "rank1.code" + ") & " + hpm + common +
-                            " --rank 0 --report " + dir / (name + ".json") +
-                            " 2>&1; code=$?; wait; exit $code";
-    Result both{0, ""};
-    FILE* p = popen(("sh -c '" + cmd + "'").c_str(), "r");
-    std::array<char, 4096> buf{};
-    while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p))
-      both.output.append(buf.data(), n);
-    const int status = pclose(p);
-    both.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream code1(dir / "rank1.code");
-    int rank1 = -1;
-    code1 >> rank1;
-    std::ifstream log1(dir / "rank1.log");
-    EXPECT_EQ(rank1, 0) << std::string(std::istreambuf_iterator<char>(log1), {});
+    const std::string hpm = hpm_binary() + " ";
+    const Result both =
+        run_shell("(" + hpm + common + " --rank 1 > " + dir / "rank1.log" + " 2>&1; echo $? > " +
+                  dir / "rank1.code" + ") & " + hpm + common + " --rank 0 --report " +
+                  dir / (name + ".json") + "; code=$?; wait; exit $code");
+    EXPECT_EQ(read_text(dir / "rank1.code"), "0\n") << read_text(dir / "rank1.log");
     return both;
   };
   Result both = two_processes("mwm", "");
@@ -335,10 +283,10 @@ TEST(HpmStrategy, MultiWorkerMirroredOverTwoProcessesMatchesOneDevice) {
   // single device's, so only the outcome compares.
   Result sharded = two_processes("sharded", "--set strategy.shard=elements");
   ASSERT_EQ(sharded.code, 0) << sharded.output;
-  EXPECT_EQ(report_value(dir / "sharded.json", "steps"), 40);
-  EXPECT_GT(report_value(dir / "sharded.json", "test_accuracy"), 0.5);
-  EXPECT_NEAR(report_value(dir / "mwm.json", "test_loss"),
-              report_value(dir / "one.json", "test_loss"), 2e-3);
+  EXPECT_EQ(report_number(dir / "sharded.json", "steps"), 40);
+  EXPECT_GT(report_number(dir / "sharded.json", "test_accuracy"), 0.5);
+  EXPECT_NEAR(report_number(dir / "mwm.json", "test_loss"),
+              report_number(dir / "one.json", "test_loss"), 2e-3);
 }
 
 }  // namespace

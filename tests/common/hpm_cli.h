@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "common/temp_dir.h"
@@ -19,9 +20,9 @@ struct CommandResult {
   std::string output;  // stdout and stderr
 };
 
-// Runs `sh -c COMMAND` with stderr joined to stdout.
+// Runs COMMAND with the shell, stderr joined to stdout.
 inline CommandResult run_shell(const std::string& command) {
-  FILE* p = popen(("sh -c '" + command + "' 2>&1").c_str(), "r");
+  FILE* p = popen(("(" + command + ") 2>&1").c_str(), "r");
   std::string out;
   std::array<char, 4096> buf{};
   while (std::size_t n = std::fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
@@ -30,6 +31,11 @@ inline CommandResult run_shell(const std::string& command) {
 }
 
 inline std::string hpm_binary() { return std::string(HPM_BINARY_DIR) + "/hpm"; }
+
+// `hpm ARGS`.
+inline CommandResult run_hpm(const std::string& args) {
+  return run_shell(hpm_binary() + " " + args);
+}
 
 // Images whose brightness pattern encodes the label: learnable in a few steps.
 inline void write_synthetic_mnist(const std::string& dir, std::int64_t n_train,
@@ -66,6 +72,11 @@ inline std::string small_mlp_config(const TempDir& dir, const std::string& data_
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// A number from a JSON report.
+inline double report_number(const std::string& path, const char* key) {
+  return nlohmann::json::parse(read_text(path))[key].get<double>();
 }
 
 }  // namespace hpm::testing
