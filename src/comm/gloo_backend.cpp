@@ -29,6 +29,7 @@
 #include <optional>
 #include <thread>
 
+#include "comm/duration_text.h"
 #include "comm/work_queue.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/store.h"
@@ -59,14 +60,6 @@ std::uint32_t collective_tag(std::uint64_t seq, std::size_t bytes) {
   const std::uint64_t b = bytes;
   const auto fold = static_cast<std::uint32_t>((b ^ (b >> 16) ^ (b >> 32) ^ (b >> 48)) & 0xffff);
   return static_cast<std::uint32_t>((seq & 0xffff) << 16) | fold;
-}
-
-std::string seconds_text(Milliseconds t) {
-  if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
-  if (t.count() < 1000) return std::to_string(t.count()) + " ms";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(t.count()) / 1000.0);
-  return buf;
 }
 
 std::string rank_list(const std::vector<int>& ranks) {

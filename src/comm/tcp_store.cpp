@@ -34,6 +34,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "comm/duration_text.h"
 #include "hpm/comm/store.h"
 
 namespace hpm::comm {
@@ -46,14 +47,6 @@ enum Op : std::uint8_t { kSet = 1, kGet = 2, kWait = 3, kAdd = 4 };
 // The longest a request may wait at the server (longer timeouts are cut to it).
 constexpr Milliseconds kMaxWait = std::chrono::hours(24);
 enum Status : std::uint8_t { kOk = 0, kTimeout = 1, kError = 2 };
-
-std::string seconds_text(Milliseconds t) {
-  if (t.count() % 1000 == 0) return std::to_string(t.count() / 1000) + " s";
-  if (t.count() < 1000) return std::to_string(t.count()) + " ms";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f s", static_cast<double>(t.count()) / 1000.0);
-  return buf;
-}
 
 std::string join_keys(const std::vector<std::string>& keys) {
   std::string s;

@@ -11,6 +11,7 @@
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/comm/hierarchical.h"
 #include "hpm/comm/local.h"
+#include "hpm/nn/losses.h"
 #include "hpm/tensor/device.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
@@ -93,15 +94,6 @@ class Strategy::Pool {
 // ---------------------------------------------------------------------------------------------
 
 namespace {
-
-std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-  Tensor pred = kernels::argmax_last(logits);
-  const auto* p = pred.data<std::int64_t>();
-  const auto* y = labels.data<std::int64_t>();
-  std::int64_t c = 0;
-  for (std::int64_t i = 0; i < labels.numel(); ++i) c += p[i] == y[i];
-  return c;
-}
 
 void copy_state(const nn::Module& from, const nn::Module& to) {
   const nn::NamedTensors src = from.state_dict();
@@ -205,7 +197,7 @@ Strategy::ReplicaOutcome Strategy::forward_backward(int r, const Tensor& x, cons
     out.finite = std::isfinite(value);
     if (on_loss) on_loss(out.finite);
     out.loss_sum = static_cast<double>(value) * static_cast<double>(rows);
-    out.correct = count_correct(logits, yr);
+    out.correct = nn::top1_correct(logits, yr);
     // Gradients are averaged over replicas; weighting by rows makes that the global batch's mean
     // also when the batch does not split evenly.
     const double global_batch =

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "hpm/autograd/grad_mode.h"
+#include "hpm/tensor/kernels.h"
 
 namespace hpm::nn {
 
@@ -27,11 +28,21 @@ Tensor distillation_kl(const Tensor& student_logits, const Tensor& teacher_logit
 Tensor distillation_loss(const Tensor& student_logits, const Tensor& teacher_logits,
                          const Tensor& labels, float alpha, float temperature) {
   if (alpha < 0.0f || alpha > 1.0f) {
-    throw std::invalid_argument("distillation alpha must be in [0, 1], got " + std::to_string(alpha));
+    throw std::invalid_argument("distillation alpha must be in [0, 1], got " +
+                                std::to_string(alpha));
   }
   Tensor hard = cross_entropy(student_logits, labels);
   Tensor soft = distillation_kl(student_logits, teacher_logits, temperature);
   return add(mul(hard, 1.0f - alpha), mul(soft, alpha));
+}
+
+std::int64_t top1_correct(const Tensor& logits, const Tensor& labels) {
+  const Tensor pred = kernels::argmax_last(logits);
+  const auto* p = pred.data<std::int64_t>();
+  const auto* y = labels.data<std::int64_t>();
+  std::int64_t c = 0;
+  for (std::int64_t i = 0; i < labels.numel(); ++i) c += p[i] == y[i];
+  return c;
 }
 
 }  // namespace hpm::nn

@@ -7,6 +7,7 @@
 
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/io/atomic_file.h"
+#include "hpm/nn/losses.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/trace/trace.h"
@@ -19,14 +20,6 @@ double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-std::int64_t count_correct(const Tensor& logits, const Tensor& labels) {
-  Tensor pred = kernels::argmax_last(logits);
-  const auto* p = pred.data<std::int64_t>();
-  const auto* y = labels.data<std::int64_t>();
-  std::int64_t c = 0;
-  for (std::int64_t i = 0; i < labels.numel(); ++i) c += p[i] == y[i];
-  return c;
-}
 }  // namespace
 
 Trainer::Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optimizer> optimizer,
@@ -85,7 +78,7 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
     optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
   }
   optimizer_->step();
-  *correct += count_correct(logits, y);
+  *correct += nn::top1_correct(logits, y);
   return value;
 }
 
@@ -301,7 +294,7 @@ EvalResult Trainer::evaluate(const data::LabelledData& data, std::int64_t batch_
     Tensor x = data.inputs.narrow(begin, n), y = data.labels.narrow(begin, n);
     Tensor logits = model_->forward(x);
     loss_sum += static_cast<double>(cross_entropy(logits, y).item()) * static_cast<double>(n);
-    correct += count_correct(logits, y);
+    correct += nn::top1_correct(logits, y);
     r.samples += n;
   }
   model_->train(was_training);

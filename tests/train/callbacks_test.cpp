@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 
+#include "common/blobs.h"
 #include "common/temp_dir.h"
 #include "hpm/nn/layers.h"
 #include "hpm/tensor/random.h"
@@ -16,21 +17,8 @@
 namespace hpm::train {
 namespace {
 
+using hpm::testing::blobs;
 using hpm::testing::TempDir;
-
-// Two Gaussian blobs per class in 8 dimensions (as trainer_test.cpp): learnable, not in one step.
-data::LabelledData blobs(std::int64_t n, std::uint64_t seed) {
-  Generator gen(seed);
-  data::LabelledData d;
-  d.inputs = Tensor::randn({n, 8}, gen);
-  d.labels = Tensor::zeros({n}, DType::I64);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t c = static_cast<std::int64_t>(gen.below(3));
-    d.labels.data<std::int64_t>()[i] = c;
-    d.inputs.data<float>()[i * 8 + c] += 2.5f;
-  }
-  return d;
-}
 
 std::shared_ptr<nn::Sequential> make_model(std::uint64_t seed) {
   manual_seed(seed);

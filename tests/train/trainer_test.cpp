@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/blobs.h"
 #include "common/temp_dir.h"
 #include "hpm/io/error.h"
 #include "hpm/nn/layers.h"
@@ -14,21 +15,8 @@
 namespace hpm::train {
 namespace {
 
+using hpm::testing::blobs;
 using hpm::testing::TempDir;
-
-// Two Gaussian blobs per class in 8 dimensions: learnable, but not in one step.
-data::LabelledData blobs(std::int64_t n, std::uint64_t seed) {
-  Generator gen(seed);
-  data::LabelledData d;
-  d.inputs = Tensor::randn({n, 8}, gen);
-  d.labels = Tensor::zeros({n}, DType::I64);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const std::int64_t c = static_cast<std::int64_t>(gen.below(3));
-    d.labels.data<std::int64_t>()[i] = c;
-    d.inputs.data<float>()[i * 8 + c] += 2.5f;
-  }
-  return d;
-}
 
 struct Rig {
   std::shared_ptr<nn::Sequential> model;
@@ -196,10 +184,12 @@ TEST(Trainer, StepPeakMemoryIsBounded) {
       std::make_shared<nn::Linear>(784, 512), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(512, 256), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(256, 10)});
-  auto opt = std::make_shared<optim::SGD>(model->named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+  auto opt =
+      std::make_shared<optim::SGD>(model->named_parameters(), optim::SgdOptions{0.05f, 0.9f});
   Trainer t(model, opt);
   Generator gen(1);
-  data::LabelledData d{Tensor::uniform({256, 784}, gen, 0.0f, 1.0f), Tensor::zeros({256}, DType::I64)};
+  data::LabelledData d{Tensor::uniform({256, 784}, gen, 0.0f, 1.0f),
+                       Tensor::zeros({256}, DType::I64)};
   FitOptions o;
   o.batch_size = 64;
   FitResult r = t.fit(d, nullptr, o);

@@ -14,4 +14,7 @@ Tensor distillation_kl(const Tensor& student_logits, const Tensor& teacher_logit
 Tensor distillation_loss(const Tensor& student_logits, const Tensor& teacher_logits,
                          const Tensor& labels, float alpha, float temperature);
 
+// How many rows of (N, C) logits have their largest value at the label (I64, N): top-1 hits.
+std::int64_t top1_correct(const Tensor& logits, const Tensor& labels);
+
 }  // namespace hpm::nn
