@@ -15,6 +15,7 @@
 
 #include "hpm/cli/bench.h"
 #include "hpm/cli/config.h"
+#include "hpm/cli/distill_command.h"
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch.h"
@@ -488,6 +489,10 @@ int main(int argc, char** argv) {
   allreduce_cmd->add_option("--report", allreduce_bench.report, "write the results as JSON");
   LaunchOptions launch;
   CLI::App* launch_cmd = add_launch_command(app, launch);
+  DistillCommandOptions distill_opts;
+  CLI::App* distill_cmd = add_distill_command(app, distill_opts);
+  ChurnCommandOptions churn_opts;
+  CLI::App* churn_cmd = add_churn_command(app, churn_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -501,6 +506,8 @@ int main(int argc, char** argv) {
     if (*convert_cmd) return run_data_convert(convert);
     if (*inspect_cmd) return run_data_inspect(inspect_file, inspect_compression);
     if (*allreduce_cmd) return run_bench_allreduce(allreduce_bench);
+    if (*distill_cmd) return run_distill(distill_opts);
+    if (*churn_cmd) return run_churn(churn_opts);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <filesystem>
 #include <map>
 #include <set>
 #include <sstream>
@@ -292,6 +293,79 @@ void apply_override(toml::table& root, const std::string& assignment) {
   target->as_table()->insert_or_assign(key, *parsed.get("v"));
 }
 
+// [distill]: one teacher (teacher_config, teacher_checkpoint) or several (teachers = [{config,
+// checkpoint, weight}, ...]); alpha, temperature, baseline, cache_teacher, m_on_m.
+void parse_distill(const std::string& path, const toml::table& root, DistillSection& d) {
+  const toml::table* t = section(path, root, "distill");
+  if (!t) return;
+  d.present = true;
+  const std::string at = where(path, t->source());
+  const auto from_config_dir = [&](const std::string& p) {
+    const std::filesystem::path fp(p);
+    return fp.is_absolute() || p.empty()
+               ? p
+               : (std::filesystem::path(path).parent_path() / fp).string();
+  };
+  TableReader r(path, "[distill]", t);
+  TeacherSpec one;
+  one.where = at;
+  r.get("teacher_config", one.config);
+  r.get("teacher_checkpoint", one.checkpoint);
+  r.get("alpha", d.alpha);
+  r.get("temperature", d.temperature);
+  r.get("baseline", d.baseline);
+  r.get("cache_teacher", d.cache_teacher);
+  r.get("m_on_m", d.m_on_m);
+  r.allow("teachers");
+  r.finish();
+  if (const toml::node* n = t->get("alpha"); n && !(d.alpha >= 0.0f && d.alpha <= 1.0f)) {
+    throw ConfigError(where(path, n->source()) + ": [distill] alpha must be in [0, 1]");
+  }
+  if (const toml::node* n = t->get("temperature"); n && !(d.temperature > 0.0f)) {
+    throw ConfigError(where(path, n->source()) + ": [distill] temperature must be positive");
+  }
+  if (const toml::node* n = t->get("teachers")) {
+    if (t->get("teacher_config") || t->get("teacher_checkpoint")) {
+      throw ConfigError(
+          where(path, n->source()) +
+          ": [distill] takes teachers or teacher_config/teacher_checkpoint, not both");
+    }
+    const toml::array* arr = n->as_array();
+    if (!arr || arr->empty()) {
+      throw ConfigError(where(path, n->source()) +
+                        ": [distill] teachers must be a non-empty array of tables {config, "
+                        "checkpoint, weight}");
+    }
+    for (const auto& e : *arr) {
+      if (!e.is_table()) {
+        throw ConfigError(
+            where(path, e.source()) +
+            ": [distill] teachers: each must be a table {config, checkpoint, weight}");
+      }
+      TeacherSpec spec;
+      spec.where = where(path, e.source());
+      TableReader tr(path, "[distill] teachers", e.as_table());
+      tr.get("config", spec.config);
+      tr.get("checkpoint", spec.checkpoint);
+      tr.get("weight", spec.weight);
+      tr.finish();
+      if (spec.config.empty()) {
+        throw ConfigError(spec.where + ": [distill] teachers: each needs 'config'");
+      }
+      if (!(spec.weight >= 0.0f)) {
+        throw ConfigError(spec.where + ": [distill] teachers: weight must be non-negative");
+      }
+      spec.config = from_config_dir(spec.config);
+      d.teachers.push_back(std::move(spec));
+    }
+  } else if (!one.config.empty()) {
+    one.config = from_config_dir(one.config);
+    d.teachers.push_back(std::move(one));
+  } else if (!one.checkpoint.empty()) {
+    throw ConfigError(at + ": [distill] teacher_checkpoint needs teacher_config (its model)");
+  }
+}
+
 }  // namespace
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -309,12 +383,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   c.path = path;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    static const std::set<std::string> sections = {"model", "data",     "optimizer",     "schedule",
-                                                   "train", "strategy", "early_stopping"};
+    static const std::set<std::string> sections = {
+        "model", "data", "optimizer", "schedule", "train", "strategy", "early_stopping", "distill"};
     if (!sections.count(key)) {
       throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
-                        "] (known: data, early_stopping, model, optimizer, schedule, strategy, "
-                        "train)");
+                        "] (known: data, distill, early_stopping, model, optimizer, schedule, "
+                        "strategy, train)");
     }
   }
 
@@ -523,6 +597,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
                         ": [train] backup_dir must differ from checkpoint_dir and best_checkpoint_dir");
     }
   }
+  parse_distill(path, root, c.distill);
   return c;
 }
 

@@ -45,6 +45,9 @@ void Trainer::set_lr(float lr) {
 double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* correct) {
   trace::Span span("train step", "train");
   if (strategy_) {
+    if (input_loss_) {
+      throw std::logic_error("Trainer: a loss that needs the inputs runs on one device only");
+    }
     const LossFn loss = loss_ ? loss_ : [this](const Tensor& logits, const Tensor& labels) {
       return cross_entropy(logits, labels, options_.label_smoothing);
     };
@@ -64,7 +67,9 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   stop_agreed_ = stop_signalled();
   optimizer_->zero_grad();
   Tensor logits = model_->forward(x);
-  Tensor loss = loss_ ? loss_(logits, y) : cross_entropy(logits, y, options_.label_smoothing);
+  Tensor loss = input_loss_ ? input_loss_(x, logits, y)
+                : loss_     ? loss_(logits, y)
+                            : cross_entropy(logits, y, options_.label_smoothing);
   const float value = loss.item();
   if (!std::isfinite(value)) {
     std::ostringstream os;

@@ -30,6 +30,24 @@ struct LayerSpec {
   std::vector<std::int64_t> shape;  // LayerNorm's normalized shape
 };
 
+// One teacher of [distill] (hpm distill).
+struct TeacherSpec {
+  std::string config;      // its TOML config; a relative path is taken from the config's folder
+  std::string checkpoint;  // its checkpoint; none there: trained first (and saved there if named)
+  float weight = 1.0f;     // relative weight of its soft targets
+  std::string where;       // "FILE:LINE:COL" for errors
+};
+
+// [distill]: ignored by hpm train, which then trains the student alone.
+struct DistillSection {
+  bool present = false;
+  std::vector<TeacherSpec> teachers;  // teacher_config/teacher_checkpoint, or teachers = [...]
+  float alpha = 0.9f, temperature = 4.0f;
+  bool baseline = false;      // also train the student on labels alone (same seed and epochs)
+  bool cache_teacher = true;  // remember the soft targets per input row (only without augment)
+  bool m_on_m = false;        // also one student per teacher, then their ensemble
+};
+
 struct Config {
   std::string path;
   std::vector<LayerSpec> layers;
@@ -99,6 +117,8 @@ struct Config {
   // the rows: the single-device arithmetic), "elements" or "files" (each reads only its shard,
   // batches of batch_size / workers).
   std::string shard = "batch";
+
+  DistillSection distill;
 };
 
 // Parses `path`, then applies `overrides` ("section.key=value", value in TOML syntax, or a bare

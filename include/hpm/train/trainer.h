@@ -110,6 +110,9 @@ class Callback {
 };
 
 using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& labels)>;
+// A loss that also sees the batch's inputs: distillation runs its teachers on the same batch.
+using InputLossFn =
+    std::function<Tensor(const Tensor& inputs, const Tensor& logits, const Tensor& labels)>;
 
 class Trainer {
  public:
@@ -134,6 +137,8 @@ class Trainer {
 
   void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
   void set_loss(LossFn loss) { loss_ = std::move(loss); }
+  // Takes precedence over set_loss; one device only (a strategy's replicas see only logits).
+  void set_input_loss(InputLossFn loss) { input_loss_ = std::move(loss); }
   void stop_training() { stop_ = true; }  // from a callback: ends fit after this batch
   const TrainerState& state() const { return state_; }
   nn::Module& model() { return *model_; }
@@ -152,6 +157,7 @@ class Trainer {
   std::shared_ptr<optim::LrSchedule> schedule_;
   std::shared_ptr<dist::Strategy> strategy_;  // null: the model trains on the caller's thread
   LossFn loss_;
+  InputLossFn input_loss_;
   FitOptions options_;
   TrainerState state_;
   std::vector<std::shared_ptr<Callback>> callbacks_;

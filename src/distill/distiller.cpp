@@ -1,0 +1,242 @@
+#include "hpm/distill/distiller.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "hpm/autograd/grad_mode.h"
+#include "hpm/autograd/ops.h"
+#include "hpm/nn/losses.h"
+#include "hpm/tensor/kernels.h"
+
+namespace hpm::distill {
+
+namespace {
+
+void check_alpha(float alpha) {
+  if (!(alpha >= 0.0f && alpha <= 1.0f)) {
+    throw std::invalid_argument("distillation alpha must be in [0, 1], got " +
+                                std::to_string(alpha));
+  }
+}
+
+void check_temperature(float temperature) {
+  if (!(temperature > 0.0f)) {
+    throw std::invalid_argument("distillation temperature must be positive, got " +
+                                std::to_string(temperature));
+  }
+}
+
+}  // namespace
+
+// ---- losses -------------------------------------------------------------------------------------
+
+Tensor soft_target_kl(const Tensor& student_logits, const Tensor& target_probs, float temperature) {
+  check_temperature(temperature);
+  check_shape(target_probs, student_logits.shape(), "distillation: soft targets");
+  Tensor log_student = log_softmax(mul(student_logits, 1.0f / temperature), -1);
+  // detach(): the targets are constants even if a caller built them with gradients on.
+  return mul(kl_div(log_student, target_probs.detach()), temperature * temperature);
+}
+
+Tensor soft_target_loss(const Tensor& student_logits, const Tensor& target_probs,
+                        const Tensor& labels, float alpha, float temperature) {
+  check_alpha(alpha);
+  Tensor hard = cross_entropy(student_logits, labels);
+  Tensor soft = soft_target_kl(student_logits, target_probs, temperature);
+  return add(mul(hard, 1.0f - alpha), mul(soft, alpha));
+}
+
+// ---- distiller ----------------------------------------------------------------------------------
+
+Distiller::Distiller(std::vector<Teacher> teachers, DistillOptions options)
+    : teachers_(std::move(teachers)), options_(options) {
+  check_alpha(options_.alpha);
+  check_temperature(options_.temperature);
+  if (teachers_.empty()) throw std::invalid_argument("Distiller: no teacher");
+  float total = 0.0f;
+  for (const Teacher& t : teachers_) {
+    if (!t.model) throw std::invalid_argument("Distiller: a teacher has no model");
+    if (!(t.weight >= 0.0f)) {
+      throw std::invalid_argument("Distiller: teacher weights must be non-negative, got " +
+                                  std::to_string(t.weight));
+    }
+    total += t.weight;
+  }
+  if (!(total > 0.0f)) throw std::invalid_argument("Distiller: teacher weights sum to zero");
+  for (Teacher& t : teachers_) {
+    t.weight /= total;
+    t.model->eval();
+  }
+}
+
+Tensor Distiller::soft_targets(const Tensor& inputs) const {
+  return options_.cache_targets ? cached_targets(inputs) : teacher_targets(inputs);
+}
+
+Tensor Distiller::cached_targets(const Tensor& inputs) const {
+  const std::int64_t n = inputs.size(0);
+  if (n == 0) return teacher_targets(inputs);
+  const std::size_t row_bytes = inputs.nbytes() / static_cast<std::size_t>(n);
+  const auto* bytes = static_cast<const char*>(inputs.raw_data());
+  std::vector<std::uint64_t> keys(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    keys[i] = std::hash<std::string_view>{}(
+        std::string_view(bytes + static_cast<std::size_t>(i) * row_bytes, row_bytes));
+  }
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  // The rows never seen: run the teachers on them alone, gathered into one batch.
+  std::vector<std::int64_t> missing;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!cache_index_.count(keys[i])) missing.push_back(i);
+  if (!missing.empty()) {
+    Shape shape = inputs.shape();
+    shape.dims()[0] = static_cast<std::int64_t>(missing.size());
+    Tensor batch = Tensor::empty(shape, inputs.dtype());
+    auto* dst = static_cast<char*>(batch.raw_data());
+    for (std::size_t j = 0; j < missing.size(); ++j) {
+      std::memcpy(dst + j * row_bytes, bytes + static_cast<std::size_t>(missing[j]) * row_bytes,
+                  row_bytes);
+    }
+    const Tensor t = teacher_targets(batch);
+    const std::size_t c = static_cast<std::size_t>(t.size(1));
+    for (std::size_t j = 0; j < missing.size(); ++j) {
+      // A row repeated within the batch is stored once.
+      if (cache_index_.emplace(keys[missing[j]], cache_values_.size()).second) {
+        cache_values_.insert(cache_values_.end(), t.data<float>() + j * c,
+                             t.data<float>() + (j + 1) * c);
+      }
+    }
+  }
+  misses_ += static_cast<std::int64_t>(missing.size());
+  hits_ += n - static_cast<std::int64_t>(missing.size());
+  const std::size_t c = cache_values_.size() / cache_index_.size();
+  Tensor out = Tensor::empty({n, static_cast<std::int64_t>(c)});
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::memcpy(out.data<float>() + static_cast<std::size_t>(i) * c,
+                cache_values_.data() + cache_index_.at(keys[i]), c * sizeof(float));
+  }
+  return out;
+}
+
+Tensor Distiller::teacher_targets(const Tensor& inputs) const {
+  NoGradGuard no_grad;
+  Tensor targets;
+  for (const Teacher& t : teachers_) {
+    if (t.weight == 0.0f) continue;
+    // Someone may have switched the shared model back to training mode since construction.
+    t.model->eval();
+    Tensor p =
+        mul(softmax(mul(t.model->forward(inputs), 1.0f / options_.temperature), -1), t.weight);
+    targets = targets.defined() ? add(targets, p) : p;
+  }
+  return targets;
+}
+
+Tensor Distiller::loss(const Tensor& inputs, const Tensor& student_logits,
+                       const Tensor& labels) const {
+  // alpha = 0 is training on labels alone: no need to run the teachers.
+  if (options_.alpha == 0.0f) return cross_entropy(student_logits, labels);
+  return soft_target_loss(student_logits, soft_targets(inputs), labels, options_.alpha,
+                          options_.temperature);
+}
+
+train::InputLossFn Distiller::loss_fn() const {
+  return
+      [this](const Tensor& x, const Tensor& logits, const Tensor& y) { return loss(x, logits, y); };
+}
+
+void attach(train::Trainer& trainer, std::shared_ptr<const Distiller> distiller) {
+  trainer.set_input_loss(
+      [d = std::move(distiller)](const Tensor& x, const Tensor& logits, const Tensor& y) {
+        return d->loss(x, logits, y);
+      });
+}
+
+// ---- evaluation ---------------------------------------------------------------------------------
+
+Tensor predict_logits(nn::Module& model, const Tensor& inputs, std::int64_t batch_size) {
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  Tensor out;
+  for (std::int64_t begin = 0; begin < inputs.size(0); begin += batch_size) {
+    const std::int64_t n = std::min(batch_size, inputs.size(0) - begin);
+    Tensor part = model.forward(inputs.narrow(begin, n));
+    if (!out.defined()) out = Tensor::empty({inputs.size(0), part.size(1)});
+    out.narrow(begin, n).copy_(part);
+  }
+  model.train(was_training);
+  return out;
+}
+
+Tensor ensemble_probabilities(const std::vector<std::shared_ptr<nn::Module>>& models,
+                              const Tensor& inputs, std::int64_t batch_size) {
+  if (models.empty()) throw std::invalid_argument("ensemble: no model");
+  NoGradGuard no_grad;
+  Tensor sum_p;
+  for (const auto& m : models) {
+    Tensor p = softmax(predict_logits(*m, inputs, batch_size), -1);
+    sum_p = sum_p.defined() ? add(sum_p, p) : p;
+  }
+  return mul(sum_p, 1.0f / static_cast<float>(models.size()));
+}
+
+double ensemble_accuracy(const std::vector<std::shared_ptr<nn::Module>>& models,
+                         const data::LabelledData& data, std::int64_t batch_size) {
+  if (data.size() == 0) return 0.0;
+  // top-1 of the averaged probabilities: top1_correct only needs an argmax per row.
+  const Tensor p = ensemble_probabilities(models, data.inputs, batch_size);
+  return static_cast<double>(nn::top1_correct(p, data.labels)) / static_cast<double>(data.size());
+}
+
+// ---- M on M -------------------------------------------------------------------------------------
+
+std::vector<std::shared_ptr<nn::Module>> distill_one_per_teacher(
+    const std::vector<Teacher>& teachers, const StudentFactory& student, const data::Dataset& train,
+    const train::FitOptions& fit, const DistillOptions& options) {
+  std::vector<std::shared_ptr<nn::Module>> students;
+  for (const Teacher& t : teachers) {
+    auto model = student.make_model();
+    train::Trainer trainer(model, student.make_optimizer(*model));
+    attach(trainer,
+           std::make_shared<const Distiller>(std::vector<Teacher>{{t.model, 1.0f}}, options));
+    trainer.fit(train, nullptr, fit);
+    students.push_back(std::move(model));
+  }
+  return students;
+}
+
+// ---- churn --------------------------------------------------------------------------------------
+
+Churn churn(const Tensor& logits_a, const Tensor& logits_b, const Tensor& labels) {
+  check_shape(logits_b, logits_a.shape(), "churn: logits_b");
+  if (logits_a.dim() != 2 || labels.numel() != logits_a.size(0)) {
+    throw std::invalid_argument("churn: expected (N, C) logits and N labels");
+  }
+  const Tensor pa = kernels::argmax_last(logits_a), pb = kernels::argmax_last(logits_b);
+  const auto* a = pa.data<std::int64_t>();
+  const auto* b = pb.data<std::int64_t>();
+  const auto* y = labels.data<std::int64_t>();
+  Churn c;
+  c.examples = labels.numel();
+  std::int64_t differ = 0, good = 0, bad = 0;
+  for (std::int64_t i = 0; i < c.examples; ++i) {
+    if (a[i] == b[i]) continue;
+    ++differ;
+    good += a[i] != y[i] && b[i] == y[i];
+    bad += a[i] == y[i] && b[i] != y[i];
+  }
+  if (c.examples > 0) {
+    const double n = static_cast<double>(c.examples);
+    c.churn = static_cast<double>(differ) / n;
+    c.good_churn = static_cast<double>(good) / n;
+    c.bad_churn = static_cast<double>(bad) / n;
+  }
+  return c;
+}
+
+}  // namespace hpm::distill
