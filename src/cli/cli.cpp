@@ -240,30 +240,32 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                        {"input_bound", e.input_bound},
                        {"lr", e.lr}});
   }
-  write_report(c.report, {{"test_accuracy", ev.accuracy},
-                          {"test_loss", ev.loss},
-                          {"train_samples_per_s", r.samples_per_s()},
-                          {"epochs", trainer.state().epoch},
-                          {"steps", trainer.state().global_step},
-                          {"steps_this_run", r.steps},
-                          {"seconds", r.seconds},
-                          {"train_seconds", r.train_seconds},
-                          {"step_peak_bytes", r.step_peak_bytes},
-                          {"input_wait_seconds", r.input_wait_seconds},
-                          {"threads", cfg.threads},
-                          {"strategy", strategy ? strategy->name() : std::string("one_device")},
-                          {"replicas_in_sync", strategy ? strategy->num_replicas_in_sync() : 1},
-                          {"batch_size", cfg.batch_size},
-                          {"parameters", model->num_parameters()},
-                          {"checkpoint", r.last_checkpoint},
-                          {"restored_from", r.restored_from},
-                          {"backups", r.backups},
-                          {"backup_seconds", r.backup_seconds},
-                          {"backup_bytes", r.backup_bytes},
-                          {"early_stopped_epoch", early && early->stopped_epoch() >= 0
-                                                      ? nlohmann::json(early->stopped_epoch() + 1)
-                                                      : nlohmann::json()},
-                          {"history", history}});
+  write_report(c.report,
+               {{"test_accuracy", ev.accuracy},
+                {"test_loss", ev.loss},
+                {"train_samples_per_s", r.samples_per_s()},
+                {"epochs", trainer.state().epoch},
+                {"steps", trainer.state().global_step},
+                {"steps_this_run", r.steps},
+                {"seconds", r.seconds},
+                {"train_seconds", r.train_seconds},
+                {"step_peak_bytes", r.step_peak_bytes},
+                {"input_wait_seconds", r.input_wait_seconds},
+                {"threads", cfg.threads},
+                {"strategy", strategy ? strategy->name() : std::string("one_device")},
+                {"replicas_in_sync", strategy ? strategy->num_replicas_in_sync() : 1},
+                {"gradient_wait_seconds", strategy ? strategy->gradient_wait_seconds() : 0.0},
+                {"batch_size", cfg.batch_size},
+                {"parameters", model->num_parameters()},
+                {"checkpoint", r.last_checkpoint},
+                {"restored_from", r.restored_from},
+                {"backups", r.backups},
+                {"backup_seconds", r.backup_seconds},
+                {"backup_bytes", r.backup_bytes},
+                {"early_stopped_epoch", early && early->stopped_epoch() >= 0
+                                            ? nlohmann::json(early->stopped_epoch() + 1)
+                                            : nlohmann::json()},
+                {"history", history}});
   return 0;
 }
 

@@ -352,6 +352,12 @@ class MirroredBase : public Strategy {
 
   comm::Communicator* worker_communicator() const override { return workers_.get(); }
 
+  double gradient_wait_seconds() const override {
+    double total = 0;
+    for (const auto& r : reducers_) total += r->stats().finalize_wait_seconds;
+    return reducers_.empty() ? 0.0 : total / static_cast<double>(reducers_.size());
+  }
+
  protected:
   // Gradients are identical on every replica, so clipping and the update are too.
   static void update(ReplicaContext& c, float clip) {

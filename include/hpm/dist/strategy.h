@@ -85,6 +85,10 @@ class Strategy {
   virtual void mirror_from_primary();
   virtual void set_lr(float lr);
 
+  // Seconds backward's end waited for gradient all-reduces, summed over steps, averaged over
+  // local replicas: the communication that overlap did not hide (0 without a reducer).
+  virtual double gradient_wait_seconds() const { return 0.0; }
+
   // strategy.run: fn on every local replica at once, each on its own thread.
   void run(const std::function<void(ReplicaContext&)>& fn);
   // The sum, mean or max over all replicas in sync of one value per local replica.
