@@ -15,6 +15,7 @@
 
 #include "hpm/cli/bench.h"
 #include "hpm/cli/config.h"
+#include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/fault_tolerance.h"
@@ -59,45 +60,6 @@ Config configure(const Common& c) {
   set_num_threads(cfg.threads);
   Device::cpu().set_threads(cfg.threads);
   return cfg;
-}
-
-data::LabelledData limit(data::LabelledData d, std::int64_t n) {
-  if (n > 0 && n < d.size()) {
-    d.inputs = d.inputs.narrow(0, n);
-    d.labels = d.labels.narrow(0, n);
-  }
-  return d;
-}
-
-// The training pipeline and the evaluation set the [data] section describes.
-// `strategy`, when it spans workers and [strategy] shard is not "batch", gets this worker's shard.
-data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
-                                const dist::Strategy* strategy = nullptr) {
-  data::PipelineSpec spec = pipeline_spec(cfg);
-  if (strategy != nullptr && strategy->num_workers() > 1 && cfg.shard != "batch") {
-    spec.num_shards = strategy->num_workers();
-    spec.shard_index = strategy->worker_rank();
-    spec.shard_files = cfg.shard == "files";
-    spec.batch_size = cfg.batch_size / strategy->num_workers();
-  }
-  if (cfg.source == "tfrecord") {
-    *examples = -1;
-    return data::build_tfrecord_pipeline(cfg.files, io::compression_from_name(cfg.compression),
-                                         spec);
-  }
-  const data::LabelledData train =
-      limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
-  *examples = train.size();
-  return data::build_pipeline(train, spec);
-}
-
-data::LabelledData test_set(const Config& cfg) {
-  if (cfg.source == "tfrecord") {
-    return limit(
-        data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression)),
-        cfg.test_limit);
-  }
-  return limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
 }
 
 void write_report(const std::string& path, const nlohmann::json& j) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "hpm/cli/config.h"
+#include "hpm/cli/datasets.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distill/distiller.h"
 #include "hpm/io/atomic_file.h"
@@ -25,36 +26,6 @@ namespace hpm::cli {
 namespace {
 
 // ---- data, as hpm train reads it ----------------------------------------------------------------
-
-data::LabelledData limit(data::LabelledData d, std::int64_t n) {
-  if (n > 0 && n < d.size()) {
-    d.inputs = d.inputs.narrow(0, n);
-    d.labels = d.labels.narrow(0, n);
-  }
-  return d;
-}
-
-data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples) {
-  const data::PipelineSpec spec = pipeline_spec(cfg);
-  if (cfg.source == "tfrecord") {
-    *examples = -1;
-    return data::build_tfrecord_pipeline(cfg.files, io::compression_from_name(cfg.compression),
-                                         spec);
-  }
-  const data::LabelledData train =
-      limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
-  *examples = train.size();
-  return data::build_pipeline(train, spec);
-}
-
-data::LabelledData test_set(const Config& cfg) {
-  if (cfg.source == "tfrecord") {
-    return limit(
-        data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression)),
-        cfg.test_limit);
-  }
-  return limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
-}
 
 void set_threads(int threads) {
   set_num_threads(threads);

@@ -1,0 +1,20 @@
+// What the config's [data] section describes, as `hpm train`, `hpm distill` and `hpm data bench`
+// use it.
+#pragma once
+#include <cstdint>
+
+#include "hpm/cli/config.h"
+#include "hpm/data/dataset.h"
+#include "hpm/data/in_memory.h"
+#include "hpm/dist/strategy.h"
+
+namespace hpm::cli {
+
+// The training pipeline; `*examples` is the training set's size (-1 when reading TFRecord files).
+// With a `strategy` spanning workers and [strategy] shard other than "batch", this worker's shard.
+data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
+                                const dist::Strategy* strategy = nullptr);
+// The evaluation set ([data] test_limit applied).
+data::LabelledData test_set(const Config& cfg);
+
+}  // namespace hpm::cli
