@@ -110,14 +110,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                                                                       cfg.best_checkpoint_monitor));
   }
 
-  train::FitOptions fo;
-  fo.epochs = cfg.epochs;
-  fo.seed = cfg.seed;
-  fo.label_smoothing = cfg.label_smoothing;
-  fo.clip_grad_norm = cfg.clip_grad_norm;
-  fo.schedule_per_step = cfg.schedule_unit == "step";
-  fo.checkpoint_dir = cfg.checkpoint_dir;
-  fo.checkpoint_every = cfg.checkpoint_every;
+  train::FitOptions fo = fit_options(cfg);
   fo.resume_from = resume;
   fo.backup_dir = cfg.backup_dir;
   fo.backup_every_steps = cfg.backup_every_steps;

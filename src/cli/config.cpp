@@ -593,8 +593,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     }
     if (!c.backup_dir.empty() &&
         (c.backup_dir == c.checkpoint_dir || c.backup_dir == c.best_checkpoint_dir)) {
-      throw ConfigError(at(tr_table, "backup_dir") +
-                        ": [train] backup_dir must differ from checkpoint_dir and best_checkpoint_dir");
+      throw ConfigError(
+          at(tr_table, "backup_dir") +
+          ": [train] backup_dir must differ from checkpoint_dir and best_checkpoint_dir");
     }
   }
   parse_distill(path, root, c.distill);
@@ -720,6 +721,18 @@ data::PipelineSpec pipeline_spec(const Config& c) {
   spec.cache = c.cache;
   spec.cache_path = c.cache_path;
   return spec;
+}
+
+train::FitOptions fit_options(const Config& c) {
+  train::FitOptions fo;
+  fo.epochs = c.epochs;
+  fo.seed = c.seed;
+  fo.label_smoothing = c.label_smoothing;
+  fo.clip_grad_norm = c.clip_grad_norm;
+  fo.schedule_per_step = c.schedule_unit == "step";
+  fo.checkpoint_dir = c.checkpoint_dir;
+  fo.checkpoint_every = c.checkpoint_every;
+  return fo;
 }
 
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& c, const nn::Module& model) {

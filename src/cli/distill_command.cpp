@@ -67,16 +67,8 @@ Trained train_model(const Config& cfg, const char* what,
   const data::Dataset pipeline = training_pipeline(cfg, &examples);
   trainer.add_callback(
       std::make_shared<train::ProgressCallback>(stdout, isatty(fileno(stdout)) != 0, cfg.epochs));
-  train::FitOptions fo;
-  fo.epochs = cfg.epochs;
-  fo.seed = cfg.seed;
-  fo.label_smoothing = cfg.label_smoothing;
-  fo.clip_grad_norm = cfg.clip_grad_norm;
-  fo.schedule_per_step = cfg.schedule_unit == "step";
-  if (write_checkpoints) {
-    fo.checkpoint_dir = cfg.checkpoint_dir;
-    fo.checkpoint_every = cfg.checkpoint_every;
-  }
+  train::FitOptions fo = fit_options(cfg);
+  if (!write_checkpoints) fo.checkpoint_dir.clear();
   std::printf("%s (%s): %lld parameters, %lld training examples, batch %lld, %lld epoch(s)\n", what,
               cfg.path.c_str(), static_cast<long long>(t.model->num_parameters()),
               static_cast<long long>(examples), static_cast<long long>(cfg.batch_size),

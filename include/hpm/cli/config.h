@@ -12,6 +12,7 @@
 #include "hpm/nn/module.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/optim/schedule.h"
+#include "hpm/train/trainer.h"
 
 namespace hpm::cli {
 
@@ -90,10 +91,10 @@ struct Config {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 1;
   std::string metrics_csv;
-  std::string backup_dir;              // BackupAndRestore (empty: off)
+  std::string backup_dir;               // BackupAndRestore (empty: off)
   std::int64_t backup_every_steps = 0;  // 0: at each epoch end
-  bool keep_backup = false;            // keep it after a successful finish
-  std::string best_checkpoint_dir;  // empty = off; else the best epoch's checkpoint, kept alone
+  bool keep_backup = false;             // keep it after a successful finish
+  std::string best_checkpoint_dir;      // empty = off; else the best epoch's checkpoint, kept alone
   std::string best_checkpoint_monitor = "test_accuracy";  // its mode is auto
 
   // [early_stopping]: on when the section is present (keys as train::EarlyStoppingOptions)
@@ -128,6 +129,9 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 std::shared_ptr<nn::Sequential> build_model(const Config& config);
 // The training input pipeline the [data] section describes (seeded by [train] seed).
 data::PipelineSpec pipeline_spec(const Config& config);
+// The [train] and [schedule] settings every training run shares (epochs, seed, smoothing,
+// clipping, schedule unit, checkpoints), as Trainer::fit takes them.
+train::FitOptions fit_options(const Config& config);
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& config, const nn::Module& model);
 std::shared_ptr<optim::LrSchedule> build_schedule(const Config& config);
 
