@@ -1,8 +1,10 @@
 #include "hpm/cli/distributed.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "hpm/comm/gloo.h"
+#include "hpm/pipeline/strategy.h"
 
 namespace hpm::cli {
 
@@ -38,6 +40,20 @@ comm::GlooOptions worker_options(const Config& cfg, const WorkerFlags& flags) {
 }  // namespace
 
 std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags) {
+  if (cfg.pipeline.present) {
+    pipeline::PipelineStrategyOptions po;
+    po.pipeline.stages = cfg.pipeline.stages;
+    po.pipeline.micro_batches = cfg.pipeline.micro_batches;
+    po.pipeline.schedule = pipeline::schedule_from_name(cfg.pipeline.schedule);
+    po.pipeline.chunks_per_stage = cfg.pipeline.chunks_per_stage;
+    // The stages share the process's CPU budget, as replicas do.
+    po.pipeline.threads_per_stage = std::max(1, cfg.threads / cfg.pipeline.stages);
+    po.pipeline.seed = cfg.seed;
+    po.pipeline.timeout = std::chrono::seconds(cfg.timeout_s);
+    po.partition = pipeline::partition_from_name(cfg.pipeline.partition);
+    po.profile_repeats = cfg.pipeline.profile_repeats;
+    return pipeline::make_pipeline(po);
+  }
   if (cfg.strategy == "one_device") return nullptr;
   dist::StrategyOptions so;
   so.replicas = cfg.replicas;

@@ -3,11 +3,17 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "hpm/nn/layers.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::pipeline {
 
 namespace {
+
+void collect_batch_norms(nn::Module& m, std::vector<nn::BatchNorm*>& out) {
+  if (auto* bn = dynamic_cast<nn::BatchNorm*>(&m)) out.push_back(bn);
+  for (const auto& [name, child] : m.children()) collect_batch_norms(*child, out);
+}
 
 dist::StrategyOptions one_replica(dist::StrategyOptions o) {
   o.replicas = 1;
@@ -43,6 +49,8 @@ class PipelineStrategy final : public dist::Strategy {
     Replica& rep = replicas_[0];
     rep.optimizer->zero_grad();
     report_.last_step = pipeline_->forward_backward(x, y, loss);
+    // Running statistics as one forward over the mini-batch would leave them.
+    for (nn::BatchNorm* bn : batch_norms_) bn->commit_deferred();
     const StepStats& st = report_.last_step;
     dist::StepResult r;
     r.samples = st.rows;
@@ -92,12 +100,16 @@ class PipelineStrategy final : public dist::Strategy {
     }
     if (report_.partition.boundaries.empty()) report_.partition.boundaries = boundaries;
     pipeline_ = std::make_unique<Pipeline>(cut(*sequential_, boundaries), po);
+    batch_norms_.clear();
+    collect_batch_norms(*sequential_, batch_norms_);
+    for (nn::BatchNorm* bn : batch_norms_) bn->defer_running_stats(true);
   }
 
   PipelineStrategyOptions options_;
   std::shared_ptr<nn::Sequential> sequential_;
   std::unique_ptr<Pipeline> pipeline_;
   PipelineReport report_;
+  std::vector<nn::BatchNorm*> batch_norms_;  // deferred: committed once per mini-batch
 };
 
 }  // namespace

@@ -275,3 +275,44 @@ TEST(Pipeline, TimelineHasOneLanePerStageWithEveryMicroBatch) {
 
 }  // namespace
 }  // namespace hpm::pipeline
+
+namespace hpm::pipeline {
+namespace {
+
+// DeferredBatchNorm: micro-batches normalize by their own statistics, but the running statistics
+// after a step are those of one forward over the whole mini-batch.
+TEST(PipelineStrategy, BatchNormRunningStatisticsAreCommittedOncePerMiniBatch) {
+  auto make_model = [] {
+    Generator g(2);
+    nn::BatchNormOptions bo;
+    bo.num_features = 16;
+    return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(12, 16, true, g), std::make_shared<nn::BatchNorm1d>(bo),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 4, true, g)});
+  };
+  auto opt = [](nn::Module& m) {
+    return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.0f, 0.0f});
+  };
+  const Batch b = batch(20, 8);
+  auto one = dist::make_one_device();
+  one->scope(make_model, opt);
+  one->train_step(b.x, b.y, loss_fn, 0.0f);
+  PipelineStrategyOptions o;
+  o.pipeline.micro_batches = 4;
+  o.partition = PartitionMethod::kUniform;
+  auto piped = make_pipeline(o);
+  piped->scope(make_model, opt);
+  piped->train_step(b.x, b.y, loss_fn, 0.0f);
+  const auto ref = one->model()->named_buffers(), got = piped->model()->named_buffers();
+  ASSERT_EQ(ref.size(), 3u);
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (ref[i].second.dtype() == DType::I64) {
+      EXPECT_EQ(ref[i].second.to_vector_i64(), got[i].second.to_vector_i64()) << ref[i].first;
+    } else {
+      expect_close(ref[i].second.to_vector(), got[i].second.to_vector(), ref[i].first);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hpm::pipeline
