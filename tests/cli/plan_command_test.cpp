@@ -28,6 +28,29 @@ TEST(PipelineCommand, TrainsLikeOneDeviceAndReportsTheStages) {
   EXPECT_GE(report["pipeline"]["last_step_bubble"].get<double>(), 0.0);
 }
 
+TEST(PipelineCommand, OneProcessPerStageUnderTheLauncher) {
+  TempDir dir;
+  write_synthetic_mnist(dir.path(), 256, 64);
+  const std::string config = small_mlp_config(dir, dir.path());
+  const CommandResult one = run_hpm("train " + config + " --report " + (dir / "one.json"));
+  ASSERT_EQ(one.code, 0) << one.output;
+  const std::string stages = " --set pipeline.stages=2 --set pipeline.micro_batches=4";
+  const CommandResult two = run_hpm("launch -n 2 -- " + hpm_binary() + " train " + config +
+                                    " --report " + (dir / "two.json") + stages);
+  ASSERT_EQ(two.code, 0) << two.output;
+  EXPECT_NE(two.output.find("strategy pipeline: 2 replica(s) in sync (2 worker(s)"),
+            std::string::npos)
+      << two.output;
+  EXPECT_NEAR(report_number(dir / "two.json", "test_loss"),
+              report_number(dir / "one.json", "test_loss"), 1e-4);
+  const CommandResult three =
+      run_hpm("launch -n 3 -- " + hpm_binary() + " train " + config + stages);
+  EXPECT_NE(three.code, 0);
+  EXPECT_NE(three.output.find("stages = 2 needs as many processes, 3 were launched"),
+            std::string::npos)
+      << three.output;
+}
+
 TEST(PipelineCommand, PlanPrintsPartitionPredictionAndProjection) {
   TempDir dir;
   write_synthetic_mnist(dir.path(), 64, 16);

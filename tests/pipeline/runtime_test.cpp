@@ -316,3 +316,33 @@ TEST(PipelineStrategy, BatchNormRunningStatisticsAreCommittedOncePerMiniBatch) {
 
 }  // namespace
 }  // namespace hpm::pipeline
+
+namespace hpm::pipeline {
+namespace {
+
+// One process per stage (here: threads with their own communicators, the path gloo takes):
+// after N steps every process holds the whole model, equal to one device's.
+TEST(PipelineStrategy, OneProcessPerStageMatchesOneDeviceAndSharesTheModel) {
+  const std::vector<float> reference = train(*dist::make_one_device(), 4);
+  auto comms = comm::make_local_group(2);
+  std::vector<std::vector<float>> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Generator own(100 + static_cast<std::uint64_t>(r));  // as a process would have its own
+      ThreadGeneratorGuard with_own(own);
+      PipelineStrategyOptions o;
+      o.pipeline.micro_batches = 4;
+      o.partition = PartitionMethod::kBalanced;
+      auto s = make_pipeline(o, comms[static_cast<std::size_t>(r)]);
+      EXPECT_EQ(s->worker_rank(), r);
+      got[static_cast<std::size_t>(r)] = train(*s, 4);
+    });
+  }
+  for (auto& t : threads) t.join();
+  expect_close(reference, got[0], "rank 0", 1e-4f);
+  EXPECT_EQ(got[0], got[1]);
+}
+
+}  // namespace
+}  // namespace hpm::pipeline

@@ -20,8 +20,11 @@ struct PipelineStrategyOptions {
   int profile_repeats = 3;
 };
 
-// All stages as threads of this process.
-std::shared_ptr<dist::Strategy> make_pipeline(const PipelineStrategyOptions& options);
+// All stages as threads of this process; or, given `workers` (one process per stage, e.g. gloo
+// under `hpm launch`), stage workers->rank() here. Every process passes the same batches; after
+// each step every process holds the whole updated model.
+std::shared_ptr<dist::Strategy> make_pipeline(const PipelineStrategyOptions& options,
+                                              comm::CommunicatorPtr workers = nullptr);
 
 // The strategy's view of its pipeline, for reports and `hpm plan`.
 struct PipelineReport {
