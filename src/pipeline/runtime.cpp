@@ -105,10 +105,20 @@ class Pipeline::Stage {
     y_ = y;
     loss_ = &loss;
     for (const Action& a : schedule_.per_device[static_cast<std::size_t>(index_)]) {
-      if (a.kind == Action::kForward) {
-        forward(a);
-      } else {
-        backward(a);
+      try {
+        if (a.kind == Action::kForward) {
+          forward(a);
+        } else {
+          backward(a);
+        }
+      } catch (const OutOfMemoryError& e) {
+        // Say where in the schedule the budget ran out, and what would lower the need.
+        throw OutOfMemoryError("pipeline stage " + std::to_string(index_) + " at " +
+                               describe(a, schedule_) + " (chunk " + std::to_string(a.chunk) +
+                               "): " + e.what() + " (peak so far " +
+                               std::to_string(device_.stats().peak_bytes) +
+                               " bytes); more stages, more micro-batches or the 1f1b schedule "
+                               "need less per stage");
       }
     }
     for (auto& [work, buffer] : sends_) wait(*work, "send");
