@@ -48,16 +48,19 @@ int run(const std::string& config_path, int rounds, int steps, std::int64_t batc
   const Tensor y = Tensor::from_i64(labels, {batch});
 
   std::vector<Variant> variants;
-  variants.push_back({"plain", [](auto m) { return std::shared_ptr<nn::Module>(m); }});
-  variants.push_back({"recompute every 1", [](auto m) {
-                        return nn::with_recomputation(m, 1, nn::RecomputeMode::Always);
-                      }});
-  variants.push_back({"recompute every 2", [](auto m) {
-                        return nn::with_recomputation(m, 2, nn::RecomputeMode::Always);
-                      }});
-  variants.push_back({"offload >= 64 KiB", [](auto m) {
-                        return std::shared_ptr<nn::Module>(nn::with_offload(m, {64 << 10}));
-                      }});
+  auto add = [&](std::string name, decltype(Variant::wrap) wrap) {
+    Variant v;
+    v.name = std::move(name);
+    v.wrap = std::move(wrap);
+    variants.push_back(std::move(v));
+  };
+  add("plain", [](auto m) { return std::shared_ptr<nn::Module>(m); });
+  add("recompute every 1",
+      [](auto m) { return nn::with_recomputation(m, 1, nn::RecomputeMode::Always); });
+  add("recompute every 2",
+      [](auto m) { return nn::with_recomputation(m, 2, nn::RecomputeMode::Always); });
+  add("offload >= 64 KiB",
+      [](auto m) { return std::shared_ptr<nn::Module>(nn::with_offload(m, {64 << 10})); });
   for (auto& v : variants) {
     v.device = std::make_unique<Device>(v.name);
     DeviceGuard guard(*v.device);

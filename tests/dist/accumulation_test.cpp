@@ -52,15 +52,15 @@ std::vector<float> flat_parameters(const nn::Module& m) {
   return out;
 }
 
-struct Run {
+struct TrainedRun {
   std::vector<float> params;
   std::vector<double> losses;
 };
 
-Run train(Strategy& s, int steps, std::int64_t global_batch) {
+TrainedRun train(Strategy& s, int steps, std::int64_t global_batch) {
   manual_seed(7);
   s.scope(small_model, sgd);
-  Run run;
+  TrainedRun run;
   for (int k = 0; k < steps; ++k) {
     const auto [x, y] = batch(global_batch, 100 + static_cast<std::uint64_t>(k));
     const StepResult r = s.train_step(x, y, loss_fn, 0.0f);
@@ -72,7 +72,7 @@ Run train(Strategy& s, int steps, std::int64_t global_batch) {
   return run;
 }
 
-void expect_close(const Run& ref, const Run& got, const std::string& what) {
+void expect_close(const TrainedRun& ref, const TrainedRun& got, const std::string& what) {
   ASSERT_EQ(ref.params.size(), got.params.size());
   float worst = 0;
   for (std::size_t i = 0; i < ref.params.size(); ++i) {
@@ -98,7 +98,7 @@ TEST(Accumulation, MicroBatchesAreCeilSizedWithASmallerLast) {
 }
 
 TEST(Accumulation, EqualsOneBatchOfTheSameExamplesOnEveryStrategy) {
-  const Run ref = train(*make_one_device(), 4, 30);
+  const TrainedRun ref = train(*make_one_device(), 4, 30);
   for (int k : {2, 4, 7}) {  // 30 rows: 15+15, 8+8+8+6, 5x5+5 (fewer micro-batches than k)
     StrategyOptions o;
     o.accumulation_steps = k;
