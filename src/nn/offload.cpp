@@ -1,5 +1,6 @@
 #include "hpm/nn/offload.h"
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -104,27 +105,13 @@ class OffloadedStep {
   // Starts bringing unit `u`'s storages back (once).
   void request(std::size_t u) {
     Group& g = groups_[u];
-    if (g.requested || g.storages.empty()) return;
-    g.requested = true;
+    if (g.job || g.storages.empty()) return;
+    g.job = std::make_shared<CopyJob>();
     // Weak references: a storage the graph has let go of meanwhile need not come back.
-    std::vector<std::pair<std::weak_ptr<Storage>, Device*>> items;
-    for (auto& [s, home] : g.storages) items.emplace_back(s, home);
+    for (auto& [s, home] : g.storages) g.job->items.emplace_back(s, home);
     auto* prefetcher = prefetcher_.get();
-    g.ready = prefetcher_->submit([items = std::move(items), prefetcher] {
-      trace::Span span("prefetch", "memory");
-      const auto t0 = Clock::now();
-      std::uint64_t bytes = 0;
-      for (const auto& [weak, home] : items) {
-        if (std::shared_ptr<Storage> s = weak.lock()) {
-          s->move_to(*home);
-          bytes += s->bytes();
-        }
-      }
-      const double seconds = since(t0);
-      prefetcher->update_stats([&](OffloadStats& st) {
-        st.bytes_prefetched += bytes;
-        st.prefetch_seconds += seconds;
-      });
+    prefetcher_->submit([job = g.job, prefetcher] {
+      if (!job->claimed.exchange(true)) job->run(*prefetcher);
     });
   }
 
@@ -136,7 +123,12 @@ class OffloadedStep {
     const auto t0 = Clock::now();
     {
       trace::Span span("wait for prefetch", "memory");
-      g.ready.get();
+      // A copy the prefetch thread has not started yet (it was not scheduled in time) is done
+      // here: waiting for the thread to wake up would only add its latency.
+      const bool inline_copy = !g.job->claimed.exchange(true);
+      if (inline_copy) g.job->run(*prefetcher_);
+      prefetcher_->update_stats([&](OffloadStats& st) { st.copied_by_backward += inline_copy; });
+      g.job->done.get();
     }
     const double seconds = since(t0);
     prefetcher_->update_stats([&](OffloadStats& st) { st.wait_seconds += seconds; });
@@ -146,11 +138,9 @@ class OffloadedStep {
   ~OffloadedStep() {
     // A backward that stopped half-way leaves copies in flight; they must not outlive the step.
     for (auto& g : groups_) {
-      if (!g.requested || !g.ready.valid()) continue;
-      try {
-        g.ready.wait();
-      } catch (...) {
-      }
+      if (!g.job) continue;
+      if (!g.job->claimed.exchange(true)) g.job->run(*prefetcher_);  // nobody else will
+      g.job->done.wait();
     }
   }
 
@@ -158,12 +148,42 @@ class OffloadedStep {
   OffloadedStep& operator=(const OffloadedStep&) = delete;
 
  private:
+  // Copies one unit's storages back, once: on the prefetch thread or, if that has not started it
+  // by the time backward needs them, on backward's thread (whoever claims it first).
+  struct CopyJob {
+    std::vector<std::pair<std::weak_ptr<Storage>, Device*>> items;
+    std::atomic<bool> claimed{false};
+    std::promise<void> promise;
+    std::shared_future<void> done = promise.get_future().share();
+
+    void run(OffloadedSequential::Prefetcher& prefetcher) {
+      trace::Span span("prefetch", "memory");
+      const auto t0 = Clock::now();
+      std::uint64_t bytes = 0;
+      try {
+        for (const auto& [weak, home] : items) {
+          if (std::shared_ptr<Storage> s = weak.lock()) {
+            s->move_to(*home);
+            bytes += s->bytes();
+          }
+        }
+      } catch (...) {
+        promise.set_exception(std::current_exception());
+        return;
+      }
+      const double seconds = since(t0);
+      prefetcher.update_stats([&](OffloadStats& st) {
+        st.bytes_prefetched += bytes;
+        st.prefetch_seconds += seconds;
+      });
+      promise.set_value();
+    }
+  };
   struct Group {
     // Strong while waiting on the host: the graph holds them too, and a storage that comes back
     // must still exist when its unit's backward reads it.
     std::vector<std::pair<std::shared_ptr<Storage>, Device*>> storages;
-    std::shared_future<void> ready;
-    bool requested = false;
+    std::shared_ptr<CopyJob> job;
   };
   std::shared_ptr<OffloadedSequential::Prefetcher> prefetcher_;
   std::vector<Group> groups_;

@@ -15,7 +15,9 @@
 // are bit-identical; a prefetch that does not fit the budget fails backward with OutOfMemoryError.
 //
 // The moves to host run on the forward's thread (they free device memory at once, which is what
-// lowers the peak); the moves back run on the prefetch thread.
+// lowers the peak); the moves back run on the prefetch thread, or on backward's own thread when it
+// needs a unit whose copy the prefetch thread has not started yet (a busy machine can leave that
+// thread unscheduled for milliseconds; waiting would only add the latency).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +45,9 @@ struct OffloadStats {
   double offload_seconds = 0;   // forward's copies to host
   double prefetch_seconds = 0;  // the prefetch thread's copies back
   double wait_seconds = 0;      // backward waited for a prefetch (copy time overlap did not hide)
+  // Prefetches backward found not yet started and copied itself (the thread was not scheduled in
+  // time); their time is part of wait_seconds.
+  std::uint64_t copied_by_backward = 0;
 };
 
 class OffloadedSequential final : public Sequential {
