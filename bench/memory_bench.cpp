@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hpm/cli/config.h"
+#include "hpm/nn/layers.h"
 #include "hpm/nn/offload.h"
 #include "hpm/nn/recompute.h"
 #include "hpm/optim/optimizer.h"
@@ -43,8 +44,10 @@ struct Variant {
   std::size_t peak_bytes = 0, resident_bytes = 0, held_bytes = 0;
 };
 
-int run(const std::string& config_path, int rounds, int steps, std::int64_t batch) {
-  const cli::Config cfg = cli::load_config(config_path);
+using Factory = std::function<std::shared_ptr<nn::Sequential>()>;
+
+int run(const std::string& config_path, const Factory& build, int rounds, int steps,
+        std::int64_t batch) {
   Generator gen(1);
   const Tensor x = Tensor::uniform({batch, 1, 28, 28}, gen, 0.0f, 1.0f);
   std::vector<std::int64_t> labels(static_cast<std::size_t>(batch));
@@ -70,8 +73,8 @@ int run(const std::string& config_path, int rounds, int steps, std::int64_t batc
   for (auto& v : variants) {
     v.device = std::make_unique<Device>(v.name);
     DeviceGuard guard(*v.device);
-    manual_seed(cfg.seed);
-    v.model = v.wrap(cli::build_model(cfg));
+    manual_seed(0);
+    v.model = v.wrap(build());
     v.offloaded = std::dynamic_pointer_cast<nn::OffloadedSequential>(v.model);
     v.x = Tensor::empty(x.shape(), DType::F32, *v.device);
     v.x.copy_(x);
@@ -159,13 +162,38 @@ int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 7;
   const int steps = argc > 2 ? std::atoi(argv[2]) : 5;
   const std::int64_t batch = argc > 3 ? std::atoll(argv[3]) : 256;
-  const std::string which = argc > 4 ? argv[4] : "both";  // mlp | cnn | both
+  const std::string which = argc > 4 ? argv[4] : "both";  // mlp | cnn | both | deep
   // One kernel thread: the other core is left to offload's prefetch thread (and the figures are
   // steadier on a machine whose cores are shared).
   hpm::set_num_threads(1);
   const std::string root = HPM_SOURCE_DIR;
   // The mlp's step is ~20x shorter than the cnn's: more steps per timing, against timer noise.
-  if (which != "cnn") hpm::run(root + "/examples/fashion_mlp.toml", rounds, 10 * steps, batch);
-  if (which != "mlp") hpm::run(root + "/examples/fashion_cnn.toml", rounds, steps, batch);
+  auto from_config = [](const std::string& path) {
+    return [cfg = hpm::cli::load_config(path)] { return hpm::cli::build_model(cfg); };
+  };
+  const std::string mlp = root + "/examples/fashion_mlp.toml",
+                    cnn = root + "/examples/fashion_cnn.toml";
+  if (which == "mlp" || which == "both") hpm::run(mlp, from_config(mlp), rounds, 10 * steps, batch);
+  if (which == "cnn" || which == "both") hpm::run(cnn, from_config(cnn), rounds, steps, batch);
+  // Deep and narrow, where what forward keeps for backward, not one wide layer's backward or a
+  // convolution's workspace, sets the peak: 12 x (Linear(512, 512), ReLU) after Flatten and a
+  // Linear(784, 512), and a Linear(512, 10).
+  if (which == "deep") {
+    hpm::run(
+        "deep mlp (12 x 512)",
+        [] {
+          auto m = std::make_shared<hpm::nn::Sequential>();
+          m->push_back(std::make_shared<hpm::nn::Flatten>());
+          m->push_back(std::make_shared<hpm::nn::Linear>(784, 512));
+          for (int i = 0; i < 12; ++i) {
+            m->push_back(std::make_shared<hpm::nn::ReLU>());
+            m->push_back(std::make_shared<hpm::nn::Linear>(512, 512));
+          }
+          m->push_back(std::make_shared<hpm::nn::ReLU>());
+          m->push_back(std::make_shared<hpm::nn::Linear>(512, 10));
+          return m;
+        },
+        rounds, 2 * steps, batch);
+  }
   return 0;
 }
