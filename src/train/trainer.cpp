@@ -101,6 +101,17 @@ void Trainer::explain_out_of_memory(const Tensor& x, const Tensor& y,
   Device& device = Device::cpu();
   const std::size_t budget = device.stats().budget_bytes;
   if (budget == Device::kUnlimited) throw error;
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  if (strategy_ && strategy_->num_replicas_in_sync() > 1) {
+    // Replicas in sync cannot run a step again alone to measure it: say what is known.
+    os << "the training step does not fit: device '" << device.name() << "' has a budget of "
+       << static_cast<double>(budget) / kMiB
+       << " MiB; try [memory] recompute, offload or [pipeline] stages (" << error.what() << ")";
+    throw TrainingError(os.str());
+  }
   device.set_budget(Device::kUnlimited);
   device.reset_peak();
   std::int64_t correct = 0;
@@ -112,10 +123,6 @@ void Trainer::explain_out_of_memory(const Tensor& x, const Tensor& y,
   }
   const std::size_t need = device.stats().peak_bytes;
   device.set_budget(budget);
-  constexpr double kMiB = 1024.0 * 1024.0;
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(1);
   os << "the training step needs " << static_cast<double>(need) / kMiB << " MiB, device '"
      << device.name() << "' has a budget of " << static_cast<double>(budget) / kMiB
      << " MiB; try [memory] recompute, offload or [pipeline] stages (" << error.what() << ")";

@@ -79,5 +79,35 @@ TEST(TrainerMemory, AStepOverTheBudgetNamesItsNeedAndTheBudget) {
   EXPECT_EQ(cpu.stats().budget_bytes, Device::kUnlimited);
 }
 
+TEST(TrainerMemory, ReplicasInSyncOverTheBudgetNameTheBudget) {
+  // Central storage: replicas without collectives, so one running out cannot strand the others.
+  dist::StrategyOptions so;
+  so.replicas = 2;
+  auto strategy = dist::make_central_storage(so);
+  strategy->scope(
+      [] { return std::shared_ptr<nn::Module>(model(512)); },
+      [](nn::Module& m) {
+        return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+      });
+  Trainer t(strategy);
+  FitOptions o;
+  o.batch_size = 256;
+  const auto data = blobs(256, 1);
+  Device& cpu = Device::cpu();
+  cpu.set_budget(cpu.stats().current_bytes + (64u << 10));
+  try {
+    t.fit(data, nullptr, o);
+    cpu.set_budget(Device::kUnlimited);
+    FAIL() << "no error";
+  } catch (const TrainingError& e) {
+    cpu.set_budget(Device::kUnlimited);
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("the training step does not fit: device 'cpu' has a budget of"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("out of memory on device 'cpu'"), std::string::npos) << msg;
+  }
+}
+
 }  // namespace
 }  // namespace hpm::train

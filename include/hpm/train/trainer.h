@@ -150,7 +150,8 @@ class Trainer {
  private:
   double train_step(const Tensor& x, const Tensor& y, std::int64_t* correct);
   // After the first step ran out of device memory: runs it again with the budget lifted to
-  // measure what it needs, and says so (TrainingError).
+  // measure what it needs, and says so (TrainingError). With replicas in sync it only names the
+  // budget (and a replica's OOM surfaces once its peers' all-reduce times out).
   [[noreturn]] void explain_out_of_memory(const Tensor& x, const Tensor& y,
                                           const OutOfMemoryError& error);
   void set_lr(float lr);
