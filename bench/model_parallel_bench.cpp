@@ -9,7 +9,7 @@
 //   4. --timeline-dir DIR: SVG and Chrome-trace timelines of one step, naive model parallelism
 //      (M = 1), GPipe, 1F1B and interleaved (the seeds' Figures 7-4 and 7-5, from real runs).
 //
-//   build/bench/model_parallel_bench --repeats 5 --timeline-dir docs
+//   build/bench/model_parallel_bench --repeats 5 --timeline-dir docs [--parts speed,bubble,...]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -247,9 +247,12 @@ int main(int argc, char** argv) {
   int repeats = 5;
   std::string timeline_dir;
   std::int64_t rows = 512;
+  std::string parts = "speed,bubble,memory,timelines";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--repeats" && i + 1 < argc) {
+    if (a == "--parts" && i + 1 < argc) {
+      parts = argv[++i];
+    } else if (a == "--repeats" && i + 1 < argc) {
       repeats = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--timeline-dir" && i + 1 < argc) {
       timeline_dir = argv[++i];
@@ -263,9 +266,10 @@ int main(int argc, char** argv) {
   }
   hpm::set_num_threads(1);
   std::printf("model: deep mlp (784-1024-1024-1024-1024-10), one kernel thread per stage\n");
-  hpm::speed(repeats, rows);
-  hpm::bubble(repeats, rows);
-  hpm::memory(32);
-  if (!timeline_dir.empty()) hpm::timelines(timeline_dir, rows);
+  auto wanted = [&](const char* part) { return parts.find(part) != std::string::npos; };
+  if (wanted("speed")) hpm::speed(repeats, rows);
+  if (wanted("bubble")) hpm::bubble(repeats, rows);
+  if (wanted("memory")) hpm::memory(32);
+  if (wanted("timelines") && !timeline_dir.empty()) hpm::timelines(timeline_dir, rows);
   return 0;
 }

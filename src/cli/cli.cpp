@@ -76,12 +76,17 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   auto schedule = build_schedule(cfg);
   std::unique_ptr<train::Trainer> trainer_ptr;
   if (strategy) {
-    strategy->scope([&] { return std::shared_ptr<nn::Module>(build_model(cfg)); },
-                    [&](nn::Module& m) { return build_optimizer(cfg, m); });
+    // A pipeline cuts the Sequential itself and applies [memory] per stage.
+    strategy->scope(
+        [&] {
+          return cfg.pipeline.present ? std::shared_ptr<nn::Module>(build_model(cfg))
+                                      : with_memory_options(cfg, build_model(cfg));
+        },
+        [&](nn::Module& m) { return build_optimizer(cfg, m); });
     model = strategy->model();
     trainer_ptr = std::make_unique<train::Trainer>(strategy, schedule);
   } else {
-    model = build_model(cfg);
+    model = with_memory_options(cfg, build_model(cfg));
     trainer_ptr = std::make_unique<train::Trainer>(model, build_optimizer(cfg, *model), schedule);
   }
   train::Trainer& trainer = *trainer_ptr;
@@ -140,6 +145,8 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   }
   if (!cfg.timeline.empty()) trace::start();
   train::FitResult r;
+  if (cfg.device_budget_mb > 0 && !cfg.pipeline.present)  // [memory]: what training may hold
+    Device::cpu().set_budget(static_cast<std::size_t>(cfg.device_budget_mb * 1024.0 * 1024.0));
   try {
     r = trainer.fit(pipeline, &test, fo);
   } catch (const train::TrainingError& e) {

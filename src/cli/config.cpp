@@ -10,6 +10,8 @@
 #include "hpm/comm/communicator.h"
 #include "hpm/io/tfrecord.h"
 #include "hpm/nn/layers.h"
+#include "hpm/nn/offload.h"
+#include "hpm/nn/recompute.h"
 #include "hpm/pipeline/partition.h"
 #include "hpm/pipeline/schedule.h"
 #include "hpm/train/callbacks.h"
@@ -399,6 +401,14 @@ void read_pipeline(const std::string& path, const toml::table& root, Config& c) 
   } catch (const std::invalid_argument& e) {
     throw ConfigError(at("schedule") + ": [pipeline] " + e.what());
   }
+  if (c.accumulation_steps != 1) {
+    throw ConfigError(path + ": [pipeline] splits every batch into micro_batches already; " +
+                      "[train] accumulation_steps must stay 1");
+  }
+  if (c.offload) {
+    throw ConfigError(path + ": [memory] offload is for one device; a [pipeline] lowers each " +
+                      "stage's memory with recompute instead");
+  }
   if (c.strategy != "one_device") {
     throw ConfigError(path + ": [pipeline] runs on its own stages; it does not combine with " +
                       "[strategy] kind = \"" + c.strategy + "\"");
@@ -426,13 +436,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   c.path = path;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    static const std::set<std::string> sections = {"model",          "data",    "optimizer",
-                                                   "schedule",       "train",   "strategy",
-                                                   "early_stopping", "distill", "pipeline"};
+    static const std::set<std::string> sections = {
+        "model",    "data",           "optimizer", "schedule", "train",
+        "strategy", "early_stopping", "distill",   "pipeline", "memory"};
     if (!sections.count(key)) {
-      throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
-                        "] (known: data, distill, early_stopping, model, optimizer, pipeline, "
-                        "schedule, strategy, train)");
+      throw ConfigError(
+          where(path, k.source()) + ": unknown section [" + key +
+          "] (known: data, distill, early_stopping, memory, model, optimizer, pipeline, "
+          "schedule, strategy, train)");
     }
   }
 
@@ -543,7 +554,29 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   }
   tr.get("best_checkpoint_dir", c.best_checkpoint_dir);
   tr.get("best_checkpoint_monitor", c.best_checkpoint_monitor);  // checked with [early_stopping]
+  tr.get_positive("accumulation_steps", c.accumulation_steps);
   tr.finish();
+
+  TableReader mem(path, "[memory]", section(path, root, "memory"));
+  mem.get("recompute", c.recompute);
+  mem.get_positive("recompute_every", c.recompute_every);
+  mem.get("offload", c.offload);
+  mem.get("offload_threshold_kb", c.offload_threshold_kb);
+  mem.get_positive("device_budget_mb", c.device_budget_mb);
+  mem.finish();
+  try {
+    nn::parse_recompute_mode(c.recompute);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(path + ": [memory] " + e.what());
+  }
+  if (c.offload_threshold_kb < 0) {
+    throw ConfigError(path + ": [memory] offload_threshold_kb must be 0 or more");
+  }
+  if (c.offload && c.recompute != "never") {
+    throw ConfigError(path + ": [memory] recompute = \"" + c.recompute +
+                      "\" and offload = true: choose one (a recomputed segment keeps only its "
+                      "input, so there is little left to offload)");
+  }
 
   TableReader st(path, "[strategy]", section(path, root, "strategy"));
   st.get("kind", c.strategy);
@@ -777,7 +810,20 @@ train::FitOptions fit_options(const Config& c) {
   fo.schedule_per_step = c.schedule_unit == "step";
   fo.checkpoint_dir = c.checkpoint_dir;
   fo.checkpoint_every = c.checkpoint_every;
+  fo.accumulation_steps = c.accumulation_steps;
   return fo;
+}
+
+std::shared_ptr<nn::Module> with_memory_options(const Config& c,
+                                                std::shared_ptr<nn::Sequential> model) {
+  if (c.offload) {
+    nn::OffloadOptions o;
+    o.threshold_bytes = static_cast<std::size_t>(c.offload_threshold_kb * 1024.0);
+    return nn::with_offload(std::move(model), o);
+  }
+  const nn::RecomputeMode mode = nn::parse_recompute_mode(c.recompute);
+  if (mode == nn::RecomputeMode::Never) return model;
+  return nn::with_recomputation(std::move(model), c.recompute_every, mode);
 }
 
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& c, const nn::Module& model) {

@@ -52,6 +52,11 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
     po.pipeline.timeout = std::chrono::seconds(cfg.timeout_s);
     po.partition = pipeline::partition_from_name(cfg.pipeline.partition);
     po.profile_repeats = cfg.pipeline.profile_repeats;
+    // [memory] for a pipeline: recomputation per chunk and micro-batch; the budget per stage.
+    po.pipeline.recompute = nn::parse_recompute_mode(cfg.recompute);
+    if (cfg.device_budget_mb > 0) {
+      po.pipeline.device_budget = static_cast<std::size_t>(cfg.device_budget_mb * 1024.0 * 1024.0);
+    }
     // Under `hpm launch`, mpirun or --rank flags: one process per stage, over gloo.
     if (flags.rank >= 0 || flags.world_size > 0 || comm::gloo_options_from_env()) {
       const comm::GlooOptions where = worker_options(cfg, flags);

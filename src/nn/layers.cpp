@@ -4,6 +4,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "hpm/nn/recompute.h"
+
 namespace hpm::nn {
 
 namespace {
@@ -123,6 +125,10 @@ Tensor BatchNorm::forward(const Tensor& x) {
                                 "): unexpected input shape " + x.shape().str());
   }
   const bool use_batch_stats = is_training() || !o_.track_running_stats;
+  // A recomputation re-runs a forward that already updated the running statistics once.
+  if (is_training() && recomputing()) {
+    return batch_norm(x, weight, bias, Tensor(), Tensor(), use_batch_stats, o_.momentum, o_.eps);
+  }
   if (deferred_ && is_training() && o_.track_running_stats) {
     const std::int64_t n = x.size(0), c = o_.num_features, inner = x.numel() / (n * c);
     const float* p = x.data<float>();

@@ -144,7 +144,11 @@ class Pipeline::Stage {
     }
     const std::size_t before = device_.stats().current_bytes;
     const Clock::time_point t0 = Clock::now();
-    Tensor out = chunks_[static_cast<std::size_t>(a.chunk)]->forward(in);
+    nn::Module& chunk = *chunks_[static_cast<std::size_t>(a.chunk)];
+    const bool recompute = options_.recompute == nn::RecomputeMode::Always ||
+                           (options_.recompute == nn::RecomputeMode::ExceptLast &&
+                            a.micro != schedule_.micro_batches - 1);
+    Tensor out = recompute ? nn::checkpoint(chunk, in) : chunk.forward(in);
     Tensor keep = out;
     if (a.chunk == last_chunk()) {
       const Tensor labels = y_.narrow(first, rows);

@@ -55,6 +55,12 @@ class PipelineStrategy final : public dist::Strategy {
   dist::StepResult train_step(const Tensor& x, const Tensor& y, const dist::LossFn& loss,
                               float clip, bool stop_requested) override {
     if (replicas_.empty()) throw std::logic_error("train_step before strategy.scope");
+    if (accumulation_steps() != 1) {
+      throw std::invalid_argument(
+          "the pipeline strategy splits each batch into its micro-batches already; gradient "
+          "accumulation steps must be 1, got " +
+          std::to_string(accumulation_steps()));
+    }
     if (!pipeline_) build(x);
     Replica& rep = replicas_[0];
     rep.optimizer->zero_grad();

@@ -31,7 +31,19 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device& device) {
       device, static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
   impl->shape = shape;
   impl->dtype = dtype;
+  AllocationLog::record(impl->storage);
   return Tensor(std::move(impl));
+}
+
+namespace {
+thread_local AllocationLog* current_log = nullptr;
+}  // namespace
+
+AllocationLog::AllocationLog() : previous_(current_log) { current_log = this; }
+AllocationLog::~AllocationLog() { current_log = previous_; }
+
+void AllocationLog::record(const std::shared_ptr<Storage>& storage) {
+  if (current_log != nullptr) current_log->entries_.push_back(storage);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device& device) {

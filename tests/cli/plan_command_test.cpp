@@ -82,7 +82,9 @@ TEST(PipelineCommand, MistakesAreConfigErrorsNamingTheKey) {
                          {"pipeline.micro_batches=32", "exceeds [data] batch_size"},
                          {"pipeline.stagez=2", "unknown key 'stagez' in [pipeline]"},
                          {"strategy.kind='\"mirrored\"'", "does not combine with [strategy]"},
-                         {"pipeline.schedule='\"interleaved\"'", "at least 2 chunks per stage"}}) {
+                         {"pipeline.schedule='\"interleaved\"'", "at least 2 chunks per stage"},
+                         {"train.accumulation_steps=2", "accumulation_steps must stay 1"},
+                         {"memory.offload=true", "offload is for one device"}}) {
     const CommandResult r = run_hpm("train " + config + " --set " + c.set);
     EXPECT_EQ(r.code, 1) << c.set << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.set << "\n" << r.output;

@@ -15,6 +15,7 @@
 
 #include "hpm/comm/communicator.h"
 #include "hpm/nn/module.h"
+#include "hpm/nn/recompute.h"
 #include "hpm/pipeline/schedule.h"
 #include "hpm/pipeline/simulator.h"
 
@@ -31,6 +32,10 @@ struct PipelineOptions {
   int threads_per_stage = 1;                       // kernel threads of each stage
   std::uint64_t seed = 0;  // stage d's generator: Generator(seed + 7919 * (d + 1))
   comm::Milliseconds timeout{std::chrono::seconds(60)};
+  // Each chunk's forward of a micro-batch keeps only its input and re-runs in backward (GPipe's
+  // re-materialization): never, always, or for every micro-batch but the last, whose backward
+  // follows at once (torchgpipe's except_last).
+  nn::RecomputeMode recompute = nn::RecomputeMode::Never;
 };
 
 // What one mini-batch did, and where the time went.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpm/tensor/device.h"
@@ -43,6 +44,24 @@ class Storage {
   Device* device_;
   void* data_;
   std::size_t bytes_;
+};
+
+// While alive, records every Storage the calling thread creates (weakly: it keeps none alive).
+// Offload uses it to learn which storages a layer's forward allocated; logs nest.
+class AllocationLog {
+ public:
+  AllocationLog();
+  ~AllocationLog();
+  AllocationLog(const AllocationLog&) = delete;
+  AllocationLog& operator=(const AllocationLog&) = delete;
+  // What was recorded since the last take(), in allocation order.
+  std::vector<std::weak_ptr<Storage>> take() { return std::exchange(entries_, {}); }
+  // Tensor::empty's hook (the innermost log of the calling thread).
+  static void record(const std::shared_ptr<Storage>& storage);
+
+ private:
+  AllocationLog* previous_;
+  std::vector<std::weak_ptr<Storage>> entries_;
 };
 
 struct TensorImpl;
