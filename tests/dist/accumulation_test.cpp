@@ -8,6 +8,7 @@
 #include <cmath>
 #include <thread>
 
+#include "common/training.h"
 #include "hpm/comm/local.h"
 #include "hpm/dist/strategy.h"
 #include "hpm/nn/layers.h"
@@ -33,23 +34,11 @@ std::shared_ptr<optim::Optimizer> sgd(nn::Module& m) {
   return std::make_shared<optim::SGD>(m.named_parameters(), o);
 }
 
-Tensor loss_fn(const Tensor& logits, const Tensor& labels) { return cross_entropy(logits, labels); }
-
+using testing::flat_parameters;
+constexpr auto loss_fn = testing::cross_entropy_loss;
 std::pair<Tensor, Tensor> batch(std::int64_t n, std::uint64_t seed) {
-  Generator gen(seed);
-  Tensor x = Tensor::randn({n, 12}, gen), y = Tensor::zeros({n}, DType::I64);
-  for (std::int64_t i = 0; i < n; ++i)
-    y.data<std::int64_t>()[i] = static_cast<std::int64_t>(gen.below(4));
-  return {x, y};
-}
-
-std::vector<float> flat_parameters(const nn::Module& m) {
-  std::vector<float> out;
-  for (const auto& p : m.parameters()) {
-    auto v = p.to_vector();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
+  testing::Batch b = testing::random_batch(n, seed);
+  return {b.x, b.y};
 }
 
 struct TrainedRun {

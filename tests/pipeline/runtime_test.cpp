@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "common/training.h"
 #include "hpm/comm/local.h"
 #include "hpm/dist/strategy.h"
 #include "hpm/nn/layers.h"
@@ -27,28 +28,10 @@ std::shared_ptr<nn::Sequential> mlp(std::uint64_t seed = 5, std::int64_t width =
       std::make_shared<nn::Linear>(width, 4, true, g)});
 }
 
-Tensor loss_fn(const Tensor& logits, const Tensor& labels) { return cross_entropy(logits, labels); }
-
-struct Batch {
-  Tensor x, y;
-};
-
-Batch batch(std::int64_t n, std::uint64_t seed) {
-  Generator gen(seed);
-  Batch b{Tensor::randn({n, 12}, gen), Tensor::zeros({n}, DType::I64)};
-  for (std::int64_t i = 0; i < n; ++i)
-    b.y.data<std::int64_t>()[i] = static_cast<std::int64_t>(gen.below(4));
-  return b;
-}
-
-std::vector<float> flat_grads(const nn::Module& m) {
-  std::vector<float> out;
-  for (const auto& p : m.parameters()) {
-    auto v = p.grad().to_vector();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
+using testing::Batch;
+using testing::flat_grads;
+constexpr auto loss_fn = testing::cross_entropy_loss;
+Batch batch(std::int64_t n, std::uint64_t seed) { return testing::random_batch(n, seed); }
 
 void expect_close(const std::vector<float>& a, const std::vector<float>& b, const std::string& what,
                   float tolerance = 1e-5f) {
@@ -114,12 +97,7 @@ std::vector<float> train(dist::Strategy& s, int steps) {
     const Batch b = batch(16, 50 + static_cast<std::uint64_t>(k));
     EXPECT_TRUE(s.train_step(b.x, b.y, loss_fn, 1.0f).finite);
   }
-  std::vector<float> out;
-  for (const auto& p : s.model()->parameters()) {
-    auto v = p.to_vector();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
+  return testing::flat_parameters(*s.model());
 }
 
 TEST(PipelineStrategy, NStepsMatchOneDeviceForEverySchedule) {
