@@ -114,12 +114,23 @@ def collect(args):
         add("ns round 0", j["teacher_test_accuracy"])
         for k, rd in enumerate(j["rounds"]):
             add(f"ns round {k + 1}", rd["test_accuracy"])
-        # Codistillation: a pair with seeds (10s, 10s+1), codistilled and independent.
+        # Codistillation: a pair with seeds (10s, 10s+1), codistilled and independent; each copy's
+        # checkpoint is kept for the churn across runs below.
         for kind, extra in (("co", []), ("ind", ["--set", "codistill.alpha=0"])):
             j = run(args, f"{kind}-s{s}", [args.hpm, "codistill", CODISTILL, "--seed",
-                                           str(10 * s), *extra])
+                                           str(10 * s), "--set",
+                                           f"train.checkpoint_dir={args.out}/{kind}-s{s}", *extra])
             add(f"{kind} accuracy", j["mean_test_accuracy"])
             add(f"{kind} churn", j["mean_churn"])
+    # Churn across runs (Anil et al.'s retraining churn): copy 0 of run s against copy 0 of run
+    # s+1, with `hpm churn` on their checkpoints; 3 pairs of differently-seeded runs.
+    for kind in ("co", "ind"):
+        for s in SEEDS:
+            t = (s + 1) % len(SEEDS)
+            j = run(args, f"{kind}-churn-s{s}-s{t}",
+                    [args.hpm, "churn", f"{args.out}/{kind}-s{s}/copy-0",
+                     f"{args.out}/{kind}-s{t}/copy-0", CODISTILL])
+            add(f"{kind} churn across runs", j["churn"])
     return r
 
 
@@ -159,12 +170,14 @@ def table(r):
     L.append("")
     L.append("**D. Codistillation** (examples/fashion_codistill.toml: 2 copies of mlp 784-64-10, "
              "seeds 10s and 10s+1, 5 epochs; 3 pairs)\n")
-    L.append("| pair | test accuracy (mean of the pair) | churn between the pair |")
-    L.append("|---|---|---|")
-    for kind, name in (("ind", "trained independently (alpha 0)"),
+    L.append("| training | test accuracy (mean of the pair) | churn between the pair's two "
+             "models | churn across runs: copy 0 of run s vs copy 0 of run s+1 |")
+    L.append("|---|---|---|---|")
+    for kind, name in (("ind", "independent (alpha 0)"),
                        ("co", "codistilled (alpha 0.5, exchange every 100, burn-in 500)")):
         L.append(f"| {name} | {cell(r.get(kind + ' accuracy', []))} | "
-                 f"{cell(r.get(kind + ' churn', []))} |")
+                 f"{cell(r.get(kind + ' churn', []))} | "
+                 f"{cell(r.get(kind + ' churn across runs', []))} |")
     return "\n".join(L) + "\n"
 
 

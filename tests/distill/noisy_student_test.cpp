@@ -111,6 +111,32 @@ TEST(NoisyStudent, OneHotTargetsTeachLikeLabels) {
   EXPECT_GT(distill::ensemble_accuracy({model}, test), 0.85);
 }
 
+TEST(NoisyStudent, InputNoiseChangesTrainingButNotTheData) {
+  Generator gen(4);
+  const Tensor images = Tensor::uniform({64, 1, 6, 6}, gen, 0.0f, 1.0f);
+  const auto before = images.to_vector();
+  std::vector<std::int64_t> y(64);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int64_t>(i % 3);
+  const Tensor targets = distill::one_hot(Tensor::from_i64(y, {64}), 3);
+  const auto train = [&](std::vector<data::AugmentOp> noise) {
+    manual_seed(5);
+    auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(36, 3)});
+    auto opt = sgd(*model);
+    distill::TargetFitOptions fit;
+    fit.epochs = 2;
+    fit.batch_size = 16;
+    fit.augment = std::move(noise);
+    distill::fit_targets(*model, *opt, images, targets, fit);
+    return values(*model);
+  };
+  const auto plain = train({});
+  EXPECT_EQ(train({}), plain);  // deterministic
+  data::AugmentOp crop{"random_crop", 1, 6, 6, {}, {}}, flip{"random_flip", 0, 0, 0, {}, {}};
+  EXPECT_NE(train({crop, flip}), plain);
+  EXPECT_EQ(images.to_vector(), before);
+}
+
 TEST(NoisyStudent, EachRoundsStudentTeachesTheNextAndTeachersStayUntouched) {
   const auto all = testing::blobs(600, 1), test = testing::blobs(300, 9);
   const data::LabelledData labelled{all.inputs.narrow(0, 60), all.labels.narrow(0, 60)};
