@@ -464,6 +464,8 @@ int main(int argc, char** argv) {
   CLI::App* distill_cmd = add_distill_command(app, distill_opts);
   ChurnCommandOptions churn_opts;
   CLI::App* churn_cmd = add_churn_command(app, churn_opts);
+  CodistillCommandOptions codistill_opts;
+  CLI::App* codistill_cmd = add_codistill_command(app, codistill_opts);
   PlanCommandOptions plan_opts;
   CLI::App* plan_cmd = add_plan_command(app, plan_opts);
   try {
@@ -481,6 +483,7 @@ int main(int argc, char** argv) {
     if (*allreduce_cmd) return run_bench_allreduce(allreduce_bench);
     if (*distill_cmd) return run_distill(distill_opts);
     if (*churn_cmd) return run_churn(churn_opts);
+    if (*codistill_cmd) return run_codistill(codistill_opts);
     if (*plan_cmd) return run_plan(plan_opts);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());

@@ -370,6 +370,67 @@ void parse_distill(const std::string& path, const toml::table& root, DistillSect
   }
 }
 
+// [noisy_student]: rounds, pseudo_labels, confidence_threshold, balance_classes, per_class,
+// labelled or labelled_fraction, teacher_config, teacher_epochs, crop_padding, flip.
+void parse_noisy_student(const std::string& path, const toml::table& root, NoisyStudentSection& n) {
+  const toml::table* t = section(path, root, "noisy_student");
+  if (!t) return;
+  n.present = true;
+  TableReader r(path, "[noisy_student]", t);
+  r.get("teacher_config", n.teacher_config);
+  r.get("teacher_epochs", n.teacher_epochs);
+  r.get_positive("rounds", n.rounds);
+  r.get("pseudo_labels", n.pseudo_labels);
+  r.get("confidence_threshold", n.confidence_threshold);
+  r.get("balance_classes", n.balance_classes);
+  r.get("per_class", n.per_class);
+  r.get("labelled", n.labelled);
+  r.get("labelled_fraction", n.labelled_fraction);
+  r.get("crop_padding", n.crop_padding);
+  r.get("flip", n.flip);
+  r.finish();
+  const auto bad = [&](const char* key, const std::string& what) {
+    throw ConfigError(where(path, t->get(key)->source()) + ": [noisy_student] " + key + " " + what);
+  };
+  if (n.pseudo_labels != "soft" && n.pseudo_labels != "hard") {
+    bad("pseudo_labels", "must be \"soft\" or \"hard\", got \"" + n.pseudo_labels + "\"");
+  }
+  if (!(n.confidence_threshold >= 0.0f && n.confidence_threshold <= 1.0f))
+    bad("confidence_threshold", "must be in [0, 1]");
+  if (n.per_class < 0) bad("per_class", "must be >= 0");
+  if (n.labelled < 0) bad("labelled", "must be >= 0");
+  if (n.teacher_epochs < 0) bad("teacher_epochs", "must be >= 0");
+  if (t->get("labelled_fraction") && !(n.labelled_fraction > 0.0f && n.labelled_fraction < 1.0f))
+    bad("labelled_fraction", "must be in (0, 1)");
+  if (n.crop_padding < 0) bad("crop_padding", "must be >= 0");
+  if (!n.teacher_config.empty() && !std::filesystem::path(n.teacher_config).is_absolute()) {
+    n.teacher_config = (std::filesystem::path(path).parent_path() / n.teacher_config).string();
+  }
+}
+
+// [codistill]: copies, exchange_every, burn_in, alpha, temperature, shards.
+void parse_codistill(const std::string& path, const toml::table& root, CodistillSection& c) {
+  const toml::table* t = section(path, root, "codistill");
+  if (!t) return;
+  c.present = true;
+  TableReader r(path, "[codistill]", t);
+  r.get_positive("copies", c.copies);
+  r.get_positive("exchange_every", c.exchange_every);
+  r.get("burn_in", c.burn_in);
+  r.get("alpha", c.alpha);
+  r.get_positive("temperature", c.temperature);
+  r.get("shards", c.shards);
+  r.finish();
+  const auto bad = [&](const char* key, const std::string& what) {
+    throw ConfigError(where(path, t->get(key)->source()) + ": [codistill] " + key + " " + what);
+  };
+  if (c.burn_in < 0) bad("burn_in", "must be >= 0");
+  if (!(c.alpha >= 0.0f && c.alpha <= 1.0f)) bad("alpha", "must be in [0, 1]");
+  if (c.shards != "identical" && c.shards != "disjoint") {
+    bad("shards", "must be \"identical\" or \"disjoint\", got \"" + c.shards + "\"");
+  }
+}
+
 }  // namespace
 
 namespace {
@@ -437,13 +498,12 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     static const std::set<std::string> sections = {
-        "model",    "data",           "optimizer", "schedule", "train",
-        "strategy", "early_stopping", "distill",   "pipeline", "memory"};
+        "model",          "data",    "optimizer",     "schedule",  "train",    "strategy",
+        "early_stopping", "distill", "noisy_student", "codistill", "pipeline", "memory"};
     if (!sections.count(key)) {
-      throw ConfigError(
-          where(path, k.source()) + ": unknown section [" + key +
-          "] (known: data, distill, early_stopping, memory, model, optimizer, pipeline, "
-          "schedule, strategy, train)");
+      throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
+                        "] (known: codistill, data, distill, early_stopping, memory, model, "
+                        "noisy_student, optimizer, pipeline, schedule, strategy, train)");
     }
   }
 
@@ -677,6 +737,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     }
   }
   parse_distill(path, root, c.distill);
+  parse_noisy_student(path, root, c.noisy_student);
+  parse_codistill(path, root, c.codistill);
   return c;
 }
 

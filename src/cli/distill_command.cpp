@@ -164,6 +164,14 @@ int run_distill(const DistillCommandOptions& o) {
   Config cfg = load_config(o.config_path, o.overrides);
   if (o.threads > 0) cfg.threads = o.threads;
   if (o.seed >= 0) cfg.seed = static_cast<std::uint64_t>(o.seed);
+  if (cfg.noisy_student.present) {
+    try {
+      return run_noisy_student(cfg, o.report);
+    } catch (const train::TrainingError& e) {
+      std::fprintf(stderr, "hpm: error: %s\n", e.what());
+      return 3;
+    }
+  }
   if (!cfg.distill.present || cfg.distill.teachers.empty()) {
     throw ConfigError(cfg.path +
                       ": hpm distill needs a [distill] section with teacher_config (and "

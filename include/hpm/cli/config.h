@@ -49,6 +49,33 @@ struct DistillSection {
   bool m_on_m = false;        // also one student per teacher, then their ensemble
 };
 
+// [noisy_student] (hpm distill): self-training rounds. The training set's first `labelled` rows
+// keep their labels; the rest, labels dropped, are the unlabelled set.
+struct NoisyStudentSection {
+  bool present = false;
+  std::string teacher_config;       // the first teacher's model; empty: the config's own [model]
+  std::int64_t teacher_epochs = 0;  // the first teacher's epochs on the labelled rows; 0: [train]
+  std::int64_t rounds = 1;
+  std::string pseudo_labels = "soft";  // soft | hard
+  float confidence_threshold = 0.0f;
+  bool balance_classes = false;
+  std::int64_t per_class = 0;  // 0: the mean count over classes
+  std::int64_t labelled = 0;   // 0: labelled_fraction of the rows
+  float labelled_fraction = 0.1f;
+  // Input noise for the students (their [model]'s dropout layers are the other noise).
+  int crop_padding = 2;  // random crop of the padded image; 0: none
+  bool flip = true;      // random horizontal flip
+};
+
+// [codistill] (hpm codistill): K copies of the model trained together (Anil et al. 2018).
+struct CodistillSection {
+  bool present = false;
+  int copies = 2;
+  std::int64_t exchange_every = 100, burn_in = 0;
+  float alpha = 0.5f, temperature = 1.0f;
+  std::string shards = "identical";  // identical | disjoint
+};
+
 // [pipeline]: present = the model (a Sequential) is cut into stages that run as a pipeline.
 struct PipelineSection {
   bool present = false;
@@ -139,6 +166,8 @@ struct Config {
   double device_budget_mb = 0;       // the training device's budget; 0: unlimited
 
   DistillSection distill;
+  NoisyStudentSection noisy_student;
+  CodistillSection codistill;
   PipelineSection pipeline;
 };
 

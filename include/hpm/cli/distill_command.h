@@ -1,5 +1,6 @@
 // `hpm distill CONFIG`: trains (or loads) the [distill] section's teachers, distills the config's
 // model from them, and with `baseline = true` trains the same student on labels alone.
+// With a [noisy_student] section, `hpm distill CONFIG` runs Noisy Student rounds instead.
 // `hpm churn CKPT_A CKPT_B CONFIG`: how often two checkpoints of CONFIG's model disagree on the
 // test set, split into good churn (A wrong, B right) and bad churn (A right, B wrong).
 #pragma once
@@ -31,6 +32,23 @@ struct ChurnCommandOptions {
 // Add the subcommands to `app`; parsing fills the options.
 CLI::App* add_distill_command(CLI::App& app, DistillCommandOptions& options);
 CLI::App* add_churn_command(CLI::App& app, ChurnCommandOptions& options);
+
+struct Config;
+
+// `hpm codistill CONFIG`: the [codistill] section's copies trained together, as threads of this
+// process, or one copy per process under `hpm launch -n K` (gloo).
+struct CodistillCommandOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string report;
+  int threads = 0;
+  std::int64_t seed = -1;
+};
+CLI::App* add_codistill_command(CLI::App& app, CodistillCommandOptions& options);
+int run_codistill(const CodistillCommandOptions& options);
+
+// hpm distill with a [noisy_student] section (noisy_student_command.cpp).
+int run_noisy_student(const Config& cfg, const std::string& report_path);
 
 // Exit codes as hpm train: 0 success, 1 bad input (thrown), 3 a non-finite loss.
 int run_distill(const DistillCommandOptions& options);

@@ -1,0 +1,250 @@
+// `hpm codistill CONFIG`: the [codistill] section's K copies of CONFIG's model, trained together
+// (Anil et al. 2018). As K threads of this process over a local communicator group, or, under
+// `hpm launch -n K`, one copy per process over gloo: the same code through comm::Communicator.
+// Copy r uses seed [train] seed + r (initialization, data order, dropout). At the end the copies
+// allgather their test-set logits and rank 0 reports every copy's accuracy and the prediction
+// churn between each pair.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "hpm/cli/config.h"
+#include "hpm/cli/datasets.h"
+#include "hpm/cli/distill_command.h"
+#include "hpm/comm/gloo.h"
+#include "hpm/comm/local.h"
+#include "hpm/data/in_memory.h"
+#include "hpm/distill/codistill.h"
+#include "hpm/distill/distiller.h"
+#include "hpm/io/atomic_file.h"
+#include "hpm/nn/losses.h"
+#include "hpm/tensor/device.h"
+#include "hpm/tensor/random.h"
+#include "hpm/train/callbacks.h"
+#include "hpm/train/trainer.h"
+
+namespace hpm::cli {
+
+namespace {
+
+struct CopyResult {
+  double test_accuracy = 0, seconds = 0;
+  std::int64_t exchanges = 0, steps = 0;
+  Tensor all_logits;  // (K, N, C): every copy's test logits (allgathered)
+};
+
+// Trains copy `comm->rank()` of cfg's model; a collective at the end gathers all copies' logits.
+CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
+                      const data::LabelledData& train, const data::LabelledData& test) {
+  const int rank = comm->rank(), copies = comm->size();
+  Config ccfg = cfg;
+  ccfg.seed = cfg.seed + static_cast<std::uint64_t>(rank);
+  set_num_threads(cfg.threads);
+  // This copy's random stream: initialization and dropout draw from it, whatever thread runs it.
+  Generator gen(ccfg.seed);
+  ThreadGeneratorGuard guard(gen);
+
+  auto model = build_model(ccfg);
+  train::Trainer trainer(model, build_optimizer(ccfg, *model), build_schedule(ccfg));
+  const distill::CodistillOptions options{cfg.codistill.exchange_every, cfg.codistill.burn_in,
+                                          cfg.codistill.alpha, cfg.codistill.temperature};
+  auto codistiller = std::make_shared<distill::Codistiller>(
+      std::move(comm), model, [&] { return std::shared_ptr<nn::Module>(build_model(ccfg)); },
+      options);
+  distill::attach(trainer, codistiller);
+  if (rank == 0) {
+    trainer.add_callback(std::make_shared<train::ProgressCallback>(
+        stdout, isatty(fileno(stdout)) != 0, ccfg.epochs));
+  }
+  data::PipelineSpec spec = pipeline_spec(ccfg);
+  if (cfg.codistill.shards == "disjoint") {
+    spec.num_shards = copies;
+    spec.shard_index = rank;
+  }
+  train::FitOptions fo = fit_options(ccfg);
+  if (!fo.checkpoint_dir.empty()) fo.checkpoint_dir += "/copy-" + std::to_string(rank);
+  fo.backup_dir.clear();
+  const train::FitResult fit = trainer.fit(data::build_pipeline(train, spec), nullptr, fo);
+
+  CopyResult out;
+  out.seconds = fit.seconds;
+  out.steps = fit.steps;
+  out.exchanges = codistiller->exchanges();
+  out.test_accuracy = trainer.evaluate(test).accuracy;
+  const Tensor logits = distill::predict_logits(*model, test.inputs);
+  out.all_logits = Tensor::empty({copies, logits.size(0), logits.size(1)});
+  codistiller->communicator()
+      .allgather(logits.reshape({logits.numel()}), out.all_logits.reshape({out.all_logits.numel()}))
+      ->wait();
+  return out;
+}
+
+// The training rows, cut to a multiple of `copies` so that disjoint shards have equal sizes (and
+// every copy takes the same number of steps: the exchanges are collectives).
+data::LabelledData training_rows(const Config& cfg, int copies) {
+  data::LabelledData d = data::load_mnist_split(cfg.data_dir, "train");
+  std::int64_t n = d.size();
+  if (cfg.train_limit > 0 && cfg.train_limit < n) n = cfg.train_limit;
+  if (cfg.codistill.shards == "disjoint") n -= n % copies;
+  return {d.inputs.narrow(0, n), d.labels.narrow(0, n)};
+}
+
+nlohmann::json report_of(const Config& cfg, const std::vector<CopyResult>& results,
+                         const CopyResult& gathered, const data::LabelledData& test) {
+  const int copies = static_cast<int>(gathered.all_logits.size(0));
+  nlohmann::json accuracies = nlohmann::json::array(), pairs = nlohmann::json::array();
+  double acc_sum = 0, churn_sum = 0;
+  std::vector<Tensor> logits;
+  for (int r = 0; r < copies; ++r) {
+    logits.push_back(gathered.all_logits.narrow(r, 1).reshape(
+        {gathered.all_logits.size(1), gathered.all_logits.size(2)}));
+  }
+  for (const CopyResult& r : results) {
+    accuracies.push_back(r.test_accuracy);
+    acc_sum += r.test_accuracy;
+  }
+  for (int a = 0; a < copies; ++a) {
+    for (int b = a + 1; b < copies; ++b) {
+      const distill::Churn c = distill::churn(logits[a], logits[b], test.labels);
+      pairs.push_back({{"a", a},
+                       {"b", b},
+                       {"churn", c.churn},
+                       {"good_churn", c.good_churn},
+                       {"bad_churn", c.bad_churn}});
+      churn_sum += c.churn;
+    }
+  }
+  const int n_pairs = copies * (copies - 1) / 2;
+  std::printf("codistill: %d copies, test accuracy", copies);
+  for (const CopyResult& r : results) std::printf(" %.4f", r.test_accuracy);
+  std::printf("; mean churn between copies %.4f (alpha %g, exchange every %lld, burn-in %lld)\n",
+              n_pairs ? churn_sum / n_pairs : 0.0, cfg.codistill.alpha,
+              static_cast<long long>(cfg.codistill.exchange_every),
+              static_cast<long long>(cfg.codistill.burn_in));
+  return {{"method", "codistill"},
+          {"copies", copies},
+          {"alpha", cfg.codistill.alpha},
+          {"temperature", cfg.codistill.temperature},
+          {"exchange_every", cfg.codistill.exchange_every},
+          {"burn_in", cfg.codistill.burn_in},
+          {"shards", cfg.codistill.shards},
+          {"epochs", cfg.epochs},
+          {"seed", cfg.seed},
+          {"steps", gathered.steps},
+          {"exchanges", gathered.exchanges},
+          {"seconds", gathered.seconds},
+          {"copy_test_accuracies", accuracies},
+          {"mean_test_accuracy", results.empty() ? 0.0 : acc_sum / results.size()},
+          {"pairwise_churn", pairs},
+          {"mean_churn", n_pairs ? churn_sum / n_pairs : 0.0}};
+}
+
+}  // namespace
+
+CLI::App* add_codistill_command(CLI::App& app, CodistillCommandOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "codistill", "train CONFIG's [codistill] copies together, distilling from each other");
+  cmd->add_option("config", o.config_path, "TOML run configuration with a [codistill] section")
+      ->required();
+  cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
+  cmd->add_option("--report", o.report, "write a JSON report to this file");
+  cmd->add_option("--threads", o.threads, "intra-op threads per copy (default: [train] threads)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--seed", o.seed, "copy 0's seed; copy r gets seed + r (overrides [train] seed)")
+      ->check(CLI::NonNegativeNumber);
+  return cmd;
+}
+
+int run_codistill(const CodistillCommandOptions& o) {
+  Config cfg = load_config(o.config_path, o.overrides);
+  if (o.threads > 0) cfg.threads = o.threads;
+  if (o.seed >= 0) cfg.seed = static_cast<std::uint64_t>(o.seed);
+  if (!cfg.codistill.present) {
+    throw ConfigError(cfg.path +
+                      ": hpm codistill needs a [codistill] section (copies, "
+                      "exchange_every, burn_in, alpha, temperature, shards)");
+  }
+  if (cfg.strategy != "one_device" || cfg.source != "idx") {
+    throw ConfigError(cfg.path +
+                      ": hpm codistill trains each copy on one device from the [data] "
+                      "dir's IDX files ([strategy] kind one_device, source \"idx\")");
+  }
+  const int copies = cfg.codistill.copies;
+  const auto timeout = std::chrono::milliseconds(std::int64_t{cfg.timeout_s} * 1000);
+  Device::cpu().set_threads(cfg.threads);
+  const data::LabelledData train = training_rows(cfg, copies);
+  const data::LabelledData test = test_set(cfg);
+  std::printf("codistill (%s): %d copies, %lld training rows (%s shards), %lld epoch(s)\n",
+              cfg.path.c_str(), copies, static_cast<long long>(train.size()),
+              cfg.codistill.shards.c_str(), static_cast<long long>(cfg.epochs));
+  std::fflush(stdout);
+  try {
+    if (auto env = comm::gloo_options_from_env(); env && env->world_size > 1) {
+      // One copy per process (hpm launch -n K).
+      if (env->world_size != copies) {
+        throw ConfigError(cfg.path + ": [codistill] copies = " + std::to_string(copies) +
+                          " but the launch has " + std::to_string(env->world_size) +
+                          " processes (one copy each)");
+      }
+      env->timeout = timeout;
+      comm::CommunicatorPtr comm = comm::make_gloo_communicator(*env);
+      const int rank = comm->rank();
+      std::vector<CopyResult> results(1);
+      results[0] = train_copy(cfg, std::move(comm), train, test);
+      // Every copy's accuracy can be read from the gathered logits.
+      std::vector<CopyResult> all(static_cast<std::size_t>(copies));
+      for (int r = 0; r < copies; ++r) {
+        const Tensor l = results[0].all_logits.narrow(r, 1).reshape(
+            {results[0].all_logits.size(1), results[0].all_logits.size(2)});
+        all[r].test_accuracy = test.size() ? static_cast<double>(nn::top1_correct(l, test.labels)) /
+                                                 static_cast<double>(test.size())
+                                           : 0.0;
+      }
+      if (rank == 0) {
+        const nlohmann::json report = report_of(cfg, all, results[0], test);
+        if (!o.report.empty()) io::write_file_atomic(o.report, report.dump(2) + "\n");
+      }
+      return 0;
+    }
+    // Threads of this process: one communicator per copy, owned by its thread so that a copy that
+    // fails leaves the group at once and its peers' collectives fail naming it.
+    std::vector<comm::CommunicatorPtr> group = comm::make_local_group(copies, timeout);
+    std::vector<CopyResult> results(static_cast<std::size_t>(copies));
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(copies));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < copies; ++r) {
+      threads.emplace_back([&, r, c = std::move(group[r])]() mutable {
+        try {
+          results[r] = train_copy(cfg, std::move(c), train, test);
+        } catch (...) {
+          errors[r] = std::current_exception();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    // A copy's own failure first: its peers' errors only say that it left.
+    for (const auto& e : errors) {
+      if (!e) continue;
+      try {
+        std::rethrow_exception(e);
+      } catch (const comm::CommError&) {
+      } catch (...) {
+        throw;
+      }
+    }
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    const nlohmann::json report = report_of(cfg, results, results[0], test);
+    if (!o.report.empty()) io::write_file_atomic(o.report, report.dump(2) + "\n");
+  } catch (const train::TrainingError& e) {
+    std::fprintf(stderr, "hpm: error: %s\n", e.what());
+    return 3;
+  }
+  return 0;
+}
+
+}  // namespace hpm::cli

@@ -1,0 +1,145 @@
+#include "hpm/distill/codistill.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "hpm/autograd/grad_mode.h"
+#include "hpm/autograd/ops.h"
+#include "hpm/distill/distiller.h"
+#include "hpm/trace/trace.h"
+
+namespace hpm::distill {
+
+// ---- flattened state ----------------------------------------------------------------------------
+
+Tensor flatten_state(const nn::Module& model) {
+  std::int64_t total = 0;
+  const nn::NamedTensors state = model.state_dict();
+  for (const auto& [name, t] : state)
+    if (t.dtype() == DType::F32) total += t.numel();
+  Tensor flat = Tensor::empty({total});
+  std::int64_t offset = 0;
+  for (const auto& [name, t] : state) {
+    if (t.dtype() != DType::F32) continue;
+    flat.narrow(offset, t.numel()).copy_(t);
+    offset += t.numel();
+  }
+  return flat;
+}
+
+void load_flat_state(nn::Module& model, const Tensor& flat) {
+  std::int64_t offset = 0;
+  const nn::NamedTensors state = model.state_dict();
+  for (const auto& [name, t] : state) {
+    if (t.dtype() != DType::F32) continue;
+    if (offset + t.numel() > flat.numel()) {
+      throw std::invalid_argument("load_flat_state: " + std::to_string(flat.numel()) +
+                                  " values are too few for the model (at " + name + ")");
+    }
+    Tensor dst = t;  // shares the module's storage
+    dst.copy_(flat.narrow(offset, t.numel()));
+    offset += t.numel();
+  }
+  if (offset != flat.numel()) {
+    throw std::invalid_argument("load_flat_state: " + std::to_string(flat.numel()) +
+                                " values for a model of " + std::to_string(offset));
+  }
+}
+
+// ---- codistiller --------------------------------------------------------------------------------
+
+Codistiller::Codistiller(comm::CommunicatorPtr comm, std::shared_ptr<nn::Module> model,
+                         const std::function<std::shared_ptr<nn::Module>()>& make_model,
+                         CodistillOptions options)
+    : comm_(std::move(comm)), model_(std::move(model)), options_(options) {
+  if (!comm_ || !model_) throw std::invalid_argument("Codistiller: null communicator or model");
+  if (options_.exchange_every < 1) {
+    throw std::invalid_argument("codistillation: exchange_every must be >= 1, got " +
+                                std::to_string(options_.exchange_every));
+  }
+  if (options_.burn_in < 0) throw std::invalid_argument("codistillation: burn_in must be >= 0");
+  if (!(options_.alpha >= 0.0f && options_.alpha <= 1.0f)) {
+    throw std::invalid_argument("codistillation: alpha must be in [0, 1], got " +
+                                std::to_string(options_.alpha));
+  }
+  if (!(options_.temperature > 0.0f)) {
+    throw std::invalid_argument("codistillation: temperature must be positive");
+  }
+  if (!exchanges_enabled()) return;
+  if (!make_model) throw std::invalid_argument("Codistiller: no make_model for the peers");
+  for (int r = 0; r < comm_->size(); ++r) {
+    if (r == comm_->rank()) continue;
+    auto peer = make_model();
+    peer->eval();
+    peers_.push_back(std::move(peer));
+  }
+}
+
+void Codistiller::exchange(std::int64_t step) {
+  if (!exchanges_enabled()) return;
+  trace::Span span("codistill exchange", "distill");
+  const Tensor mine = flatten_state(*model_);
+  const std::int64_t p = mine.numel();
+  Tensor all = Tensor::empty({p * comm_->size()});
+  comm_->allgather(mine, all)->wait();
+  std::size_t k = 0;
+  for (int r = 0; r < comm_->size(); ++r) {
+    if (r == comm_->rank()) continue;
+    load_flat_state(*peers_[k++], all.narrow(r * p, p));
+  }
+  last_exchange_step_ = step;
+  ++exchanges_;
+}
+
+Tensor Codistiller::peer_targets(const Tensor& inputs) const {
+  NoGradGuard no_grad;
+  Tensor sum_p;
+  for (const auto& peer : peers_) {
+    peer->eval();
+    Tensor p = softmax(mul(peer->forward(inputs), 1.0f / options_.temperature), -1);
+    sum_p = sum_p.defined() ? add(sum_p, p) : p;
+  }
+  return mul(sum_p, 1.0f / static_cast<float>(peers_.size()));
+}
+
+Tensor Codistiller::loss(const Tensor& inputs, const Tensor& logits, const Tensor& labels,
+                         std::int64_t step) const {
+  // Before the burn-in ends (or without peers): exactly what independent training computes.
+  if (!exchanges_enabled() || step < options_.burn_in) return cross_entropy(logits, labels);
+  if (last_exchange_step_ < 0) {
+    throw std::logic_error("Codistiller: distillation term needed before any exchange");
+  }
+  return soft_target_loss(logits, peer_targets(inputs), labels, options_.alpha,
+                          options_.temperature);
+}
+
+// ---- trainer wiring -----------------------------------------------------------------------------
+
+namespace {
+
+class ExchangeCallback : public train::Callback {
+ public:
+  explicit ExchangeCallback(std::shared_ptr<Codistiller> c) : c_(std::move(c)) {}
+  void on_train_begin(train::Trainer& t) override { c_->exchange(t.state().global_step); }
+  void on_batch_end(train::Trainer&, const train::BatchLogs& b) override {
+    if (b.global_step % c_->options().exchange_every == 0) c_->exchange(b.global_step);
+  }
+
+ private:
+  std::shared_ptr<Codistiller> c_;
+};
+
+}  // namespace
+
+void attach(train::Trainer& trainer, std::shared_ptr<Codistiller> codistiller) {
+  train::Trainer* t = &trainer;
+  trainer.set_input_loss(
+      [t, c = codistiller](const Tensor& x, const Tensor& logits, const Tensor& y) {
+        return c->loss(x, logits, y, t->state().global_step);
+      });
+  if (codistiller->exchanges_enabled()) {
+    trainer.add_callback(std::make_shared<ExchangeCallback>(std::move(codistiller)));
+  }
+}
+
+}  // namespace hpm::distill

@@ -1,0 +1,206 @@
+// Codistillation: the exchange delivers each peer's parameters at the right steps (stale by at
+// most N), no distillation term before the burn-in (bit-identical to independent training), a
+// peer that dies fails the exchange naming its rank, and `hpm codistill` end to end (threads, and
+// processes under `hpm launch`).
+#include "hpm/distill/codistill.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "common/blobs.h"
+#include "common/hpm_cli.h"
+#include "hpm/comm/local.h"
+#include "hpm/distill/distiller.h"
+#include "hpm/nn/layers.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm {
+namespace {
+
+using distill::Codistiller;
+using distill::CodistillOptions;
+
+std::shared_ptr<nn::Module> mlp() {
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 3)});
+}
+
+std::shared_ptr<optim::Optimizer> sgd(nn::Module& m) {
+  return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+}
+
+// Calls `fn` from a callback at the end of every batch.
+class OnBatch : public train::Callback {
+ public:
+  explicit OnBatch(std::function<void(const train::BatchLogs&)> fn) : fn_(std::move(fn)) {}
+  void on_batch_end(train::Trainer&, const train::BatchLogs& b) override { fn_(b); }
+
+ private:
+  std::function<void(const train::BatchLogs&)> fn_;
+};
+
+// One copy per thread over a local group; `body(rank, comm)` trains copy `rank`.
+void run_copies(int k, const std::function<void(int, comm::CommunicatorPtr)>& body) {
+  auto group = comm::make_local_group(k, std::chrono::seconds(20));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < k; ++r) {
+    threads.emplace_back([&, r, c = std::move(group[r])]() mutable {
+      Generator gen(100 + static_cast<std::uint64_t>(r));
+      ThreadGeneratorGuard guard(gen);
+      body(r, std::move(c));
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+train::FitOptions fit_options(std::uint64_t seed) {
+  train::FitOptions o;
+  o.epochs = 2;
+  o.batch_size = 32;
+  o.seed = seed;
+  return o;
+}
+
+// Each copy's final parameters after training with `options` on identical data, copy r from
+// seed 10 + r (initialization and data order).
+std::vector<std::vector<std::vector<float>>> train_pair(const CodistillOptions& options) {
+  const auto data = testing::blobs(256, 1);  // 8 steps per epoch
+  std::vector<std::vector<std::vector<float>>> out(2);
+  run_copies(2, [&](int r, comm::CommunicatorPtr comm) {
+    manual_seed(10 + static_cast<std::uint64_t>(r));  // the thread's generator
+    auto model = mlp();
+    train::Trainer trainer(model, sgd(*model));
+    distill::attach(trainer, std::make_shared<Codistiller>(std::move(comm), model, mlp, options));
+    trainer.fit(data, nullptr, fit_options(20 + static_cast<std::uint64_t>(r)));
+    for (const auto& p : model->parameters()) out[r].push_back(p.to_vector());
+  });
+  return out;
+}
+
+TEST(Codistill, ExchangeDeliversPeersParametersEveryNStepsAtMostNStale) {
+  const auto data = testing::blobs(256, 1);
+  constexpr std::int64_t kN = 3;
+  // own[r][step] = copy r's flattened parameters after `step` steps; seen[r][step] = what copy r
+  // holds of its peer right after the exchange at `step`.
+  std::vector<std::map<std::int64_t, std::vector<float>>> own(2), seen(2);
+  std::vector<std::int64_t> exchanges(2);
+  run_copies(2, [&](int r, comm::CommunicatorPtr comm) {
+    manual_seed(10 + static_cast<std::uint64_t>(r));
+    auto model = mlp();
+    own[r][0] = distill::flatten_state(*model).to_vector();
+    train::Trainer trainer(model, sgd(*model));
+    // Before the exchange callback: the copy's own parameters after each step.
+    trainer.add_callback(std::make_shared<OnBatch>([&, r, model](const train::BatchLogs& b) {
+      own[r][b.global_step] = distill::flatten_state(*model).to_vector();
+    }));
+    auto c = std::make_shared<Codistiller>(std::move(comm), model, mlp,
+                                           CodistillOptions{kN, 4, 0.5f, 2.0f});
+    distill::attach(trainer, c);
+    EXPECT_EQ(c->last_exchange_step(), -1);
+    // After it: what the peer copy holds, and how stale it is.
+    trainer.add_callback(std::make_shared<OnBatch>([&, r, c](const train::BatchLogs& b) {
+      EXPECT_EQ(c->last_exchange_step() % kN, 0);
+      EXPECT_GE(c->last_exchange_step(), b.global_step - kN + 1);
+      EXPECT_LE(c->last_exchange_step(), b.global_step);
+      if (c->last_exchange_step() == b.global_step) {
+        seen[r][b.global_step] = distill::flatten_state(*c->peers()[0]).to_vector();
+      }
+    }));
+    trainer.fit(data, nullptr, fit_options(20 + static_cast<std::uint64_t>(r)));
+    exchanges[r] = c->exchanges();
+  });
+  // 16 steps: exchanges before step 1 and after steps 3, 6, 9, 12, 15.
+  EXPECT_EQ(exchanges[0], 6);
+  EXPECT_EQ(exchanges[1], 6);
+  ASSERT_EQ(seen[0].size(), 5u);
+  for (int r = 0; r < 2; ++r) {
+    for (const auto& [step, values] : seen[r]) {
+      EXPECT_EQ(values, own[1 - r].at(step)) << "copy " << r << " step " << step;
+    }
+  }
+  // The copies started apart and the exchange did not touch their own parameters.
+  EXPECT_NE(own[0].at(15), own[1].at(15));
+}
+
+TEST(Codistill, BeforeBurnInItIsIndependentTrainingBitForBit) {
+  // 16 steps in all. Burn-in past the end: bit-identical to alpha 0 (no exchange at all).
+  const auto independent = train_pair({4, 0, 0.0f, 2.0f});
+  EXPECT_EQ(train_pair({4, 16, 0.5f, 2.0f}), independent);
+  // A burn-in of 4 steps: the distillation term changes the trajectories.
+  const auto codistilled = train_pair({4, 4, 0.5f, 2.0f});
+  EXPECT_NE(codistilled[0], independent[0]);
+  EXPECT_NE(codistilled[1], independent[1]);
+}
+
+TEST(Codistill, PeerThatDiesFailsTheExchangeNamingItsRank) {
+  std::string error;
+  run_copies(2, [&](int r, comm::CommunicatorPtr comm) {
+    auto model = mlp();
+    Codistiller c(std::move(comm), model, mlp, CodistillOptions{1, 0, 0.5f, 1.0f});
+    if (r == 1) return;  // dies: its communicator is destroyed with the Codistiller
+    try {
+      c.exchange(0);
+    } catch (const comm::CommError& e) {
+      error = e.what();
+    }
+  });
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+}
+
+TEST(Codistill, RejectsBadOptions) {
+  auto group = comm::make_local_group(1);
+  EXPECT_THROW(Codistiller(group[0], mlp(), mlp, CodistillOptions{0, 0, 0.5f, 1.0f}),
+               std::invalid_argument);
+  EXPECT_THROW(Codistiller(group[0], mlp(), mlp, CodistillOptions{1, -1, 0.5f, 1.0f}),
+               std::invalid_argument);
+  EXPECT_THROW(Codistiller(group[0], mlp(), mlp, CodistillOptions{1, 0, 1.5f, 1.0f}),
+               std::invalid_argument);
+  EXPECT_THROW(distill::load_flat_state(*mlp(), Tensor::zeros({5})), std::invalid_argument);
+}
+
+// ---- hpm codistill ------------------------------------------------------------------------------
+
+TEST(CodistillCommand, ThreadsAndProcessesReportAccuracyAndChurn) {
+  testing::TempDir dir;
+  testing::write_synthetic_mnist(dir.path(), 320, 100);
+  const std::string cfg = testing::small_mlp_config(
+      dir, dir.path(),
+      "[codistill]\ncopies = 2\nexchange_every = 5\nburn_in = 10\nalpha = 0.5\n"
+      "shards = \"disjoint\"\n");
+  const std::string report = dir / "co.json";
+  auto r = testing::run_hpm("codistill " + cfg + " --report " + report);
+  ASSERT_EQ(r.code, 0) << r.output;
+  auto j = nlohmann::json::parse(testing::read_text(report));
+  EXPECT_EQ(j["copies"], 2);
+  EXPECT_EQ(j["steps"], 20);     // 160 rows per shard, batch 16, 2 epochs
+  EXPECT_EQ(j["exchanges"], 5);  // before step 1, after 5, 10, 15, 20
+  ASSERT_EQ(j["copy_test_accuracies"].size(), 2u);
+  EXPECT_GT(j["copy_test_accuracies"][1].get<double>(), 0.5);
+  ASSERT_EQ(j["pairwise_churn"].size(), 1u);
+  EXPECT_GE(j["mean_churn"].get<double>(), 0.0);
+  EXPECT_LE(j["mean_churn"].get<double>(), 1.0);
+
+  // The same through processes and gloo: the same numbers (same seeds, same arithmetic).
+  const std::string report2 = dir / "co2.json";
+  r = testing::run_shell(testing::hpm_binary() + " launch -n 2 -- " + testing::hpm_binary() +
+                         " codistill " + cfg + " --report " + report2);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto j2 = nlohmann::json::parse(testing::read_text(report2));
+  EXPECT_EQ(j2["copy_test_accuracies"], j["copy_test_accuracies"]);
+  EXPECT_EQ(j2["mean_churn"], j["mean_churn"]);
+  EXPECT_EQ(j2["exchanges"], 5);
+
+  // More processes than copies is an error.
+  r = testing::run_shell(testing::hpm_binary() + " launch -n 2 -- " + testing::hpm_binary() +
+                         " codistill " + cfg + " --set codistill.copies=3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.output.find("copies = 3"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace hpm
