@@ -75,12 +75,31 @@ class Pipeline::Stage {
     // A stage's variables live on its Device: the budget covers them, as a GPU's would.
     for (int c = index; c < s.chunks(); c += s.devices) {
       for (auto& [name, t] : chunks[static_cast<std::size_t>(c)]->state_dict()) {
+        home_ = &t.device();
         t.impl()->storage->move_to(device_);
+        variables_.push_back(t);
       }
     }
   }
 
+  // The model outlives its pipeline: its variables and their gradients go back where they came
+  // from before this Device goes away.
+  ~Stage() {
+    if (home_ == nullptr) return;
+    for (Tensor& t : variables_) {
+      t.impl()->storage->move_to(*home_);
+      if (t.requires_grad() && t.grad().defined() && &t.grad().device() == &device_) {
+        t.grad().impl()->storage->move_to(*home_);
+      }
+    }
+  }
+  Stage(const Stage&) = delete;
+  Stage& operator=(const Stage&) = delete;
+
   Device& device() { return device_; }
+  // Lets go of the communicator: a local group may hold a receive buffer of a failed step, which
+  // lives on one of the stages' Devices and must go before they do.
+  void release_communicator() { comm_.reset(); }
 
   struct Result {
     double loss_sum = 0;
@@ -286,6 +305,8 @@ class Pipeline::Stage {
   const Schedule& schedule_;
   const std::vector<std::shared_ptr<nn::Module>>& chunks_;
   Device device_;
+  Device* home_ = nullptr;         // where the variables were before they moved here
+  std::vector<Tensor> variables_;  // this stage's parameters and buffers
   Generator generator_;
   comm::CommunicatorPtr comm_;
 
@@ -388,6 +409,10 @@ Pipeline::~Pipeline() {
     threads_->cv.notify_all();
     for (auto& t : threads_->threads) t.join();
   }
+  for (auto& stage : stages_) {
+    if (stage) stage->release_communicator();
+  }
+  stages_.clear();
 }
 
 bool Pipeline::owns(int stage) const {
