@@ -12,6 +12,8 @@
 #include "hpm/nn/layers.h"
 #include "hpm/nn/offload.h"
 #include "hpm/nn/recompute.h"
+#include "hpm/pipeline/partition.h"
+#include "hpm/pipeline/schedule.h"
 #include "hpm/train/callbacks.h"
 
 namespace hpm::cli {
@@ -370,6 +372,55 @@ void parse_distill(const std::string& path, const toml::table& root, DistillSect
 
 }  // namespace
 
+namespace {
+void read_pipeline(const std::string& path, const toml::table& root, Config& c) {
+  const toml::table* t = section(path, root, "pipeline");
+  PipelineSection& p = c.pipeline;
+  p.present = t != nullptr;
+  TableReader r(path, "[pipeline]", t);
+  r.get_positive("stages", p.stages);
+  r.get_positive("micro_batches", p.micro_batches);
+  r.get("schedule", p.schedule);
+  r.get_positive("chunks_per_stage", p.chunks_per_stage);
+  r.get("partition", p.partition);
+  r.get_positive("profile_repeats", p.profile_repeats);
+  r.finish();
+  if (!p.present) return;
+  auto at = [&](const char* key) {
+    const toml::node* n = t->get(key);
+    return n ? where(path, n->source()) : path;
+  };
+  try {
+    pipeline::partition_from_name(p.partition);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(at("partition") + ": [pipeline] " + e.what());
+  }
+  try {
+    pipeline::make_schedule(pipeline::schedule_from_name(p.schedule), p.stages, p.micro_batches,
+                            p.chunks_per_stage);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(at("schedule") + ": [pipeline] " + e.what());
+  }
+  if (c.accumulation_steps != 1) {
+    throw ConfigError(path + ": [pipeline] splits every batch into micro_batches already; " +
+                      "[train] accumulation_steps must stay 1");
+  }
+  if (c.offload) {
+    throw ConfigError(path + ": [memory] offload is for one device; a [pipeline] lowers each " +
+                      "stage's memory with recompute instead");
+  }
+  if (c.strategy != "one_device") {
+    throw ConfigError(path + ": [pipeline] runs on its own stages; it does not combine with " +
+                      "[strategy] kind = \"" + c.strategy + "\"");
+  }
+  if (c.batch_size < p.micro_batches) {
+    throw ConfigError(at("micro_batches") + ": [pipeline] micro_batches (" +
+                      std::to_string(p.micro_batches) + ") exceeds [data] batch_size (" +
+                      std::to_string(c.batch_size) + ")");
+  }
+}
+}  // namespace
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   toml::table root;
   try {
@@ -385,13 +436,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   c.path = path;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
-    static const std::set<std::string> sections = {"model",          "data",    "optimizer",
-                                                   "schedule",       "train",   "strategy",
-                                                   "early_stopping", "distill", "memory"};
+    static const std::set<std::string> sections = {
+        "model",    "data",           "optimizer", "schedule", "train",
+        "strategy", "early_stopping", "distill",   "pipeline", "memory"};
     if (!sections.count(key)) {
-      throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
-                        "] (known: data, distill, early_stopping, model, optimizer, schedule, "
-                        "strategy, train)");
+      throw ConfigError(
+          where(path, k.source()) + ": unknown section [" + key +
+          "] (known: data, distill, early_stopping, memory, model, optimizer, pipeline, "
+          "schedule, strategy, train)");
     }
   }
 
@@ -558,6 +610,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   } catch (const std::invalid_argument& e) {
     throw ConfigError(path + ": [strategy] algorithm: " + e.what());
   }
+  read_pipeline(path, root, c);
   if (c.strategy == "one_device" && c.replicas != 1) {
     throw ConfigError(path + ": [strategy] one_device has exactly one replica, got replicas = " +
                       std::to_string(c.replicas));

@@ -155,6 +155,13 @@ Tensor Tensor::narrow(std::int64_t begin, std::int64_t length) const {
   return Tensor(std::move(impl));
 }
 
+Tensor Tensor::to(Device& device) const {
+  if (&device == &this->device()) return *this;
+  Tensor t = empty(shape(), dtype(), device);
+  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
   std::memcpy(t.raw_data(), raw_data(), nbytes());

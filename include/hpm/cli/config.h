@@ -49,6 +49,17 @@ struct DistillSection {
   bool m_on_m = false;        // also one student per teacher, then their ensemble
 };
 
+// [pipeline]: present = the model (a Sequential) is cut into stages that run as a pipeline.
+struct PipelineSection {
+  bool present = false;
+  int stages = 2;
+  int micro_batches = 4;
+  std::string schedule = "1f1b";       // gpipe | 1f1b | interleaved
+  int chunks_per_stage = 1;            // interleaved: model chunks per stage (>= 2)
+  std::string partition = "balanced";  // uniform | parameters | balanced (profiled time)
+  int profile_repeats = 3;
+};
+
 struct Config {
   std::string path;
   std::vector<LayerSpec> layers;
@@ -128,6 +139,7 @@ struct Config {
   double device_budget_mb = 0;       // the training device's budget; 0: unlimited
 
   DistillSection distill;
+  PipelineSection pipeline;
 };
 
 // Parses `path`, then applies `overrides` ("section.key=value", value in TOML syntax, or a bare

@@ -145,6 +145,9 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;                      // a view; one dimension may be -1
   Tensor narrow(std::int64_t begin, std::int64_t length) const;  // rows [begin, begin+length)
   Tensor clone() const;
+  // A copy on `device` (ops allocate where their inputs live, so this is how data enters a
+  // pipeline stage's Device); this tensor itself when it is already there.
+  Tensor to(Device& device) const;
   Tensor detach() const;          // shares data, no autograd history
   void copy_(const Tensor& src);  // same numel and dtype
   void fill_(float value);
