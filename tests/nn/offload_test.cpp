@@ -1,6 +1,7 @@
 // Offload against the plain model: bit-identical gradients (data only moves), a lower device peak,
-// a step that fits a budget the plain step exceeds, and a failed prefetch that surfaces as
-// OutOfMemoryError in backward. Runs under ThreadSanitizer (the prefetch thread).
+// a step that fits a budget the plain step exceeds, and a backward that runs out of device memory
+// (copies back included) failing with OutOfMemoryError, after which the model trains again. Runs
+// under ThreadSanitizer (the prefetch thread).
 #include "hpm/nn/offload.h"
 
 #include <gtest/gtest.h>
@@ -109,7 +110,7 @@ TEST(Offload, LowersTheDevicePeakAndFitsABudgetThePlainStepExceeds) {
   device.set_budget(Device::kUnlimited);
 }
 
-TEST(Offload, APrefetchThatDoesNotFitFailsBackwardWithOutOfMemory) {
+TEST(Offload, ABackwardThatDoesNotFitFailsWithOutOfMemoryAndTrainingGoesOn) {
   Device device("offload-oom");
   DeviceGuard guard(device);
   Generator gen(3);
@@ -117,7 +118,8 @@ TEST(Offload, APrefetchThatDoesNotFitFailsBackwardWithOutOfMemory) {
   auto model = with_offload(mlp(256), {.threshold_bytes = 0});
   Tensor y = Tensor::zeros({256}, DType::I64);
   Tensor loss = cross_entropy(model->forward(x), y);
-  device.set_budget(device.stats().current_bytes);  // nothing more fits: no copy can come back
+  // Nothing more fits: neither backward's gradients nor the copies back (whichever comes first).
+  device.set_budget(device.stats().current_bytes);
   EXPECT_THROW(loss.backward(), OutOfMemoryError);
   device.set_budget(Device::kUnlimited);
   loss = Tensor();  // the graph and its half-done step go away cleanly (ASan, TSan)
