@@ -470,6 +470,11 @@ CoordinatorReport Coordinator::run() {
       lock.lock();
     }
     if (s.done_count_ == s.total_ && s.next_eval_ == m.o.epochs) {
+      if (!m.o.checkpoint_dir.empty()) {  // the end state, for a job that asks for more epochs
+        lock.unlock();
+        m.save_checkpoint(s.total_, {});
+        lock.lock();
+      }
       s.finished_ = true;
       s.cv_.notify_all();
       m.report.seconds = std::chrono::duration<double>(Clock::now() - m.start).count();
