@@ -20,6 +20,7 @@
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch.h"
+#include "hpm/cli/ps_command.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
@@ -450,6 +451,8 @@ int main(int argc, char** argv) {
   CLI::App* distill_cmd = add_distill_command(app, distill_opts);
   ChurnCommandOptions churn_opts;
   CLI::App* churn_cmd = add_churn_command(app, churn_opts);
+  PsCommandOptions ps_opts;
+  CLI::App* ps_cmd = add_ps_command(app, ps_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -465,6 +468,7 @@ int main(int argc, char** argv) {
     if (*allreduce_cmd) return run_bench_allreduce(allreduce_bench);
     if (*distill_cmd) return run_distill(distill_opts);
     if (*churn_cmd) return run_churn(churn_opts);
+    if (*ps_cmd) return run_ps_command(ps_opts);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

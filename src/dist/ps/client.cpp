@@ -191,4 +191,15 @@ std::vector<ShardStatus> PsClient::status(std::chrono::milliseconds timeout) {
   return out;
 }
 
+void PsClient::shutdown() {
+  std::vector<rpc::StatusReply> replies;
+  const rpc::StatusRequest req;
+  impl_->all(
+      replies,
+      [&](std::size_t t, grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+        return impl_->stubs[t]->AsyncShutdown(ctx, req, cq);
+      },
+      std::chrono::milliseconds(2000));
+}
+
 }  // namespace hpm::dist::ps

@@ -542,6 +542,7 @@ CoordinatorReport Coordinator::run() {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (m.o.shutdown_servers) m.client->shutdown();
   return m.report;
 }
 

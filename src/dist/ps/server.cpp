@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <unordered_map>
@@ -189,9 +190,25 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Restore(ServerContext* ctx, const rpc::RestoreRequest*, rpc::InitReply*) override {
+  grpc::Status Shutdown(ServerContext* ctx, const rpc::StatusRequest*,
+                        rpc::StatusReply* reply) override {
     if (grpc::Status s = admit(ctx); !s.ok()) return s;
-    return {StatusCode::UNIMPLEMENTED, "Restore: the coordinator restores shards through Init"};
+    std::lock_guard lock(mu_);
+    stop_requested_ = true;
+    stop_cv_.notify_all();
+    reply->set_version(counters_.version);
+    return grpc::Status::OK;
+  }
+
+  // Until a Shutdown call or stop().
+  void wait_for_stop() {
+    std::unique_lock lock(mu_);
+    stop_cv_.wait(lock, [&] { return stop_requested_; });
+  }
+  void stop() {
+    std::lock_guard lock(mu_);
+    stop_requested_ = true;
+    stop_cv_.notify_all();
   }
 
   grpc::Status Status_(ServerContext* ctx, rpc::StatusReply* reply) {
@@ -262,6 +279,8 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
   const int task_;
   const std::uint64_t incarnation_;
   mutable std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stop_requested_ = false;
   bool initialized_ = false;
   nn::NamedTensors vars_;
   std::vector<Tensor> grads_;
@@ -290,8 +309,9 @@ ParameterServer::~ParameterServer() { shutdown(); }
 
 int ParameterServer::port() const { return impl_->port; }
 ServerCounters ParameterServer::counters() const { return service_->counters(); }
-void ParameterServer::wait() { impl_->server->Wait(); }
+void ParameterServer::wait() { service_->wait_for_stop(); }
 void ParameterServer::shutdown() {
+  service_->stop();
   impl_->server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
 }
 

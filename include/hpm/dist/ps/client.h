@@ -59,6 +59,8 @@ class PsClient {
                    float lr);
   std::vector<ShardSave> save(const std::string& dir);
   std::vector<ShardStatus> status(std::chrono::milliseconds timeout);
+  // Asks every task to exit (best effort: failures are ignored).
+  void shutdown();
 
  private:
   struct Impl;

@@ -69,7 +69,8 @@ struct CoordinatorOptions {
   // After each epoch's tasks are done, with the variables pulled into `vars` (the constructor's):
   // evaluate, and fill in test_loss/test_accuracy.
   std::function<void(EpochReport&)> on_epoch;
-  std::function<void(const std::string&)> log;  // progress and fault lines (default: stderr)
+  std::function<void(const std::string&)> log;
+  bool shutdown_servers = false;  // at the end, ask every parameter-server task to exit  // progress and fault lines (default: stderr)
 };
 
 class Coordinator {

@@ -4,7 +4,7 @@
 //
 //   ps::ParameterServer server(cluster, /*task=*/0, "127.0.0.1:0");
 //   server.port();  // the port picked
-//   server.wait();  // until shutdown()
+//   server.wait();  // until a Shutdown call (the coordinator's, at the end) or shutdown()
 //
 // Every call must carry the cluster's token; malformed or oversized requests are refused with
 // INVALID_ARGUMENT or RESOURCE_EXHAUSTED and the server keeps serving.
