@@ -148,6 +148,8 @@ class Coordinator::Service final : public rpc::Coordinator::Service {
   const std::int64_t total_;
   bool ready_ = false, hard_pause_ = false, ckpt_due_ = false, ckpt_pause_ = false;
   bool finished_ = false;
+  bool started_ = false;
+  Clock::time_point first_task_;  // when the first task was handed out: the clock's zero
   std::int64_t next_ = 0, frontier_ = 0, done_count_ = 0, next_eval_ = 0, next_ckpt_ = 0;
   std::deque<std::int64_t> redo_;
   std::map<std::int64_t, int> inflight_;
@@ -256,6 +258,10 @@ class Coordinator::Service final : public rpc::Coordinator::Service {
       return false;
     }
     inflight_[t] = w;
+    if (!started_) {
+      started_ = true;
+      first_task_ = Clock::now();
+    }
     const std::int64_t epoch = t / o_.tasks_per_epoch;
     reply->set_kind(rpc::NextReply::RUN);
     reply->set_task(t);
@@ -462,7 +468,7 @@ CoordinatorReport Coordinator::run() {
       e.train_accuracy = sums.samples > 0 ? static_cast<double>(sums.correct) /
                                                 static_cast<double>(sums.samples)
                                           : 0;
-      e.seconds = std::chrono::duration<double>(Clock::now() - m.start).count();
+      e.seconds = std::chrono::duration<double>(Clock::now() - s.first_task_).count();
       lock.unlock();
       m.client->pull(m.vars);
       if (m.o.on_epoch) m.o.on_epoch(e);
@@ -477,7 +483,7 @@ CoordinatorReport Coordinator::run() {
       }
       s.finished_ = true;
       s.cv_.notify_all();
-      m.report.seconds = std::chrono::duration<double>(Clock::now() - m.start).count();
+      m.report.seconds = std::chrono::duration<double>(Clock::now() - s.first_task_).count();
       break;
     }
     if (Clock::now() - last_health < std::chrono::milliseconds(500)) continue;
@@ -524,13 +530,16 @@ CoordinatorReport Coordinator::run() {
                                           static_cast<std::int64_t>(m.report.epochs.size()));
     s.cv_.notify_all();
   }
-  // Give the workers a moment to hear DONE.
-  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  // Until every worker has heard DONE (one that never came, or went silent, is waited for up to
+  // the heartbeat timeout), so none is left calling a coordinator that is gone.
+  const auto deadline = Clock::now() + m.o.heartbeat_timeout;
   for (;;) {
     {
       std::lock_guard lock(s.mu_);
+      s.check_heartbeats();
       bool all = true;
-      for (const auto& w : s.workers_) all = all && (!w.alive || w.told_done);
+      for (const auto& w : s.workers_)
+        all = all && (w.told_done || (w.incarnation != 0 && !w.alive));
       if (all || Clock::now() > deadline) {
         m.report.tasks = s.total_;
         m.report.rescheduled = s.rescheduled_;

@@ -213,6 +213,7 @@ WorkerReport Worker::run() {
     req.set_done_task(-1);
     if (reply.kind() == rpc::NextReply::DONE) break;
     if (reply.kind() == rpc::NextReply::WAIT) continue;
+    if (m.steps == 0 && m.failed == 0) m.start = Clock::now();  // steps/s from the first task
     const bool ok = m.run_task(reply, &req);
     req.set_done_task(reply.task());
     req.set_failed(!ok);

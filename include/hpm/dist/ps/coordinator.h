@@ -36,7 +36,7 @@ struct WorkerReport {
 
 struct EpochReport {
   std::int64_t epoch = 0;
-  double seconds = 0;  // since the start of training (wall)
+  double seconds = 0;  // since the first task was handed out (wall)
   double train_loss = 0, train_accuracy = 0;
   double test_loss = 0, test_accuracy = 0;  // filled by the on_epoch callback
 };
@@ -51,7 +51,7 @@ struct CoordinatorReport {
   std::int64_t ps_restores = 0;
   std::int64_t checkpoints = 0;
   std::string restored_from;  // the checkpoint training started from, if any
-  double seconds = 0;
+  double seconds = 0;         // from the first task handed out to the last one done
   double tasks_per_s() const { return seconds > 0 ? static_cast<double>(tasks) / seconds : 0; }
 };
 
