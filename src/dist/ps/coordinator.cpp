@@ -149,7 +149,8 @@ class Coordinator::Service final : public rpc::Coordinator::Service {
   bool ready_ = false, hard_pause_ = false, ckpt_due_ = false, ckpt_pause_ = false;
   bool finished_ = false;
   bool started_ = false;
-  Clock::time_point first_task_;  // when the first task was handed out: the clock's zero
+  Clock::time_point first_task_;
+  Clock::time_point start_deadline_;  // when the first task was handed out: the clock's zero
   std::int64_t next_ = 0, frontier_ = 0, done_count_ = 0, next_eval_ = 0, next_ckpt_ = 0;
   std::deque<std::int64_t> redo_;
   std::map<std::int64_t, int> inflight_;
@@ -242,6 +243,11 @@ class Coordinator::Service final : public rpc::Coordinator::Service {
       return true;
     }
     if (!ready_ || hard_pause_) return false;
+    if (!started_) {  // all workers start together (up to ps_wait for one that never comes)
+      bool all = true;
+      for (const auto& v : workers_) all = all && v.incarnation != 0;
+      if (!all && Clock::now() < start_deadline_) return false;
+    }
     if (o_.mode == Mode::kSsp && ws.clock - min_live_clock(w) > o_.staleness) return false;
     std::int64_t t = -1;
     if (!redo_.empty()) {
@@ -440,6 +446,7 @@ CoordinatorReport Coordinator::run() {
             std::to_string(s.total_) + ")");
     }
     s.ready_ = true;
+    s.start_deadline_ = Clock::now() + m.o.ps_wait;
     s.cv_.notify_all();
   }
   auto last_health = Clock::now();
