@@ -149,9 +149,14 @@ TEST(PsTraining, LostParameterServerIsRestoredFromTheLastCheckpoint) {
     std::this_thread::sleep_for(300ms);
     servers[1] = std::make_unique<ParameterServer>(c, 1, c.ps[1]);
   });
-  const RunResult r = run_job(c, co, d, [](int w) {
-    return WorkerOptions{.worker = w, .batch_size = 8, .slow_factor = 3.0};
-  });
+  RunResult r;
+  try {
+    r = run_job(c, co, d, [](int w) {
+      return WorkerOptions{.worker = w, .batch_size = 8, .slow_factor = 3.0};
+    });
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << e.what();
+  }
   killer.join();
   EXPECT_EQ(r.report.ps_restores, 1);
   EXPECT_GE(r.report.checkpoints, 2);

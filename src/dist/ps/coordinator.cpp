@@ -455,10 +455,16 @@ CoordinatorReport Coordinator::run() {
     std::unique_lock lock(s.mu_);
     s.check_heartbeats();
     // A consistent point: nothing in flight, the queue drained up to a step boundary.
+    bool suspect = false;  // a call to the parameter servers failed: check them now
     if (s.ckpt_pause_ && s.inflight_.empty() && s.redo_.empty()) {
       const std::int64_t next = s.next_;
       lock.unlock();
-      m.save_checkpoint(next, {});
+      try {
+        m.save_checkpoint(next, {});
+      } catch (const std::exception& e) {
+        s.log(std::string("checkpoint at task ") + std::to_string(next) + " failed: " + e.what());
+        suspect = true;
+      }
       lock.lock();
       s.ckpt_due_ = s.ckpt_pause_ = false;
       const std::int64_t every =
@@ -477,10 +483,21 @@ CoordinatorReport Coordinator::run() {
                                           : 0;
       e.seconds = std::chrono::duration<double>(Clock::now() - s.first_task_).count();
       lock.unlock();
-      m.client->pull(m.vars);
-      if (m.o.on_epoch) m.o.on_epoch(e);
-      m.report.epochs.push_back(e);
+      bool pulled = true;
+      try {
+        m.client->pull(m.vars);
+      } catch (const PsError& err) {
+        s.log(std::string("evaluation of epoch ") + std::to_string(e.epoch + 1) +
+              " postponed: " + err.what());
+        pulled = false;
+        suspect = true;
+      }
+      if (pulled) {
+        if (m.o.on_epoch) m.o.on_epoch(e);
+        m.report.epochs.push_back(e);
+      }
       lock.lock();
+      if (!pulled) --s.next_eval_;
     }
     if (s.done_count_ == s.total_ && s.next_eval_ == m.o.epochs) {
       if (!m.o.checkpoint_dir.empty()) {  // the end state, for a job that asks for more epochs
@@ -493,7 +510,7 @@ CoordinatorReport Coordinator::run() {
       m.report.seconds = std::chrono::duration<double>(Clock::now() - s.first_task_).count();
       break;
     }
-    if (Clock::now() - last_health < std::chrono::milliseconds(500)) continue;
+    if (!suspect && Clock::now() - last_health < std::chrono::milliseconds(500)) continue;
     lock.unlock();
     last_health = Clock::now();
     std::string lost;
