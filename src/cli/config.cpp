@@ -340,8 +340,8 @@ void parse_ps(const std::string& path, const toml::table& root, PsSection& p) {
   pr.get_positive("slow_factor", p.slow_factor);
   pr.finish();
   if (p.mode != "async" && p.mode != "ssp" && p.mode != "sync") {
-    throw ConfigError(path + ": [ps] mode must be \"async\", \"ssp\" or \"sync\", got \"" +
-                      p.mode + "\"");
+    throw ConfigError(path + ": [ps] mode must be \"async\", \"ssp\" or \"sync\", got \"" + p.mode +
+                      "\"");
   }
   if (p.staleness < 0) throw ConfigError(path + ": [ps] staleness must be >= 0");
   if (p.checkpoint_every_tasks < 0)

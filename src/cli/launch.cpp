@@ -225,7 +225,9 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous, 
       const bool ps = r.index >= 1 && r.index <= o.ps_tasks;
       ::setenv("HPM_PS_ROLE", r.index == 0 ? "coordinator" : ps ? "ps" : "worker", 1);
       ::setenv("HPM_PS_INDEX",
-               std::to_string(r.index == 0 ? 0 : ps ? r.index - 1 : r.index - 1 - o.ps_tasks)
+               std::to_string(r.index == 0 ? 0
+                              : ps         ? r.index - 1
+                                           : r.index - 1 - o.ps_tasks)
                    .c_str(),
                1);
       ::setenv("HPM_PS_CLUSTER", o.ps_cluster.c_str(), 1);
@@ -519,8 +521,8 @@ int run_launch(const LaunchOptions& options) {
     std::string ps;
     for (int t = 0; t < o.ps_tasks; ++t)
       ps += (t ? ", " : "") + std::string("\"127.0.0.1:") + std::to_string(free_port()) + "\"";
-    o.ps_cluster = "{\"coordinator\": \"127.0.0.1:" + std::to_string(free_port()) + "\", \"ps\": [" +
-                   ps + "], \"workers\": " + std::to_string(o.ps_workers) + "}";
+    o.ps_cluster = "{\"coordinator\": \"127.0.0.1:" + std::to_string(free_port()) +
+                   "\", \"ps\": [" + ps + "], \"workers\": " + std::to_string(o.ps_workers) + "}";
     if (std::getenv("HPM_PS_TOKEN") == nullptr) {
       std::random_device rd;
       char token[33];

@@ -107,15 +107,16 @@ int run_serve(const Config& cfg, const PsCommandOptions& o) {
   const ps::Cluster c = cluster_of(cfg);
   const int task = task_index(o, static_cast<int>(c.ps.size()), "parameter-server");
   ps::ParameterServer server(c, task, c.ps[static_cast<std::size_t>(task)]);
-  std::printf("hpm ps serve: parameter-server task %d listening on %s:%d%s\n", task,
-              c.bind.c_str(), server.port(), c.security.tls() ? " (TLS)" : "");
+  std::printf("hpm ps serve: parameter-server task %d listening on %s:%d%s\n", task, c.bind.c_str(),
+              server.port(), c.security.tls() ? " (TLS)" : "");
   std::fflush(stdout);
   server.wait();
   const ps::ServerCounters n = server.counters();
-  std::printf("hpm ps serve: task %d done: %lld updates, %lld pushes, %lld duplicates, %lld "
-              "refused calls\n",
-              task, static_cast<long long>(n.version), static_cast<long long>(n.pushes),
-              static_cast<long long>(n.duplicates), static_cast<long long>(n.refused));
+  std::printf(
+      "hpm ps serve: task %d done: %lld updates, %lld pushes, %lld duplicates, %lld "
+      "refused calls\n",
+      task, static_cast<long long>(n.version), static_cast<long long>(n.pushes),
+      static_cast<long long>(n.duplicates), static_cast<long long>(n.refused));
   return 0;
 }
 
@@ -135,8 +136,7 @@ int run_worker(const Config& cfg, const PsCommandOptions& o) {
   try {
     const ps::WorkerReport r = worker.run();
     std::printf("hpm ps worker %d: %lld steps, %.1f steps/s, pull p50 %.2f ms, push p50 %.2f ms\n",
-                w, static_cast<long long>(r.steps), r.steps_per_s(), r.pull_ms_p50,
-                r.push_ms_p50);
+                w, static_cast<long long>(r.steps), r.steps_per_s(), r.pull_ms_p50, r.push_ms_p50);
   } catch (const ps::PsError& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return std::string(e.what()).find("not finite") != std::string::npos ? 3 : 1;
@@ -203,10 +203,11 @@ int run_coordinator(const Config& cfg, const PsCommandOptions& o) {
               (s + 1 == w.staleness_histogram.size() ? "+" : "") + ":" +
               std::to_string(w.staleness_histogram[s]);
     }
-    std::printf("worker %d: %lld steps, %.1f steps/s, pull p50/p99 %.2f/%.2f ms, push p50/p99 "
-                "%.2f/%.2f ms, staleness {%s}\n",
-                w.worker, static_cast<long long>(w.steps), w.steps_per_s(), w.pull_ms_p50,
-                w.pull_ms_p99, w.push_ms_p50, w.push_ms_p99, hist.c_str());
+    std::printf(
+        "worker %d: %lld steps, %.1f steps/s, pull p50/p99 %.2f/%.2f ms, push p50/p99 "
+        "%.2f/%.2f ms, staleness {%s}\n",
+        w.worker, static_cast<long long>(w.steps), w.steps_per_s(), w.pull_ms_p50, w.pull_ms_p99,
+        w.push_ms_p50, w.push_ms_p99, hist.c_str());
   }
   if (!o.report.empty()) {
     nlohmann::json j{{"mode", cfg.ps.mode},
@@ -284,10 +285,8 @@ int run_bench(const PsCommandOptions& o) {
     std::printf("%10lld %12.3f %12.2f %12.3f %12.2f\n", static_cast<long long>(bytes), pm * 1e3,
                 static_cast<double>(bytes) / pm / 1e9, sm * 1e3,
                 static_cast<double>(bytes) / sm / 1e9);
-    results.push_back({{"bytes", bytes},
-                       {"pull_s_median", pm},
-                       {"push_s_median", sm},
-                       {"repeats", o.repeats}});
+    results.push_back(
+        {{"bytes", bytes}, {"pull_s_median", pm}, {"push_s_median", sm}, {"repeats", o.repeats}});
   }
   if (!o.report.empty()) io::write_file_atomic(o.report, results.dump(2) + "\n");
   return 0;

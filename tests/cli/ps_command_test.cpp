@@ -28,8 +28,8 @@ struct PsJob {
         << "[data]\ndir = \"" << dir.path() << "\"\nbatch_size = 16\n"
         << "[optimizer]\nkind = \"sgd\"\nlr = 0.05\nmomentum = 0.9\n"
         << "[train]\nepochs = " << epochs << "\n"
-        << "[cluster]\ncoordinator = " << address(0) << "\nps = " << ps << "]\nworkers = "
-        << workers << "\nrpc_timeout_s = 5\n"
+        << "[cluster]\ncoordinator = " << address(0) << "\nps = " << ps
+        << "]\nworkers = " << workers << "\nrpc_timeout_s = 5\n"
         << "[ps]\nheartbeat_timeout_s = 1\nps_wait_s = 20\n"
         << std::regex_replace(ps_extra, std::regex("\\{DIR\\}"), dir.path());
   }
@@ -55,9 +55,9 @@ TEST(PsCommand, KilledWorkerIsRescheduledAndRejoins) {
   PsJob job(1, 2, 40, "slow_worker = 1\nslow_factor = 20\n");
   const std::string script =
       "export HPM_PS_TOKEN=t0k3n; " + job.hpm("ps serve --task 0", "ps0.log") + " & " +
-      job.hpm("ps coordinator", "co.log") + " & CO=$!; " +
-      job.hpm("ps worker --task 0", "w0.log") + " & " + job.hpm("ps worker --task 1", "w1.log") +
-      " & W1=$!; " + wait_for(job.dir / "co.log", "epoch 2/") + "kill -9 $W1; " +
+      job.hpm("ps coordinator", "co.log") + " & CO=$!; " + job.hpm("ps worker --task 0", "w0.log") +
+      " & " + job.hpm("ps worker --task 1", "w1.log") + " & W1=$!; " +
+      wait_for(job.dir / "co.log", "epoch 2/") + "kill -9 $W1; " +
       job.hpm("ps worker --task 1", "w1b.log") + " & wait $CO; echo coordinator=$?; wait";
   const CommandResult r = run_shell(script);
   const std::string co = job.log("co.log");
@@ -130,8 +130,8 @@ TEST(PsCommand, LaunchRunsAWholeJobWithAReport) {
 
 TEST(PsCommand, TokensAndConfigMistakesGetClearErrors) {
   PsJob job(1, 1, 1);
-  CommandResult r = run_shell("unset HPM_PS_TOKEN; " + hpm_binary() + " ps serve " + job.config +
-                              " --task 0");
+  CommandResult r =
+      run_shell("unset HPM_PS_TOKEN; " + hpm_binary() + " ps serve " + job.config + " --task 0");
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("hpm: error: no token for the parameter-server RPCs: set [cluster] "
                           "token_file or the environment variable HPM_PS_TOKEN"),

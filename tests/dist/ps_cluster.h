@@ -43,8 +43,7 @@ inline Cluster loopback_cluster(int workers) {
 }
 
 // Starts `ps_tasks` servers, filling cluster.ps.
-inline std::vector<std::unique_ptr<ParameterServer>> start_servers(Cluster& cluster,
-                                                                   int ps_tasks) {
+inline std::vector<std::unique_ptr<ParameterServer>> start_servers(Cluster& cluster, int ps_tasks) {
   std::vector<std::unique_ptr<ParameterServer>> servers;
   cluster.ps.clear();
   for (int t = 0; t < ps_tasks; ++t) {

@@ -84,8 +84,8 @@ TEST(PsSecurity, CallsWithoutTheTokenAreRefused) {
     rpc::PullReply reply;
     const grpc::Status st = stub->Pull(&ctx, rpc::PullRequest(), &reply);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAUTHENTICATED) << "token '" << token << "'";
-    EXPECT_EQ(st.error_message(), token.empty() ? "the call carries no token (x-hpm-token metadata)"
-                                                : "wrong token");
+    EXPECT_EQ(st.error_message(),
+              token.empty() ? "the call carries no token (x-hpm-token metadata)" : "wrong token");
     EXPECT_EQ(reply.vars_size(), 0);
   }
   Cluster wrong = s.cluster;
@@ -118,8 +118,9 @@ TEST(PsSecurity, MalformedPushesAreRefusedNamingWhatIsWrong) {
   };
   auto wrong_shape = grads;
   wrong_shape[0] = Tensor::zeros({3});
-  expect_refused(wrong_shape, "INVALID_ARGUMENT: Push gradient: tensor '0.weight' does not match its "
-                              "variable (12 bytes, expected 768 in shape [16, 12])");
+  expect_refused(wrong_shape,
+                 "INVALID_ARGUMENT: Push gradient: tensor '0.weight' does not match its "
+                 "variable (12 bytes, expected 768 in shape [16, 12])");
   expect_refused(grads, "INVALID_ARGUMENT: Push: learning rate must be finite, >= 0", -1.0f);
   expect_refused(grads, "INVALID_ARGUMENT: Push: learning rate must be finite, >= 0", NAN);
   s.expect_serving();
@@ -139,7 +140,8 @@ TEST(PsSecurity, MalformedPushesAreRefusedNamingWhatIsWrong) {
 TEST(PsSecurity, OversizedMessagesAreRefusedAndTheServerServesOn) {
   OneServer s(64 << 10);  // 64 KiB
   grpc::GenericStub stub(s.channel());
-  const grpc::Status st = raw_call(stub, kPush, std::string(100 << 10, 'x'), s.cluster.security.token);
+  const grpc::Status st =
+      raw_call(stub, kPush, std::string(100 << 10, 'x'), s.cluster.security.token);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
   s.expect_serving();
 }
@@ -204,9 +206,10 @@ TEST(PsSecurity, FuzzedGarbageIsRefusedAndTheServerServesOn) {
 TEST(PsSecurity, TlsWithASelfSignedCertificate) {
   if (std::system("openssl version > /dev/null 2>&1") != 0) GTEST_SKIP() << "no openssl CLI";
   hpm::testing::TempDir dir;
-  const std::string cmd = "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
-                          "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
-                          (dir / "key.pem") + " -out " + (dir / "cert.pem") + " > /dev/null 2>&1";
+  const std::string cmd =
+      "openssl req -x509 -newkey rsa:2048 -nodes -days 1 -subj /CN=localhost "
+      "-addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout " +
+      (dir / "key.pem") + " -out " + (dir / "cert.pem") + " > /dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   Cluster c = loopback_cluster(1);
   c.security.tls_cert = dir / "cert.pem";

@@ -43,21 +43,20 @@ std::vector<float> reference(int replicas, const data::LabelledData& d, std::int
   StrategyOptions so;
   so.replicas = replicas;
   auto strategy = replicas == 1 ? make_one_device(so) : make_mirrored(so);
-  strategy->scope([] { return small_model(); },
-                  [](nn::Module& m) {
-                    return std::make_shared<optim::SGD>(m.named_parameters(),
-                                                        optim::SgdOptions{0.1f, 0.9f});
-                  });
+  strategy->scope(
+      [] { return small_model(); },
+      [](nn::Module& m) {
+        return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.1f, 0.9f});
+      });
   const std::int64_t global = batch * replicas;
   for (std::int64_t e = 0; e < epochs; ++e) {
     const auto order = epoch_order(d.size(), seed, e);
     for (std::int64_t s = 0; s < d.size() / global; ++s) {
       const std::vector<std::int64_t> rows(order.begin() + s * global,
                                            order.begin() + (s + 1) * global);
-      strategy->train_step(kernels::index_select0(d.inputs, rows),
-                           kernels::index_select0(d.labels, rows),
-                           [](const Tensor& l, const Tensor& y) { return cross_entropy(l, y); },
-                           0.0f);
+      strategy->train_step(
+          kernels::index_select0(d.inputs, rows), kernels::index_select0(d.labels, rows),
+          [](const Tensor& l, const Tensor& y) { return cross_entropy(l, y); }, 0.0f);
     }
   }
   return flat(strategy->model()->named_parameters());
@@ -82,9 +81,8 @@ TEST(PsTraining, SyncModeMatchesMirrored) {
     const auto d = small_data(144);
     Cluster c = loopback_cluster(workers);
     auto servers = start_servers(c, 2);
-    const RunResult r =
-        run_job(c, options(Mode::kSync, 2, tasks_per_epoch(144, 8, workers)), d,
-                [](int w) { return WorkerOptions{.worker = w, .batch_size = 8}; });
+    const RunResult r = run_job(c, options(Mode::kSync, 2, tasks_per_epoch(144, 8, workers)), d,
+                                [](int w) { return WorkerOptions{.worker = w, .batch_size = 8}; });
     const auto ref = reference(workers, d, 2, 8, 0);
     ASSERT_EQ(r.params.size(), ref.size());
     double worst = 0;
@@ -164,8 +162,8 @@ TEST(PsTraining, LostParameterServerIsRestoredFromTheLastCheckpoint) {
   bool lost = false, restored = false;
   for (const auto& l : lines) {
     lost = lost || l.find("parameter server lost: task 1") != std::string::npos;
-    restored = restored || (l.find("restored all 2 shards from " + dir.path() + "/ckpt-") !=
-                            std::string::npos);
+    restored = restored ||
+               (l.find("restored all 2 shards from " + dir.path() + "/ckpt-") != std::string::npos);
   }
   EXPECT_TRUE(lost);
   EXPECT_TRUE(restored);

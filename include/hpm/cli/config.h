@@ -52,7 +52,7 @@ struct DistillSection {
 // [cluster] and [ps]: parameter-server jobs (hpm ps ...). The launcher's HPM_PS_CLUSTER (JSON
 // like TF_CONFIG's cluster) replaces the addresses.
 struct PsSection {
-  std::string coordinator = "127.0.0.1:7070";      // HOST:PORT
+  std::string coordinator = "127.0.0.1:7070";        // HOST:PORT
   std::vector<std::string> ps = {"127.0.0.1:7071"};  // HOST:PORT per parameter-server task
   int workers = 1;
   std::string bind = "127.0.0.1";  // servers listen on loopback unless told otherwise

@@ -13,7 +13,7 @@ class App;
 namespace hpm::cli {
 
 struct LaunchOptions {
-  int processes = 0;  // -n (required unless --ps and --workers)
+  int processes = 0;       // -n (required unless --ps and --workers)
   std::string rendezvous;  // HOST:PORT: rank 0 hosts the TCP store (port 0: pick a free one)
   std::string
       rendezvous_dir;  // where to make the run's FileStore directory (removed after); default /tmp

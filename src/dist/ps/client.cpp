@@ -38,9 +38,9 @@ struct PsClient::Impl {
   void check(const char* what, const std::vector<grpc::Status>& status) const {
     for (std::size_t t = 0; t < status.size(); ++t) {
       if (!status[t].ok()) {
-        throw PsError(describe(std::string(what) + " parameter-server task " + std::to_string(t) +
-                                   " at",
-                               cluster.ps[t], status[t]));
+        throw PsError(
+            describe(std::string(what) + " parameter-server task " + std::to_string(t) + " at",
+                     cluster.ps[t], status[t]));
       }
     }
   }
@@ -80,7 +80,8 @@ void PsClient::init(const nn::NamedTensors& vars, const OptimizerSpec& o, int sy
     req[t].set_version(versions.at(t));
   }
   for (std::size_t i = 0; i < vars.size(); ++i)
-    to_proto(vars[i].first, vars[i].second, req[static_cast<std::size_t>(placement_[i])].add_vars());
+    to_proto(vars[i].first, vars[i].second,
+             req[static_cast<std::size_t>(placement_[i])].add_vars());
   // Optimizer state entries are "<variable>.<buffer>" (or "step", which every task gets).
   for (const auto& [name, t] : optimizer_state) {
     if (name == "step") {
@@ -98,7 +99,7 @@ void PsClient::init(const nn::NamedTensors& vars, const OptimizerSpec& o, int sy
   }
   std::vector<rpc::InitReply> replies;
   impl_->check("Init", impl_->all(replies, [&](std::size_t t, grpc::ClientContext* ctx,
-                                                grpc::CompletionQueue* cq) {
+                                               grpc::CompletionQueue* cq) {
     return impl_->stubs[t]->AsyncInit(ctx, req[t], cq);
   }));
 }
@@ -107,7 +108,7 @@ std::vector<std::int64_t> PsClient::pull(nn::NamedTensors& into) {
   std::vector<rpc::PullReply> replies;
   const rpc::PullRequest req;
   impl_->check("Pull", impl_->all(replies, [&](std::size_t t, grpc::ClientContext* ctx,
-                                                grpc::CompletionQueue* cq) {
+                                               grpc::CompletionQueue* cq) {
     return impl_->stubs[t]->AsyncPull(ctx, req, cq);
   }));
   std::vector<int> next(replies.size(), 0);
@@ -141,7 +142,7 @@ PushOutcome PsClient::push(const std::vector<Tensor>& grads, std::int64_t task, 
     to_proto(names_[i], grads[i], req[static_cast<std::size_t>(placement_[i])].add_grads());
   std::vector<rpc::PushReply> replies;
   impl_->check("Push", impl_->all(replies, [&](std::size_t t, grpc::ClientContext* ctx,
-                                                grpc::CompletionQueue* cq) {
+                                               grpc::CompletionQueue* cq) {
     return impl_->stubs[t]->AsyncPush(ctx, req[t], cq);
   }));
   PushOutcome out;
@@ -157,7 +158,7 @@ std::vector<ShardSave> PsClient::save(const std::string& dir) {
   req.set_dir(dir);
   std::vector<rpc::SaveReply> replies;
   impl_->check("Save", impl_->all(replies, [&](std::size_t t, grpc::ClientContext* ctx,
-                                                grpc::CompletionQueue* cq) {
+                                               grpc::CompletionQueue* cq) {
     return impl_->stubs[t]->AsyncSave(ctx, req, cq);
   }));
   std::vector<ShardSave> out;

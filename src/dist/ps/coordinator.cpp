@@ -66,9 +66,9 @@ class Coordinator::Service final : public rpc::Coordinator::Service {
     if (grpc::Status s = check_token(ctx, cluster_.security.token); !s.ok()) return s;
     const int w = req->worker();
     if (w < 0 || w >= cluster_.workers) {
-      return {grpc::StatusCode::INVALID_ARGUMENT,
-              "Next: worker " + std::to_string(w) + " not in [0, " +
-                  std::to_string(cluster_.workers) + ")"};
+      return {grpc::StatusCode::INVALID_ARGUMENT, "Next: worker " + std::to_string(w) +
+                                                      " not in [0, " +
+                                                      std::to_string(cluster_.workers) + ")"};
     }
     std::unique_lock lock(mu_);
     WorkerState& ws = workers_[static_cast<std::size_t>(w)];
@@ -118,8 +118,8 @@ class Coordinator::Service final : public rpc::Coordinator::Service {
     while (next_eval_ < o_.epochs &&
            epoch_done_[static_cast<std::size_t>(next_eval_)] == o_.tasks_per_epoch)
       ++next_eval_;
-    const std::int64_t every = o_.checkpoint_every_tasks > 0 ? o_.checkpoint_every_tasks
-                                                             : o_.tasks_per_epoch;
+    const std::int64_t every =
+        o_.checkpoint_every_tasks > 0 ? o_.checkpoint_every_tasks : o_.tasks_per_epoch;
     next_ckpt_ = (done_count_ / every + 1) * every;
     ckpt_due_ = ckpt_pause_ = false;
   }
@@ -350,7 +350,8 @@ struct Coordinator::Impl {
     nn::NamedTensors restored;
     for (const auto& [name, t] : initial) {
       const auto it = values.find(name);
-      if (it == values.end()) throw PsError("checkpoint " + dir + " has no variable '" + name + "'");
+      if (it == values.end())
+        throw PsError("checkpoint " + dir + " has no variable '" + name + "'");
       restored.emplace_back(name, it->second);
     }
     client->init(restored, o.optimizer, o.mode == Mode::kSync ? parts : 0, versions, opt_state);
@@ -478,9 +479,9 @@ CoordinatorReport Coordinator::run() {
       e.epoch = s.next_eval_++;
       const auto& sums = s.epoch_loss_[static_cast<std::size_t>(e.epoch)];
       e.train_loss = sums.samples > 0 ? sums.loss / static_cast<double>(sums.samples) : 0;
-      e.train_accuracy = sums.samples > 0 ? static_cast<double>(sums.correct) /
-                                                static_cast<double>(sums.samples)
-                                          : 0;
+      e.train_accuracy = sums.samples > 0
+                             ? static_cast<double>(sums.correct) / static_cast<double>(sums.samples)
+                             : 0;
       e.seconds = std::chrono::duration<double>(Clock::now() - s.first_task_).count();
       lock.unlock();
       bool pulled = true;
@@ -550,8 +551,8 @@ CoordinatorReport Coordinator::run() {
           " at task " + std::to_string(next) + "; " + std::to_string(lost_tasks) +
           " completed task(s) will run again");
     // Epochs already reported stay reported.
-    s.next_eval_ = std::max<std::int64_t>(s.next_eval_,
-                                          static_cast<std::int64_t>(m.report.epochs.size()));
+    s.next_eval_ =
+        std::max<std::int64_t>(s.next_eval_, static_cast<std::int64_t>(m.report.epochs.size()));
     s.cv_.notify_all();
   }
   // Until every worker has heard DONE (one that never came, or went silent, is waited for up to

@@ -18,7 +18,8 @@ std::string read_pem(const std::string& path, const char* what) {
   if (!in) throw PsError("cannot read the TLS " + std::string(what) + " file " + path);
   std::ostringstream os;
   os << in.rdbuf();
-  if (os.str().empty()) throw PsError("the TLS " + std::string(what) + " file " + path + " is empty");
+  if (os.str().empty())
+    throw PsError("the TLS " + std::string(what) + " file " + path + " is empty");
   return os.str();
 }
 
@@ -85,15 +86,14 @@ grpc::Status check_token(const grpc::ServerContext* ctx, const std::string& toke
   const auto& md = ctx->client_metadata();
   const auto it = md.find(kTokenKey);
   if (it == md.end()) {
-    return {grpc::StatusCode::UNAUTHENTICATED, "the call carries no token (" +
-                                                   std::string(kTokenKey) + " metadata)"};
+    return {grpc::StatusCode::UNAUTHENTICATED,
+            "the call carries no token (" + std::string(kTokenKey) + " metadata)"};
   }
   // Compare digests, so neither the content nor the length of the token leaks through timing.
   unsigned char a[SHA256_DIGEST_LENGTH], b[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(it->second.data()), it->second.size(), a);
   SHA256(reinterpret_cast<const unsigned char*>(token.data()), token.size(), b);
-  if (CRYPTO_memcmp(a, b, sizeof a) != 0)
-    return {grpc::StatusCode::UNAUTHENTICATED, "wrong token"};
+  if (CRYPTO_memcmp(a, b, sizeof a) != 0) return {grpc::StatusCode::UNAUTHENTICATED, "wrong token"};
   return grpc::Status::OK;
 }
 

@@ -38,7 +38,7 @@ void to_proto(const std::string& name, const Tensor& t, rpc::TensorData* out);
 // does not match the shape.
 grpc::Status from_proto(const rpc::TensorData& in, const std::string& what, Tensor* out);
 // Copies `in` into `dst` after checking name, shape and size against it.
-grpc::Status copy_into(const rpc::TensorData& in, const std::string& what,
-                       const std::string& name, Tensor& dst);
+grpc::Status copy_into(const rpc::TensorData& in, const std::string& what, const std::string& name,
+                       Tensor& dst);
 
 }  // namespace hpm::dist::ps

@@ -1,8 +1,8 @@
 #include "hpm/dist/ps/server.h"
 
 #include <cmath>
-#include <cstring>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 #include <random>
 #include <unordered_map>
@@ -33,7 +33,8 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     return counters_;
   }
 
-  grpc::Status Init(ServerContext* ctx, const rpc::InitRequest* req, rpc::InitReply* reply) override {
+  grpc::Status Init(ServerContext* ctx, const rpc::InitRequest* req,
+                    rpc::InitReply* reply) override {
     if (grpc::Status s = admit(ctx); !s.ok()) return s;
     nn::NamedTensors vars;
     for (const auto& t : req->vars()) {
@@ -52,9 +53,9 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
         for (const auto& t : req->optimizer_state()) {
           Tensor v;
           if (grpc::Status s = from_proto(t, "Init optimizer state", &v); !s.ok()) return refuse(s);
-          if (t.name() == "step") v = Tensor::from_i64(std::vector<std::int64_t>{
-                                          static_cast<std::int64_t>(v.to_vector().at(0))},
-                                      Shape{});
+          if (t.name() == "step")
+            v = Tensor::from_i64(
+                std::vector<std::int64_t>{static_cast<std::int64_t>(v.to_vector().at(0))}, Shape{});
           state.emplace_back(t.name(), v);
         }
         opt->load_state(state);
@@ -90,15 +91,16 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Push(ServerContext* ctx, const rpc::PushRequest* req, rpc::PushReply* reply) override {
+  grpc::Status Push(ServerContext* ctx, const rpc::PushRequest* req,
+                    rpc::PushReply* reply) override {
     if (grpc::Status s = admit(ctx); !s.ok()) return s;
     std::lock_guard lock(mu_);
     if (!initialized_) return not_initialized("Push");
     if (static_cast<std::size_t>(req->grads_size()) != vars_.size()) {
-      return refuse({StatusCode::INVALID_ARGUMENT,
-                     "Push to task " + std::to_string(task_) + ": " +
-                         std::to_string(req->grads_size()) + " gradients for " +
-                         std::to_string(vars_.size()) + " variables"});
+      return refuse(
+          {StatusCode::INVALID_ARGUMENT, "Push to task " + std::to_string(task_) + ": " +
+                                             std::to_string(req->grads_size()) + " gradients for " +
+                                             std::to_string(vars_.size()) + " variables"});
     }
     if (!(req->lr() >= 0.0f) || !std::isfinite(req->lr())) {
       return refuse({StatusCode::INVALID_ARGUMENT, "Push: learning rate must be finite, >= 0"});
@@ -108,7 +110,7 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
       if (applied_.count(req->task())) return duplicate(reply);
       for (std::size_t i = 0; i < vars_.size(); ++i) {
         if (grpc::Status s = copy_into(req->grads(static_cast<int>(i)), "Push gradient",
-                                 vars_[i].first, grads_[i]);
+                                       vars_[i].first, grads_[i]);
             !s.ok())
           return refuse(s);
       }
@@ -139,7 +141,8 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
         }
       }
       for (std::size_t i = 0; i < vars_.size(); ++i) {
-        const float* g = reinterpret_cast<const float*>(req->grads(static_cast<int>(i)).data().data());
+        const float* g =
+            reinterpret_cast<const float*>(req->grads(static_cast<int>(i)).data().data());
         float* sum = grads_[i].data<float>();
         const std::int64_t n = grads_[i].numel();
         if (seen_count_ == 0) {
@@ -164,7 +167,8 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Save(ServerContext* ctx, const rpc::SaveRequest* req, rpc::SaveReply* reply) override {
+  grpc::Status Save(ServerContext* ctx, const rpc::SaveRequest* req,
+                    rpc::SaveReply* reply) override {
     if (grpc::Status s = admit(ctx); !s.ok()) return s;
     std::lock_guard lock(mu_);
     if (!initialized_) return not_initialized("Save");
@@ -221,7 +225,8 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     reply->set_duplicates(counters_.duplicates);
     return grpc::Status::OK;
   }
-  grpc::Status Status(ServerContext* ctx, const rpc::StatusRequest*, rpc::StatusReply* reply) override {
+  grpc::Status Status(ServerContext* ctx, const rpc::StatusRequest*,
+                      rpc::StatusReply* reply) override {
     return Status_(ctx, reply);
   }
 
@@ -230,12 +235,12 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
                                                           const nn::NamedTensors& vars) {
     if (o.kind() == "sgd") {
       return std::make_shared<optim::SGD>(
-          vars, optim::SgdOptions{o.lr(), o.momentum(), o.dampening(), o.weight_decay(),
-                                  o.nesterov()});
+          vars,
+          optim::SgdOptions{o.lr(), o.momentum(), o.dampening(), o.weight_decay(), o.nesterov()});
     }
     if (o.kind() == "adam" || o.kind() == "adamw") {
-      optim::AdamOptions a{o.lr(), o.beta1(), o.beta2(), o.eps(), o.weight_decay(), o.amsgrad(),
-                           false};
+      optim::AdamOptions a{o.lr(),           o.beta1(),   o.beta2(), o.eps(),
+                           o.weight_decay(), o.amsgrad(), false};
       if (o.kind() == "adamw") return std::make_shared<optim::AdamW>(vars, a);
       return std::make_shared<optim::Adam>(vars, a);
     }
@@ -255,9 +260,9 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     return s;
   }
   grpc::Status not_initialized(const char* what) {
-    return {StatusCode::FAILED_PRECONDITION,
-            std::string(what) + ": parameter-server task " + std::to_string(task_) +
-                " holds no variables yet (restarted?)"};
+    return {StatusCode::FAILED_PRECONDITION, std::string(what) + ": parameter-server task " +
+                                                 std::to_string(task_) +
+                                                 " holds no variables yet (restarted?)"};
   }
   grpc::Status duplicate(rpc::PushReply* reply) {
     ++counters_.duplicates;

@@ -138,8 +138,8 @@ struct Worker::Impl {
         std::this_thread::sleep_for((t2 - t1) * (o.slow_factor - 1.0));
       }
       auto t3 = Clock::now();
-      const PushOutcome pushed = ps->push(grads, task.task(), o.worker, versions, task.step(),
-                                          task.part(), task.lr());
+      const PushOutcome pushed =
+          ps->push(grads, task.task(), o.worker, versions, task.step(), task.part(), task.lr());
       push_ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t3).count());
       const auto bucket = std::min<std::int64_t>(std::max<std::int64_t>(pushed.staleness, 0),
                                                  static_cast<std::int64_t>(staleness.size()) - 1);

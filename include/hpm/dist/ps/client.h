@@ -50,7 +50,8 @@ class PsClient {
   // Gives every task its variables (`vars` in the constructor's order) and optimizer (state
   // optional: names as Optimizer::state(), "step" as a float), starting at `versions[task]`.
   void init(const nn::NamedTensors& vars, const OptimizerSpec& optimizer, int sync_parts,
-            const std::vector<std::int64_t>& versions, const nn::NamedTensors& optimizer_state = {});
+            const std::vector<std::int64_t>& versions,
+            const nn::NamedTensors& optimizer_state = {});
   // Copies every variable into `into` (same order); returns each task's version.
   std::vector<std::int64_t> pull(nn::NamedTensors& into);
   // Pushes `grads` (same order; one per variable) for one task of work.

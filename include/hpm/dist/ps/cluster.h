@@ -43,7 +43,7 @@ struct Cluster {
   int workers = 1;
   std::string bind = "127.0.0.1";  // the interface servers listen on (loopback by default)
   Security security;
-  std::size_t max_message_bytes = 256u << 20;  // larger messages are refused
+  std::size_t max_message_bytes = 256u << 20;                       // larger messages are refused
   std::chrono::milliseconds rpc_timeout{std::chrono::seconds(30)};  // every call's deadline
 };
 

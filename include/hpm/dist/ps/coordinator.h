@@ -57,9 +57,9 @@ struct CoordinatorReport {
 
 struct CoordinatorOptions {
   Mode mode = Mode::kAsync;
-  int staleness = 2;                  // SSP bound, in tasks
+  int staleness = 2;  // SSP bound, in tasks
   std::int64_t epochs = 1;
-  std::int64_t tasks_per_epoch = 1;   // sync: steps per epoch x workers
+  std::int64_t tasks_per_epoch = 1;  // sync: steps per epoch x workers
   OptimizerSpec optimizer;
   std::function<float(std::int64_t epoch)> lr;  // default: optimizer.lr
   std::string checkpoint_dir;                   // empty: no checkpoints
@@ -70,7 +70,8 @@ struct CoordinatorOptions {
   // evaluate, and fill in test_loss/test_accuracy.
   std::function<void(EpochReport&)> on_epoch;
   std::function<void(const std::string&)> log;
-  bool shutdown_servers = false;  // at the end, ask every parameter-server task to exit  // progress and fault lines (default: stderr)
+  bool shutdown_servers = false;  // at the end, ask every parameter-server task to exit  //
+                                  // progress and fault lines (default: stderr)
 };
 
 class Coordinator {
