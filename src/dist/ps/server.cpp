@@ -1,5 +1,6 @@
 #include "hpm/dist/ps/server.h"
 
+#include <atomic>
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
@@ -30,7 +31,9 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
 
   ServerCounters counters() const {
     std::lock_guard lock(mu_);
-    return counters_;
+    ServerCounters c = counters_;
+    c.refused = refused_.load();
+    return c;
   }
 
   grpc::Status Init(ServerContext* ctx, const rpc::InitRequest* req,
@@ -249,14 +252,11 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
 
   grpc::Status admit(const ServerContext* ctx) {
     grpc::Status s = check_token(ctx, token_);
-    if (!s.ok()) {
-      std::lock_guard lock(mu_);
-      ++counters_.refused;
-    }
+    if (!s.ok()) ++refused_;
     return s;
   }
   grpc::Status refuse(grpc::Status s) {
-    ++counters_.refused;  // callers hold mu_ or run before taking it (benign: counted loosely)
+    ++refused_;
     return s;
   }
   grpc::Status not_initialized(const char* what) {
@@ -296,6 +296,7 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
   int seen_count_ = 0;
   std::unordered_set<std::int64_t> applied_;
   ServerCounters counters_;
+  std::atomic<std::int64_t> refused_{0};  // also counted before mu_ is taken
 };
 
 // ---- the server --------------------------------------------------------------------------------
