@@ -20,6 +20,7 @@
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch.h"
+#include "hpm/cli/plan.h"
 #include "hpm/cli/ps_command.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
@@ -76,12 +77,17 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   auto schedule = build_schedule(cfg);
   std::unique_ptr<train::Trainer> trainer_ptr;
   if (strategy) {
-    strategy->scope([&] { return std::shared_ptr<nn::Module>(build_model(cfg)); },
-                    [&](nn::Module& m) { return build_optimizer(cfg, m); });
+    // A pipeline cuts the Sequential itself and applies [memory] per stage.
+    strategy->scope(
+        [&] {
+          return cfg.pipeline.present ? std::shared_ptr<nn::Module>(build_model(cfg))
+                                      : with_memory_options(cfg, build_model(cfg));
+        },
+        [&](nn::Module& m) { return build_optimizer(cfg, m); });
     model = strategy->model();
     trainer_ptr = std::make_unique<train::Trainer>(strategy, schedule);
   } else {
-    model = build_model(cfg);
+    model = with_memory_options(cfg, build_model(cfg));
     trainer_ptr = std::make_unique<train::Trainer>(model, build_optimizer(cfg, *model), schedule);
   }
   train::Trainer& trainer = *trainer_ptr;
@@ -140,6 +146,8 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   }
   if (!cfg.timeline.empty()) trace::start();
   train::FitResult r;
+  if (cfg.device_budget_mb > 0 && !cfg.pipeline.present)  // [memory]: what training may hold
+    Device::cpu().set_budget(static_cast<std::size_t>(cfg.device_budget_mb * 1024.0 * 1024.0));
   try {
     r = trainer.fit(pipeline, &test, fo);
   } catch (const train::TrainingError& e) {
@@ -185,6 +193,11 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   const train::EvalResult ev = trainer.evaluate(test);
   std::printf("test accuracy %.4f, test loss %.4f, %.0f training samples/s, %.1f s\n", ev.accuracy,
               ev.loss, r.samples_per_s(), r.seconds);
+  if (const nlohmann::json pj = pipeline_report_json(strategy.get()); !pj.is_null()) {
+    std::printf("pipeline: cut at %s (imbalance %.2f); last step %.1f ms, bubble %.1f%%\n",
+                pj["boundaries"].dump().c_str(), pj["imbalance"].get<double>(),
+                1e3 * pj["last_step_s"].get<double>(), 100 * pj["last_step_bubble"].get<double>());
+  }
   nlohmann::json history = nlohmann::json::array();
   for (const auto& e : r.history) {
     history.push_back({{"epoch", e.epoch + 1},
@@ -218,6 +231,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                 {"backups", r.backups},
                 {"backup_seconds", r.backup_seconds},
                 {"backup_bytes", r.backup_bytes},
+                {"pipeline", pipeline_report_json(strategy.get())},
                 {"early_stopped_epoch", early && early->stopped_epoch() >= 0
                                             ? nlohmann::json(early->stopped_epoch() + 1)
                                             : nlohmann::json()},
@@ -451,6 +465,8 @@ int main(int argc, char** argv) {
   CLI::App* distill_cmd = add_distill_command(app, distill_opts);
   ChurnCommandOptions churn_opts;
   CLI::App* churn_cmd = add_churn_command(app, churn_opts);
+  PlanCommandOptions plan_opts;
+  CLI::App* plan_cmd = add_plan_command(app, plan_opts);
   PsCommandOptions ps_opts;
   CLI::App* ps_cmd = add_ps_command(app, ps_opts);
   try {
@@ -468,6 +484,7 @@ int main(int argc, char** argv) {
     if (*allreduce_cmd) return run_bench_allreduce(allreduce_bench);
     if (*distill_cmd) return run_distill(distill_opts);
     if (*churn_cmd) return run_churn(churn_opts);
+    if (*plan_cmd) return run_plan(plan_opts);
     if (*ps_cmd) return run_ps_command(ps_opts);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());

@@ -10,6 +10,10 @@
 #include "hpm/comm/communicator.h"
 #include "hpm/io/tfrecord.h"
 #include "hpm/nn/layers.h"
+#include "hpm/nn/offload.h"
+#include "hpm/nn/recompute.h"
+#include "hpm/pipeline/partition.h"
+#include "hpm/pipeline/schedule.h"
 #include "hpm/train/callbacks.h"
 
 namespace hpm::cli {
@@ -421,6 +425,55 @@ void parse_distill(const std::string& path, const toml::table& root, DistillSect
 
 }  // namespace
 
+namespace {
+void read_pipeline(const std::string& path, const toml::table& root, Config& c) {
+  const toml::table* t = section(path, root, "pipeline");
+  PipelineSection& p = c.pipeline;
+  p.present = t != nullptr;
+  TableReader r(path, "[pipeline]", t);
+  r.get_positive("stages", p.stages);
+  r.get_positive("micro_batches", p.micro_batches);
+  r.get("schedule", p.schedule);
+  r.get_positive("chunks_per_stage", p.chunks_per_stage);
+  r.get("partition", p.partition);
+  r.get_positive("profile_repeats", p.profile_repeats);
+  r.finish();
+  if (!p.present) return;
+  auto at = [&](const char* key) {
+    const toml::node* n = t->get(key);
+    return n ? where(path, n->source()) : path;
+  };
+  try {
+    pipeline::partition_from_name(p.partition);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(at("partition") + ": [pipeline] " + e.what());
+  }
+  try {
+    pipeline::make_schedule(pipeline::schedule_from_name(p.schedule), p.stages, p.micro_batches,
+                            p.chunks_per_stage);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(at("schedule") + ": [pipeline] " + e.what());
+  }
+  if (c.accumulation_steps != 1) {
+    throw ConfigError(path + ": [pipeline] splits every batch into micro_batches already; " +
+                      "[train] accumulation_steps must stay 1");
+  }
+  if (c.offload) {
+    throw ConfigError(path + ": [memory] offload is for one device; a [pipeline] lowers each " +
+                      "stage's memory with recompute instead");
+  }
+  if (c.strategy != "one_device") {
+    throw ConfigError(path + ": [pipeline] runs on its own stages; it does not combine with " +
+                      "[strategy] kind = \"" + c.strategy + "\"");
+  }
+  if (c.batch_size < p.micro_batches) {
+    throw ConfigError(at("micro_batches") + ": [pipeline] micro_batches (" +
+                      std::to_string(p.micro_batches) + ") exceeds [data] batch_size (" +
+                      std::to_string(c.batch_size) + ")");
+  }
+}
+}  // namespace
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   toml::table root;
   try {
@@ -437,12 +490,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     static const std::set<std::string> sections = {
-        "model",    "data",           "optimizer", "schedule", "train",
-        "strategy", "early_stopping", "distill",   "cluster",  "ps"};
+        "model",          "data",    "optimizer", "schedule", "train",   "strategy",
+        "early_stopping", "distill", "pipeline",  "memory",   "cluster", "ps"};
     if (!sections.count(key)) {
-      throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
-                        "] (known: cluster, data, distill, early_stopping, model, optimizer, ps, "
-                        "schedule, strategy, train)");
+      throw ConfigError(
+          where(path, k.source()) + ": unknown section [" + key +
+          "] (known: cluster, data, distill, early_stopping, memory, model, optimizer, "
+          "pipeline, ps, schedule, strategy, train)");
     }
   }
 
@@ -553,7 +607,29 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   }
   tr.get("best_checkpoint_dir", c.best_checkpoint_dir);
   tr.get("best_checkpoint_monitor", c.best_checkpoint_monitor);  // checked with [early_stopping]
+  tr.get_positive("accumulation_steps", c.accumulation_steps);
   tr.finish();
+
+  TableReader mem(path, "[memory]", section(path, root, "memory"));
+  mem.get("recompute", c.recompute);
+  mem.get_positive("recompute_every", c.recompute_every);
+  mem.get("offload", c.offload);
+  mem.get("offload_threshold_kb", c.offload_threshold_kb);
+  mem.get_positive("device_budget_mb", c.device_budget_mb);
+  mem.finish();
+  try {
+    nn::parse_recompute_mode(c.recompute);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(path + ": [memory] " + e.what());
+  }
+  if (c.offload_threshold_kb < 0) {
+    throw ConfigError(path + ": [memory] offload_threshold_kb must be 0 or more");
+  }
+  if (c.offload && c.recompute != "never") {
+    throw ConfigError(path + ": [memory] recompute = \"" + c.recompute +
+                      "\" and offload = true: choose one (a recomputed segment keeps only its "
+                      "input, so there is little left to offload)");
+  }
 
   TableReader st(path, "[strategy]", section(path, root, "strategy"));
   st.get("kind", c.strategy);
@@ -587,6 +663,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   } catch (const std::invalid_argument& e) {
     throw ConfigError(path + ": [strategy] algorithm: " + e.what());
   }
+  read_pipeline(path, root, c);
   if (c.strategy == "one_device" && c.replicas != 1) {
     throw ConfigError(path + ": [strategy] one_device has exactly one replica, got replicas = " +
                       std::to_string(c.replicas));
@@ -787,7 +864,20 @@ train::FitOptions fit_options(const Config& c) {
   fo.schedule_per_step = c.schedule_unit == "step";
   fo.checkpoint_dir = c.checkpoint_dir;
   fo.checkpoint_every = c.checkpoint_every;
+  fo.accumulation_steps = c.accumulation_steps;
   return fo;
+}
+
+std::shared_ptr<nn::Module> with_memory_options(const Config& c,
+                                                std::shared_ptr<nn::Sequential> model) {
+  if (c.offload) {
+    nn::OffloadOptions o;
+    o.threshold_bytes = static_cast<std::size_t>(c.offload_threshold_kb * 1024.0);
+    return nn::with_offload(std::move(model), o);
+  }
+  const nn::RecomputeMode mode = nn::parse_recompute_mode(c.recompute);
+  if (mode == nn::RecomputeMode::Never) return model;
+  return nn::with_recomputation(std::move(model), c.recompute_every, mode);
 }
 
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& c, const nn::Module& model) {

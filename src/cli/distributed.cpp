@@ -1,8 +1,10 @@
 #include "hpm/cli/distributed.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "hpm/comm/gloo.h"
+#include "hpm/pipeline/strategy.h"
 
 namespace hpm::cli {
 
@@ -38,6 +40,36 @@ comm::GlooOptions worker_options(const Config& cfg, const WorkerFlags& flags) {
 }  // namespace
 
 std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags) {
+  if (cfg.pipeline.present) {
+    pipeline::PipelineStrategyOptions po;
+    po.pipeline.stages = cfg.pipeline.stages;
+    po.pipeline.micro_batches = cfg.pipeline.micro_batches;
+    po.pipeline.schedule = pipeline::schedule_from_name(cfg.pipeline.schedule);
+    po.pipeline.chunks_per_stage = cfg.pipeline.chunks_per_stage;
+    // The stages share the process's CPU budget, as replicas do.
+    po.pipeline.threads_per_stage = std::max(1, cfg.threads / cfg.pipeline.stages);
+    po.pipeline.seed = cfg.seed;
+    po.pipeline.timeout = std::chrono::seconds(cfg.timeout_s);
+    po.partition = pipeline::partition_from_name(cfg.pipeline.partition);
+    po.profile_repeats = cfg.pipeline.profile_repeats;
+    // [memory] for a pipeline: recomputation per chunk and micro-batch; the budget per stage.
+    po.pipeline.recompute = nn::parse_recompute_mode(cfg.recompute);
+    if (cfg.device_budget_mb > 0) {
+      po.pipeline.device_budget = static_cast<std::size_t>(cfg.device_budget_mb * 1024.0 * 1024.0);
+    }
+    // Under `hpm launch`, mpirun or --rank flags: one process per stage, over gloo.
+    if (flags.rank >= 0 || flags.world_size > 0 || comm::gloo_options_from_env()) {
+      const comm::GlooOptions where = worker_options(cfg, flags);
+      if (where.world_size != cfg.pipeline.stages) {
+        throw ConfigError(
+            cfg.path + ": [pipeline] stages = " + std::to_string(cfg.pipeline.stages) +
+            " needs as many processes, " + std::to_string(where.world_size) + " were launched");
+      }
+      po.pipeline.threads_per_stage = std::max(1, cfg.threads);
+      return pipeline::make_pipeline(po, comm::make_gloo_communicator(where));
+    }
+    return pipeline::make_pipeline(po);
+  }
   if (cfg.strategy == "one_device") return nullptr;
   dist::StrategyOptions so;
   so.replicas = cfg.replicas;

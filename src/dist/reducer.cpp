@@ -145,6 +145,7 @@ struct Reducer::State {
       dst += n;
     }
     b.launched = true;
+    ++stats.allreduces;
     b.work = comm->allreduce(b.flat, comm::ReduceOp::kAverage);
   }
 };

@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -110,6 +111,7 @@ std::uint64_t replica_seed(std::uint64_t seed, int replica) {
 Strategy::Strategy(const StrategyOptions& options, int worker_rank, int num_workers)
     : options_(options), worker_rank_(worker_rank), num_workers_(num_workers) {
   if (options.replicas < 1) throw std::invalid_argument("a strategy needs at least one replica");
+  micro_batches(0, options.accumulation_steps);  // validates it
 }
 
 Strategy::~Strategy() = default;
@@ -188,29 +190,54 @@ Strategy::ReplicaOutcome Strategy::forward_backward(int r, const Tensor& x, cons
   ReplicaOutcome out;
   out.rows = rows;
   rep.optimizer->zero_grad();
-  if (reducer) reducer->prepare_for_backward();
-  if (rows > 0) {
-    const Tensor xr = x.narrow(first, rows), yr = y.narrow(first, rows);
+  const auto micro = micro_batches(rows, options_.accumulation_steps);
+  const double global_batch =
+      static_cast<double>(x.size(0)) * (options_.per_worker_batches ? num_workers_ : 1);
+  for (std::size_t m = 0; m < micro.size(); ++m) {
+    const bool last = m + 1 == micro.size();
+    // Micro-batches before the last accumulate locally; the last one's backward reduces the sum.
+    std::optional<NoSync> local_only;
+    if (reducer && !last) local_only.emplace(*reducer);
+    if (reducer && last) reducer->prepare_for_backward();
+    const auto [begin, count] = micro[m];
+    const Tensor xr = x.narrow(first + begin, count), yr = y.narrow(first + begin, count);
     Tensor logits = rep.model->forward(xr);
     Tensor loss = loss_fn(logits, yr);
     const float value = loss.item();
-    out.finite = std::isfinite(value);
-    if (on_loss) on_loss(out.finite);
-    out.loss_sum = static_cast<double>(value) * static_cast<double>(rows);
-    out.correct = nn::top1_correct(logits, yr);
-    // Gradients are averaged over replicas; weighting by rows makes that the global batch's mean
-    // also when the batch does not split evenly.
-    const double global_batch =
-        static_cast<double>(x.size(0)) * (options_.per_worker_batches ? num_workers_ : 1);
+    const bool finite = std::isfinite(value);
+    out.finite = out.finite && finite;
+    if (on_loss) on_loss(finite);
+    out.loss_sum += static_cast<double>(value) * static_cast<double>(count);
+    out.correct += nn::top1_correct(logits, yr);
+    // Gradients are averaged over replicas; weighting each micro-batch by its rows makes that the
+    // global batch's mean also when the batch or the micro-batches do not split evenly.
     const double weight =
-        static_cast<double>(num_replicas_in_sync()) * static_cast<double>(rows) / global_batch;
+        static_cast<double>(num_replicas_in_sync()) * static_cast<double>(count) / global_batch;
     if (weight != 1.0) loss = loss * static_cast<float>(weight);
     trace::Span span("backward", "compute");
     loss.backward();
   }
   // A replica without rows still takes part: its gradients count as zeros.
+  if (reducer && micro.empty()) reducer->prepare_for_backward();
   if (reducer) reducer->finalize();
   return out;
+}
+
+std::vector<std::pair<std::int64_t, std::int64_t>> micro_batches(std::int64_t rows, int steps) {
+  if (steps < 1) {
+    throw std::invalid_argument("accumulation_steps must be at least 1, got " +
+                                std::to_string(steps));
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  const std::int64_t each = (rows + steps - 1) / steps;
+  for (std::int64_t begin = 0; begin < rows; begin += each)
+    out.emplace_back(begin, std::min(each, rows - begin));
+  return out;
+}
+
+void Strategy::set_accumulation_steps(int k) {
+  micro_batches(0, k);  // validates k
+  options_.accumulation_steps = k;
 }
 
 StepResult Strategy::combine(const std::vector<ReplicaOutcome>& outcomes,

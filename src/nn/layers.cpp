@@ -4,6 +4,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "hpm/nn/recompute.h"
+
 namespace hpm::nn {
 
 namespace {
@@ -123,9 +125,53 @@ Tensor BatchNorm::forward(const Tensor& x) {
                                 "): unexpected input shape " + x.shape().str());
   }
   const bool use_batch_stats = is_training() || !o_.track_running_stats;
+  // A recomputation re-runs a forward that already updated the running statistics once.
+  if (is_training() && recomputing()) {
+    return batch_norm(x, weight, bias, Tensor(), Tensor(), use_batch_stats, o_.momentum, o_.eps);
+  }
+  if (deferred_ && is_training() && o_.track_running_stats) {
+    const std::int64_t n = x.size(0), c = o_.num_features, inner = x.numel() / (n * c);
+    const float* p = x.data<float>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      for (std::int64_t ch = 0; ch < c; ++ch) {
+        double s = 0, q = 0;
+        for (std::int64_t k = 0; k < inner; ++k, ++p) {
+          s += *p;
+          q += static_cast<double>(*p) * *p;
+        }
+        sum_[static_cast<std::size_t>(ch)] += s;
+        sum_squares_[static_cast<std::size_t>(ch)] += q;
+      }
+    }
+    count_ += n * inner;
+    return batch_norm(x, weight, bias, Tensor(), Tensor(), true, o_.momentum, o_.eps);
+  }
   if (is_training() && o_.track_running_stats) ++*num_batches_tracked.data<std::int64_t>();
   return batch_norm(x, weight, bias, running_mean, running_var, use_batch_stats, o_.momentum,
                     o_.eps);
+}
+
+void BatchNorm::defer_running_stats(bool on) {
+  deferred_ = on;
+  sum_.assign(static_cast<std::size_t>(o_.num_features), 0.0);
+  sum_squares_.assign(static_cast<std::size_t>(o_.num_features), 0.0);
+  count_ = 0;
+}
+
+void BatchNorm::commit_deferred() {
+  if (!deferred_ || count_ == 0 || !o_.track_running_stats) return;
+  float* mean = running_mean.data<float>();
+  float* var = running_var.data<float>();
+  const double m = o_.momentum, n = static_cast<double>(count_);
+  for (std::size_t ch = 0; ch < sum_.size(); ++ch) {
+    const double mu = sum_[ch] / n;
+    // Unbiased, as the running variance of an undeferred forward is.
+    const double v = n > 1 ? (sum_squares_[ch] - n * mu * mu) / (n - 1) : 0.0;
+    mean[ch] = static_cast<float>((1 - m) * mean[ch] + m * mu);
+    var[ch] = static_cast<float>((1 - m) * var[ch] + m * v);
+  }
+  ++*num_batches_tracked.data<std::int64_t>();
+  defer_running_stats(true);
 }
 
 std::string BatchNorm::extra_repr() const {

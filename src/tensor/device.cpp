@@ -32,6 +32,15 @@ Device& Device::cpu() {
   return *device;
 }
 
+namespace {
+thread_local Device* current_device = nullptr;
+}  // namespace
+
+Device& Device::current() { return current_device != nullptr ? *current_device : cpu(); }
+
+DeviceGuard::DeviceGuard(Device& device) : previous_(current_device) { current_device = &device; }
+DeviceGuard::~DeviceGuard() { current_device = previous_; }
+
 void Device::set_threads(int threads) { threads_ = threads < 1 ? 1 : threads; }
 
 void* Device::allocate(std::size_t bytes) {

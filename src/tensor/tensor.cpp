@@ -13,6 +13,15 @@ Storage::Storage(Device& device, std::size_t bytes)
 
 Storage::~Storage() { device_->deallocate(data_, bytes_); }
 
+void Storage::move_to(Device& device) {
+  if (&device == device_) return;
+  void* moved = device.allocate(bytes_);
+  std::memcpy(moved, data_, bytes_);
+  device_->deallocate(data_, bytes_);
+  device_ = &device;
+  data_ = moved;
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device& device) {
   for (auto d : shape.dims()) {
     if (d < 0) throw std::invalid_argument("negative dimension in shape " + shape.str());
@@ -22,7 +31,19 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, Device& device) {
       device, static_cast<std::size_t>(shape.numel()) * dtype_size(dtype));
   impl->shape = shape;
   impl->dtype = dtype;
+  AllocationLog::record(impl->storage);
   return Tensor(std::move(impl));
+}
+
+namespace {
+thread_local AllocationLog* current_log = nullptr;
+}  // namespace
+
+AllocationLog::AllocationLog() : previous_(current_log) { current_log = this; }
+AllocationLog::~AllocationLog() { current_log = previous_; }
+
+void AllocationLog::record(const std::shared_ptr<Storage>& storage) {
+  if (current_log != nullptr) current_log->entries_.push_back(storage);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device& device) {
@@ -47,8 +68,7 @@ Tensor Tensor::from(std::span<const float> values, const Shape& shape, Device& d
   return t;
 }
 
-Tensor Tensor::from_i64(std::span<const std::int64_t> values, const Shape& shape,
-                        Device& device) {
+Tensor Tensor::from_i64(std::span<const std::int64_t> values, const Shape& shape, Device& device) {
   if (static_cast<std::int64_t>(values.size()) != shape.numel()) {
     throw std::invalid_argument("Tensor::from_i64: " + std::to_string(values.size()) +
                                 " values for shape " + shape.str());
@@ -58,16 +78,14 @@ Tensor Tensor::from_i64(std::span<const std::int64_t> values, const Shape& shape
   return t;
 }
 
-Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float stddev,
-                     Device& device) {
+Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float stddev, Device& device) {
   Tensor t = empty(shape, DType::F32, device);
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = mean + stddev * gen.normal();
   return t;
 }
 
-Tensor Tensor::uniform(const Shape& shape, Generator& gen, float low, float high,
-                       Device& device) {
+Tensor Tensor::uniform(const Shape& shape, Generator& gen, float low, float high, Device& device) {
   Tensor t = empty(shape, DType::F32, device);
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = low + (high - low) * gen.uniform();
@@ -137,6 +155,13 @@ Tensor Tensor::narrow(std::int64_t begin, std::int64_t length) const {
   return Tensor(std::move(impl));
 }
 
+Tensor Tensor::to(Device& device) const {
+  if (&device == &this->device()) return *this;
+  Tensor t = empty(shape(), dtype(), device);
+  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
   std::memcpy(t.raw_data(), raw_data(), nbytes());
@@ -155,8 +180,8 @@ Tensor Tensor::detach() const {
 void Tensor::copy_(const Tensor& src) {
   if (src.numel() != numel() || src.dtype() != dtype()) {
     throw std::invalid_argument("copy_: source " + src.shape().str() + " " +
-                                dtype_name(src.dtype()) + " does not match " + shape().str() +
-                                " " + dtype_name(dtype()));
+                                dtype_name(src.dtype()) + " does not match " + shape().str() + " " +
+                                dtype_name(dtype()));
   }
   std::memmove(raw_data(), src.raw_data(), nbytes());
 }

@@ -44,8 +44,19 @@ void name_thread(const std::string& name) {
   thread_names[thread_index_locked()] = name;
 }
 
-void detail::record(const char* name, const char* category, std::chrono::steady_clock::time_point begin,
+void detail::record(const char* name, const char* category,
+                    std::chrono::steady_clock::time_point begin,
                     std::chrono::steady_clock::time_point end) {
+  std::lock_guard lock(mu);
+  const double s = std::chrono::duration<double, std::micro>(begin - origin).count();
+  const double d = std::chrono::duration<double, std::micro>(end - begin).count();
+  recorded.push_back({name, category, thread_index_locked(), s, d});
+}
+
+void record_span(const std::string& name, const std::string& category,
+                 std::chrono::steady_clock::time_point begin,
+                 std::chrono::steady_clock::time_point end) {
+  if (!detail::on.load(std::memory_order_relaxed)) return;
   std::lock_guard lock(mu);
   const double s = std::chrono::duration<double, std::micro>(begin - origin).count();
   const double d = std::chrono::duration<double, std::micro>(end - begin).count();
@@ -55,7 +66,8 @@ void detail::record(const char* name, const char* category, std::chrono::steady_
 std::vector<Event> events() {
   std::lock_guard lock(mu);
   std::vector<Event> out = recorded;
-  std::sort(out.begin(), out.end(), [](const Event& a, const Event& b) { return a.start_us < b.start_us; });
+  std::sort(out.begin(), out.end(),
+            [](const Event& a, const Event& b) { return a.start_us < b.start_us; });
   return out;
 }
 
@@ -67,11 +79,20 @@ std::string chrome_json(const std::vector<Event>& evs) {
     names = thread_names;
   }
   for (const auto& [tid, name] : names) {
-    list.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", 1}, {"tid", tid}, {"args", {{"name", name}}}});
+    list.push_back({{"ph", "M"},
+                    {"name", "thread_name"},
+                    {"pid", 1},
+                    {"tid", tid},
+                    {"args", {{"name", name}}}});
   }
   for (const auto& e : evs) {
-    list.push_back({{"ph", "X"}, {"name", e.name}, {"cat", e.category}, {"pid", 1}, {"tid", e.thread},
-                    {"ts", e.start_us}, {"dur", e.duration_us}});
+    list.push_back({{"ph", "X"},
+                    {"name", e.name},
+                    {"cat", e.category},
+                    {"pid", 1},
+                    {"tid", e.thread},
+                    {"ts", e.start_us},
+                    {"dur", e.duration_us}});
   }
   return nlohmann::json{{"traceEvents", list}, {"displayTimeUnit", "ms"}}.dump();
 }
@@ -93,7 +114,13 @@ std::string svg(const std::vector<Event>& evs, const std::string& title, double 
   const double plot_w = width_px - left - 20;
   const double height = top + lane_h * static_cast<double>(lanes.size()) + 60;
   static const std::map<std::string, std::string> colours = {
-      {"extract", "#4e79a7"}, {"transform", "#f28e2b"}, {"load", "#59a14f"}, {"train", "#e15759"}};
+      {"extract", "#4e79a7"}, {"transform", "#f28e2b"}, {"load", "#59a14f"},
+      {"train", "#e15759"},   {"forward", "#76b7b2"},   {"backward", "#edc948"}};
+  std::vector<std::string> present;
+  for (const auto& e : evs) {
+    if (std::find(present.begin(), present.end(), e.category) == present.end())
+      present.push_back(e.category);
+  }
   std::ostringstream os;
   os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width_px << "\" height=\"" << height
      << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
@@ -104,30 +131,38 @@ std::string svg(const std::vector<Event>& evs, const std::string& title, double 
     const auto it = names.find(lanes[i]);
     os << "<text x=\"10\" y=\"" << y + 18 << "\">"
        << (it != names.end() ? it->second : "thread " + std::to_string(lanes[i])) << "</text>\n";
-    os << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << y + lane_h - 2 << "\" y2=\""
-       << y + lane_h - 2 << "\" stroke=\"#ddd\"/>\n";
+    os << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << y + lane_h - 2
+       << "\" y2=\"" << y + lane_h - 2 << "\" stroke=\"#ddd\"/>\n";
   }
   for (const auto& e : evs) {
-    const auto lane = static_cast<double>(std::find(lanes.begin(), lanes.end(), e.thread) - lanes.begin());
+    const auto lane =
+        static_cast<double>(std::find(lanes.begin(), lanes.end(), e.thread) - lanes.begin());
     const double x = left + plot_w * e.start_us / end_us;
     const double w = std::max(0.5, plot_w * e.duration_us / end_us);
     const auto c = colours.find(e.category);
-    os << "<rect x=\"" << x << "\" y=\"" << top + lane_h * lane + 3 << "\" width=\"" << w << "\" height=\""
-       << lane_h - 8 << "\" fill=\"" << (c != colours.end() ? c->second : "#999") << "\"><title>" << e.name
-       << " " << e.duration_us / 1000.0 << " ms</title></rect>\n";
+    os << "<rect x=\"" << x << "\" y=\"" << top + lane_h * lane + 3 << "\" width=\"" << w
+       << "\" height=\"" << lane_h - 8 << "\" fill=\"" << (c != colours.end() ? c->second : "#999")
+       << "\"><title>" << e.name << " " << e.duration_us / 1000.0 << " ms</title></rect>\n";
+    // Short names (a pipeline's "F3") fit inside their bar, as in the GPipe paper's figures.
+    if (w >= 8.0 * static_cast<double>(e.name.size()) && e.name.size() <= 8) {
+      os << "<text x=\"" << x + w / 2 << "\" y=\"" << top + lane_h * lane + 18
+         << "\" text-anchor=\"middle\" font-size=\"11\">" << e.name << "</text>\n";
+    }
   }
   const double axis_y = top + lane_h * static_cast<double>(lanes.size()) + 15;
   for (int k = 0; k <= 10; ++k) {
     const double x = left + plot_w * k / 10.0;
     char label[32];
     std::snprintf(label, sizeof label, "%.1f%s", end_us / 1000.0 * k / 10.0, k == 10 ? " ms" : "");
-    os << "<text x=\"" << x << "\" y=\"" << axis_y << "\" text-anchor=\"middle\">" << label << "</text>\n";
+    os << "<text x=\"" << x << "\" y=\"" << axis_y << "\" text-anchor=\"middle\">" << label
+       << "</text>\n";
   }
   double lx = left;
-  for (const char* cat : {"extract", "transform", "load", "train"}) {
+  for (const std::string& cat : present) {
+    const auto c = colours.find(cat);
     os << "<rect x=\"" << lx << "\" y=\"" << axis_y + 15 << "\" width=\"12\" height=\"12\" fill=\""
-       << colours.at(cat) << "\"/><text x=\"" << lx + 16 << "\" y=\"" << axis_y + 26 << "\">" << cat
-       << "</text>\n";
+       << (c != colours.end() ? c->second : "#999") << "\"/><text x=\"" << lx + 16 << "\" y=\""
+       << axis_y + 26 << "\">" << cat << "</text>\n";
     lx += 110;
   }
   os << "</svg>\n";

@@ -66,25 +66,67 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   }
   stop_agreed_ = stop_signalled();
   optimizer_->zero_grad();
-  Tensor logits = model_->forward(x);
-  Tensor loss = input_loss_ ? input_loss_(x, logits, y)
-                : loss_     ? loss_(logits, y)
-                            : cross_entropy(logits, y, options_.label_smoothing);
-  const float value = loss.item();
-  if (!std::isfinite(value)) {
-    std::ostringstream os;
-    os << "loss is " << (std::isnan(value) ? "NaN" : "Inf") << " at epoch " << state_.epoch + 1
-       << ", step " << state_.step_in_epoch + 1 << " (global step " << state_.global_step + 1
-       << "); stopping without updating the model";
-    throw TrainingError(os.str());
+  const auto micro = dist::micro_batches(x.size(0), options_.accumulation_steps);
+  double loss_sum = 0.0;
+  for (const auto& [begin, count] : micro) {
+    const bool whole = micro.size() == 1;
+    const Tensor xm = whole ? x : x.narrow(begin, count), ym = whole ? y : y.narrow(begin, count);
+    Tensor logits = model_->forward(xm);
+    Tensor loss = input_loss_ ? input_loss_(xm, logits, ym)
+                  : loss_     ? loss_(logits, ym)
+                              : cross_entropy(logits, ym, options_.label_smoothing);
+    const float value = loss.item();
+    if (!std::isfinite(value)) {
+      std::ostringstream os;
+      os << "loss is " << (std::isnan(value) ? "NaN" : "Inf") << " at epoch " << state_.epoch + 1
+         << ", step " << state_.step_in_epoch + 1 << " (global step " << state_.global_step + 1
+         << "); stopping without updating the model";
+      throw TrainingError(os.str());
+    }
+    // Each micro-batch's mean weighted by its share of the rows: the sum is the batch's mean.
+    if (!whole) loss = loss * (static_cast<float>(count) / static_cast<float>(x.size(0)));
+    loss.backward();
+    loss_sum += static_cast<double>(value) * static_cast<double>(count);
+    *correct += nn::top1_correct(logits, ym);
   }
-  loss.backward();
   if (options_.clip_grad_norm > 0.0f) {
     optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
   }
   optimizer_->step();
-  *correct += nn::top1_correct(logits, y);
-  return value;
+  return loss_sum / static_cast<double>(x.size(0));  // exact for one micro-batch: value * n / n
+}
+
+void Trainer::explain_out_of_memory(const Tensor& x, const Tensor& y,
+                                    const OutOfMemoryError& error) {
+  Device& device = Device::cpu();
+  const std::size_t budget = device.stats().budget_bytes;
+  if (budget == Device::kUnlimited) throw error;
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  if (strategy_ && strategy_->num_replicas_in_sync() > 1) {
+    // Replicas in sync cannot run a step again alone to measure it: say what is known.
+    os << "the training step does not fit: device '" << device.name() << "' has a budget of "
+       << static_cast<double>(budget) / kMiB
+       << " MiB; try [memory] recompute, offload or [pipeline] stages (" << error.what() << ")";
+    throw TrainingError(os.str());
+  }
+  device.set_budget(Device::kUnlimited);
+  device.reset_peak();
+  std::int64_t correct = 0;
+  try {
+    train_step(x, y, &correct);
+  } catch (...) {
+    device.set_budget(budget);
+    throw;
+  }
+  const std::size_t need = device.stats().peak_bytes;
+  device.set_budget(budget);
+  os << "the training step needs " << static_cast<double>(need) / kMiB << " MiB, device '"
+     << device.name() << "' has a budget of " << static_cast<double>(budget) / kMiB
+     << " MiB; try [memory] recompute, offload or [pipeline] stages (" << error.what() << ")";
+  throw TrainingError(os.str());
 }
 
 FitResult Trainer::fit(const data::LabelledData& train, const data::LabelledData* test,
@@ -133,6 +175,8 @@ void Trainer::write_backup(data::Iterator* it, bool epoch_done, FitResult& resul
 FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* test,
                        const FitOptions& options) {
   options_ = options;
+  dist::micro_batches(0, options.accumulation_steps);  // validates it before any work
+  if (strategy_) strategy_->set_accumulation_steps(options.accumulation_steps);
   stop_ = false;
   stop_agreed_ = false;
   FitResult result;
@@ -218,7 +262,13 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       const std::size_t before = device.stats().current_bytes;
       device.reset_peak();
       const auto t0 = Clock::now();
-      const double loss = train_step(x, y, &correct);
+      double loss = 0.0;
+      try {
+        loss = train_step(x, y, &correct);
+      } catch (const OutOfMemoryError& e) {
+        if (result.steps > 0) throw;
+        explain_out_of_memory(x, y, e);
+      }
       const double dt = since(t0);
       result.step_peak_bytes = std::max(result.step_peak_bytes, device.stats().peak_bytes - before);
       epoch_seconds += dt;

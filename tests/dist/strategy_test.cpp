@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/training.h"
 #include "hpm/comm/local.h"
 #include "hpm/dist/reducer.h"
 #include "hpm/nn/layers.h"
@@ -34,28 +35,10 @@ std::shared_ptr<optim::Optimizer> sgd(nn::Module& m) {
   return std::make_shared<optim::SGD>(m.named_parameters(), o);
 }
 
-Tensor loss_fn(const Tensor& logits, const Tensor& labels) { return cross_entropy(logits, labels); }
-
-struct Batch {
-  Tensor x, y;
-};
-
-Batch batch(std::int64_t n, std::uint64_t seed) {
-  Generator gen(seed);
-  Batch b{Tensor::randn({n, 12}, gen), Tensor::zeros({n}, DType::I64)};
-  for (std::int64_t i = 0; i < n; ++i)
-    b.y.data<std::int64_t>()[i] = static_cast<std::int64_t>(gen.below(4));
-  return b;
-}
-
-std::vector<float> flat_parameters(const nn::Module& m) {
-  std::vector<float> out;
-  for (const auto& p : m.parameters()) {
-    auto v = p.to_vector();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
+using testing::Batch;
+using testing::flat_parameters;
+constexpr auto loss_fn = testing::cross_entropy_loss;
+Batch batch(std::int64_t n, std::uint64_t seed) { return testing::random_batch(n, seed); }
 
 // Trains `steps` steps of batch `global_batch` and returns the primary copy's parameters.
 std::vector<float> train(Strategy& s, int steps, std::int64_t global_batch) {

@@ -1,11 +1,13 @@
+#include "hpm/tensor/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "hpm/tensor/device.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
-#include "hpm/tensor/tensor.h"
 
 namespace hpm {
 namespace {
@@ -57,8 +59,48 @@ TEST(Device, BudgetIsEnforcedWithAClearError) {
 TEST(Device, CacheIsDroppedToFitTheBudget) {
   Device dev("tight", 1024);
   { Tensor a = Tensor::empty({200}, DType::F32, dev); }  // 832 cached
-  Tensor b = Tensor::empty({250}, DType::F32, dev);       // 1024: fits only without the cache
+  Tensor b = Tensor::empty({250}, DType::F32, dev);      // 1024: fits only without the cache
   EXPECT_EQ(dev.stats().current_bytes, 1024u);
+}
+
+TEST(Device, GuardRoutesNewTensorsOfTheCallingThreadOnly) {
+  Device stage("stage0");
+  EXPECT_EQ(&Device::current(), &Device::cpu());
+  {
+    DeviceGuard guard(stage);
+    Tensor a = Tensor::zeros({16});
+    EXPECT_EQ(&a.device(), &stage);
+    EXPECT_EQ(stage.stats().current_bytes, 64u);
+    Device* seen_elsewhere = nullptr;
+    std::thread([&] { seen_elsewhere = &Device::current(); }).join();
+    EXPECT_EQ(seen_elsewhere, &Device::cpu());
+    {
+      Device inner("inner");
+      DeviceGuard nested(inner);
+      EXPECT_EQ(&Device::current(), &inner);
+    }
+    EXPECT_EQ(&Device::current(), &stage);
+  }
+  EXPECT_EQ(&Device::current(), &Device::cpu());
+}
+
+TEST(Device, StorageMovesWithItsViewsAndKeepsTheBytes) {
+  Device gpu("gpu", 4096);
+  Device host("host");
+  const std::vector<float> values{1, 2, 3, 4, 5, 6};
+  Tensor t = Tensor::from(values, {3, 2}, gpu);
+  Tensor view = t.reshape({6}).narrow(2, 3);
+  t.impl()->storage->move_to(host);
+  EXPECT_EQ(gpu.stats().current_bytes, 0u);
+  EXPECT_EQ(&view.device(), &host);
+  EXPECT_EQ(view.to_vector(), (std::vector<float>{3, 4, 5}));
+  t.impl()->storage->move_to(gpu);
+  EXPECT_EQ(gpu.stats().current_bytes, 64u);
+  EXPECT_EQ(host.stats().current_bytes, 0u);
+  EXPECT_EQ(t.to_vector(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  Device tiny("tiny", 32);
+  EXPECT_THROW(t.impl()->storage->move_to(tiny), OutOfMemoryError);
+  EXPECT_EQ(&t.device(), &gpu);  // a failed move changes nothing
 }
 
 TEST(Tensor, ViewsShareStorage) {
@@ -88,7 +130,8 @@ TEST(Kernels, BroadcastingBinary) {
             (std::vector<float>{11, 12, 13, 24, 25, 26}));
   EXPECT_EQ(kernels::binary(kernels::BinaryOp::Sub, a, row).to_vector(),
             (std::vector<float>{0, 1, 2, 3, 4, 5}));
-  EXPECT_THROW(kernels::binary(kernels::BinaryOp::Add, a, Tensor::zeros({2})), std::invalid_argument);
+  EXPECT_THROW(kernels::binary(kernels::BinaryOp::Add, a, Tensor::zeros({2})),
+               std::invalid_argument);
   EXPECT_EQ(kernels::sum_to(a, {2, 1}).to_vector(), (std::vector<float>{6, 15}));
   EXPECT_EQ(kernels::sum_to(a, {3}).to_vector(), (std::vector<float>{5, 7, 9}));
 }
@@ -172,8 +215,8 @@ TEST(Kernels, MaxPoolTiesAndNaNFollowPyTorch) {
                                          {{1, 2, 7, 7}, 2}}) {
     Tensor x = Tensor::from(c.v, {1, 1, 2, 2}), arg;
     Tensor y = kernels::max_pool2d_forward(x, kernels::Pool2dParams{}, arg);
-    EXPECT_EQ(arg.data<std::int32_t>()[0], c.expected) << c.v[0] << " " << c.v[1] << " " << c.v[2]
-                                                       << " " << c.v[3];
+    EXPECT_EQ(arg.data<std::int32_t>()[0], c.expected)
+        << c.v[0] << " " << c.v[1] << " " << c.v[2] << " " << c.v[3];
   }
 }
 

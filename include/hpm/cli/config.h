@@ -71,6 +71,17 @@ struct PsSection {
   double slow_factor = 1.0;
 };
 
+// [pipeline]: present = the model (a Sequential) is cut into stages that run as a pipeline.
+struct PipelineSection {
+  bool present = false;
+  int stages = 2;
+  int micro_batches = 4;
+  std::string schedule = "1f1b";       // gpipe | 1f1b | interleaved
+  int chunks_per_stage = 1;            // interleaved: model chunks per stage (>= 2)
+  std::string partition = "balanced";  // uniform | parameters | balanced (profiled time)
+  int profile_repeats = 3;
+};
+
 struct Config {
   std::string path;
   std::vector<LayerSpec> layers;
@@ -118,6 +129,7 @@ struct Config {
   bool keep_backup = false;             // keep it after a successful finish
   std::string best_checkpoint_dir;      // empty = off; else the best epoch's checkpoint, kept alone
   std::string best_checkpoint_monitor = "test_accuracy";  // its mode is auto
+  int accumulation_steps = 1;  // micro-batches per batch (gradient accumulation)
 
   // [early_stopping]: on when the section is present (keys as train::EarlyStoppingOptions)
   bool early_stopping = false;
@@ -141,7 +153,15 @@ struct Config {
   // batches of batch_size / workers).
   std::string shard = "batch";
 
+  // [memory]: fitting a training step into the device (see nn/recompute.h, nn/offload.h)
+  std::string recompute = "never";  // never | always | except_last
+  int recompute_every = 1;          // layers per recomputed segment
+  bool offload = false;             // saved activations to host memory between forward and backward
+  double offload_threshold_kb = 64;  // smaller ones stay
+  double device_budget_mb = 0;       // the training device's budget; 0: unlimited
+
   DistillSection distill;
+  PipelineSection pipeline;
   PsSection ps;
 };
 
@@ -150,6 +170,10 @@ struct Config {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
 std::shared_ptr<nn::Sequential> build_model(const Config& config);
+// The model as [memory] trains it: `model` itself, or wrapped for recomputation or offload (same
+// parameter names, so checkpoints are interchangeable).
+std::shared_ptr<nn::Module> with_memory_options(const Config& config,
+                                                std::shared_ptr<nn::Sequential> model);
 // The training input pipeline the [data] section describes (seeded by [train] seed).
 data::PipelineSpec pipeline_spec(const Config& config);
 // The [train] and [schedule] settings every training run shares (epochs, seed, smoothing,

@@ -7,6 +7,7 @@
 // the same order. finalize() waits for them and writes the averaged gradients back.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "hpm/comm/communicator.h"
@@ -25,6 +26,7 @@ struct ReducerStats {
   std::size_t buckets = 0;
   std::size_t bytes = 0;             // gradient bytes all-reduced per step
   double finalize_wait_seconds = 0;  // time finalize() waited for all-reduces, summed over steps
+  std::uint64_t allreduces = 0;      // bucket all-reduces started, over all steps
 };
 
 class Reducer {

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpm/comm/communicator.h"
@@ -56,7 +57,18 @@ struct StrategyOptions {
   // exact single-device arithmetic). true: each worker's input is already its own shard (the
   // dataset was sharded by files or elements), of equal size on every worker.
   bool per_worker_batches = false;
+  // Gradient accumulation: each replica's rows of a batch run as this many micro-batches (see
+  // micro_batches), their gradients summed, then one synchronization and one optimizer step. The
+  // update equals the whole batch's: each micro-batch's mean loss is weighted by its share of the
+  // rows. Only the last micro-batch's backward all-reduces (the reducer's NoSync before it), and
+  // activation memory shrinks by about this factor.
+  int accumulation_steps = 1;
 };
+
+// The micro-batches `rows` rows split into for accumulation over `steps`: [first, count) ranges of
+// ceil(rows / steps) rows each, the last possibly smaller (fewer than `steps` when rows do not
+// fill them; none for 0 rows). Throws std::invalid_argument when steps < 1.
+std::vector<std::pair<std::int64_t, std::int64_t>> micro_batches(std::int64_t rows, int steps);
 
 class Strategy {
  public:
@@ -84,6 +96,9 @@ class Strategy {
   // parameters, buffers and optimizer state to every replica.
   virtual void mirror_from_primary();
   virtual void set_lr(float lr);
+  // Micro-batches per step from now on (StrategyOptions::accumulation_steps); k >= 1.
+  void set_accumulation_steps(int k);
+  int accumulation_steps() const { return options_.accumulation_steps; }
 
   // Seconds backward's end waited for gradient all-reduces, summed over steps, averaged over
   // local replicas: the communication that overlap did not hide (0 without a reducer).
@@ -112,8 +127,9 @@ class Strategy {
     std::shared_ptr<optim::Optimizer> optimizer;
     std::unique_ptr<Generator> generator;
   };
-  // Forward and backward of local replica r on its rows; loss scaled so that averaging gradients
-  // over all replicas gives the global batch's mean. Returns (loss * rows, correct, finite).
+  // Forward and backward of local replica r on its rows (as accumulation_steps micro-batches);
+  // loss scaled so that averaging gradients over all replicas gives the global batch's mean.
+  // Returns (loss * rows, correct, finite).
   struct ReplicaOutcome {
     double loss_sum = 0;
     std::int64_t correct = 0, rows = 0;

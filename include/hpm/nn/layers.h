@@ -142,9 +142,19 @@ class BatchNorm : public Module {
   std::string extra_repr() const override;
   Tensor weight, bias, running_mean, running_var, num_batches_tracked;
 
+  // Pipeline micro-batches (torchgpipe's DeferredBatchNorm): while deferred, a training forward
+  // normalizes by its own micro-batch's statistics but leaves the running statistics alone,
+  // adding to per-channel sums instead; commit_deferred() then updates them once, as one forward
+  // over the whole mini-batch would have.
+  void defer_running_stats(bool on);
+  void commit_deferred();
+
  private:
   BatchNormOptions o_;
   int spatial_dims_;
+  bool deferred_ = false;
+  std::vector<double> sum_, sum_squares_;
+  std::int64_t count_ = 0;
 };
 
 class BatchNorm1d : public BatchNorm {

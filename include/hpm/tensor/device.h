@@ -39,6 +39,10 @@ class Device {
 
   // The process-wide default device ("cpu"), unlimited unless set_budget is called.
   static Device& cpu();
+  // Where the calling thread's new tensors go unless a device is named: cpu() unless a
+  // DeviceGuard says otherwise. This is how a pipeline stage's thread keeps its activations
+  // (and their accounting) on its own Device without every op taking a device argument.
+  static Device& current();
 
   const std::string& name() const { return name_; }
   int threads() const { return threads_; }
@@ -63,6 +67,18 @@ class Device {
   mutable std::mutex mu_;
   MemoryStats stats_;
   std::map<std::size_t, std::vector<void*>> free_blocks_;  // by rounded size
+};
+
+// Makes `device` the calling thread's current device for the guard's lifetime (nests).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device& device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  Device* previous_;
 };
 
 // Sets the intra-op thread count of kernels (OpenMP, hence oneDNN) for the calling thread.

@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpm/tensor/device.h"
@@ -34,11 +35,33 @@ class Storage {
   void* data() const { return data_; }
   std::size_t bytes() const { return bytes_; }
   Device& device() const { return *device_; }
+  // Moves the bytes to `device` and frees them on the old one; every view of this storage follows
+  // (parameters placed on a pipeline stage's Device; activations swapped to host memory and
+  // back). Nobody may touch the data while it moves. Throws OutOfMemoryError, changing nothing.
+  void move_to(Device& device);
 
  private:
   Device* device_;
   void* data_;
   std::size_t bytes_;
+};
+
+// While alive, records every Storage the calling thread creates (weakly: it keeps none alive).
+// Offload uses it to learn which storages a layer's forward allocated; logs nest.
+class AllocationLog {
+ public:
+  AllocationLog();
+  ~AllocationLog();
+  AllocationLog(const AllocationLog&) = delete;
+  AllocationLog& operator=(const AllocationLog&) = delete;
+  // What was recorded since the last take(), in allocation order.
+  std::vector<std::weak_ptr<Storage>> take() { return std::exchange(entries_, {}); }
+  // Tensor::empty's hook (the innermost log of the calling thread).
+  static void record(const std::shared_ptr<Storage>& storage);
+
+ private:
+  AllocationLog* previous_;
+  std::vector<std::weak_ptr<Storage>> entries_;
 };
 
 struct TensorImpl;
@@ -69,24 +92,26 @@ class Tensor {
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
 
   // -- factories ----------------------------------------------------------------------------
-  static Tensor empty(const Shape& shape, DType dtype = DType::F32, Device& device = Device::cpu());
-  static Tensor zeros(const Shape& shape, DType dtype = DType::F32, Device& device = Device::cpu());
-  static Tensor full(const Shape& shape, float value, Device& device = Device::cpu());
-  static Tensor ones(const Shape& shape, Device& device = Device::cpu()) {
+  static Tensor empty(const Shape& shape, DType dtype = DType::F32,
+                      Device& device = Device::current());
+  static Tensor zeros(const Shape& shape, DType dtype = DType::F32,
+                      Device& device = Device::current());
+  static Tensor full(const Shape& shape, float value, Device& device = Device::current());
+  static Tensor ones(const Shape& shape, Device& device = Device::current()) {
     return full(shape, 1.0f, device);
   }
   static Tensor scalar(float value) { return full(Shape{}, value); }
   static Tensor from(std::span<const float> values, const Shape& shape,
-                     Device& device = Device::cpu());
+                     Device& device = Device::current());
   static Tensor from(std::initializer_list<float> values, const Shape& shape) {
     return from(std::span<const float>(values.begin(), values.size()), shape);
   }
   static Tensor from_i64(std::span<const std::int64_t> values, const Shape& shape,
-                         Device& device = Device::cpu());
+                         Device& device = Device::current());
   static Tensor randn(const Shape& shape, Generator& gen, float mean = 0.0f, float stddev = 1.0f,
-                      Device& device = Device::cpu());
+                      Device& device = Device::current());
   static Tensor uniform(const Shape& shape, Generator& gen, float low, float high,
-                        Device& device = Device::cpu());
+                        Device& device = Device::current());
 
   // -- metadata -----------------------------------------------------------------------------
   bool defined() const { return impl_ != nullptr; }
@@ -117,10 +142,13 @@ class Tensor {
   std::vector<std::int64_t> to_vector_i64() const;
 
   // -- views and copies (no autograd; the autograd layer's ops record these) ------------------
-  Tensor reshape(const Shape& shape) const;  // a view; one dimension may be -1
+  Tensor reshape(const Shape& shape) const;                      // a view; one dimension may be -1
   Tensor narrow(std::int64_t begin, std::int64_t length) const;  // rows [begin, begin+length)
   Tensor clone() const;
-  Tensor detach() const;  // shares data, no autograd history
+  // A copy on `device` (ops allocate where their inputs live, so this is how data enters a
+  // pipeline stage's Device); this tensor itself when it is already there.
+  Tensor to(Device& device) const;
+  Tensor detach() const;          // shares data, no autograd history
   void copy_(const Tensor& src);  // same numel and dtype
   void fill_(float value);
   void zero_();

@@ -12,20 +12,25 @@ namespace hpm::trace {
 
 struct Event {
   std::string name, category;
-  std::uint64_t thread;           // small integer per recording thread, in order of first use
-  double start_us, duration_us;   // since tracing was started
+  std::uint64_t thread;          // small integer per recording thread, in order of first use
+  double start_us, duration_us;  // since tracing was started
 };
 
-void start();                      // clears previous events and turns recording on
+void start();  // clears previous events and turns recording on
 void stop();
 bool enabled();
-std::vector<Event> events();       // a copy, sorted by start
+std::vector<Event> events();                // a copy, sorted by start
 void name_thread(const std::string& name);  // a label for the calling thread's lane
 
 // Chrome's trace event format ("X" complete events, thread_name metadata).
 std::string chrome_json(const std::vector<Event>& events);
 // Lanes per thread, a bar per span coloured by category, a time axis in ms.
 std::string svg(const std::vector<Event>& events, const std::string& title, double width_px = 1000);
+
+// A span timed by the caller, for names made at run time (a pipeline stage's "F3").
+void record_span(const std::string& name, const std::string& category,
+                 std::chrono::steady_clock::time_point begin,
+                 std::chrono::steady_clock::time_point end);
 
 namespace detail {
 extern std::atomic<bool> on;

@@ -33,7 +33,10 @@ struct FitOptions {
   bool drop_last = true;  // as the peer scripts: every step sees a full batch
   std::uint64_t seed = 0;
   float label_smoothing = 0.0f;
-  float clip_grad_norm = 0.0f;     // 0 = off
+  float clip_grad_norm = 0.0f;  // 0 = off
+  // Gradient accumulation: each batch runs as this many micro-batches (dist::micro_batches), one
+  // optimizer step per batch, the update the whole batch's (see StrategyOptions).
+  int accumulation_steps = 1;
   bool schedule_per_step = false;  // the LR schedule's t: global step, else epoch
   std::int64_t eval_batch_size = 1000;
   std::string checkpoint_dir;         // empty = no checkpoints
@@ -146,6 +149,11 @@ class Trainer {
 
  private:
   double train_step(const Tensor& x, const Tensor& y, std::int64_t* correct);
+  // After the first step ran out of device memory: runs it again with the budget lifted to
+  // measure what it needs, and says so (TrainingError). With replicas in sync it only names the
+  // budget (and a replica's OOM surfaces once its peers' all-reduce times out).
+  [[noreturn]] void explain_out_of_memory(const Tensor& x, const Tensor& y,
+                                          const OutOfMemoryError& error);
   void set_lr(float lr);
   TrainerState state_to_save(data::Iterator* it, bool epoch_done) const;
   void write_backup(data::Iterator* it, bool epoch_done, FitResult& result);

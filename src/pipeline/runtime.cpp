@@ -1,0 +1,500 @@
+#include "hpm/pipeline/runtime.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "hpm/comm/local.h"
+#include "hpm/nn/losses.h"
+#include "hpm/tensor/random.h"
+#include "hpm/trace/trace.h"
+
+namespace hpm::pipeline {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kHeaderFloats = 8;  // rank, then up to 7 dimensions
+
+double seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Rows of micro-batch i when `rows` are split into `m` parts as evenly as possible.
+std::pair<std::int64_t, std::int64_t> micro_rows(std::int64_t rows, int m, int i) {
+  const std::int64_t base = rows / m, extra = rows % m;
+  const std::int64_t first = i * base + std::min<std::int64_t>(i, extra);
+  return {first, base + (i < extra ? 1 : 0)};
+}
+
+std::size_t state_bytes(const nn::Module& m) {
+  std::size_t bytes = 0;
+  for (const auto& [name, t] : m.state_dict()) bytes += t.nbytes();
+  return bytes;
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<nn::Module>> cut(const nn::Sequential& model,
+                                             const std::vector<int>& b) {
+  if (b.size() < 2 || b.front() != 0 || b.back() != static_cast<int>(model.size())) {
+    throw std::invalid_argument("pipeline: cut points must run from 0 to the model's " +
+                                std::to_string(model.size()) + " layers");
+  }
+  std::vector<std::shared_ptr<nn::Module>> out;
+  for (std::size_t i = 0; i + 1 < b.size(); ++i) {
+    if (b[i + 1] <= b[i]) {
+      throw std::invalid_argument("pipeline: chunk " + std::to_string(i) +
+                                  " would be empty (cut points " + std::to_string(b[i]) + ", " +
+                                  std::to_string(b[i + 1]) + ")");
+    }
+    out.push_back(model.slice(static_cast<std::size_t>(b[i]), static_cast<std::size_t>(b[i + 1])));
+  }
+  return out;
+}
+
+// One device of the pipeline: its Device, generator and communicator, and the bookkeeping of
+// one mini-batch (micro-batch activations kept from forward to backward, messages in flight).
+class Pipeline::Stage {
+ public:
+  Stage(int index, const PipelineOptions& o, const Schedule& s,
+        const std::vector<std::shared_ptr<nn::Module>>& chunks, comm::CommunicatorPtr comm)
+      : index_(index),
+        options_(o),
+        schedule_(s),
+        chunks_(chunks),
+        device_("stage" + std::to_string(index), o.device_budget, o.threads_per_stage),
+        generator_(o.seed + 7919 * static_cast<std::uint64_t>(index + 1)),
+        comm_(std::move(comm)) {
+    // A stage's variables live on its Device: the budget covers them, as a GPU's would.
+    for (int c = index; c < s.chunks(); c += s.devices) {
+      for (auto& [name, t] : chunks[static_cast<std::size_t>(c)]->state_dict()) {
+        t.impl()->storage->move_to(device_);
+      }
+    }
+  }
+
+  Device& device() { return device_; }
+
+  struct Result {
+    double loss_sum = 0;
+    std::int64_t correct = 0;
+    bool finite = true;
+    double busy_s = 0;
+    std::map<int, std::pair<double, int>> forward_s, backward_s;  // chunk -> (sum, count)
+    std::map<int, std::size_t> activation_bytes;                  // chunk -> largest seen
+    std::size_t peak_bytes = 0;
+  };
+
+  Result run(const Tensor& x, const Tensor& y, const LossFn& loss, const std::atomic<bool>& abort) {
+    DeviceGuard on_device(device_);
+    ThreadGeneratorGuard with_generator(generator_);
+    set_num_threads(options_.threads_per_stage);
+    if (trace::enabled()) trace::name_thread("stage " + std::to_string(index_));
+    device_.reset_peak();
+    abort_ = &abort;
+    result_ = Result{};
+    rows_ = x.size(0);
+    x_ = x;
+    y_ = y;
+    loss_ = &loss;
+    for (const Action& a : schedule_.per_device[static_cast<std::size_t>(index_)]) {
+      try {
+        if (a.kind == Action::kForward) {
+          forward(a);
+        } else {
+          backward(a);
+        }
+      } catch (const OutOfMemoryError& e) {
+        // Say where in the schedule the budget ran out, and what would lower the need.
+        throw OutOfMemoryError("pipeline stage " + std::to_string(index_) + " at " +
+                               describe(a, schedule_) + " (chunk " + std::to_string(a.chunk) +
+                               "): " + e.what() + " (peak so far " +
+                               std::to_string(device_.stats().peak_bytes) +
+                               " bytes); more stages, more micro-batches or the 1f1b schedule "
+                               "need less per stage");
+      }
+    }
+    for (auto& [work, buffer] : sends_) wait(*work, "send");
+    sends_.clear();
+    saved_.clear();
+    local_mail_.clear();
+    x_ = y_ = Tensor();
+    result_.peak_bytes = device_.stats().peak_bytes;
+    return result_;
+  }
+
+ private:
+  int last_chunk() const { return schedule_.chunks() - 1; }
+
+  void forward(const Action& a) {
+    const auto [first, rows] = micro_rows(rows_, schedule_.micro_batches, a.micro);
+    Tensor in;
+    if (a.chunk == 0) {
+      in = x_.narrow(first, rows).to(device_);
+    } else {
+      in = receive(a.micro, a.chunk - 1, /*gradient=*/false);
+      in.set_requires_grad(true);
+    }
+    const std::size_t before = device_.stats().current_bytes;
+    const Clock::time_point t0 = Clock::now();
+    nn::Module& chunk = *chunks_[static_cast<std::size_t>(a.chunk)];
+    const bool recompute = options_.recompute == nn::RecomputeMode::Always ||
+                           (options_.recompute == nn::RecomputeMode::ExceptLast &&
+                            a.micro != schedule_.micro_batches - 1);
+    Tensor out = recompute ? nn::checkpoint(chunk, in) : chunk.forward(in);
+    Tensor keep = out;
+    if (a.chunk == last_chunk()) {
+      const Tensor labels = y_.narrow(first, rows);
+      Tensor l = (*loss_)(out, labels);
+      const float value = l.item();
+      if (!std::isfinite(value)) result_.finite = false;
+      result_.loss_sum += static_cast<double>(value) * static_cast<double>(rows);
+      result_.correct += nn::top1_correct(out, labels);
+      // Each micro-batch's mean loss weighted by its share: the gradients add up to the
+      // mini-batch mean's.
+      keep = l * static_cast<float>(static_cast<double>(rows) / static_cast<double>(rows_));
+    }
+    const Clock::time_point t1 = Clock::now();
+    account(a, t0, t1, result_.forward_s);
+    const std::size_t after = device_.stats().current_bytes;
+    auto& bytes = result_.activation_bytes[a.chunk];
+    bytes =
+        std::max(bytes, (after > before ? after - before : 0) + (a.chunk > 0 ? in.nbytes() : 0));
+    if (a.chunk != last_chunk()) transmit(out, a.micro, a.chunk, /*gradient=*/false);
+    saved_[{a.micro, a.chunk}] = Saved{in, keep};
+  }
+
+  void backward(const Action& a) {
+    auto it = saved_.find({a.micro, a.chunk});
+    if (it == saved_.end()) {
+      throw std::logic_error("pipeline schedule runs " + describe(a, schedule_) +
+                             " before its forward on stage " + std::to_string(index_));
+    }
+    Saved s = std::move(it->second);
+    saved_.erase(it);
+    Tensor grad;
+    if (a.chunk != last_chunk()) grad = receive(a.micro, a.chunk, /*gradient=*/true);
+    const Clock::time_point t0 = Clock::now();
+    s.out.backward(grad);
+    const Clock::time_point t1 = Clock::now();
+    account(a, t0, t1, result_.backward_s);
+    if (a.chunk > 0) {
+      Tensor g = s.in.grad();
+      if (!g.defined()) g = Tensor::zeros(s.in.shape());  // the chunk ignores its input
+      transmit(g, a.micro, a.chunk - 1, /*gradient=*/true);
+    }
+  }
+
+  void account(const Action& a, Clock::time_point t0, Clock::time_point t1,
+               std::map<int, std::pair<double, int>>& per_chunk) {
+    const double s = seconds(t0, t1);
+    result_.busy_s += s;
+    auto& [sum, count] = per_chunk[a.chunk];
+    sum += s;
+    ++count;
+    if (trace::enabled()) {
+      trace::record_span(describe(a, schedule_),
+                         a.kind == Action::kForward ? "forward" : "backward", t0, t1);
+    }
+  }
+
+  // Edge e joins chunk e to chunk e + 1: activations cross it forward, gradients backward.
+  int tag(int micro, int edge, bool gradient, bool header) const {
+    return ((micro * schedule_.chunks() + edge) * 2 + (gradient ? 1 : 0)) * 2 + (header ? 1 : 0);
+  }
+
+  void transmit(const Tensor& t, int micro, int edge, bool gradient) {
+    const int dst = schedule_.device_of(gradient ? edge : edge + 1);
+    if (dst == index_) {
+      local_mail_[{micro, edge, gradient}] = t;
+      return;
+    }
+    if (t.dim() > kHeaderFloats - 1) {
+      throw std::invalid_argument("pipeline: activations of rank " + std::to_string(t.dim()) +
+                                  " cannot cross stages (at most 7 dimensions)");
+    }
+    std::vector<float> h(kHeaderFloats, 0.0f);
+    h[0] = static_cast<float>(t.dim());
+    for (int d = 0; d < t.dim(); ++d)
+      h[static_cast<std::size_t>(d) + 1] = static_cast<float>(t.size(d));
+    Tensor header = Tensor::from(h, {kHeaderFloats});
+    // A send's buffer must outlive it; finished ones let go of theirs at once, or 1F1B would
+    // hold every micro-batch's messages to the end of the step.
+    std::erase_if(sends_, [](const auto& s) { return s.first->completed(); });
+    sends_.emplace_back(comm_->send(header, dst, tag(micro, edge, gradient, true)), header);
+    sends_.emplace_back(comm_->send(t, dst, tag(micro, edge, gradient, false)), t);
+  }
+
+  Tensor receive(int micro, int edge, bool gradient) {
+    const int src = schedule_.device_of(gradient ? edge + 1 : edge);
+    if (src == index_) {
+      auto it = local_mail_.find({micro, edge, gradient});
+      if (it == local_mail_.end()) {
+        throw std::logic_error("pipeline: stage " + std::to_string(index_) +
+                               " waits for its own message it never sent");
+      }
+      Tensor t = it->second;
+      local_mail_.erase(it);
+      return gradient ? t : t.detach();
+    }
+    Tensor header = Tensor::empty({kHeaderFloats});
+    wait(*comm_->recv(header, src, tag(micro, edge, gradient, true)), "recv");
+    const float* h = header.data<float>();
+    std::vector<std::int64_t> dims;
+    for (int d = 0; d < static_cast<int>(h[0]); ++d) {
+      dims.push_back(static_cast<std::int64_t>(h[d + 1]));
+    }
+    Tensor data = Tensor::empty(Shape(dims));
+    wait(*comm_->recv(data, src, tag(micro, edge, gradient, false)), "recv");
+    return data;
+  }
+
+  // Waits in short slices so that a failure on another stage stops this one promptly instead of
+  // after the whole timeout.
+  void wait(comm::Work& work, const char* what) {
+    const Clock::time_point deadline = Clock::now() + options_.timeout;
+    for (;;) {
+      try {
+        work.wait(std::chrono::milliseconds(50));
+        return;
+      } catch (const comm::CommError&) {
+        if (work.completed()) throw;  // the operation itself failed
+      }
+      if (abort_->load())
+        throw comm::CommError("pipeline stage " + std::to_string(index_) +
+                              ": stopped, another stage failed");
+      if (Clock::now() >= deadline) {
+        throw comm::CommError("pipeline stage " + std::to_string(index_) + ": " + what +
+                              " timed out: " + work.what());
+      }
+    }
+  }
+
+  struct Saved {
+    Tensor in, out;  // out: the chunk's output, or the last chunk's weighted loss
+  };
+
+  int index_;
+  const PipelineOptions& options_;
+  const Schedule& schedule_;
+  const std::vector<std::shared_ptr<nn::Module>>& chunks_;
+  Device device_;
+  Generator generator_;
+  comm::CommunicatorPtr comm_;
+
+  const std::atomic<bool>* abort_ = nullptr;
+  Result result_;
+  std::int64_t rows_ = 0;
+  Tensor x_, y_;
+  const LossFn* loss_ = nullptr;
+  std::map<std::pair<int, int>, Saved> saved_;
+  std::map<std::tuple<int, int, bool>, Tensor> local_mail_;
+  std::vector<std::pair<comm::WorkPtr, Tensor>> sends_;
+};
+
+// The stage threads of an in-process pipeline: each waits for a mini-batch, runs its stage and
+// reports; the caller's thread waits for all of them.
+struct Pipeline::Threads {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t generation = 0;
+  int finished = 0;
+  bool quit = false;
+  std::function<void(int)> job;
+  std::vector<std::thread> threads;
+};
+
+namespace {
+void check_options(const PipelineOptions& o, std::size_t chunks) {
+  if (o.stages < 1) throw std::invalid_argument("pipeline: stages must be >= 1");
+  if (static_cast<int>(chunks) != o.stages * o.chunks_per_stage) {
+    throw std::invalid_argument("pipeline: " + std::to_string(chunks) + " chunks for " +
+                                std::to_string(o.stages) + " stages of " +
+                                std::to_string(o.chunks_per_stage) + " chunk(s) each");
+  }
+}
+}  // namespace
+
+Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> chunks, const PipelineOptions& options)
+    : options_(options),
+      schedule_(make_schedule(options.schedule, options.stages, options.micro_batches,
+                              options.chunks_per_stage)),
+      chunks_(std::move(chunks)) {
+  check_options(options_, chunks_.size());
+  std::vector<comm::CommunicatorPtr> comms =
+      comm::make_local_group(options_.stages, options_.timeout);
+  for (int d = 0; d < options_.stages; ++d) {
+    stages_.push_back(std::make_unique<Stage>(d, options_, schedule_, chunks_,
+                                              comms[static_cast<std::size_t>(d)]));
+  }
+  start_threads();
+}
+
+Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> chunks, const PipelineOptions& options,
+                   comm::CommunicatorPtr comm)
+    : options_(options),
+      schedule_(make_schedule(options.schedule, options.stages, options.micro_batches,
+                              options.chunks_per_stage)),
+      chunks_(std::move(chunks)) {
+  check_options(options_, chunks_.size());
+  if (comm->size() != options_.stages) {
+    throw std::invalid_argument("pipeline: " + std::to_string(options_.stages) +
+                                " stages need as many processes, the communicator has " +
+                                std::to_string(comm->size()));
+  }
+  stages_.resize(static_cast<std::size_t>(options_.stages));
+  stages_[static_cast<std::size_t>(comm->rank())] =
+      std::make_unique<Stage>(comm->rank(), options_, schedule_, chunks_, comm);
+}
+
+void Pipeline::start_threads() {
+  threads_ = std::make_unique<Threads>();
+  for (int d = 0; d < options_.stages; ++d) {
+    threads_->threads.emplace_back([this, d] {
+      std::uint64_t seen = 0;
+      for (;;) {
+        std::function<void(int)> job;
+        {
+          std::unique_lock lock(threads_->mu);
+          threads_->cv.wait(lock, [&] { return threads_->quit || threads_->generation != seen; });
+          if (threads_->quit) return;
+          seen = threads_->generation;
+          job = threads_->job;
+        }
+        job(d);
+        {
+          std::lock_guard lock(threads_->mu);
+          ++threads_->finished;
+        }
+        threads_->cv.notify_all();
+      }
+    });
+  }
+}
+
+Pipeline::~Pipeline() {
+  if (threads_) {
+    {
+      std::lock_guard lock(threads_->mu);
+      threads_->quit = true;
+    }
+    threads_->cv.notify_all();
+    for (auto& t : threads_->threads) t.join();
+  }
+}
+
+bool Pipeline::owns(int stage) const {
+  return stage >= 0 && stage < options_.stages &&
+         stages_[static_cast<std::size_t>(stage)] != nullptr;
+}
+
+Device& Pipeline::device(int stage) const {
+  if (!owns(stage)) {
+    throw std::out_of_range("pipeline: stage " + std::to_string(stage) + " is not in this process");
+  }
+  return stages_[static_cast<std::size_t>(stage)]->device();
+}
+
+StepStats Pipeline::forward_backward(const Tensor& x, const Tensor& y, const LossFn& loss) {
+  if (x.size(0) < options_.micro_batches) {
+    throw std::invalid_argument("pipeline: a batch of " + std::to_string(x.size(0)) +
+                                " rows cannot be split into " +
+                                std::to_string(options_.micro_batches) + " micro-batches");
+  }
+  if (failed_) {
+    throw std::logic_error("pipeline: a previous step failed; the pipeline cannot be reused");
+  }
+  const int k = options_.stages;
+  std::vector<Stage::Result> results(static_cast<std::size_t>(k));
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(k));
+  std::atomic<bool> abort{false};
+  auto run_stage = [&](int d) {
+    try {
+      results[static_cast<std::size_t>(d)] =
+          stages_[static_cast<std::size_t>(d)]->run(x, y, loss, abort);
+    } catch (...) {
+      errors[static_cast<std::size_t>(d)] = std::current_exception();
+      abort = true;
+    }
+  };
+  const Clock::time_point t0 = Clock::now();
+  if (threads_) {
+    {
+      std::lock_guard lock(threads_->mu);
+      threads_->job = run_stage;
+      threads_->finished = 0;
+      ++threads_->generation;
+    }
+    threads_->cv.notify_all();
+    std::unique_lock lock(threads_->mu);
+    threads_->cv.wait(lock, [&] { return threads_->finished == k; });
+    threads_->job = nullptr;
+  } else {
+    for (int d = 0; d < k; ++d) {
+      if (owns(d)) run_stage(d);
+    }
+  }
+  const Clock::time_point t1 = Clock::now();
+  // The stage that failed first explains it; the others only stopped because of it.
+  for (const auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const comm::CommError&) {
+      continue;
+    } catch (...) {
+      failed_ = true;
+      throw;
+    }
+  }
+  for (const auto& e : errors) {
+    if (e) {
+      failed_ = true;
+      std::rethrow_exception(e);
+    }
+  }
+
+  StepStats st;
+  st.rows = x.size(0);
+  st.wall_s = seconds(t0, t1);
+  std::vector<std::pair<double, int>> fwd(static_cast<std::size_t>(schedule_.chunks())),
+      bwd(static_cast<std::size_t>(schedule_.chunks()));
+  st.chunk_costs.resize(static_cast<std::size_t>(schedule_.chunks()));
+  double busy = 0;
+  int owned = 0;
+  for (int d = 0; d < k; ++d) {
+    if (!owns(d)) {
+      st.busy_s.push_back(0);
+      st.peak_bytes.push_back(0);
+      continue;
+    }
+    const Stage::Result& r = results[static_cast<std::size_t>(d)];
+    st.loss_sum += r.loss_sum;
+    st.correct += r.correct;
+    st.finite = st.finite && r.finite;
+    st.busy_s.push_back(r.busy_s);
+    st.peak_bytes.push_back(r.peak_bytes);
+    busy += r.busy_s;
+    ++owned;
+    for (const auto& [c, sc] : r.forward_s) {
+      auto& cost = st.chunk_costs[static_cast<std::size_t>(c)];
+      cost.forward_s = sc.first / sc.second;
+      cost.resident_bytes = 2 * state_bytes(*chunks_[static_cast<std::size_t>(c)]);
+      cost.activation_bytes = r.activation_bytes.at(c);
+    }
+    for (const auto& [c, sc] : r.backward_s) {
+      st.chunk_costs[static_cast<std::size_t>(c)].backward_s = sc.first / sc.second;
+    }
+  }
+  st.bubble = st.wall_s > 0 ? 1.0 - busy / (owned * st.wall_s) : 0.0;
+  return st;
+}
+
+}  // namespace hpm::pipeline

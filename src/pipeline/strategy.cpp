@@ -1,0 +1,224 @@
+#include "hpm/pipeline/strategy.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "hpm/nn/layers.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm::pipeline {
+
+namespace {
+
+void collect_batch_norms(nn::Module& m, std::vector<nn::BatchNorm*>& out) {
+  if (auto* bn = dynamic_cast<nn::BatchNorm*>(&m)) out.push_back(bn);
+  for (const auto& [name, child] : m.children()) collect_batch_norms(*child, out);
+}
+
+dist::StrategyOptions one_replica(dist::StrategyOptions o) {
+  o.replicas = 1;
+  return o;
+}
+
+class PipelineStrategy final : public dist::Strategy {
+ public:
+  PipelineStrategy(const PipelineStrategyOptions& o, comm::CommunicatorPtr workers)
+      : Strategy(one_replica({}), workers ? workers->rank() : 0, workers ? workers->size() : 1),
+        options_(o),
+        workers_(std::move(workers)) {
+    if (workers_ && workers_->size() != o.pipeline.stages) {
+      throw std::invalid_argument("pipeline: " + std::to_string(o.pipeline.stages) +
+                                  " stages need as many processes, there are " +
+                                  std::to_string(workers_->size()));
+    }
+  }
+
+  std::string name() const override { return "pipeline"; }
+
+  void scope(const dist::ModelFactory& model_fn,
+             const dist::OptimizerFactory& optimizer_fn) override {
+    replicas_.clear();
+    pipeline_.reset();
+    Replica rep;
+    rep.model = model_fn();
+    sequential_ = std::dynamic_pointer_cast<nn::Sequential>(rep.model);
+    if (!sequential_) {
+      throw std::invalid_argument("the pipeline strategy needs a Sequential model, got " +
+                                  rep.model->type_name());
+    }
+    rep.optimizer = optimizer_fn(*rep.model);
+    replicas_.push_back(std::move(rep));
+  }
+
+  dist::StepResult train_step(const Tensor& x, const Tensor& y, const dist::LossFn& loss,
+                              float clip, bool stop_requested) override {
+    if (replicas_.empty()) throw std::logic_error("train_step before strategy.scope");
+    if (accumulation_steps() != 1) {
+      throw std::invalid_argument(
+          "the pipeline strategy splits each batch into its micro-batches already; gradient "
+          "accumulation steps must be 1, got " +
+          std::to_string(accumulation_steps()));
+    }
+    if (!pipeline_) build(x);
+    Replica& rep = replicas_[0];
+    rep.optimizer->zero_grad();
+    report_.last_step = pipeline_->forward_backward(x, y, loss);
+    // Running statistics as one forward over the mini-batch would leave them.
+    for (nn::BatchNorm* bn : batch_norms_) bn->commit_deferred();
+    const StepStats& st = report_.last_step;
+    // Across processes the loss lives on the last stage, and any stage may have seen a NaN or a
+    // stop request: every process learns all of it.
+    double totals[4] = {st.loss_sum, static_cast<double>(st.correct), st.finite ? 0.0 : 1.0,
+                        stop_requested ? 1.0 : 0.0};
+    if (workers_) {
+      Tensor t = Tensor::from({static_cast<float>(totals[0]), static_cast<float>(totals[1]),
+                               static_cast<float>(totals[2]), static_cast<float>(totals[3])},
+                              {4});
+      workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
+      for (int i = 0; i < 4; ++i) totals[i] = t.data<float>()[i];
+    }
+    dist::StepResult r;
+    r.samples = st.rows;
+    r.correct = static_cast<std::int64_t>(totals[1]);
+    r.loss = st.rows > 0 ? totals[0] / static_cast<double>(st.rows) : 0.0;
+    r.finite = totals[2] == 0 && std::isfinite(r.loss);
+    r.stop_requested = totals[3] > 0;
+    if (!r.finite) return r;
+    if (clip > 0) clip_gradients(clip);
+    rep.optimizer->step();
+    if (workers_) share_stages();
+    return r;
+  }
+
+  const PipelineReport* report() const { return pipeline_ ? &report_ : nullptr; }
+
+ private:
+  // Cuts the model and starts the stages. Profiling runs the layers on a sample; it must leave
+  // no trace in what training computes (BatchNorm statistics, random numbers, gradients).
+  void build(const Tensor& x) {
+    const PipelineOptions& po = options_.pipeline;
+    const int chunks = po.stages * po.chunks_per_stage;
+    std::vector<int> boundaries = options_.boundaries;
+    report_ = PipelineReport{};
+    if (boundaries.empty()) {
+      if (options_.partition == PartitionMethod::kUniform) {
+        for (int k = 0; k <= chunks; ++k) {
+          boundaries.push_back(k * static_cast<int>(sequential_->size()) / chunks);
+        }
+      } else {
+        const std::int64_t rows = (x.size(0) + po.micro_batches - 1) / po.micro_batches;
+        nn::NamedTensors saved;
+        for (const auto& [name, t] : sequential_->named_buffers())
+          saved.emplace_back(name, t.clone());
+        const Generator::State rng = default_generator().state();
+        report_.layers = profile_layers(*sequential_, x.narrow(0, rows), options_.profile_repeats);
+        default_generator().set_state(rng);
+        for (auto& [name, t] : sequential_->named_buffers()) {
+          for (const auto& [sname, value] : saved) {
+            if (sname == name) t.copy_(value);
+          }
+        }
+        const std::size_t limit = po.device_budget == Device::kUnlimited ? 0 : po.device_budget;
+        const int in_flight = po.schedule == ScheduleKind::kGPipe ? po.micro_batches : po.stages;
+        report_.partition = partition(report_.layers, chunks, options_.partition, limit, in_flight);
+        boundaries = report_.partition.boundaries;
+      }
+    }
+    if (workers_) {
+      // Each process profiled its own copy; rank 0's cut is the one all of them use.
+      Tensor b = Tensor::zeros({chunks + 1});
+      for (int k = 0; k <= chunks; ++k)
+        b.data<float>()[k] = static_cast<float>(boundaries[static_cast<std::size_t>(k)]);
+      workers_->broadcast(b, 0)->wait();
+      for (int k = 0; k <= chunks; ++k)
+        boundaries[static_cast<std::size_t>(k)] = static_cast<int>(b.data<float>()[k]);
+      report_.partition.boundaries = boundaries;
+    }
+    if (report_.partition.boundaries.empty()) report_.partition.boundaries = boundaries;
+    chunks_ = cut(*sequential_, boundaries);
+    pipeline_ = workers_ ? std::make_unique<Pipeline>(chunks_, po, workers_)
+                         : std::make_unique<Pipeline>(chunks_, po);
+    batch_norms_.clear();
+    collect_batch_norms(*sequential_, batch_norms_);
+    for (nn::BatchNorm* bn : batch_norms_) bn->defer_running_stats(true);
+  }
+
+  // By the global norm over every stage's gradients (each process holds only its own).
+  void clip_gradients(float max_norm) {
+    Replica& rep = replicas_[0];
+    if (!workers_) {
+      optim::clip_grad_norm(rep.model->parameters(), max_norm);
+      return;
+    }
+    double local = 0;
+    for (const Tensor& p : rep.model->parameters()) {
+      if (!p.grad().defined()) continue;
+      for (float g : p.grad().to_vector()) local += static_cast<double>(g) * g;
+    }
+    Tensor t = Tensor::from({static_cast<float>(local)}, {1});
+    workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
+    const float norm = std::sqrt(t.item());
+    const float coef = max_norm / (norm + 1e-6f);
+    if (coef >= 1.0f) return;
+    for (const Tensor& p : rep.model->parameters()) {
+      if (!p.grad().defined()) continue;
+      float* g = p.grad().data<float>();
+      for (std::int64_t i = 0; i < p.numel(); ++i) g[i] *= coef;
+    }
+  }
+
+  // Each process updated only its stage; every process gets every stage's new values, so that
+  // any of them can evaluate, checkpoint or back up the whole model, as with the other
+  // strategies. Costs one broadcast of the model per step.
+  void share_stages() {
+    for (int d = 0; d < workers_->size(); ++d) {
+      std::vector<Tensor> state;
+      for (std::size_t c = static_cast<std::size_t>(d); c < chunks_.size();
+           c += static_cast<std::size_t>(workers_->size())) {
+        for (const auto& [name, t] : chunks_[c]->state_dict()) {
+          if (t.dtype() == DType::F32) state.push_back(t);
+        }
+      }
+      std::int64_t n = 0;
+      for (const Tensor& t : state) n += t.numel();
+      Tensor flat = Tensor::empty({std::max<std::int64_t>(n, 1)});
+      const bool mine = d == workers_->rank();
+      std::int64_t at = 0;
+      for (const Tensor& t : state) {
+        if (mine) std::memcpy(flat.data<float>() + at, t.data<float>(), t.nbytes());
+        at += t.numel();
+      }
+      workers_->broadcast(flat, d)->wait();
+      if (mine) continue;
+      at = 0;
+      for (const Tensor& t : state) {
+        std::memcpy(t.data<float>(), flat.data<float>() + at, t.nbytes());
+        at += t.numel();
+      }
+    }
+  }
+
+  PipelineStrategyOptions options_;
+  comm::CommunicatorPtr workers_;
+  std::vector<std::shared_ptr<nn::Module>> chunks_;
+  std::shared_ptr<nn::Sequential> sequential_;
+  std::unique_ptr<Pipeline> pipeline_;
+  PipelineReport report_;
+  std::vector<nn::BatchNorm*> batch_norms_;  // deferred: committed once per mini-batch
+};
+
+}  // namespace
+
+std::shared_ptr<dist::Strategy> make_pipeline(const PipelineStrategyOptions& options,
+                                              comm::CommunicatorPtr workers) {
+  return std::make_shared<PipelineStrategy>(options, std::move(workers));
+}
+
+const PipelineReport* pipeline_report(const dist::Strategy& strategy) {
+  const auto* p = dynamic_cast<const PipelineStrategy*>(&strategy);
+  return p ? p->report() : nullptr;
+}
+
+}  // namespace hpm::pipeline
