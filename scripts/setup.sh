@@ -9,6 +9,8 @@ PACKAGES=(
   libdnnl-dev            # GEMM and convolution kernels (oneDNN, OpenMP runtime)
   ocl-icd-opencl-dev opencl-c-headers  # Debian's dnnl-config.cmake insists on finding OpenCL
   libgloo-dev            # collectives across processes and hosts (comm layer's gloo backend)
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc  # parameter servers
+  openssl                # the parameter-server TLS test makes its certificate with the CLI
   iproute2               # the test that runs workers in network namespaces (ip netns, tc)
   libtomlplusplus-dev    # config files
   libcli11-dev           # command line

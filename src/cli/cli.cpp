@@ -21,6 +21,7 @@
 #include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch.h"
 #include "hpm/cli/plan.h"
+#include "hpm/cli/ps_command.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
@@ -468,6 +469,8 @@ int main(int argc, char** argv) {
   CLI::App* codistill_cmd = add_codistill_command(app, codistill_opts);
   PlanCommandOptions plan_opts;
   CLI::App* plan_cmd = add_plan_command(app, plan_opts);
+  PsCommandOptions ps_opts;
+  CLI::App* ps_cmd = add_ps_command(app, ps_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -485,6 +488,7 @@ int main(int argc, char** argv) {
     if (*churn_cmd) return run_churn(churn_opts);
     if (*codistill_cmd) return run_codistill(codistill_opts);
     if (*plan_cmd) return run_plan(plan_opts);
+    if (*ps_cmd) return run_ps_command(ps_opts);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

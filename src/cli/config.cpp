@@ -299,6 +299,59 @@ void apply_override(toml::table& root, const std::string& assignment) {
 
 // [distill]: one teacher (teacher_config, teacher_checkpoint) or several (teachers = [{config,
 // checkpoint, weight}, ...]); alpha, temperature, baseline, cache_teacher, m_on_m.
+// [cluster] and [ps] (parameter-server jobs).
+void parse_ps(const std::string& path, const toml::table& root, PsSection& p) {
+  const toml::table* cluster = section(path, root, "cluster");
+  TableReader cr(path, "[cluster]", cluster);
+  cr.get("coordinator", p.coordinator);
+  cr.allow("ps");
+  if (const toml::node* n = cluster ? cluster->get("ps") : nullptr) {
+    const toml::array* a = n->as_array();
+    std::vector<std::string> ps;
+    for (std::size_t i = 0; a && i < a->size(); ++i) {
+      const auto v = (*a)[i].value_exact<std::string>();
+      if (!v) {
+        a = nullptr;
+        break;
+      }
+      ps.push_back(*v);
+    }
+    if (!a || ps.empty()) {
+      throw ConfigError(where(path, n->source()) +
+                        ": [cluster] ps must be a non-empty array of \"HOST:PORT\" strings");
+    }
+    p.ps = ps;
+  }
+  cr.get_positive("workers", p.workers);
+  cr.get("bind", p.bind);
+  cr.get("token_file", p.token_file);
+  cr.get("tls_cert", p.tls_cert);
+  cr.get("tls_key", p.tls_key);
+  cr.get("tls_ca", p.tls_ca);
+  cr.get_positive("max_message_mb", p.max_message_mb);
+  cr.get_positive("rpc_timeout_s", p.rpc_timeout_s);
+  cr.finish();
+  if (p.tls_cert.empty() != p.tls_key.empty())
+    throw ConfigError(path + ": [cluster] tls_cert and tls_key go together");
+  TableReader pr(path, "[ps]", section(path, root, "ps"));
+  pr.get("mode", p.mode);
+  pr.get("staleness", p.staleness);
+  pr.get("checkpoint_dir", p.checkpoint_dir);
+  pr.get("checkpoint_every_tasks", p.checkpoint_every_tasks);
+  pr.get_positive("heartbeat_timeout_s", p.heartbeat_timeout_s);
+  pr.get_positive("ps_wait_s", p.ps_wait_s);
+  pr.get("slow_worker", p.slow_worker);
+  pr.get_positive("slow_factor", p.slow_factor);
+  pr.finish();
+  if (p.mode != "async" && p.mode != "ssp" && p.mode != "sync") {
+    throw ConfigError(path + ": [ps] mode must be \"async\", \"ssp\" or \"sync\", got \"" + p.mode +
+                      "\"");
+  }
+  if (p.staleness < 0) throw ConfigError(path + ": [ps] staleness must be >= 0");
+  if (p.checkpoint_every_tasks < 0)
+    throw ConfigError(path + ": [ps] checkpoint_every_tasks must be >= 0");
+}
+
 void parse_distill(const std::string& path, const toml::table& root, DistillSection& d) {
   const toml::table* t = section(path, root, "distill");
   if (!t) return;
@@ -498,12 +551,13 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     static const std::set<std::string> sections = {
-        "model",          "data",    "optimizer",     "schedule",  "train",    "strategy",
-        "early_stopping", "distill", "noisy_student", "codistill", "pipeline", "memory"};
+        "model",   "data",          "optimizer", "schedule", "train",  "strategy", "early_stopping",
+        "distill", "noisy_student", "codistill", "pipeline", "memory", "cluster",  "ps"};
     if (!sections.count(key)) {
       throw ConfigError(where(path, k.source()) + ": unknown section [" + key +
-                        "] (known: codistill, data, distill, early_stopping, memory, model, "
-                        "noisy_student, optimizer, pipeline, schedule, strategy, train)");
+                        "] (known: cluster, codistill, data, distill, early_stopping, memory, "
+                        "model, noisy_student, optimizer, pipeline, ps, schedule, strategy, "
+                        "train)");
     }
   }
 
@@ -739,6 +793,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   parse_distill(path, root, c.distill);
   parse_noisy_student(path, root, c.noisy_student);
   parse_codistill(path, root, c.codistill);
+  parse_ps(path, root, c.ps);
   return c;
 }
 

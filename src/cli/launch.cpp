@@ -7,10 +7,13 @@
 // loop over the ranks' stdout/stderr pipes and a self-pipe written by the signal handlers.
 #include "hpm/cli/launch.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +25,7 @@
 #include <filesystem>
 #include <iterator>
 #include <optional>
+#include <random>
 
 #include "hpm/comm/store.h"
 
@@ -217,6 +221,17 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous, 
     ::setenv("HPM_WORLD_SIZE", std::to_string(o.processes).c_str(), 1);
     ::setenv("HPM_RENDEZVOUS", rendezvous.c_str(), 1);
     ::setenv("HPM_RESTART", std::to_string(attempt).c_str(), 1);
+    if (o.ps_workers > 0) {
+      const bool ps = r.index >= 1 && r.index <= o.ps_tasks;
+      ::setenv("HPM_PS_ROLE", r.index == 0 ? "coordinator" : ps ? "ps" : "worker", 1);
+      ::setenv("HPM_PS_INDEX",
+               std::to_string(r.index == 0 ? 0
+                              : ps         ? r.index - 1
+                                           : r.index - 1 - o.ps_tasks)
+                   .c_str(),
+               1);
+      ::setenv("HPM_PS_CLUSTER", o.ps_cluster.c_str(), 1);
+    }
     if (o.timeout_s > 0) {
       char seconds[32];
       std::snprintf(seconds, sizeof seconds, "%g", o.timeout_s);
@@ -405,9 +420,18 @@ class Launcher {
 CLI::App* add_launch_command(CLI::App& app, LaunchOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "launch", "start N local processes of a program as the ranks of one group");
-  cmd->add_option("-n,--nproc", o.processes, "number of ranks")
-      ->required()
-      ->check(CLI::Range(1, 4096));
+  auto* nproc =
+      cmd->add_option("-n,--nproc", o.processes, "number of ranks")->check(CLI::Range(1, 4096));
+  auto* ps = cmd->add_option("--ps", o.ps_tasks,
+                             "a parameter-server job: this many parameter-server tasks (with "
+                             "--workers; plus one coordinator)")
+                 ->check(CLI::Range(1, 1024));
+  auto* workers = cmd->add_option("--workers", o.ps_workers, "a parameter-server job's workers")
+                      ->check(CLI::Range(1, 4096));
+  ps->needs(workers);
+  workers->needs(ps);
+  nproc->excludes(ps);
+  nproc->excludes(workers);
   auto* tcp =
       cmd->add_option("--rendezvous", o.rendezvous,
                       "HOST:PORT of the TCP store rank 0 will host (port 0: any free port)");
@@ -471,7 +495,45 @@ int run_attempt(const LaunchOptions& o, int attempt, bool* interrupted) {
 
 }  // namespace
 
-int run_launch(const LaunchOptions& o) {
+namespace {
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw std::runtime_error(std::string("cannot find a free port: ") + std::strerror(errno));
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+}  // namespace
+
+int run_launch(const LaunchOptions& options) {
+  LaunchOptions o = options;
+  if (o.ps_workers > 0) {
+    o.processes = 1 + o.ps_tasks + o.ps_workers;
+    std::string ps;
+    for (int t = 0; t < o.ps_tasks; ++t)
+      ps += (t ? ", " : "") + std::string("\"127.0.0.1:") + std::to_string(free_port()) + "\"";
+    o.ps_cluster = "{\"coordinator\": \"127.0.0.1:" + std::to_string(free_port()) +
+                   "\", \"ps\": [" + ps + "], \"workers\": " + std::to_string(o.ps_workers) + "}";
+    if (std::getenv("HPM_PS_TOKEN") == nullptr) {
+      std::random_device rd;
+      char token[33];
+      for (int i = 0; i < 32; ++i) token[i] = "0123456789abcdef"[rd() % 16];
+      token[32] = '\0';
+      ::setenv("HPM_PS_TOKEN", token, 1);
+    }
+  } else if (o.processes < 1) {
+    say("give -n N, or --ps P --workers W");
+    return 2;
+  }
   for (int attempt = 0;; ++attempt) {
     bool interrupted = false;
     const auto started = Clock::now();

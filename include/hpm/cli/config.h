@@ -76,6 +76,28 @@ struct CodistillSection {
   std::string shards = "identical";  // identical | disjoint
 };
 
+// [cluster] and [ps]: parameter-server jobs (hpm ps ...). The launcher's HPM_PS_CLUSTER (JSON
+// like TF_CONFIG's cluster) replaces the addresses.
+struct PsSection {
+  std::string coordinator = "127.0.0.1:7070";        // HOST:PORT
+  std::vector<std::string> ps = {"127.0.0.1:7071"};  // HOST:PORT per parameter-server task
+  int workers = 1;
+  std::string bind = "127.0.0.1";  // servers listen on loopback unless told otherwise
+  std::string token_file;          // else the environment's HPM_PS_TOKEN
+  std::string tls_cert, tls_key, tls_ca;
+  double max_message_mb = 256;
+  double rpc_timeout_s = 30;
+  // [ps]
+  std::string mode = "async";  // async | ssp | sync
+  int staleness = 2;           // ssp: how many tasks a worker may run ahead of the slowest
+  std::string checkpoint_dir;  // all shards at once, with a manifest; restored on a lost PS
+  std::int64_t checkpoint_every_tasks = 0;  // 0: each epoch
+  double heartbeat_timeout_s = 10;          // a silent worker's tasks go to the others
+  double ps_wait_s = 60;                    // how long to wait for a lost PS task to come back
+  int slow_worker = -1;                     // benchmarks: this worker computes slow_factor x slower
+  double slow_factor = 1.0;
+};
+
 // [pipeline]: present = the model (a Sequential) is cut into stages that run as a pipeline.
 struct PipelineSection {
   bool present = false;
@@ -169,6 +191,7 @@ struct Config {
   NoisyStudentSection noisy_student;
   CodistillSection codistill;
   PipelineSection pipeline;
+  PsSection ps;
 };
 
 // Parses `path`, then applies `overrides` ("section.key=value", value in TOML syntax, or a bare

@@ -13,7 +13,7 @@ class App;
 namespace hpm::cli {
 
 struct LaunchOptions {
-  int processes = 1;
+  int processes = 0;       // -n (required unless --ps and --workers)
   std::string rendezvous;  // HOST:PORT: rank 0 hosts the TCP store (port 0: pick a free one)
   std::string
       rendezvous_dir;  // where to make the run's FileStore directory (removed after); default /tmp
@@ -24,6 +24,12 @@ struct LaunchOptions {
   // restarted ranks continue from the last backup.
   int max_restarts = 0;
   std::vector<std::string> command;
+  // A parameter-server job (`--ps P --workers W`, instead of -n): rank 0 is the coordinator,
+  // ranks 1..P the parameter-server tasks, the rest the workers. Each gets HPM_PS_ROLE
+  // (coordinator | ps | worker), HPM_PS_INDEX and HPM_PS_CLUSTER (JSON addresses on free
+  // loopback ports), and HPM_PS_TOKEN (a random one unless already set).
+  int ps_tasks = 0, ps_workers = 0;
+  std::string ps_cluster;  // filled by run_launch
 };
 
 // Adds the `launch` subcommand to `app`; parsing fills `options`.
