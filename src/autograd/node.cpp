@@ -18,6 +18,16 @@ void set_grad_enabled(bool on) { grad_mode = on; }
 
 Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
+Tensor accumulate_into(const Tensor& leaf) {
+  if (!leaf.defined() || !leaf.requires_grad() || !leaf.is_leaf()) return Tensor();
+  const AutogradMeta& meta = *leaf.impl()->autograd;
+  if (!meta.grad || !meta.post_accumulate_hooks.empty()) return Tensor();
+  if (meta.grad.use_count() != 1 || meta.grad->storage.use_count() != 1 || meta.grad->offset != 0) {
+    return Tensor();
+  }
+  return Tensor(meta.grad);
+}
+
 Tensors AccumulateGrad::apply(Tensors&& grad_outputs) {
   Tensor& g = grad_outputs.at(0);
   if (!g.defined()) return {};

@@ -9,6 +9,7 @@
 
 namespace hpm {
 
+using autograd::accumulate_into;
 using autograd::record;
 using autograd::Tensors;
 using kernels::BinaryOp;
@@ -21,7 +22,8 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor y = kernels::binary(BinaryOp::Add, a, b);
   const Shape sa = a.shape(), sb = b.shape();
   return record("Add", {a, b}, y, [sa, sb](const Tensor& g, const Needs& n) {
-    return Tensors{n[0] ? kernels::sum_to(g, sa) : Tensor(), n[1] ? kernels::sum_to(g, sb) : Tensor()};
+    return Tensors{n[0] ? kernels::sum_to(g, sa) : Tensor(),
+                   n[1] ? kernels::sum_to(g, sb) : Tensor()};
   });
 }
 
@@ -64,9 +66,8 @@ Tensor add(const Tensor& a, float s) {
 }
 
 Tensor mul(const Tensor& a, float s) {
-  return record("MulScalar", {a}, kernels::mul_scalar(a, s), [s](const Tensor& g, const Needs&) {
-    return Tensors{kernels::mul_scalar(g, s)};
-  });
+  return record("MulScalar", {a}, kernels::mul_scalar(a, s),
+                [s](const Tensor& g, const Needs&) { return Tensors{kernels::mul_scalar(g, s)}; });
 }
 
 // ---- element-wise functions ------------------------------------------------------------------
@@ -97,8 +98,9 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
 
 Tensor sum(const Tensor& x) {
   const Shape s = x.shape();
-  return record("Sum", {x}, Tensor::scalar(kernels::sum_all(x)),
-                [s](const Tensor& g, const Needs&) { return Tensors{kernels::broadcast_to(g, s)}; });
+  return record(
+      "Sum", {x}, Tensor::scalar(kernels::sum_all(x)),
+      [s](const Tensor& g, const Needs&) { return Tensors{kernels::broadcast_to(g, s)}; });
 }
 
 Tensor sum(const Tensor& x, int dim, bool keepdim) {
@@ -135,19 +137,17 @@ Tensor flatten(const Tensor& x, int start_dim) {
 }
 
 Tensor transpose(const Tensor& x) {
-  return record("Transpose", {x}, kernels::transpose2d(x), [](const Tensor& g, const Needs&) {
-    return Tensors{kernels::transpose2d(g)};
-  });
+  return record("Transpose", {x}, kernels::transpose2d(x),
+                [](const Tensor& g, const Needs&) { return Tensors{kernels::transpose2d(g)}; });
 }
 
 Tensor permute(const Tensor& x, const std::vector<int>& perm) {
   std::vector<int> inverse(perm.size());
   for (std::size_t i = 0; i < perm.size(); ++i)
     inverse[static_cast<std::size_t>(x.shape().wrap(perm[i]))] = static_cast<int>(i);
-  return record("Permute", {x}, kernels::permute(x, perm),
-                [inverse](const Tensor& g, const Needs&) {
-                  return Tensors{kernels::permute(g, inverse)};
-                });
+  return record(
+      "Permute", {x}, kernels::permute(x, perm),
+      [inverse](const Tensor& g, const Needs&) { return Tensors{kernels::permute(g, inverse)}; });
 }
 
 // ---- linear algebra --------------------------------------------------------------------------
@@ -162,13 +162,21 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = kernels::linear(x, weight, bias);
-  return record("Linear", {x, weight, bias}, y,
-                [x, weight](const Tensor& g, const Needs& n) {
-                  // g(N,OUT): dx = g W (N,IN), dW = g^T x (OUT,IN), db = sum_rows g (OUT)
-                  return Tensors{n[0] ? kernels::matmul(g, weight) : Tensor(),
-                                 n[1] ? kernels::matmul(g, x, true, false) : Tensor(),
-                                 n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
-                });
+  return record("Linear", {x, weight, bias}, y, [x, weight](const Tensor& g, const Needs& n) {
+    // g(N,OUT): dx = g W (N,IN), dW = g^T x (OUT,IN), db = sum_rows g (OUT)
+    Tensor gw;
+    if (n[1]) {
+      Tensor acc = accumulate_into(weight);
+      if (acc.defined() && acc.shape() == weight.shape()) {
+        kernels::gemm(true, false, g.size(1), x.size(1), g.size(0), 1.0f, g.data<float>(),
+                      g.size(1), x.data<float>(), x.size(1), 1.0f, acc.data<float>(), x.size(1));
+      } else {
+        gw = kernels::matmul(g, x, true, false);
+      }
+    }
+    return Tensors{n[0] ? kernels::matmul(g, weight) : Tensor(), gw,
+                   n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
+  });
 }
 
 // ---- convolution and pooling ---------------------------------------------------------------
@@ -179,13 +187,14 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
   if (p.relu) {
     // relu(conv(x)): the gradient passes where the output is positive, then through the conv.
     Tensor yd = y.detach();
-    return record("Conv2dRelu", {x, weight, bias}, y, [x, weight, p, yd](const Tensor& g, const Needs& n) {
-      const Tensor gr = kernels::unary_backward(UnaryOp::Relu, g, Tensor(), yd);
-      Tensor gx, gw, gb;
-      kernels::conv2d_backward(gr, x, weight, p, n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
-                               n[2] ? &gb : nullptr);
-      return Tensors{gx, gw, gb};
-    });
+    return record("Conv2dRelu", {x, weight, bias}, y,
+                  [x, weight, p, yd](const Tensor& g, const Needs& n) {
+                    const Tensor gr = kernels::unary_backward(UnaryOp::Relu, g, Tensor(), yd);
+                    Tensor gx, gw, gb;
+                    kernels::conv2d_backward(gr, x, weight, p, n[0] ? &gx : nullptr,
+                                             n[1] ? &gw : nullptr, n[2] ? &gb : nullptr);
+                    return Tensors{gx, gw, gb};
+                  });
   }
   return record("Conv2d", {x, weight, bias}, y, [x, weight, p](const Tensor& g, const Needs& n) {
     Tensor gx, gw, gb;
@@ -292,17 +301,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smo
   }
   Tensor probs;
   const float loss = kernels::cross_entropy_forward(logits, labels, label_smoothing, probs);
-  return record("CrossEntropy", {logits}, Tensor::scalar(loss),
-                [probs, labels, label_smoothing](const Tensor& g, const Needs&) {
-                  return Tensors{
-                      kernels::cross_entropy_backward(probs, labels, label_smoothing, g.item())};
-                });
+  return record(
+      "CrossEntropy", {logits}, Tensor::scalar(loss),
+      [probs, labels, label_smoothing](const Tensor& g, const Needs&) {
+        return Tensors{kernels::cross_entropy_backward(probs, labels, label_smoothing, g.item())};
+      });
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels) {
   if (log_probs.dim() != 2 || labels.dim() != 1 || labels.size(0) != log_probs.size(0)) {
-    throw std::invalid_argument("nll_loss: expected (N,C) and (N), got " +
-                                log_probs.shape().str() + " and " + labels.shape().str());
+    throw std::invalid_argument("nll_loss: expected (N,C) and (N), got " + log_probs.shape().str() +
+                                " and " + labels.shape().str());
   }
   const std::int64_t n = log_probs.size(0), c = log_probs.size(1);
   const float* lp = log_probs.data<float>();
@@ -339,23 +348,22 @@ Tensor kl_div(const Tensor& input_log_probs, const Tensor& target_probs) {
   double total = 0.0;
   for (std::int64_t i = 0; i < input_log_probs.numel(); ++i)
     if (t[i] > 0.0f) total += t[i] * (std::log(static_cast<double>(t[i])) - x[i]);
-  return record("KlDiv", {input_log_probs, target_probs},
-                Tensor::scalar(static_cast<float>(total / batch)),
-                [input_log_probs, target_probs, batch](const Tensor& g, const Needs& n) {
-                  const float scale = g.item() / batch;
-                  Tensor gx, gt;
-                  if (n[0]) gx = kernels::mul_scalar(target_probs, -scale);
-                  if (n[1]) {
-                    // d/dt [t (log t - x)] = log t + 1 - x
-                    gt = Tensor::empty(target_probs.shape());
-                    const float* tp = target_probs.data<float>();
-                    const float* xp = input_log_probs.data<float>();
-                    for (std::int64_t i = 0; i < gt.numel(); ++i)
-                      gt.data<float>()[i] =
-                          tp[i] > 0.0f ? scale * (std::log(tp[i]) + 1.0f - xp[i]) : 0.0f;
-                  }
-                  return Tensors{gx, gt};
-                });
+  return record(
+      "KlDiv", {input_log_probs, target_probs}, Tensor::scalar(static_cast<float>(total / batch)),
+      [input_log_probs, target_probs, batch](const Tensor& g, const Needs& n) {
+        const float scale = g.item() / batch;
+        Tensor gx, gt;
+        if (n[0]) gx = kernels::mul_scalar(target_probs, -scale);
+        if (n[1]) {
+          // d/dt [t (log t - x)] = log t + 1 - x
+          gt = Tensor::empty(target_probs.shape());
+          const float* tp = target_probs.data<float>();
+          const float* xp = input_log_probs.data<float>();
+          for (std::int64_t i = 0; i < gt.numel(); ++i)
+            gt.data<float>()[i] = tp[i] > 0.0f ? scale * (std::log(tp[i]) + 1.0f - xp[i]) : 0.0f;
+        }
+        return Tensors{gx, gt};
+      });
 }
 
 }  // namespace hpm

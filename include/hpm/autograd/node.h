@@ -54,7 +54,8 @@ class AccumulateGrad final : public Node {
 
 // A node whose backward is a closure over the tensors it saved in forward. `needs[i]` tells
 // whether input i wants a gradient, so a rule can skip work (the first layer's input gradient).
-using BackwardFn = std::function<Tensors(const Tensor& grad_output, const std::vector<bool>& needs)>;
+using BackwardFn =
+    std::function<Tensors(const Tensor& grad_output, const std::vector<bool>& needs)>;
 
 class FunctionNode final : public Node {
  public:
@@ -66,6 +67,13 @@ class FunctionNode final : public Node {
   const char* name_;
   BackwardFn fn_;  // released after one backward: the saved tensors go with it
 };
+
+// For gradient rules that can add their result straight into a leaf's gradient (a GEMM with
+// beta = 1) instead of returning it for AccumulateGrad to add in a second pass over memory: the
+// leaf's gradient buffer when that is the same thing (a leaf that already holds a gradient no one
+// else sees, and has no post-accumulate hooks to run), else an undefined tensor. Micro-batches
+// (accumulation, pipelines) otherwise pay a full read-add-write of every weight gradient each.
+Tensor accumulate_into(const Tensor& leaf);
 
 // The edge through which gradient flows into `t`: its grad_fn, or its leaf accumulator.
 Edge gradient_edge(const Tensor& t);
