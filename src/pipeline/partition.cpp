@@ -31,6 +31,9 @@ std::vector<LayerCost> profile_layers(const nn::Sequential& model, const Tensor&
   std::vector<LayerCost> out;
   Tensor x = sample;
   Device scratch("profile");
+  // A layer computes its input's gradient only when something before it learns: the first
+  // layers with parameters skip it, in training as here, so their backward is cheaper.
+  bool gradient_flows_back = false;
   for (std::size_t i = 0; i < model.size(); ++i) {
     nn::Module& layer = *model[i];
     LayerCost cost;
@@ -41,7 +44,7 @@ std::vector<LayerCost> profile_layers(const nn::Sequential& model, const Tensor&
     for (int r = 0; r < std::max(1, repeats); ++r) {
       DeviceGuard on_scratch(scratch);
       Tensor in = x.to(scratch).detach();
-      if (i > 0) in.set_requires_grad(true);
+      if (gradient_flows_back) in.set_requires_grad(true);
       const std::size_t before = scratch.stats().current_bytes;
       const Clock::time_point t0 = Clock::now();
       Tensor y = layer.forward(in);
@@ -56,6 +59,7 @@ std::vector<LayerCost> profile_layers(const nn::Sequential& model, const Tensor&
       next = y.detach();
     }
     layer.zero_grad();
+    if (!layer.parameters().empty()) gradient_flows_back = true;
     cost.forward_s = median(fwd);
     cost.backward_s = median(bwd);
     out.push_back(cost);
