@@ -2,10 +2,13 @@
 // classification batch, the loss, and a model's parameters or gradients as one flat vector.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "hpm/autograd/ops.h"
+#include "hpm/nn/layers.h"
 #include "hpm/nn/module.h"
+#include "hpm/optim/optimizer.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::testing {
@@ -23,6 +26,22 @@ inline Batch random_batch(std::int64_t n, std::uint64_t seed, std::int64_t featu
     b.y.data<std::int64_t>()[i] =
         static_cast<std::int64_t>(gen.below(static_cast<std::uint64_t>(classes)));
   return b;
+}
+
+// 12 -> 16 -> 16 -> 4 with ReLUs, initialized from the default generator.
+inline std::shared_ptr<nn::Module> small_model() {
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(12, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 4)});
+}
+
+// SGD, lr 0.1, momentum 0.9.
+inline std::shared_ptr<optim::Optimizer> sgd(nn::Module& m) {
+  optim::SgdOptions o;
+  o.lr = 0.1f;
+  o.momentum = 0.9f;
+  return std::make_shared<optim::SGD>(m.named_parameters(), o);
 }
 
 inline Tensor cross_entropy_loss(const Tensor& logits, const Tensor& labels) {

@@ -21,19 +21,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::shared_ptr<nn::Module> small_model() {
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(12, 16), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Linear>(16, 16), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::Linear>(16, 4)});
-}
-
-std::shared_ptr<optim::Optimizer> sgd(nn::Module& m) {
-  optim::SgdOptions o;
-  o.lr = 0.1f;
-  o.momentum = 0.9f;
-  return std::make_shared<optim::SGD>(m.named_parameters(), o);
-}
+using testing::sgd;
+using testing::small_model;
 
 using testing::Batch;
 using testing::flat_parameters;
