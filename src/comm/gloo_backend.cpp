@@ -631,17 +631,22 @@ WorkPtr GlooCommunicator::point_to_point(bool sending, Tensor data, int peer, in
     work->finish(std::make_exception_ptr(failure(what, e.what())));
     return work;
   }
-  waiters_->run([this, work, buf, data, sending, what] {
+  waiters_->run([this, work, buf, data, sending, what]() mutable {
+    std::exception_ptr error;
     try {
       trace::Span span(sending ? "send" : "recv", "comm");
       const bool done = sending ? buf->waitSend(timeout_) : buf->waitRecv(timeout_);
       if (!done) throw CommError(what + ": aborted");
-      work->finish();
     } catch (const CommError&) {
-      work->finish(std::current_exception());
+      error = std::current_exception();
     } catch (const std::exception& e) {
-      work->finish(std::make_exception_ptr(failure(what, e.what())));
+      error = std::make_exception_ptr(failure(what, e.what()));
     }
+    // The caller may free the buffer, and the Device it lives on, as soon as the Work completes:
+    // let go of it first.
+    buf.reset();
+    data = Tensor();
+    work->finish(error);
   });
   return work;
 }

@@ -357,15 +357,20 @@ void LocalGroup::barrier(int rank, Clock::time_point deadline) {
 // point to point
 
 namespace {
-void deliver(const float* src, std::int64_t n, const Tensor& dst, const WorkPtr& work, int from,
-             int tag) {
+// Lets go of the receiver's buffer before the Work completes: once it does, the receiver may
+// free the buffer and the Device it lives on (a pipeline stage's), and a reference still held
+// here would be released into a dead Device.
+void deliver(const float* src, std::int64_t n, Tensor dst, const WorkPtr& work, int from, int tag) {
   if (n != dst.numel()) {
+    const std::int64_t expected = dst.numel();
+    dst = Tensor();
     work->finish(std::make_exception_ptr(CommError(
         "recv from rank " + std::to_string(from) + " tag " + std::to_string(tag) + ": expected " +
-        std::to_string(dst.numel()) + " floats, the message has " + std::to_string(n))));
+        std::to_string(expected) + " floats, the message has " + std::to_string(n))));
     return;
   }
   std::memcpy(dst.data<float>(), src, static_cast<std::size_t>(n) * sizeof(float));
+  dst = Tensor();
   work->finish();
 }
 }  // namespace
@@ -377,7 +382,7 @@ void LocalGroup::send(int src, int dst, int tag, const Tensor& data) {
       PendingRecv r = std::move(*it);
       pending_.erase(it);
       lock.unlock();
-      deliver(data.data<float>(), data.numel(), r.data, r.work, src, tag);
+      deliver(data.data<float>(), data.numel(), std::move(r.data), r.work, src, tag);
       return;
     }
   }
