@@ -1,6 +1,7 @@
 // Pipeline parallelism on this machine, side by side in one run, as markdown tables:
 //   1. throughput of a balanced 2-stage pipeline (M = 8; GPipe, 1F1B, interleaved) against one
 //      Device training the unsplit model on the same mini-batches (medians over --repeats);
+//   1b. what micro-batching costs one stage, and each stage's busy time (overhead);
 //   2. the measured idle share (bubble) for K = 2 and M in 1, 4, 8, 16 against (K-1)/(M+K-1),
 //      and the simulator's predicted step time (from the run's own chunk times, and from
 //      `hpm plan`'s per-layer profile) against the measured one;
@@ -69,9 +70,9 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::shared_ptr<dist::Strategy> make(ScheduleKind kind, int m, int v = 1) {
+std::shared_ptr<dist::Strategy> make(ScheduleKind kind, int m, int v = 1, int stages = 2) {
   pipeline::PipelineStrategyOptions o;
-  o.pipeline.stages = 2;
+  o.pipeline.stages = stages;
   o.pipeline.micro_batches = m;
   o.pipeline.schedule = kind;
   o.pipeline.chunks_per_stage = v;
@@ -128,18 +129,34 @@ void speed(int repeats, std::int64_t rows) {
   std::printf("\none Device step: median %.1f ms\n", median(one_ms));
 }
 
-std::vector<pipeline::ChunkCost> plan_costs(const std::vector<pipeline::LayerCost>& layers,
-                                            const std::vector<int>& cuts) {
-  std::vector<pipeline::ChunkCost> out;
-  for (std::size_t k = 0; k + 1 < cuts.size(); ++k) {
-    pipeline::ChunkCost c;
-    for (int l = cuts[k]; l < cuts[k + 1]; ++l) {
-      c.forward_s += layers[static_cast<std::size_t>(l)].forward_s;
-      c.backward_s += layers[static_cast<std::size_t>(l)].backward_s;
-    }
-    out.push_back(c);
+// Where a 2-stage pipeline's time goes besides the bubble: one stage running the batch as 8
+// micro-batches against the unsplit step (what micro-batching costs by itself), and each stage's
+// busy time in a 2-stage step (the cut's imbalance).
+void overhead(int repeats, std::int64_t rows) {
+  const Batch b = batch(rows);
+  std::vector<double> micro_ratio, fwd_ratio, bwd_ratio, busy0, busy1;
+  for (int r = 0; r < repeats; ++r) {
+    auto whole = make(ScheduleKind::kGPipe, 1, 1, 1);
+    auto split = make(ScheduleKind::kGPipe, 8, 1, 1);
+    const double t_whole = step_time(*whole, b, 3), t_split = step_time(*split, b, 3);
+    micro_ratio.push_back(t_split / t_whole);
+    const auto& cw = pipeline::pipeline_report(*whole)->last_step.chunk_costs[0];
+    const auto& cs = pipeline::pipeline_report(*split)->last_step.chunk_costs[0];
+    fwd_ratio.push_back(8 * cs.forward_s / cw.forward_s);
+    bwd_ratio.push_back(8 * cs.backward_s / cw.backward_s);
+    auto two = make(ScheduleKind::kGPipe, 8);
+    step_time(*two, b, 3);
+    const auto& busy = pipeline::pipeline_report(*two)->last_step.busy_s;
+    busy0.push_back(busy[0]);
+    busy1.push_back(busy[1]);
   }
-  return out;
+  std::printf("\n### Where the time goes, batch %lld (medians of %d)\n\n",
+              static_cast<long long>(rows), repeats);
+  std::printf(
+      "| one stage, M = 8, over the unsplit step | forward | backward | 2 stages, M = 8: busy "
+      "stage 0 | busy stage 1 |\n|---|---|---|---|---|\n");
+  std::printf("| %.2fx | %.2fx | %.2fx | %.1f ms | %.1f ms |\n", median(micro_ratio),
+              median(fwd_ratio), median(bwd_ratio), 1e3 * median(busy0), 1e3 * median(busy1));
 }
 
 void bubble(int repeats, std::int64_t rows) {
@@ -174,7 +191,7 @@ void bubble(int repeats, std::int64_t rows) {
       const pipeline::Schedule sched = pipeline::make_schedule(c.kind, 2, c.m, c.v);
       const pipeline::Simulation sim = pipeline::simulate(sched, st.chunk_costs);
       const pipeline::Simulation plan =
-          pipeline::simulate(sched, plan_costs(rep.layers, rep.partition.boundaries));
+          pipeline::simulate(sched, pipeline::chunk_costs(rep.layers, rep.partition.boundaries));
       measured.push_back(st.bubble);
       simulated.push_back(sim.bubble);
       step.push_back(st.wall_s);
@@ -247,7 +264,7 @@ int main(int argc, char** argv) {
   int repeats = 5;
   std::string timeline_dir;
   std::int64_t rows = 512;
-  std::string parts = "speed,bubble,memory,timelines";
+  std::string parts = "speed,overhead,bubble,memory,timelines";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--parts" && i + 1 < argc) {
@@ -268,6 +285,7 @@ int main(int argc, char** argv) {
   std::printf("model: deep mlp (784-1024-1024-1024-1024-10), one kernel thread per stage\n");
   auto wanted = [&](const char* part) { return parts.find(part) != std::string::npos; };
   if (wanted("speed")) hpm::speed(repeats, rows);
+  if (wanted("overhead")) hpm::overhead(repeats, rows);
   if (wanted("bubble")) hpm::bubble(repeats, rows);
   if (wanted("memory")) hpm::memory(32);
   if (wanted("timelines") && !timeline_dir.empty()) hpm::timelines(timeline_dir, rows);

@@ -18,26 +18,6 @@ namespace {
 
 double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-// The chunks' costs: their layers' profiled times and bytes added up. Resident bytes are the
-// parameters and their gradients, as the stage Devices count them (optimizer state stays on the
-// host device).
-std::vector<pipeline::ChunkCost> chunk_costs(const std::vector<pipeline::LayerCost>& layers,
-                                             const std::vector<int>& boundaries) {
-  std::vector<pipeline::ChunkCost> out;
-  for (std::size_t k = 0; k + 1 < boundaries.size(); ++k) {
-    pipeline::ChunkCost c;
-    for (int l = boundaries[k]; l < boundaries[k + 1]; ++l) {
-      const auto& layer = layers[static_cast<std::size_t>(l)];
-      c.forward_s += layer.forward_s;
-      c.backward_s += layer.backward_s;
-      c.activation_bytes += layer.activation_bytes;
-      c.resident_bytes += 2 * layer.parameter_bytes;
-    }
-    out.push_back(c);
-  }
-  return out;
-}
-
 // Projections: the model's total time spread evenly over K stages (v chunks each), so the table
 // shows what the schedule alone does to deeper pipelines.
 void print_projection(double total_forward_s, double total_backward_s, nlohmann::json* report) {
@@ -121,7 +101,7 @@ int run_plan(const PlanCommandOptions& o) {
   std::printf("\npartition (%s) into %d chunk(s) on %d stage(s):\n%s", p.partition.c_str(),
               schedule.chunks(), p.stages, pipeline::describe(part, layers).c_str());
 
-  const std::vector<pipeline::ChunkCost> costs = chunk_costs(layers, part.boundaries);
+  const std::vector<pipeline::ChunkCost> costs = pipeline::chunk_costs(layers, part.boundaries);
   const pipeline::Simulation sim = pipeline::simulate(schedule, costs, o.message_us * 1e-6);
   double serial = 0;
   for (const auto& c : costs) serial += (c.forward_s + c.backward_s) * p.micro_batches;

@@ -188,6 +188,23 @@ Partition partition(const std::vector<LayerCost>& layers, int parts, PartitionMe
   return p;
 }
 
+std::vector<ChunkCost> chunk_costs(const std::vector<LayerCost>& layers,
+                                   const std::vector<int>& boundaries) {
+  std::vector<ChunkCost> out;
+  for (std::size_t k = 0; k + 1 < boundaries.size(); ++k) {
+    ChunkCost c;
+    for (int l = boundaries[k]; l < boundaries[k + 1]; ++l) {
+      const LayerCost& layer = layers[static_cast<std::size_t>(l)];
+      c.forward_s += layer.forward_s;
+      c.backward_s += layer.backward_s;
+      c.activation_bytes += layer.activation_bytes;
+      c.resident_bytes += 2 * layer.parameter_bytes;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
 std::string describe(const Partition& p, const std::vector<LayerCost>& layers) {
   std::ostringstream os;
   double total = 0;

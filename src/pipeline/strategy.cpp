@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "hpm/nn/layers.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::pipeline {
@@ -115,10 +116,10 @@ class PipelineStrategy final : public dist::Strategy {
         const Generator::State rng = default_generator().state();
         report_.layers = profile_layers(*sequential_, x.narrow(0, rows), options_.profile_repeats);
         default_generator().set_state(rng);
-        for (auto& [name, t] : sequential_->named_buffers()) {
-          for (const auto& [sname, value] : saved) {
-            if (sname == name) t.copy_(value);
-          }
+        const nn::NamedTensors buffers = sequential_->named_buffers();
+        for (std::size_t i = 0; i < buffers.size(); ++i) {
+          Tensor t = buffers[i].second;
+          t.copy_(saved[i].second);
         }
         const std::size_t limit = po.device_budget == Device::kUnlimited ? 0 : po.device_budget;
         const int in_flight = po.schedule == ScheduleKind::kGPipe ? po.micro_batches : po.stages;
@@ -154,18 +155,15 @@ class PipelineStrategy final : public dist::Strategy {
     }
     double local = 0;
     for (const Tensor& p : rep.model->parameters()) {
-      if (!p.grad().defined()) continue;
-      for (float g : p.grad().to_vector()) local += static_cast<double>(g) * g;
+      if (p.grad().defined()) local += kernels::sum_squares(p.grad());
     }
     Tensor t = Tensor::from({static_cast<float>(local)}, {1});
     workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
-    const float norm = std::sqrt(t.item());
-    const float coef = max_norm / (norm + 1e-6f);
+    const float coef = max_norm / (std::sqrt(t.item()) + 1e-6f);
     if (coef >= 1.0f) return;
     for (const Tensor& p : rep.model->parameters()) {
-      if (!p.grad().defined()) continue;
-      float* g = p.grad().data<float>();
-      for (std::int64_t i = 0; i < p.numel(); ++i) g[i] *= coef;
+      Tensor g = p.grad();
+      if (g.defined()) kernels::scale_(g, coef);
     }
   }
 

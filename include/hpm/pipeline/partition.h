@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "hpm/nn/module.h"
+#include "hpm/pipeline/simulator.h"
 
 namespace hpm::pipeline {
 
@@ -47,6 +48,12 @@ struct Partition {
 // than parts, or when no cut fits the limit (naming the smallest limit that would).
 Partition partition(const std::vector<LayerCost>& layers, int parts, PartitionMethod method,
                     std::size_t memory_limit = 0, int in_flight = 1);
+
+// What the simulator needs of each chunk of a cut: its layers' profiled times and activation
+// bytes added up; resident bytes are the parameters and their gradients, as a stage's Device
+// counts them (optimizer state stays on the host device).
+std::vector<ChunkCost> chunk_costs(const std::vector<LayerCost>& layers,
+                                   const std::vector<int>& boundaries);
 
 // A table of the parts: layers, time, share, parameters, activations; then the imbalance.
 std::string describe(const Partition& p, const std::vector<LayerCost>& layers);
