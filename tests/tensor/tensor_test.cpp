@@ -156,6 +156,34 @@ TEST(Kernels, GemmMatchesNaiveProduct) {
     }
 }
 
+// Short products with B's rows 2 KiB apart go through a padded copy of B (gemm.cpp); B here is a
+// view (600 of 1024 columns), alpha and beta are not 1, and C has its own leading dimension.
+TEST(Kernels, GemmThroughPaddedCopyOfBMatchesNaiveProduct) {
+  Generator gen(4);
+  const std::int64_t m = 40, n = 600, k = 33, ldb = 1024, ldc = 610;
+  ASSERT_TRUE(kernels::gemm_pads_b(false, m, n, ldb));
+  ASSERT_FALSE(kernels::gemm_pads_b(true, m, n, ldb));
+  ASSERT_FALSE(kernels::gemm_pads_b(false, 2048, 1024, ldb));  // long products pack B themselves
+  ASSERT_FALSE(kernels::gemm_pads_b(false, m, n, 600));
+  Tensor a = Tensor::randn({m, k}, gen), b = Tensor::randn({k, ldb}, gen);
+  Tensor c = Tensor::randn({m, ldc}, gen);
+  const std::vector<float> c0 = c.to_vector();
+  kernels::gemm(false, false, m, n, k, 0.5f, a.data<float>(), k, b.data<float>(), ldb, 2.0f,
+                c.data<float>(), ldc);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < ldc; ++j) {
+      const std::size_t at = static_cast<std::size_t>(i * ldc + j);
+      if (j >= n) {
+        EXPECT_EQ(c.data<float>()[at], c0[at]) << "outside C's columns";
+        continue;
+      }
+      double s = 0;
+      for (std::int64_t q = 0; q < k; ++q)
+        s += static_cast<double>(a.data<float>()[i * k + q]) * b.data<float>()[q * ldb + j];
+      EXPECT_NEAR(c.data<float>()[at], 0.5 * s + 2.0 * c0[at], 1e-4);
+    }
+}
+
 TEST(Kernels, ConvolutionMatchesDirectLoop) {
   Generator gen(5);
   Tensor x = Tensor::randn({2, 3, 7, 6}, gen), w = Tensor::randn({4, 3, 3, 3}, gen);

@@ -20,6 +20,9 @@ namespace hpm::kernels {
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc);
+// Whether gemm first copies B to padded rows: short products whose B rows lie a multiple of 2 KiB
+// apart, which oneDNN's in-place ("no-copy") kernels read at half speed (gemm.cpp says why).
+bool gemm_pads_b(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t ldb);
 // 2-D matrix product of op(a) and op(b).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // y(N,OUT) = x(N,IN) w(OUT,IN)^T + bias(OUT); bias may be undefined.
@@ -80,8 +83,8 @@ struct Conv2dParams {
 // the environment variable HPM_CONV=im2col (read once) forces the im2col path.
 Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 // Fills whichever of grad_x, grad_w, grad_bias is non-null.
-void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
-                     const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias);
+void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                     Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias);
 // The two implementations, for tests and benchmarks. The oneDNN ones throw dnnl::error for a
 // shape no oneDNN implementation accepts.
 Tensor conv2d_forward_im2col(const Tensor& x, const Tensor& w, const Tensor& bias,
@@ -92,8 +95,7 @@ void conv2d_backward_im2col(const Tensor& grad_y, const Tensor& x, const Tensor&
 Tensor conv2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p);
 void conv2d_backward_dnnl(const Tensor& grad_y, const Tensor& x, const Tensor& w,
-                          const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
-                          Tensor* grad_bias);
+                          const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias);
 
 // ---- pooling ---------------------------------------------------------------------------
 struct Pool2dParams {
@@ -111,8 +113,8 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Poo
 // statistics, saves mean and inverse std (C) and updates running stats with `momentum`
 // (unbiased variance, as PyTorch); evaluation mode uses the running stats.
 Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                          Tensor& running_mean, Tensor& running_var, bool training,
-                          float momentum, float eps, Tensor& save_mean, Tensor& save_invstd);
+                          Tensor& running_mean, Tensor& running_var, bool training, float momentum,
+                          float eps, Tensor& save_mean, Tensor& save_invstd);
 void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                          const Tensor& save_mean, const Tensor& save_invstd, bool training,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
