@@ -9,7 +9,8 @@ namespace hpm::optim {
 
 Optimizer::Optimizer(NamedTensors params, float lr)
     : params_(std::move(params)), lr_(lr), buffers_(params_.size()) {
-  if (!(lr >= 0.0f)) throw std::invalid_argument("learning rate must be >= 0, got " + std::to_string(lr));
+  if (!(lr >= 0.0f))
+    throw std::invalid_argument("learning rate must be >= 0, got " + std::to_string(lr));
   for (auto& [name, p] : params_) {
     if (!p.requires_grad()) {
       throw std::invalid_argument("optimizer parameter '" + name + "' does not require grad");
@@ -18,12 +19,26 @@ Optimizer::Optimizer(NamedTensors params, float lr)
 }
 
 void Optimizer::step() {
-  ++steps_;
-  for (std::size_t i = 0; i < params_.size(); ++i) {
-    Tensor g = params_[i].second.grad();
-    if (!g.defined()) continue;
-    update(i, params_[i].second.data<float>(), g.data<float>(), params_[i].second.numel());
+  begin_step();
+  for (std::size_t i = 0; i < params_.size(); ++i) update_one(i);
+}
+
+void Optimizer::begin_step() { ++steps_; }
+
+void Optimizer::step_params(const std::vector<std::size_t>& indices) {
+  for (std::size_t i : indices) {
+    if (i >= params_.size()) {
+      throw std::out_of_range("optimizer: parameter index " + std::to_string(i) + " of " +
+                              std::to_string(params_.size()));
+    }
+    update_one(i);
   }
+}
+
+void Optimizer::update_one(std::size_t i) {
+  Tensor g = params_[i].second.grad();
+  if (!g.defined()) return;
+  update(i, params_[i].second.data<float>(), g.data<float>(), params_[i].second.numel());
 }
 
 void Optimizer::zero_grad() {

@@ -415,6 +415,39 @@ Pipeline::~Pipeline() {
   stages_.clear();
 }
 
+void Pipeline::run_on_stages(const std::function<void(int)>& job) {
+  if (threads_) {
+    {
+      std::lock_guard lock(threads_->mu);
+      threads_->job = job;
+      threads_->finished = 0;
+      ++threads_->generation;
+    }
+    threads_->cv.notify_all();
+    std::unique_lock lock(threads_->mu);
+    threads_->cv.wait(lock, [&] { return threads_->finished == options_.stages; });
+    threads_->job = nullptr;
+  } else {
+    for (int d = 0; d < options_.stages; ++d) {
+      if (owns(d)) job(d);
+    }
+  }
+}
+
+void Pipeline::on_stages(const std::function<void(int)>& job) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(options_.stages));
+  run_on_stages([&](int d) {
+    try {
+      job(d);
+    } catch (...) {
+      errors[static_cast<std::size_t>(d)] = std::current_exception();
+    }
+  });
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
 bool Pipeline::owns(int stage) const {
   return stage >= 0 && stage < options_.stages &&
          stages_[static_cast<std::size_t>(stage)] != nullptr;
@@ -450,22 +483,7 @@ StepStats Pipeline::forward_backward(const Tensor& x, const Tensor& y, const Los
     }
   };
   const Clock::time_point t0 = Clock::now();
-  if (threads_) {
-    {
-      std::lock_guard lock(threads_->mu);
-      threads_->job = run_stage;
-      threads_->finished = 0;
-      ++threads_->generation;
-    }
-    threads_->cv.notify_all();
-    std::unique_lock lock(threads_->mu);
-    threads_->cv.wait(lock, [&] { return threads_->finished == k; });
-    threads_->job = nullptr;
-  } else {
-    for (int d = 0; d < k; ++d) {
-      if (owns(d)) run_stage(d);
-    }
-  }
+  run_on_stages(run_stage);
   const Clock::time_point t1 = Clock::now();
   // The stage that failed first explains it; the others only stopped because of it.
   for (const auto& e : errors) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "hpm/nn/layers.h"
@@ -88,8 +89,18 @@ class PipelineStrategy final : public dist::Strategy {
     r.stop_requested = totals[3] > 0;
     if (!r.finite) return r;
     if (clip > 0) clip_gradients(clip);
-    rep.optimizer->step();
-    if (workers_) share_stages();
+    if (workers_) {
+      rep.optimizer->step();
+      share_stages();
+    } else {
+      // Each stage updates its own parameters on its own thread, as the stages computed them:
+      // the update is a pass over every weight, its gradient and the optimizer's state, which
+      // one thread would otherwise make while the other stages' cores sit idle.
+      rep.optimizer->begin_step();
+      pipeline_->on_stages(
+          [&](int d) { rep.optimizer->step_params(stage_params_[static_cast<std::size_t>(d)]); });
+      rep.optimizer->step_params(unplaced_params_);
+    }
     return r;
   }
 
@@ -141,9 +152,31 @@ class PipelineStrategy final : public dist::Strategy {
     chunks_ = cut(*sequential_, boundaries);
     pipeline_ = workers_ ? std::make_unique<Pipeline>(chunks_, po, workers_)
                          : std::make_unique<Pipeline>(chunks_, po);
+    place_parameters();
     batch_norms_.clear();
     collect_batch_norms(*sequential_, batch_norms_);
     for (nn::BatchNorm* bn : batch_norms_) bn->defer_running_stats(true);
+  }
+
+  // Which of the optimizer's parameters each stage updates: those of its chunks.
+  void place_parameters() {
+    std::map<const TensorImpl*, int> stage_of;
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      for (const Tensor& p : chunks_[c]->parameters()) {
+        stage_of[p.impl()] = pipeline_->schedule().device_of(static_cast<int>(c));
+      }
+    }
+    stage_params_.assign(static_cast<std::size_t>(options_.pipeline.stages), {});
+    unplaced_params_.clear();
+    const nn::NamedTensors& params = replicas_[0].optimizer->params();
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const auto it = stage_of.find(params[i].second.impl());
+      if (it == stage_of.end()) {
+        unplaced_params_.push_back(i);
+      } else {
+        stage_params_[static_cast<std::size_t>(it->second)].push_back(i);
+      }
+    }
   }
 
   // By the global norm over every stage's gradients (each process holds only its own).
@@ -204,7 +237,9 @@ class PipelineStrategy final : public dist::Strategy {
   std::shared_ptr<nn::Sequential> sequential_;
   std::unique_ptr<Pipeline> pipeline_;
   PipelineReport report_;
-  std::vector<nn::BatchNorm*> batch_norms_;  // deferred: committed once per mini-batch
+  std::vector<nn::BatchNorm*> batch_norms_;             // deferred: committed once per mini-batch
+  std::vector<std::vector<std::size_t>> stage_params_;  // optimizer indices, per stage
+  std::vector<std::size_t> unplaced_params_;  // in no chunk: updated by the calling thread
 };
 
 }  // namespace

@@ -21,6 +21,11 @@ class Optimizer {
 
   // Applies one update from the parameters' .grad (parameters without a gradient are skipped).
   void step();
+  // step() in parts, for callers that update disjoint sets of parameters from several threads at
+  // once (pipeline stages, each on its own): begin_step() once, then step_params() per part,
+  // the parts together naming each parameter once. Indices are into params().
+  void begin_step();
+  void step_params(const std::vector<std::size_t>& indices);
   void zero_grad();
   float lr() const { return lr_; }
   void set_lr(float lr) { lr_ = lr; }
@@ -45,6 +50,7 @@ class Optimizer {
   std::int64_t steps_ = 0;
 
  private:
+  void update_one(std::size_t i);
   std::vector<std::vector<std::pair<std::string, Tensor>>> buffers_;  // per parameter
 };
 

@@ -68,6 +68,12 @@ class Pipeline {
   // chunk's stage reads y. Gradients accumulate into the parameters' .grad.
   StepStats forward_backward(const Tensor& x, const Tensor& y, const LossFn& loss);
 
+  // Runs job(d) for each of this process's stages d, on the stage's own thread when the stages
+  // are threads (at once), else one after another; rethrows the first stage's exception after
+  // all have finished. For per-stage work between steps, such as each stage's share of the
+  // optimizer update.
+  void on_stages(const std::function<void(int)>& job);
+
   const Schedule& schedule() const { return schedule_; }
   const PipelineOptions& options() const { return options_; }
   // Stage d's Device (in a multi-process pipeline only this process's stage has one).
@@ -77,6 +83,7 @@ class Pipeline {
  private:
   class Stage;
   void start_threads();
+  void run_on_stages(const std::function<void(int)>& job);
   PipelineOptions options_;
   Schedule schedule_;
   std::vector<std::shared_ptr<nn::Module>> chunks_;
