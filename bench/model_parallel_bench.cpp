@@ -314,7 +314,7 @@ void timelines(const std::string& dir, std::int64_t rows) {
 int main(int argc, char** argv) {
   int repeats = 5;
   std::string timeline_dir;
-  std::int64_t rows = 512;
+  std::int64_t rows = 2048;
   std::string parts = "speed,overhead,ceiling,bubble,memory,timelines";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
