@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Does whatever set-up is missing, builds, and runs every test with CTest. Then the unit tests
 # again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), and the threaded input
-# pipeline's, the local collectives' and offload's tests under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those passes.
+# pipeline's, the local collectives', offload's, the optimizer's and the pipeline stages' tests
+# under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those passes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,7 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # ThreadSanitizer for the layers that run their own threads (not OpenMP's, whose runtime TSan
   # cannot see into).
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHPM_TSAN=ON -DHPM_BUILD_BENCH=OFF
-  cmake --build build-tsan --target test_data test_comm test_nn test_pipeline -j "${JOBS:-$(nproc)}"
+  cmake --build build-tsan --target test_data test_comm test_nn test_optim test_pipeline -j "${JOBS:-$(nproc)}"
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L data
   # The local collectives (threads sharing buffers, progress counters, the group barrier).
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L comm -R Local
@@ -25,6 +26,8 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # that OpenMP's uninstrumented team does not show up as races.
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -L nn -R Offload
+  # An optimizer updated in parts from several threads (as pipeline stages do).
+  TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L optim
   # Pipeline stages on threads exchanging activations by send/recv, stage Devices, the stage pool.
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -L pipeline
