@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "hpm/autograd/deferred.h"
 #include "hpm/autograd/node.h"
 
 namespace hpm {
@@ -160,21 +161,44 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   });
 }
 
+namespace {
+
+// dW = g^T x for a Linear, added by the GEMM itself into W's gradient when that is the same thing
+// (see accumulate_into); otherwise returned for the caller to accumulate.
+Tensor linear_weight_gradient(const Tensor& g, const Tensor& x, const Tensor& weight) {
+  Tensor acc = accumulate_into(weight);
+  if (acc.defined() && acc.shape() == weight.shape()) {
+    kernels::gemm(true, false, g.size(1), x.size(1), g.size(0), 1.0f, g.data<float>(), g.size(1),
+                  x.data<float>(), x.size(1), 1.0f, acc.data<float>(), x.size(1));
+    return Tensor();
+  }
+  return kernels::matmul(g, x, true, false);
+}
+
+// What the engine would do with a gradient for `leaf`: its accumulator adds it (hooks included).
+void add_to_leaf(const Tensor& leaf, const Tensor& grad) {
+  if (!grad.defined()) return;
+  autograd::gradient_edge(leaf).fn->apply(Tensors{grad});
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = kernels::linear(x, weight, bias);
-  return record("Linear", {x, weight, bias}, y, [x, weight](const Tensor& g, const Needs& n) {
+  return record("Linear", {x, weight, bias}, y, [x, weight, bias](const Tensor& g, const Needs& n) {
     // g(N,OUT): dx = g W (N,IN), dW = g^T x (OUT,IN), db = sum_rows g (OUT)
-    Tensor gw;
-    if (n[1]) {
-      Tensor acc = accumulate_into(weight);
-      if (acc.defined() && acc.shape() == weight.shape()) {
-        kernels::gemm(true, false, g.size(1), x.size(1), g.size(0), 1.0f, g.data<float>(),
-                      g.size(1), x.data<float>(), x.size(1), 1.0f, acc.data<float>(), x.size(1));
-      } else {
-        gw = kernels::matmul(g, x, true, false);
-      }
+    Tensor gx = n[0] ? kernels::matmul(g, weight) : Tensor();
+    autograd::DeferredWeightGradients* later = autograd::deferred_weight_gradients();
+    if (later != nullptr && (n[1] || n[2]) && (!n[1] || weight.is_leaf()) &&
+        (!n[2] || bias.is_leaf())) {
+      // A zero-bubble pipeline's B pass: the weight gradients wait for its W pass.
+      later->push([g, x, weight, bias, nw = n[1], nb = n[2]] {
+        if (nw) add_to_leaf(weight, linear_weight_gradient(g, x, weight));
+        if (nb) add_to_leaf(bias, kernels::sum_dim(g, 0, false));
+      });
+      return Tensors{gx, Tensor(), Tensor()};
     }
-    return Tensors{n[0] ? kernels::matmul(g, weight) : Tensor(), gw,
+    return Tensors{gx, n[1] ? linear_weight_gradient(g, x, weight) : Tensor(),
                    n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
   });
 }

@@ -20,11 +20,12 @@ double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 10
 
 // Projections: the model's total time spread evenly over K stages (v chunks each), so the table
 // shows what the schedule alone does to deeper pipelines.
-void print_projection(double total_forward_s, double total_backward_s, nlohmann::json* report) {
+void print_projection(double total_forward_s, double total_backward_s, double total_weight_s,
+                      nlohmann::json* report) {
   std::printf(
       "\nprojection (the profiled model's time split evenly over K stages; messages free):\n");
-  std::printf("%4s %5s | %-22s | %-22s | %-22s\n", "K", "M", "gpipe: step, bubble",
-              "1f1b: step, bubble", "interleaved v=2");
+  std::printf("%4s %5s | %-22s | %-22s | %-22s | %-22s\n", "K", "M", "gpipe: step, bubble",
+              "1f1b: step, bubble", "interleaved v=2", "zb-h1");
   nlohmann::json rows = nlohmann::json::array();
   for (int k : {2, 4, 8, 16, 32, 64}) {
     for (int m : {k, 4 * k, 8 * k}) {
@@ -33,13 +34,19 @@ void print_projection(double total_forward_s, double total_backward_s, nlohmann:
       for (auto [kind, v] : std::vector<std::pair<pipeline::ScheduleKind, int>>{
                {pipeline::ScheduleKind::kGPipe, 1},
                {pipeline::ScheduleKind::kOneFOneB, 1},
-               {pipeline::ScheduleKind::kInterleaved, 2}}) {
+               {pipeline::ScheduleKind::kInterleaved, 2},
+               {pipeline::ScheduleKind::kZeroBubbleH1, 1}}) {
         const pipeline::Schedule s = pipeline::make_schedule(kind, k, m, v);
         // Each micro-batch's share of the mini-batch's work: the pipeline's ideal step is the
         // unsplit step divided by K.
-        const double f = total_forward_s / (k * v), b = total_backward_s / (k * v);
+        const double f = total_forward_s / (k * v), b = total_backward_s / (k * v),
+                     w = total_weight_s / (k * v);
+        pipeline::ChunkCost cost;
+        cost.forward_s = f;
+        cost.backward_s = b;
+        cost.weight_s = w;
         const pipeline::Simulation sim = pipeline::simulate(
-            s, std::vector<pipeline::ChunkCost>(static_cast<std::size_t>(k * v), {f, b}));
+            s, std::vector<pipeline::ChunkCost>(static_cast<std::size_t>(k * v), cost));
         const double ideal = m * (total_forward_s + total_backward_s) / k;
         std::printf(" %8.2fx ideal, %5.1f%% |", sim.step_s / ideal, 100 * sim.bubble);
         row[pipeline::schedule_name(kind)] = {{"step_over_ideal", sim.step_s / ideal},
@@ -121,10 +128,11 @@ int run_plan(const PlanCommandOptions& o) {
                       {"peak_bytes", sim.peak_bytes[static_cast<std::size_t>(d)]}});
   }
   nlohmann::json layer_json = nlohmann::json::array();
-  double total_f = 0, total_b = 0;
+  double total_f = 0, total_b = 0, total_w = 0;
   for (const auto& l : layers) {
     total_f += l.forward_s;
     total_b += l.backward_s;
+    total_w += l.weight_s;
     layer_json.push_back({{"name", l.name},
                           {"forward_s", l.forward_s},
                           {"backward_s", l.backward_s},
@@ -144,7 +152,7 @@ int run_plan(const PlanCommandOptions& o) {
                         {"formula_bubble", pipeline::theoretical_bubble(schedule)},
                         {"stage", stages},
                         {"layers", layer_json}};
-  if (o.project) print_projection(total_f, total_b, &report);
+  if (o.project) print_projection(total_f, total_b, total_w, &report);
   if (!o.report.empty()) io::write_file_atomic(o.report, report.dump(2) + "\n");
   return 0;
 }

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "hpm/autograd/deferred.h"
 #include "hpm/autograd/grad_mode.h"
 
 namespace hpm::pipeline {
@@ -39,7 +40,7 @@ std::vector<LayerCost> profile_layers(const nn::Sequential& model, const Tensor&
     LayerCost cost;
     cost.name = std::to_string(i) + ": " + layer.type_name();
     for (const auto& [name, t] : layer.state_dict()) cost.parameter_bytes += t.nbytes();
-    std::vector<double> fwd, bwd;
+    std::vector<double> fwd, bwd, wgt;
     Tensor next;
     for (int r = 0; r < std::max(1, repeats); ++r) {
       DeviceGuard on_scratch(scratch);
@@ -51,17 +52,26 @@ std::vector<LayerCost> profile_layers(const nn::Sequential& model, const Tensor&
       const Clock::time_point t1 = Clock::now();
       cost.activation_bytes = scratch.stats().current_bytes - before;
       Tensor g = Tensor::ones(y.shape());
+      // Backward as B then W (zero-bubble schedules run them apart; the sum is the backward).
+      autograd::DeferredWeightGradients deferred;
       const Clock::time_point t2 = Clock::now();
-      if (y.requires_grad()) y.backward(g);
+      if (y.requires_grad()) {
+        autograd::DeferWeightGradients later(deferred);
+        y.backward(g);
+      }
       const Clock::time_point t3 = Clock::now();
+      deferred.run();
+      const Clock::time_point t4 = Clock::now();
       fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
-      bwd.push_back(std::chrono::duration<double>(t3 - t2).count());
+      bwd.push_back(std::chrono::duration<double>(t4 - t2).count());
+      wgt.push_back(std::chrono::duration<double>(t4 - t3).count());
       next = y.detach();
     }
     layer.zero_grad();
     if (!layer.parameters().empty()) gradient_flows_back = true;
     cost.forward_s = median(fwd);
     cost.backward_s = median(bwd);
+    cost.weight_s = median(wgt);
     out.push_back(cost);
     x = next;
   }
@@ -197,6 +207,7 @@ std::vector<ChunkCost> chunk_costs(const std::vector<LayerCost>& layers,
       const LayerCost& layer = layers[static_cast<std::size_t>(l)];
       c.forward_s += layer.forward_s;
       c.backward_s += layer.backward_s;
+      c.weight_s += layer.weight_s;
       c.activation_bytes += layer.activation_bytes;
       c.resident_bytes += 2 * layer.parameter_bytes;
     }

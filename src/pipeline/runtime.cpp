@@ -10,6 +10,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "hpm/autograd/deferred.h"
 #include "hpm/comm/local.h"
 #include "hpm/nn/losses.h"
 #include "hpm/tensor/random.h"
@@ -106,8 +107,9 @@ class Pipeline::Stage {
     std::int64_t correct = 0;
     bool finite = true;
     double busy_s = 0;
-    std::map<int, std::pair<double, int>> forward_s, backward_s;  // chunk -> (sum, count)
-    std::map<int, std::size_t> activation_bytes;                  // chunk -> largest seen
+    // chunk -> (sum, count); backward_s is B alone where a W follows
+    std::map<int, std::pair<double, int>> forward_s, backward_s, weight_s;
+    std::map<int, std::size_t> activation_bytes;  // chunk -> largest seen
     std::size_t peak_bytes = 0;
   };
 
@@ -127,8 +129,10 @@ class Pipeline::Stage {
       try {
         if (a.kind == Action::kForward) {
           forward(a);
-        } else {
+        } else if (a.kind == Action::kBackward) {
           backward(a);
+        } else {
+          weight(a);
         }
       } catch (const OutOfMemoryError& e) {
         // Say where in the schedule the budget ran out, and what would lower the need.
@@ -143,6 +147,7 @@ class Pipeline::Stage {
     for (auto& [work, buffer] : sends_) wait(*work, "send");
     sends_.clear();
     saved_.clear();
+    deferred_.clear();
     local_mail_.clear();
     x_ = y_ = Tensor();
     result_.peak_bytes = device_.stats().peak_bytes;
@@ -201,7 +206,13 @@ class Pipeline::Stage {
     Tensor grad;
     if (a.chunk != last_chunk()) grad = receive(a.micro, a.chunk, /*gradient=*/true);
     const Clock::time_point t0 = Clock::now();
-    s.out.backward(grad);
+    if (schedule_.splits_backward()) {
+      // B: the input gradient now, for the previous stage; the weight gradients wait for W.
+      autograd::DeferWeightGradients later(deferred_[{a.micro, a.chunk}]);
+      s.out.backward(grad);
+    } else {
+      s.out.backward(grad);
+    }
     const Clock::time_point t1 = Clock::now();
     account(a, t0, t1, result_.backward_s);
     if (a.chunk > 0) {
@@ -209,6 +220,20 @@ class Pipeline::Stage {
       if (!g.defined()) g = Tensor::zeros(s.in.shape());  // the chunk ignores its input
       transmit(g, a.micro, a.chunk - 1, /*gradient=*/true);
     }
+  }
+
+  void weight(const Action& a) {
+    auto it = deferred_.find({a.micro, a.chunk});
+    if (it == deferred_.end()) {
+      throw std::logic_error("pipeline schedule runs " + describe(a, schedule_) +
+                             " before its backward on stage " + std::to_string(index_));
+    }
+    autograd::DeferredWeightGradients work = std::move(it->second);
+    deferred_.erase(it);
+    const Clock::time_point t0 = Clock::now();
+    work.run();
+    const Clock::time_point t1 = Clock::now();
+    account(a, t0, t1, result_.weight_s);
   }
 
   void account(const Action& a, Clock::time_point t0, Clock::time_point t1,
@@ -220,7 +245,10 @@ class Pipeline::Stage {
     ++count;
     if (trace::enabled()) {
       trace::record_span(describe(a, schedule_),
-                         a.kind == Action::kForward ? "forward" : "backward", t0, t1);
+                         a.kind == Action::kForward    ? "forward"
+                         : a.kind == Action::kBackward ? "backward"
+                                                       : "weight",
+                         t0, t1);
     }
   }
 
@@ -316,6 +344,7 @@ class Pipeline::Stage {
   Tensor x_, y_;
   const LossFn* loss_ = nullptr;
   std::map<std::pair<int, int>, Saved> saved_;
+  std::map<std::pair<int, int>, autograd::DeferredWeightGradients> deferred_;  // B done, W not
   std::map<std::tuple<int, int, bool>, Tensor> local_mail_;
   std::vector<std::pair<comm::WorkPtr, Tensor>> sends_;
 };
@@ -534,6 +563,12 @@ StepStats Pipeline::forward_backward(const Tensor& x, const Tensor& y, const Los
     }
     for (const auto& [c, sc] : r.backward_s) {
       st.chunk_costs[static_cast<std::size_t>(c)].backward_s = sc.first / sc.second;
+    }
+    // A chunk's backward_s is its whole backward: B and W together.
+    for (const auto& [c, sc] : r.weight_s) {
+      auto& cost = st.chunk_costs[static_cast<std::size_t>(c)];
+      cost.weight_s = sc.first / sc.second;
+      cost.backward_s += cost.weight_s;
     }
   }
   st.bubble = st.wall_s > 0 ? 1.0 - busy / (owned * st.wall_s) : 0.0;

@@ -24,7 +24,10 @@ Simulation simulate(const Schedule& s, const std::vector<ChunkCost>& costs, doub
   auto input_ready = [&](const Action& a, double* t) {
     int producer_chunk = -1;
     Action::Kind producer_kind = a.kind;
-    if (a.kind == Action::kForward) {
+    if (a.kind == Action::kWeight) {
+      producer_chunk = a.chunk;  // its own B
+      producer_kind = Action::kBackward;
+    } else if (a.kind == Action::kForward) {
       if (a.chunk == 0) return *t = 0, true;
       producer_chunk = a.chunk - 1;
     } else if (a.chunk == last_chunk) {
@@ -73,7 +76,10 @@ Simulation simulate(const Schedule& s, const std::vector<ChunkCost>& costs, doub
     const auto bd = static_cast<std::size_t>(best);
     const Action a = s.per_device[bd][next[bd]++];
     const ChunkCost& c = costs[static_cast<std::size_t>(a.chunk)];
-    const double dur = a.kind == Action::kForward ? c.forward_s : c.backward_s;
+    const double dur = a.kind == Action::kForward  ? c.forward_s
+                       : a.kind == Action::kWeight ? c.weight_s
+                       : s.splits_backward()       ? c.backward_s - c.weight_s
+                                                   : c.backward_s;
     const double end = best_start + dur;
     done[key(a.kind, a.micro, a.chunk)] = end;
     free_at[bd] = end;
@@ -96,7 +102,7 @@ Simulation simulate(const Schedule& s, const std::vector<ChunkCost>& costs, doub
       if (a.kind == Action::kForward) {
         live += bytes;
         peak = std::max(peak, live);
-      } else {
+      } else if (a.kind == (s.splits_backward() ? Action::kWeight : Action::kBackward)) {
         live -= bytes;
       }
     }

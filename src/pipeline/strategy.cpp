@@ -133,7 +133,8 @@ class PipelineStrategy final : public dist::Strategy {
           t.copy_(saved[i].second);
         }
         const std::size_t limit = po.device_budget == Device::kUnlimited ? 0 : po.device_budget;
-        const int in_flight = po.schedule == ScheduleKind::kGPipe ? po.micro_batches : po.stages;
+        const int in_flight =
+            po.schedule == ScheduleKind::kGPipe ? po.micro_batches : po.stages;  // 1F1B, ZB-H1
         report_.partition = partition(report_.layers, chunks, options_.partition, limit, in_flight);
         boundaries = report_.partition.boundaries;
       }

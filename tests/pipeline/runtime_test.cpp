@@ -63,7 +63,9 @@ TEST(Pipeline, EveryScheduleAccumulatesTheUnsplitGradients) {
                                          {ScheduleKind::kOneFOneB, 2, 4, 1},
                                          {ScheduleKind::kOneFOneB, 3, 8, 1},
                                          {ScheduleKind::kGPipe, 1, 3, 1},
-                                         {ScheduleKind::kInterleaved, 2, 4, 2}}) {
+                                         {ScheduleKind::kInterleaved, 2, 4, 2},
+                                         {ScheduleKind::kZeroBubbleH1, 2, 4, 1},
+                                         {ScheduleKind::kZeroBubbleH1, 3, 8, 1}}) {
     auto model = mlp();
     const int chunks = c.stages * c.chunks_per_stage;
     std::vector<int> cuts;
@@ -84,7 +86,16 @@ TEST(Pipeline, EveryScheduleAccumulatesTheUnsplitGradients) {
     EXPECT_GE(st.bubble, 0.0);
     EXPECT_LT(st.bubble, 1.0);
     ASSERT_EQ(st.chunk_costs.size(), static_cast<std::size_t>(chunks));
-    for (const auto& cost : st.chunk_costs) EXPECT_GT(cost.forward_s, 0) << what;
+    for (const auto& cost : st.chunk_costs) {
+      EXPECT_GT(cost.forward_s, 0) << what;
+      // Split backwards report their W part; its time is inside backward_s.
+      if (c.kind == ScheduleKind::kZeroBubbleH1) {
+        EXPECT_GT(cost.weight_s, 0) << what;
+        EXPECT_LT(cost.weight_s, cost.backward_s) << what;
+      } else {
+        EXPECT_EQ(cost.weight_s, 0) << what;
+      }
+    }
   }
 }
 
@@ -105,7 +116,8 @@ TEST(PipelineStrategy, NStepsMatchOneDeviceForEverySchedule) {
   for (auto [kind, v] :
        std::vector<std::pair<ScheduleKind, int>>{{ScheduleKind::kGPipe, 1},
                                                  {ScheduleKind::kOneFOneB, 1},
-                                                 {ScheduleKind::kInterleaved, 2}}) {
+                                                 {ScheduleKind::kInterleaved, 2},
+                                                 {ScheduleKind::kZeroBubbleH1, 1}}) {
     for (PartitionMethod method : {PartitionMethod::kUniform, PartitionMethod::kBalanced}) {
       PipelineStrategyOptions o;
       o.pipeline.stages = 2;

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <tuple>
 
@@ -32,8 +33,10 @@ TEST(Schedule, OneFOneBWarmsUpThenAlternates) {
             (std::vector<int>{8, 8, 8, 8}));
 }
 
-// Every device runs exactly its chunks' F and B of every micro-batch once, F before B.
+// Every device runs exactly its chunks' F and B (and W) of every micro-batch once, F before B
+// before W.
 void expect_complete(const Schedule& s) {
+  const int kinds = s.splits_backward() ? 3 : 2;
   for (int d = 0; d < s.devices; ++d) {
     std::set<std::tuple<int, int, int>> seen;
     for (const Action& a : s.per_device[static_cast<std::size_t>(d)]) {
@@ -42,18 +45,33 @@ void expect_complete(const Schedule& s) {
       if (a.kind == A::kBackward) {
         EXPECT_TRUE(seen.count({A::kForward, a.micro, a.chunk}));
       }
+      if (a.kind == A::kWeight) {
+        EXPECT_TRUE(s.splits_backward());
+        EXPECT_TRUE(seen.count({A::kBackward, a.micro, a.chunk})) << describe(a, s);
+      }
     }
-    EXPECT_EQ(seen.size(), static_cast<std::size_t>(2 * s.micro_batches * s.chunks_per_device));
+    EXPECT_EQ(seen.size(), static_cast<std::size_t>(kinds * s.micro_batches * s.chunks_per_device));
   }
 }
 
 TEST(Schedule, EveryScheduleIsCompleteAndRunsWithoutDeadlock) {
   for (int k : {1, 2, 3, 4, 8}) {
     for (int m : {1, 2, 4, 8, 16}) {
-      for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB}) {
+      for (ScheduleKind kind :
+           {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
         const Schedule s = make_schedule(kind, k, m);
         expect_complete(s);
         EXPECT_NO_THROW(simulate(s, std::vector<ChunkCost>(static_cast<std::size_t>(k), {1, 2})));
+        // An order found with equal times must not deadlock with unequal ones either.
+        std::vector<ChunkCost> uneven;
+        for (int c = 0; c < k; ++c) {
+          ChunkCost cost;
+          cost.forward_s = 1.0 + c;
+          cost.backward_s = 3.0 + 2 * (k - c);
+          cost.weight_s = 0.5 + c;
+          uneven.push_back(cost);
+        }
+        EXPECT_NO_THROW(simulate(s, uneven, 0.3)) << schedule_name(kind) << " K=" << k;
       }
       if (m % k == 0) {
         for (int v : {2, 3}) {
@@ -89,6 +107,47 @@ TEST(Simulator, BubbleMatchesTheClosedForm) {
       }
     }
   }
+}
+
+ChunkCost unit_fbw() {
+  ChunkCost c;
+  c.forward_s = 1;
+  c.backward_s = 2;  // B and W
+  c.weight_s = 1;
+  return c;
+}
+
+// ZB-H1 with F = B = W: the W passes fill 1F1B's idle time. Our greedy order reaches the paper's
+// (K-1)/(3M + K-1), a third of 1F1B's bubble, for K = 2 (this machine) and for M = K, and lies
+// between the two otherwise; the pipeline's peak (the largest device's) stays 1F1B's.
+TEST(Simulator, ZeroBubbleH1FillsTheBubbleWithWeightGradients) {
+  for (int k : {2, 3, 4, 8}) {
+    for (int m : {4, 8, 16, 32}) {
+      if (m < k) continue;
+      const Schedule s = make_schedule(ScheduleKind::kZeroBubbleH1, k, m);
+      const Schedule one = make_schedule(ScheduleKind::kOneFOneB, k, m);
+      const Simulation sim =
+          simulate(s, std::vector<ChunkCost>(static_cast<std::size_t>(k), unit_fbw()));
+      const std::string what = "K=" + std::to_string(k) + " M=" + std::to_string(m);
+      EXPECT_NEAR(theoretical_bubble(s), (k - 1.0) / (3.0 * m + k - 1.0), 1e-12);
+      if (k == 2 || m == k) {
+        EXPECT_NEAR(sim.bubble, theoretical_bubble(s), 1e-12) << what;
+      } else {
+        EXPECT_GE(sim.bubble, theoretical_bubble(s) - 1e-12) << what;
+      }
+      EXPECT_LT(sim.bubble, theoretical_bubble(one)) << what;
+      const std::vector<int> peak = peak_in_flight(s), peak_one = peak_in_flight(one);
+      EXPECT_EQ(*std::max_element(peak.begin(), peak.end()),
+                *std::max_element(peak_one.begin(), peak_one.end()))
+          << what;
+    }
+  }
+  const Schedule s = make_schedule(ScheduleKind::kZeroBubbleH1, 2, 4);
+  std::string first, last;
+  for (const Action& a : s.per_device[0]) first += describe(a, s) + " ";
+  for (const Action& a : s.per_device[1]) last += describe(a, s) + " ";
+  EXPECT_EQ(first, "F0 F1 B0 W0 B1 F2 W1 F3 B2 W2 B3 W3 ");
+  EXPECT_EQ(last, "F0 B0 F1 B1 W0 W1 F2 B2 F3 B3 W2 W3 ");
 }
 
 TEST(Simulator, MessagesAndSlowStagesLengthenTheStep) {

@@ -13,9 +13,10 @@
 namespace hpm::pipeline {
 
 struct LayerCost {
-  std::string name;      // "3: Conv2d"
-  double forward_s = 0;  // median over repeats, one micro-batch
-  double backward_s = 0;
+  std::string name;                  // "3: Conv2d"
+  double forward_s = 0;              // median over repeats, one micro-batch
+  double backward_s = 0;             // the whole backward: B and W
+  double weight_s = 0;               // its weight-gradient part (W)
   std::size_t parameter_bytes = 0;   // parameters and buffers
   std::size_t activation_bytes = 0;  // kept from forward to backward (incl. the output)
 };

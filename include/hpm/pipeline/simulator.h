@@ -13,9 +13,10 @@ namespace hpm::pipeline {
 
 struct ChunkCost {
   double forward_s = 0;              // one micro-batch's forward through the chunk
-  double backward_s = 0;             // and its backward
+  double backward_s = 0;             // and its whole backward (B and W)
   std::size_t activation_bytes = 0;  // held from a micro-batch's forward until its backward
   std::size_t resident_bytes = 0;    // parameters, gradients: held all the time
+  double weight_s = 0;               // the weight-gradient part of backward_s (W), where known
 };
 
 struct SimulatedAction {
@@ -31,9 +32,11 @@ struct Simulation {
   std::vector<std::vector<SimulatedAction>> timeline;  // per device, in order
 };
 
-// `costs` has one entry per chunk (schedule.chunks()); `message_s` is the time from a chunk's end
-// to the next chunk's input being usable on another device (0 on the same device). Throws
-// std::logic_error if the schedule deadlocks (an action waits for one that can never run).
+// `costs` has one entry per chunk (schedule.chunks()); a schedule that splits backwards runs B in
+// backward_s - weight_s and W in weight_s, and holds activations until W. `message_s` is the time
+// from a chunk's end to the next chunk's input being usable on another device (0 on the same
+// device). Throws std::logic_error if the schedule deadlocks (an action waits for one that can
+// never run).
 Simulation simulate(const Schedule& schedule, const std::vector<ChunkCost>& costs,
                     double message_s = 0);
 
