@@ -1,5 +1,6 @@
 // Pipeline parallelism on this machine, side by side in one run, as markdown tables:
-//   1. throughput of a balanced 2-stage pipeline (M = 8; GPipe, 1F1B, interleaved) against one
+//   1. throughput of a balanced 2-stage pipeline (M = 8; GPipe, 1F1B, interleaved, ZB-H1) against
+//   one
 //      Device training the unsplit model on the same mini-batches (medians over --repeats);
 //   1b. what micro-batching costs one stage, each stage's busy time, and how much longer the
 //       stages compute when they run at once (overhead);
@@ -113,7 +114,8 @@ void speed(int repeats, std::int64_t rows) {
   };
   std::vector<Row> rows_out{{"GPipe", ScheduleKind::kGPipe, 1, {}},
                             {"1F1B", ScheduleKind::kOneFOneB, 1, {}},
-                            {"interleaved v=2", ScheduleKind::kInterleaved, 2, {}}};
+                            {"interleaved v=2", ScheduleKind::kInterleaved, 2, {}},
+                            {"ZB-H1", ScheduleKind::kZeroBubbleH1, 1, {}}};
   std::vector<double> one_ms;
   for (int r = 0; r < repeats; ++r) {
     // One device first in every repeat, the pipelines right after: same machine state.
@@ -231,7 +233,10 @@ void bubble(int repeats, std::int64_t rows) {
                                         {ScheduleKind::kOneFOneB, 16, 1},
                                         {ScheduleKind::kInterleaved, 4, 2},
                                         {ScheduleKind::kInterleaved, 8, 2},
-                                        {ScheduleKind::kInterleaved, 16, 2}}) {
+                                        {ScheduleKind::kInterleaved, 16, 2},
+                                        {ScheduleKind::kZeroBubbleH1, 4, 1},
+                                        {ScheduleKind::kZeroBubbleH1, 8, 1},
+                                        {ScheduleKind::kZeroBubbleH1, 16, 1}}) {
     std::vector<double> measured, simulated, step, sim_ratio, plan_ratio;
     for (int r = 0; r < repeats; ++r) {
       auto s = make(c.kind, c.m, c.v);
@@ -292,7 +297,9 @@ void timelines(const std::string& dir, std::int64_t rows) {
                         {"pipeline_gpipe", "GPipe: 2 stages, M = 4", ScheduleKind::kGPipe, 4, 1},
                         {"pipeline_1f1b", "1F1B: 2 stages, M = 4", ScheduleKind::kOneFOneB, 4, 1},
                         {"pipeline_interleaved", "Interleaved 1F1B: 2 stages x 2 chunks, M = 4",
-                         ScheduleKind::kInterleaved, 4, 2}}) {
+                         ScheduleKind::kInterleaved, 4, 2},
+                        {"pipeline_zbh1", "ZB-H1: 2 stages, M = 4, backward split into B and W",
+                         ScheduleKind::kZeroBubbleH1, 4, 1}}) {
     auto s = make(f.kind, f.m, f.v);
     s->train_step(b.x, b.y, loss_fn, 0.0f);  // warm-up and partition, not drawn
     trace::start();
@@ -300,7 +307,9 @@ void timelines(const std::string& dir, std::int64_t rows) {
     trace::stop();
     std::vector<trace::Event> events;
     for (const auto& e : trace::events()) {
-      if (e.category == "forward" || e.category == "backward") events.push_back(e);
+      if (e.category == "forward" || e.category == "backward" || e.category == "weight") {
+        events.push_back(e);
+      }
     }
     io::write_file_atomic(dir + "/" + f.file + ".svg", trace::svg(events, f.title, 900));
     io::write_file_atomic(dir + "/" + f.file + ".json", trace::chrome_json(events));

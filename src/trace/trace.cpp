@@ -114,8 +114,8 @@ std::string svg(const std::vector<Event>& evs, const std::string& title, double 
   const double plot_w = width_px - left - 20;
   const double height = top + lane_h * static_cast<double>(lanes.size()) + 60;
   static const std::map<std::string, std::string> colours = {
-      {"extract", "#4e79a7"}, {"transform", "#f28e2b"}, {"load", "#59a14f"},
-      {"train", "#e15759"},   {"forward", "#76b7b2"},   {"backward", "#edc948"}};
+      {"extract", "#4e79a7"}, {"transform", "#f28e2b"}, {"load", "#59a14f"},  {"train", "#e15759"},
+      {"forward", "#76b7b2"}, {"backward", "#edc948"},  {"weight", "#b07aa1"}};
   std::vector<std::string> present;
   for (const auto& e : evs) {
     if (std::find(present.begin(), present.end(), e.category) == present.end())
