@@ -136,6 +136,7 @@ int run_plan(const PlanCommandOptions& o) {
     layer_json.push_back({{"name", l.name},
                           {"forward_s", l.forward_s},
                           {"backward_s", l.backward_s},
+                          {"weight_s", l.weight_s},
                           {"parameter_bytes", l.parameter_bytes},
                           {"activation_bytes", l.activation_bytes}});
   }
