@@ -1,13 +1,14 @@
 // Step time and device peak of the repository's cnn and mlp (examples/fashion_{cnn,mlp}.toml)
-// trained plainly, with recomputation (every 1 and 2 layers) and with offload; ratios against plain
-// measured side by side: each round times every variant once, in turn, and the ratio reported is
-// the median over rounds of (variant / plain) for that round.
+// trained plainly, with recomputation (every 1, 2 and sqrt(n) layers) and with offload; ratios
+// against plain measured side by side: each round times every variant once, in turn, and the ratio
+// reported is the median over rounds of (variant / plain) for that round.
 //
 //   flock /tmp/hpm-cpu.lock build-mem/bench/memory_bench [rounds=7] [steps=5] [batch=256]
 //   [mlp|cnn|both]
 // (steps: per timing of the cnn; the mlp's are 10 times as many)
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -68,6 +69,12 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
       [](auto m) { return nn::with_recomputation(m, 2, nn::RecomputeMode::Always); });
   add("recompute except_last 2",
       [](auto m) { return nn::with_recomputation(m, 2, nn::RecomputeMode::ExceptLast); });
+  // Chen et al.'s choice: segments of sqrt(n) units, the last one kept (it is backward's first).
+  add("recompute except_last sqrt(n)", [](auto m) {
+    const auto units = static_cast<double>(nn::sequential_units(*m).size());
+    const int every = std::max(1, static_cast<int>(std::ceil(std::sqrt(units))));
+    return nn::with_recomputation(m, every, nn::RecomputeMode::ExceptLast);
+  });
   add("offload >= 64 KiB",
       [](auto m) { return std::shared_ptr<nn::Module>(nn::with_offload(m, {64 << 10})); });
   for (auto& v : variants) {
@@ -127,7 +134,7 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
   }
   std::printf("\n%s, batch %lld, %d rounds x %d steps, %d thread(s)\n", config_path.c_str(),
               static_cast<long long>(batch), rounds, steps, num_threads());
-  std::printf("%-24s %9s %8s %15s %8s %17s %8s\n", "variant", "step ms", "time x", "step peak MiB",
+  std::printf("%-30s %9s %8s %15s %8s %17s %8s\n", "variant", "step ms", "time x", "step peak MiB",
               "peak x", "held for bwd MiB", "held x");
   const double plain_need =
       static_cast<double>(variants[0].peak_bytes - variants[0].resident_bytes);
@@ -135,7 +142,7 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
   for (auto& v : variants) {
     const double need = static_cast<double>(v.peak_bytes - v.resident_bytes);
     const double held = static_cast<double>(v.held_bytes);
-    std::printf("%-24s %9.2f %8.3f %15.2f %8.3f %17.2f %8.3f\n", v.name.c_str(),
+    std::printf("%-30s %9.2f %8.3f %15.2f %8.3f %17.2f %8.3f\n", v.name.c_str(),
                 1e3 * median(v.step_seconds), median(v.ratios), need / (1024.0 * 1024.0),
                 need / plain_need, held / (1024.0 * 1024.0), held / plain_held);
   }
