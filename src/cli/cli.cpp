@@ -137,7 +137,12 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
         cfg.path.c_str(), static_cast<long long>(model->num_parameters()),
         static_cast<long long>(train_examples), static_cast<long long>(test.size()),
         static_cast<long long>(cfg.batch_size), cfg.threads);
-    if (strategy) {
+    if (cfg.pipeline.present) {
+      // One model, cut: replicas would say nothing here; the cut and the schedule do.
+      std::printf(", pipeline: %d stages (%s), %d micro-batches, schedule %s", cfg.pipeline.stages,
+                  strategy && strategy->num_workers() > 1 ? "processes" : "threads",
+                  cfg.pipeline.micro_batches, cfg.pipeline.schedule.c_str());
+    } else if (strategy) {
       std::printf(", strategy %s: %d replica(s) in sync (%d worker(s) x %d)",
                   strategy->name().c_str(), strategy->num_replicas_in_sync(),
                   strategy->num_workers(), strategy->local_replicas());

@@ -19,13 +19,23 @@ TEST(PipelineCommand, TrainsLikeOneDeviceAndReportsTheStages) {
               " --set pipeline.stages=2 --set pipeline.micro_batches=4"
               " --set pipeline.schedule='\"gpipe\"' --set pipeline.partition='\"uniform\"'");
   ASSERT_EQ(piped.code, 0) << piped.output;
-  EXPECT_NE(piped.output.find("strategy pipeline"), std::string::npos) << piped.output;
+  EXPECT_NE(piped.output.find("pipeline: 2 stages (threads), 4 micro-batches, schedule gpipe"),
+            std::string::npos)
+      << piped.output;
   EXPECT_NE(piped.output.find("pipeline: cut at [0,2,4]"), std::string::npos) << piped.output;
   EXPECT_NEAR(report_number(dir / "pipe.json", "test_loss"),
               report_number(dir / "one.json", "test_loss"), 1e-4);
   const auto report = nlohmann::json::parse(read_text(dir / "pipe.json"));
   EXPECT_EQ(report["pipeline"]["peak_bytes"].size(), 2u);
   EXPECT_GE(report["pipeline"]["last_step_bubble"].get<double>(), 0.0);
+  // The zero-bubble schedule (backward split into B and W) trains to the same numbers.
+  const CommandResult zb = run_hpm("train " + config + " --report " + (dir / "zb.json") +
+                                   " --set pipeline.stages=2 --set pipeline.micro_batches=4"
+                                   " --set pipeline.schedule='\"zb-h1\"'");
+  ASSERT_EQ(zb.code, 0) << zb.output;
+  EXPECT_NE(zb.output.find("schedule zb-h1"), std::string::npos) << zb.output;
+  EXPECT_NEAR(report_number(dir / "zb.json", "test_loss"),
+              report_number(dir / "one.json", "test_loss"), 1e-4);
 }
 
 TEST(PipelineCommand, OneProcessPerStageUnderTheLauncher) {
@@ -38,8 +48,7 @@ TEST(PipelineCommand, OneProcessPerStageUnderTheLauncher) {
   const CommandResult two = run_hpm("launch -n 2 -- " + hpm_binary() + " train " + config +
                                     " --report " + (dir / "two.json") + stages);
   ASSERT_EQ(two.code, 0) << two.output;
-  EXPECT_NE(two.output.find("strategy pipeline: 2 replica(s) in sync (2 worker(s)"),
-            std::string::npos)
+  EXPECT_NE(two.output.find("pipeline: 2 stages (processes), 4 micro-batches"), std::string::npos)
       << two.output;
   EXPECT_NEAR(report_number(dir / "two.json", "test_loss"),
               report_number(dir / "one.json", "test_loss"), 1e-4);

@@ -103,7 +103,7 @@ struct PipelineSection {
   bool present = false;
   int stages = 2;
   int micro_batches = 4;
-  std::string schedule = "1f1b";       // gpipe | 1f1b | interleaved
+  std::string schedule = "1f1b";       // gpipe | 1f1b | interleaved | zb-h1
   int chunks_per_stage = 1;            // interleaved: model chunks per stage (>= 2)
   std::string partition = "balanced";  // uniform | parameters | balanced (profiled time)
   int profile_repeats = 3;
