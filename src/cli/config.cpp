@@ -105,6 +105,13 @@ class TableReader {
     }
   }
 
+  // A value of the right type that the section cannot take: "<file:line>: [section] key what".
+  [[noreturn]] void invalid(const char* key, const std::string& what) const {
+    const toml::node* node = table_ ? table_->get(key) : nullptr;
+    throw ConfigError((node ? where(path_, node->source()) : path_) + ": " + section_ + " " + key +
+                      " " + what);
+  }
+
   [[noreturn]] void fail(const toml::node& node, const std::string& key,
                          const std::string& expected) const {
     std::ostringstream os;
@@ -442,20 +449,17 @@ void parse_noisy_student(const std::string& path, const toml::table& root, Noisy
   r.get("crop_padding", n.crop_padding);
   r.get("flip", n.flip);
   r.finish();
-  const auto bad = [&](const char* key, const std::string& what) {
-    throw ConfigError(where(path, t->get(key)->source()) + ": [noisy_student] " + key + " " + what);
-  };
   if (n.pseudo_labels != "soft" && n.pseudo_labels != "hard") {
-    bad("pseudo_labels", "must be \"soft\" or \"hard\", got \"" + n.pseudo_labels + "\"");
+    r.invalid("pseudo_labels", "must be \"soft\" or \"hard\", got \"" + n.pseudo_labels + "\"");
   }
   if (!(n.confidence_threshold >= 0.0f && n.confidence_threshold <= 1.0f))
-    bad("confidence_threshold", "must be in [0, 1]");
-  if (n.per_class < 0) bad("per_class", "must be >= 0");
-  if (n.labelled < 0) bad("labelled", "must be >= 0");
-  if (n.teacher_epochs < 0) bad("teacher_epochs", "must be >= 0");
+    r.invalid("confidence_threshold", "must be in [0, 1]");
+  if (n.per_class < 0) r.invalid("per_class", "must be >= 0");
+  if (n.labelled < 0) r.invalid("labelled", "must be >= 0");
+  if (n.teacher_epochs < 0) r.invalid("teacher_epochs", "must be >= 0");
   if (t->get("labelled_fraction") && !(n.labelled_fraction > 0.0f && n.labelled_fraction < 1.0f))
-    bad("labelled_fraction", "must be in (0, 1)");
-  if (n.crop_padding < 0) bad("crop_padding", "must be >= 0");
+    r.invalid("labelled_fraction", "must be in (0, 1)");
+  if (n.crop_padding < 0) r.invalid("crop_padding", "must be >= 0");
   if (!n.teacher_config.empty() && !std::filesystem::path(n.teacher_config).is_absolute()) {
     n.teacher_config = (std::filesystem::path(path).parent_path() / n.teacher_config).string();
   }
@@ -474,13 +478,10 @@ void parse_codistill(const std::string& path, const toml::table& root, Codistill
   r.get_positive("temperature", c.temperature);
   r.get("shards", c.shards);
   r.finish();
-  const auto bad = [&](const char* key, const std::string& what) {
-    throw ConfigError(where(path, t->get(key)->source()) + ": [codistill] " + key + " " + what);
-  };
-  if (c.burn_in < 0) bad("burn_in", "must be >= 0");
-  if (!(c.alpha >= 0.0f && c.alpha <= 1.0f)) bad("alpha", "must be in [0, 1]");
+  if (c.burn_in < 0) r.invalid("burn_in", "must be >= 0");
+  if (!(c.alpha >= 0.0f && c.alpha <= 1.0f)) r.invalid("alpha", "must be in [0, 1]");
   if (c.shards != "identical" && c.shards != "disjoint") {
-    bad("shards", "must be \"identical\" or \"disjoint\", got \"" + c.shards + "\"");
+    r.invalid("shards", "must be \"identical\" or \"disjoint\", got \"" + c.shards + "\"");
   }
 }
 

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
@@ -206,13 +207,12 @@ class Pipeline::Stage {
     Tensor grad;
     if (a.chunk != last_chunk()) grad = receive(a.micro, a.chunk, /*gradient=*/true);
     const Clock::time_point t0 = Clock::now();
-    if (schedule_.splits_backward()) {
-      // B: the input gradient now, for the previous stage; the weight gradients wait for W.
-      autograd::DeferWeightGradients later(deferred_[{a.micro, a.chunk}]);
-      s.out.backward(grad);
-    } else {
-      s.out.backward(grad);
-    }
+    // Split schedules: B computes the input gradient now, for the previous stage; the weight
+    // gradients wait for W.
+    std::optional<autograd::DeferWeightGradients> later;
+    if (schedule_.splits_backward()) later.emplace(deferred_[{a.micro, a.chunk}]);
+    s.out.backward(grad);
+    later.reset();
     const Clock::time_point t1 = Clock::now();
     account(a, t0, t1, result_.backward_s);
     if (a.chunk > 0) {
