@@ -8,10 +8,13 @@ with 0 and 2 workers. Prints medians and the ratio against the better DataLoader
 
 usage: bench/data_vs_torch.py [--repeats 5]
 """
-import argparse, json, os, statistics, subprocess, tempfile
+import argparse, json, os, statistics, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEER = os.path.join(ROOT, "..", "shared", "peers", "torch_dataloader.py")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import peers  # noqa: E402
+
+PEER = os.path.join(peers.PEERS, "torch_dataloader.py")
 
 
 def hpm(extra=()):
@@ -23,9 +26,7 @@ def hpm(extra=()):
 
 
 def peer(workers):
-    env = dict(os.environ)
-    env.pop("OPENBLAS_CORETYPE", None)
-    out = subprocess.run(["/usr/bin/python3", PEER, str(workers), "128"], env=env, check=True,
+    out = subprocess.run(["/usr/bin/python3", PEER, str(workers), "128"], env=peers.env(), check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])["elements_per_s"]
 
@@ -34,6 +35,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    peers.install()
+    print(peers.machine(), flush=True)
     runs = {"hpm_autotune": [], "hpm_sequential": [], "torch_0_workers": [], "torch_2_workers": []}
     for _ in range(args.repeats):
         runs["hpm_autotune"].append(hpm())

@@ -10,20 +10,20 @@
 Each measurement is repeated REPEATS times, alternating; medians are printed.
 
 usage: bench/dist_vs_peers.py [--repeats 3] [--models mlp,cnn]
-Needs: build/ (scripts/setup.sh), python3-torch, openmpi-bin and libopenmpi-dev (apt-get).
+Needs: build/ (scripts/setup.sh); installs the peers itself (scripts/setup_peers.sh).
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PEERS = os.path.join(ROOT, "..", "shared", "peers")
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import peers  # noqa: E402
+
+PEERS = peers.PEERS
 HPM = os.path.join(ROOT, "build", "hpm")
 
 
 def peer_env():
-    env = dict(os.environ)
-    env.pop("OPENBLAS_CORETYPE", None)  # the peer scripts name the right core themselves
-    env["OPENBLAS_NUM_THREADS"] = "1"
-    return env
+    return peers.env("blas")  # 1 thread per process: OpenBLAS and PyTorch's pool alike
 
 
 def hpm_allreduce(backend, sizes):
@@ -75,6 +75,8 @@ def main():
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--skip-allreduce", action="store_true")
     a = ap.parse_args()
+    peers.install()
+    print(peers.machine(), flush=True)
     if not a.skip_allreduce:
         allreduce_vs_peers(a.repeats)
     training_vs_peers(a.repeats, a.models)

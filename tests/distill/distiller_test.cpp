@@ -4,7 +4,6 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -251,7 +250,6 @@ TEST(Distiller, TeacherIsBitIdenticalAfterDistillation) {
 }
 
 TEST(Distiller, DistilledStudentLearnsAndMOnMEnsembleIsEvaluated) {
-  const auto t0 = std::chrono::steady_clock::now();
   const auto train = testing::blobs(768, 1), test = testing::blobs(400, 9);
   auto teacher_a = trained_teacher(train, 2, false), teacher_b = trained_teacher(train, 4, false);
   const double acc_a = distill::ensemble_accuracy({teacher_a}, test);
@@ -275,9 +273,6 @@ TEST(Distiller, DistilledStudentLearnsAndMOnMEnsembleIsEvaluated) {
       fit_options(3), {0.5f, 2.0f});
   ASSERT_EQ(students.size(), 2u);
   EXPECT_GT(distill::ensemble_accuracy(students, test), acc_a - 0.08);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(seconds, 2.0);
 }
 
 TEST(Distiller, EnsembleAveragesProbabilities) {

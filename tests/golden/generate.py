@@ -6,7 +6,8 @@ is needed only to regenerate them:
 
     /usr/bin/python3 tests/golden/generate.py
 
-Needs only torch (Debian's python3-torch 1.13) and numpy; the safetensors writer and reader are
+Needs only torch (Debian's python3-torch 1.13, with libopenblas0-pthread) and numpy, which
+scripts/setup_peers.sh installs (it is run first if torch is missing); the safetensors writer and reader are
 below. All math runs in float32 on the CPU, seeded per case, so re-running gives byte-identical
 files. After writing, every file is read back with the reader here and compared to the tensors
 that were written.
@@ -18,8 +19,14 @@ import struct
 import sys
 import zlib
 
+try:
+    import torch
+except ImportError:
+    import subprocess
+    subprocess.run([os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                                 "setup_peers.sh")], check=True)
+    import torch
 import numpy as np
-import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
