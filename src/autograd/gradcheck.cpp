@@ -39,11 +39,12 @@ double weighted_sum(const Tensor& out, const Tensor& w) {
 
 const std::vector<std::string>& op_names() {
   static const std::vector<std::string> names = {
-      "Add",       "Sub",     "Mul",        "Div",          "AddScalar", "MulScalar",  "Neg",
-      "Exp",       "Log",     "Sqrt",       "Square",       "Relu",      "Tanh",       "Sigmoid",
-      "Gelu",      "Sum",     "SumDim",     "Reshape",      "Transpose", "Permute",    "MatMul",
-      "Linear",    "Conv2d",  "MaxPool2d",  "AvgPool2d",    "BatchNorm", "Conv2dRelu", "LayerNorm",
-      "Embedding", "Softmax", "LogSoftmax", "CrossEntropy", "NllLoss",   "KlDiv"};
+      "Add",       "Sub",     "Mul",        "Div",           "AddScalar", "MulScalar",  "Neg",
+      "Exp",       "Log",     "Sqrt",       "Square",        "Relu",      "Tanh",       "Sigmoid",
+      "Gelu",      "Sum",     "SumDim",     "Reshape",       "Transpose", "Permute",    "MatMul",
+      "Linear",    "Conv2d",  "MaxPool2d",  "AvgPool2d",     "BatchNorm", "Conv2dRelu", "LayerNorm",
+      "Embedding", "Softmax", "LogSoftmax", "CrossEntropy",  "NllLoss",   "KlDiv",      "Narrow",
+      "Concat",    "Where",   "MaskedFill", "BatchedMatMul", "Attention"};
   return names;
 }
 

@@ -2,7 +2,9 @@
 // they are and outputs detached (an output saving itself would be a reference cycle).
 #include "hpm/autograd/ops.h"
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include "hpm/autograd/deferred.h"
@@ -142,6 +144,14 @@ Tensor transpose(const Tensor& x) {
                 [](const Tensor& g, const Needs&) { return Tensors{kernels::transpose2d(g)}; });
 }
 
+Tensor transpose(const Tensor& x, int dim0, int dim1) {
+  std::vector<int> perm(static_cast<std::size_t>(x.dim()));
+  for (int i = 0; i < x.dim(); ++i) perm[static_cast<std::size_t>(i)] = i;
+  std::swap(perm[static_cast<std::size_t>(x.shape().wrap(dim0))],
+            perm[static_cast<std::size_t>(x.shape().wrap(dim1))]);
+  return permute(x, perm);
+}
+
 Tensor permute(const Tensor& x, const std::vector<int>& perm) {
   std::vector<int> inverse(perm.size());
   for (std::size_t i = 0; i < perm.size(); ++i)
@@ -151,9 +161,82 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
       [inverse](const Tensor& g, const Needs&) { return Tensors{kernels::permute(g, inverse)}; });
 }
 
+Tensor narrow(const Tensor& x, int dim, std::int64_t start, std::int64_t length) {
+  const Shape s = x.shape();
+  const int d = s.wrap(dim);
+  return record("Narrow", {x}, kernels::narrow_copy(x, d, start, length),
+                [s, d, start](const Tensor& g, const Needs&) {
+                  Tensor gx = Tensor::zeros(s, DType::F32, g.device());
+                  kernels::narrow_add_(gx, d, start, g);
+                  return Tensors{gx};
+                });
+}
+
+Tensor concat(const std::vector<Tensor>& xs, int dim) {
+  if (xs.empty()) throw std::invalid_argument("concat: no tensors");
+  const int d = xs[0].shape().wrap(dim);
+  std::vector<std::int64_t> sizes;
+  for (const Tensor& x : xs) sizes.push_back(x.size(d));
+  return record("Concat", xs, kernels::concat(xs, d), [sizes, d](const Tensor& g, const Needs& n) {
+    Tensors gs(sizes.size());
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < sizes.size(); at += sizes[i], ++i)
+      if (n[i]) gs[i] = kernels::narrow_copy(g, d, at, sizes[i]);
+    return gs;
+  });
+}
+
+std::vector<Tensor> split(const Tensor& x, std::int64_t size, int dim) {
+  if (size <= 0)
+    throw std::invalid_argument("split: size must be positive, got " + std::to_string(size));
+  const int d = x.shape().wrap(dim);
+  std::vector<Tensor> parts;
+  for (std::int64_t at = 0; at < x.size(d); at += size)
+    parts.push_back(narrow(x, d, at, std::min(size, x.size(d) - at)));
+  return parts;
+}
+
+std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, int dim) {
+  if (chunks <= 0) {
+    throw std::invalid_argument("chunk: chunks must be positive, got " + std::to_string(chunks));
+  }
+  const std::int64_t extent = x.size(x.shape().wrap(dim));
+  return split(x, std::max<std::int64_t>(1, (extent + chunks - 1) / chunks), dim);
+}
+
+// ---- selection -------------------------------------------------------------------------------
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const Shape sa = a.shape(), sb = b.shape();
+  return record(
+      "Where", {a, b}, kernels::where(cond, a, b), [cond, sa, sb](const Tensor& g, const Needs& n) {
+        const Tensor zero = Tensor::zeros({}, DType::F32, g.device());
+        return Tensors{n[0] ? kernels::sum_to(kernels::where(cond, g, zero), sa) : Tensor(),
+                       n[1] ? kernels::sum_to(kernels::where(cond, zero, g), sb) : Tensor()};
+      });
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
+  return record("MaskedFill", {x}, kernels::masked_fill(x, mask, value),
+                [mask](const Tensor& g, const Needs&) {
+                  return Tensors{kernels::masked_fill(g, mask, 0.0f)};
+                });
+}
+
 // ---- linear algebra --------------------------------------------------------------------------
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (a.dim() != 2 || b.dim() != 2) {
+    const Shape sa = a.shape(), sb = b.shape();
+    return record("BatchedMatMul", {a, b}, kernels::bmm(a, b),
+                  [a, b, sa, sb](const Tensor& g, const Needs& n) {
+                    // dA = G B^T, dB = A^T G, each summed over the batch dimensions it was
+                    // broadcast along.
+                    return Tensors{
+                        n[0] ? kernels::sum_to(kernels::bmm(g, b, false, true), sa) : Tensor(),
+                        n[1] ? kernels::sum_to(kernels::bmm(a, g, true, false), sb) : Tensor()};
+                  });
+  }
   return record("MatMul", {a, b}, kernels::matmul(a, b), [a, b](const Tensor& g, const Needs& n) {
     // dA = G B^T, dB = A^T G
     return Tensors{n[0] ? kernels::matmul(g, b, false, true) : Tensor(),
@@ -319,17 +402,23 @@ Tensor log_softmax(const Tensor& x, int dim) {
   });
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing) {
+Tensor masked_softmax(const Tensor& x, const Tensor& mask, int dim) {
+  return softmax(masked_fill(x, mask, -std::numeric_limits<float>::infinity()), dim);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                     std::int64_t ignore_index) {
   if (label_smoothing < 0.0f || label_smoothing > 1.0f) {
     throw std::invalid_argument("label_smoothing must be in [0, 1]");
   }
   Tensor probs;
-  const float loss = kernels::cross_entropy_forward(logits, labels, label_smoothing, probs);
-  return record(
-      "CrossEntropy", {logits}, Tensor::scalar(loss),
-      [probs, labels, label_smoothing](const Tensor& g, const Needs&) {
-        return Tensors{kernels::cross_entropy_backward(probs, labels, label_smoothing, g.item())};
-      });
+  const float loss =
+      kernels::cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index);
+  return record("CrossEntropy", {logits}, Tensor::scalar(loss),
+                [probs, labels, label_smoothing, ignore_index](const Tensor& g, const Needs&) {
+                  return Tensors{kernels::cross_entropy_backward(probs, labels, label_smoothing,
+                                                                 g.item(), ignore_index)};
+                });
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels) {
@@ -388,6 +477,24 @@ Tensor kl_div(const Tensor& input_log_probs, const Tensor& target_probs) {
         }
         return Tensors{gx, gt};
       });
+}
+
+// ---- attention -------------------------------------------------------------------------------
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    float scale) {
+  if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
+  Tensor lse;
+  Tensor y = kernels::attention_forward(q, k, v, causal, scale, lse);
+  Tensor yd = y.detach();
+  return record("Attention", {q, k, v}, y,
+                [q, k, v, yd, lse, causal, scale](const Tensor& g, const Needs& n) {
+                  Tensor gq, gk, gv;
+                  kernels::attention_backward(g, q, k, v, yd, lse, causal, scale,
+                                              n[0] ? &gq : nullptr, n[1] ? &gk : nullptr,
+                                              n[2] ? &gv : nullptr);
+                  return Tensors{gq, gk, gv};
+                });
 }
 
 }  // namespace hpm

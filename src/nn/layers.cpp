@@ -29,12 +29,16 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool has_bia
 }
 
 Tensor Linear::forward(const Tensor& x) {
-  if (x.dim() != 2 || x.size(1) != in_) {
+  if (x.dim() < 2 || x.size(-1) != in_) {
     throw std::invalid_argument("Linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
-                                "): expected input (N, " + std::to_string(in_) + "), got " +
-                                x.shape().str());
+                                "): expected input (N, " + std::to_string(in_) + ") or (..., " +
+                                std::to_string(in_) + "), got " + x.shape().str());
   }
-  return linear(x, weight, bias);
+  if (x.dim() == 2) return linear(x, weight, bias);
+  // (B, T, IN): one GEMM over the B*T rows.
+  std::vector<std::int64_t> dims = x.shape().dims();
+  dims.back() = out_;
+  return reshape(linear(reshape(x, {x.numel() / in_, in_}), weight, bias), Shape(dims));
 }
 
 std::string Linear::extra_repr() const {

@@ -1,10 +1,11 @@
 #include "hpm/nn/module.h"
 
-#include "hpm/nn/layers.h"
-
 #include <map>
+#include <set>
 #include <sstream>
 #include <stdexcept>
+
+#include "hpm/nn/layers.h"
 
 namespace hpm::nn {
 
@@ -26,9 +27,29 @@ void Module::collect(const std::string& prefix, bool params, NamedTensors& out) 
 }
 
 NamedTensors Module::named_parameters() const {
-  NamedTensors out;
-  collect("", true, out);
+  NamedTensors all, out;
+  collect("", true, all);
+  // A shared parameter (GPT's tied embedding and head) is one parameter: listed once, under the
+  // first name it was reached by, as torch's named_parameters does, so optimizers update it once.
+  std::set<const TensorImpl*> seen;
+  for (auto& [name, t] : all)
+    if (seen.insert(t.impl()).second) out.emplace_back(std::move(name), std::move(t));
   return out;
+}
+
+void Module::replace_parameter(const std::string& name, const Tensor& value) {
+  for (auto& [n, t] : params_) {
+    if (n != name) continue;
+    if (t.defined() && value.defined() &&
+        (t.shape() != value.shape() || t.dtype() != value.dtype())) {
+      throw std::invalid_argument("replace_parameter: '" + name + "' is " + t.shape().str() +
+                                  ", the replacement " + value.shape().str());
+    }
+    t = value;
+    return;
+  }
+  throw std::invalid_argument("replace_parameter: " + type_name() + " has no parameter '" + name +
+                              "'");
 }
 
 std::vector<Tensor> Module::parameters() const {
@@ -44,7 +65,10 @@ NamedTensors Module::named_buffers() const {
 }
 
 NamedTensors Module::state_dict() const {
-  NamedTensors out = named_parameters();
+  // Every name, shared parameters under each of theirs (as torch's state_dict), so a state dict
+  // saved by PyTorch loads by name and one saved here loads there.
+  NamedTensors out;
+  collect("", true, out);
   for (auto& nb : named_buffers()) out.push_back(nb);
   return out;
 }
@@ -56,7 +80,8 @@ void Module::load_state_dict(const NamedTensors& state) {
   // Validate everything before changing anything.
   for (const auto& [name, t] : mine) {
     auto it = given.find(name);
-    if (it == given.end()) throw std::invalid_argument("load_state_dict: missing entry '" + name + "'");
+    if (it == given.end())
+      throw std::invalid_argument("load_state_dict: missing entry '" + name + "'");
     if (it->second->shape() != t.shape() || it->second->dtype() != t.dtype()) {
       throw std::invalid_argument("load_state_dict: '" + name + "' has shape " +
                                   it->second->shape().str() + " " +
@@ -111,6 +136,12 @@ Sequential::Sequential(std::vector<std::shared_ptr<Module>> layers) {
 
 void Sequential::push_back(std::shared_ptr<Module> layer) {
   register_module(std::to_string(size()), std::move(layer));
+}
+
+std::vector<std::shared_ptr<Module>> Sequential::blocks() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const auto& [name, m] : children()) out.push_back(m);
+  return out;
 }
 
 std::shared_ptr<Sequential> Sequential::slice(std::size_t begin, std::size_t end) const {

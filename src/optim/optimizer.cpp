@@ -131,7 +131,8 @@ Adam::Adam(NamedTensors params, const AdamOptions& o) : Optimizer(std::move(para
 
 void Adam::update(std::size_t i, float* p, const float* g, std::int64_t n) {
   const auto t = static_cast<double>(steps_);
-  const float b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, wd = o_.weight_decay, lr = lr_;
+  const float b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, lr = lr_;
+  const float wd = params_[i].second.dim() >= o_.weight_decay_min_rank ? o_.weight_decay : 0.0f;
   const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
   const auto bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
   const float step_size = lr / bias1;

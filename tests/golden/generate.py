@@ -14,6 +14,7 @@ that were written.
 """
 
 import json
+import math
 import os
 import struct
 import sys
@@ -91,16 +92,23 @@ def randomize(module):
             p.copy_(torch.randn_like(p) * 0.5)
 
 
-def layer_case(config, module, inputs, train=True, prepare=None):
+def layer_case(config, module, inputs, train=True, prepare=None, exact=False):
     """Forward + backward of `module` on `inputs` (list of tensors) with a random upstream grad.
 
     `prepare(module)` may set buffers before the forward (they are recorded as buffer_before.*).
-    Integer inputs get no grad.
+    Integer inputs get no grad. exact: the values are drawn in float32 (what hpm loads) but the
+    arithmetic runs in float64, and the results are rounded to float32 at the end: the true values
+    of a float32 model, for composite models whose float32 rounding (PyTorch's as much as hpm's)
+    exceeds an element-wise 1e-5 (see README.md).
     """
     randomize(module)
     if prepare is not None:
         prepare(module)
     module.train(train)
+    if exact:
+        config = {**config, "exact": True}
+        module.double()
+        inputs = [x.double() if x.is_floating_point() else x for x in inputs]
     inputs = [x.requires_grad_(x.is_floating_point()) for x in inputs]
     tensors = [("input" if i == 0 else f"input{i + 1}", x) for i, x in enumerate(inputs)]
     tensors += [(f"param.{n}", p) for n, p in module.named_parameters()]
@@ -115,6 +123,8 @@ def layer_case(config, module, inputs, train=True, prepare=None):
                 for i, x in enumerate(inputs) if x.grad is not None]
     tensors += [(f"grad.param.{n}", p.grad) for n, p in module.named_parameters()]
     tensors += [(f"buffer.{n}", b.clone()) for n, b in module.named_buffers()]
+    if exact:
+        tensors = [(n, t.detach().float() if t.is_floating_point() else t) for n, t in tensors]
     return config, tensors
 
 
@@ -211,6 +221,155 @@ def layer_cases():
 
 
 # ---------------------------------------------------------------------------------------------
+# ops of the models that are not stacks (attention, GPT): tensors in, one tensor out
+
+
+def attention_reference(q, k, v, causal):
+    """softmax(q k^T / sqrt(D), causal mask) v, written out: torch 1.13 has no fused SDPA."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        t, n = s.shape[-2], s.shape[-1]
+        s = s.masked_fill(torch.ones(t, n, dtype=torch.bool).triu(1), float("-inf"))
+    return s.softmax(-1) @ v
+
+
+def op_cases():
+    def op(name, kind, fn, shapes, **cfg):
+        return name, lambda: layer_case({"kind": kind, **cfg}, Fn(fn),
+                                        [torch.randn(*s) for s in shapes], exact=True)
+
+    # T = 70 is not a multiple of hpm's 64-row tiles; 3 heads of 16.
+    qkv = [(2, 3, 70, 16)] * 3
+    return [
+        op("attention", "attention", lambda q, k, v: attention_reference(q, k, v, False), qkv,
+           causal=False),
+        op("attention_causal", "attention", lambda q, k, v: attention_reference(q, k, v, True),
+           qkv, causal=True),
+        op("batched_matmul", "matmul", lambda a, b: a @ b, [(2, 1, 5, 4), (3, 4, 6)]),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT: ../shared/peers/torch_gpt.py's model itself, so that hpm's GPT is held to exactly it
+
+
+def torch_gpt():
+    peers = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared",
+                         "peers")
+    sys.path.insert(0, peers)
+    import torch_gpt as tg  # noqa: E402 (the peer; its import checks for the pthread OpenBLAS)
+    return tg
+
+
+def gpt_block_case():
+    tg = torch_gpt()
+    e, h = 32, 4
+    return layer_case({"kind": "gpt_block", "n_embd": e, "n_head": h, "bias": True},
+                      tg.Block(e, h), [torch.randn(2, 10, e)], exact=True)
+
+
+def gpt_logits(m, idx):
+    x = m.tok(idx) + m.pos(torch.arange(idx.shape[1]))
+    for b in m.blocks:
+        x = b(x)
+    return m.head(m.ln(x))
+
+
+def gpt_case(steps=10):
+    """torch_gpt.py's default model (4 layers, 4 heads, 128 wide, block 64, vocab 256, tied head)
+    with its own init: logits and loss of one batch, every parameter's gradient, then `steps`
+    training steps on that batch as torch_gpt.py takes them (AdamW betas 0.9/0.99, eps 1e-8,
+    weight decay 0.1 on 2-D parameters only, gradients clipped to norm 1.0; lr 1e-3 constant)."""
+    tg = torch_gpt()
+    cfg = {"kind": "gpt", "n_layer": 4, "n_head": 4, "n_embd": 128, "block_size": 64,
+           "vocab_size": 256, "bias": True, "tie_weights": True, "lr": 1e-3, "betas": [0.9, 0.99],
+           "eps": 1e-8, "weight_decay": 0.1, "clip": 1.0, "steps": steps}
+    m = tg.GPT(4, 4, 128, 64)
+    idx, tgt = torch.randint(0, 256, (2, 64)), torch.randint(0, 256, (2, 64))
+    tensors = [("input", idx), ("target", tgt)]
+    tensors += [(f"param.{n}", p.detach().clone()) for n, p in m.named_parameters()]
+    m.double()  # float32 values, float64 arithmetic: the true results (see layer_case's exact)
+    logits = gpt_logits(m, idx)
+    loss = F.cross_entropy(logits.reshape(-1, 256), tgt.reshape(-1))
+    loss.backward()
+    tensors += [("logits", logits.detach()), ("loss", loss.detach())]
+    tensors += [(f"grad.param.{n}", p.grad.clone()) for n, p in m.named_parameters()]
+
+    decay = [p for p in m.parameters() if p.dim() >= 2]
+    no_decay = [p for p in m.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        step_loss = m(idx, tgt)
+        step_loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        losses.append(step_loss.item())
+    tensors += [("losses", torch.tensor(losses))]
+    tensors += [(f"step{steps}.{n}", p.detach().clone()) for n, p in m.named_parameters()]
+    result = [(n, t.detach().float() if t.is_floating_point() else t) for n, t in tensors]
+    float32_drift(tg, dict(result), idx, tgt, steps)
+    return cfg, result
+
+
+def float32_drift(tg, exact, idx, tgt, steps):
+    """Prints how far PyTorch's own float32 run of gpt_case ends from the exact parameters: the
+    yardstick for the tolerance golden_test.cpp holds hpm's float32 run to."""
+    torch.manual_seed(zlib.crc32(b"gpt"))  # the case's seed: the same initial weights
+    m = tg.GPT(4, 4, 128, 64)
+    decay = [p for p in m.parameters() if p.dim() >= 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": [p for p in m.parameters() if p.dim() < 2],
+                              "weight_decay": 0.0}], lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        m(idx, tgt).backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+    norm, elem = 0.0, 0.0
+    for n, p in m.named_parameters():
+        a, e = p.detach().double(), exact[f"step{steps}.{n}"].double()
+        if "qkv.bias" in n:  # the key third is rounding noise (golden_test.cpp says why)
+            e128 = e.shape[0] // 3
+            a, e = torch.cat([a[:e128], a[2 * e128:]]), torch.cat([e[:e128], e[2 * e128:]])
+        norm = max(norm, ((a - e).norm() / e.norm()).item())
+        elem = max(elem, ((a - e).abs() / (e.abs() + e.abs().max())).max().item())
+    print(f"gpt: PyTorch float32 after {steps} steps, from the exact parameters: "
+          f"normwise {norm:.2e}, element-wise {elem:.2e}")
+
+
+class BasicBlock(nn.Module):
+    """ResNet's BasicBlock with torchvision's names (torchvision is not a dependency here)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        h = F.relu(self.bn1(self.conv1(x)))
+        h = self.bn2(self.conv2(h))
+        return F.relu(h + (x if self.downsample is None else self.downsample(x)))
+
+
+def resnet_block_cases():
+    def case(cin, cout, stride):
+        return lambda: layer_case({"kind": "resnet_basic_block", "in": cin, "out": cout,
+                                   "stride": stride}, BasicBlock(cin, cout, stride),
+                                  [torch.randn(2, cin, 6, 6)], exact=True)
+    return [("resnet_block", case(8, 8, 1)), ("resnet_block_downsample", case(8, 16, 2))]
+
+
+# ---------------------------------------------------------------------------------------------
 # losses
 
 
@@ -230,6 +389,14 @@ def kd_term(s, t, temperature):
 
 
 def loss_cases():
+    def cross_entropy_lm():
+        # A language model's loss: (B, T, V) logits against (B, T) next tokens, some ignored.
+        x, y = torch.randn(2, 7, 11), torch.randint(0, 11, (2, 7))
+        y[0, 3] = y[1, 0] = -100
+        return loss_case({"kind": "cross_entropy", "reduction": "mean", "ignore_index": -100},
+                         lambda x: F.cross_entropy(x.reshape(-1, 11), y.reshape(-1)), x,
+                         [("target", y)])
+
     def cross_entropy(smoothing):
         def make():
             x, y = torch.randn(5, 7), torch.randint(0, 7, (5,))
@@ -271,6 +438,7 @@ def loss_cases():
 
     return [
         ("cross_entropy", cross_entropy(0.0)),
+        ("cross_entropy_lm", cross_entropy_lm),
         ("cross_entropy_smooth", cross_entropy(0.1)),
         ("nll", nll),
         ("mse", mse),
@@ -367,7 +535,9 @@ def clip_case(max_norm=1.0):
 def main():
     torch.set_default_dtype(torch.float32)
     torch.set_num_threads(1)  # no thread-count-dependent reduction order
-    cases = layer_cases() + loss_cases() + optimizer_cases() + [
+    cases = layer_cases() + op_cases() + [("gpt_block", gpt_block_case), ("gpt", gpt_case)] + \
+        resnet_block_cases() + \
+        loss_cases() + optimizer_cases() + [
         ("schedules", schedules_case), ("clip_grad_norm", clip_case)]
     os.makedirs(FIXTURES, exist_ok=True)
     total = 0

@@ -46,11 +46,25 @@ Tensor mean(const Tensor& x, int dim, bool keepdim = false);
 
 // ---- shape ----------------------------------------------------------------------------------
 Tensor reshape(const Tensor& x, const Shape& shape);
-Tensor flatten(const Tensor& x, int start_dim = 1);  // (N, ...) -> (N, prod(...))
-Tensor transpose(const Tensor& x);                   // 2-D
+Tensor flatten(const Tensor& x, int start_dim = 1);     // (N, ...) -> (N, prod(...))
+Tensor transpose(const Tensor& x);                      // 2-D
+Tensor transpose(const Tensor& x, int dim0, int dim1);  // swaps two dimensions (a copy)
 Tensor permute(const Tensor& x, const std::vector<int>& perm);
+// x's [start, start + length) along `dim` (a copy: tensors are contiguous).
+Tensor narrow(const Tensor& x, int dim, std::int64_t start, std::int64_t length);
+Tensor concat(const std::vector<Tensor>& xs, int dim);
+// Pieces of `size` along `dim` (the last may be shorter), as torch.split with an int.
+std::vector<Tensor> split(const Tensor& x, std::int64_t size, int dim);
+// `chunks` pieces of ceil(extent / chunks) along `dim`, as torch.chunk.
+std::vector<Tensor> chunk(const Tensor& x, std::int64_t chunks, int dim);
+
+// ---- selection (masks are I8, nonzero = true, broadcast NumPy-style) ---------------------------
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);
 
 // ---- linear algebra -------------------------------------------------------------------------
+// 2-D, or batched (..., M, K) x (..., K, N) with the batch dimensions broadcast, as torch.matmul
+// for operands of rank >= 2.
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);  // x W^T + b
 
@@ -73,12 +87,24 @@ Tensor dropout(const Tensor& x, float p, bool training, Generator& gen);
 // ---- softmax and losses (mean reduction) ----------------------------------------------------
 Tensor softmax(const Tensor& x, int dim = -1);
 Tensor log_softmax(const Tensor& x, int dim = -1);
-Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing = 0.0f);
+// softmax over the entries where mask is false; a row masked everywhere gives zeros.
+Tensor masked_softmax(const Tensor& x, const Tensor& mask, int dim = -1);
+// Mean over the rows of logits (..., C) whose label (...) is not ignore_index: (N, C) for a
+// classifier, (B, T, V) for a language model.
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing = 0.0f,
+                     std::int64_t ignore_index = -100);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels);
 Tensor mse_loss(const Tensor& input, const Tensor& target);
 // KL(target || exp(input)) summed over classes and divided by the batch size, as PyTorch's
 // F.kl_div(input, target, reduction='batchmean'): input holds log-probabilities, target
 // probabilities.
 Tensor kl_div(const Tensor& input_log_probs, const Tensor& target_probs);
+
+// ---- attention ------------------------------------------------------------------------------
+// softmax(scale q k^T) v with q (..., T, D), k and v (..., S, D), e.g. (B, heads, T, head size);
+// causal: query i attends to keys j <= i. scale <= 0 means 1 / sqrt(D). One fused, tiled op: the
+// T x S scores are never stored; backward recomputes them a tile at a time (as FlashAttention).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal = false, float scale = 0.0f);
 
 }  // namespace hpm

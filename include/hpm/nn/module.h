@@ -24,15 +24,26 @@ class Module {
   virtual Tensor forward(const Tensor& x) = 0;
   Tensor operator()(const Tensor& x) { return forward(x); }
 
+  // The model as a sequence of blocks whose forwards, chained, are its forward: what recompute,
+  // offload and the pipeline cut and place (GPT: embeddings, transformer blocks, head; ResNet:
+  // stem, residual blocks, head). Residual connections stay inside a block. Empty: the module
+  // is one block.
+  virtual std::vector<std::shared_ptr<Module>> blocks() const { return {}; }
+
   virtual std::string type_name() const = 0;  // "Linear"
   virtual std::string extra_repr() const { return ""; }
   std::string repr(int indent = 0) const;  // PyTorch-style printout
 
+  // Each parameter once: one shared by several modules (weight tying) under the first name.
   NamedTensors named_parameters() const;
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers() const;
-  // Parameters then buffers: everything a checkpoint must hold to restore the module.
+  // Parameters then buffers: everything a checkpoint must hold to restore the module. A shared
+  // parameter appears under every name it has, as in torch's state_dict.
   NamedTensors state_dict() const;
+  // Makes this module's parameter `name` the tensor `value` (same shape and dtype): weight tying.
+  // A layer that keeps a member handle (Linear::weight) must be given `value` there too.
+  void replace_parameter(const std::string& name, const Tensor& value);
   // Copies values in by name; throws std::invalid_argument naming a missing, unexpected or
   // wrongly-shaped entry (and changes nothing in that case).
   void load_state_dict(const NamedTensors& state);
@@ -74,6 +85,7 @@ class Sequential : public Module {
   std::size_t size() const { return children().size(); }
   const std::shared_ptr<Module>& operator[](std::size_t i) const { return children()[i].second; }
   std::shared_ptr<Sequential> slice(std::size_t begin, std::size_t end) const;
+  std::vector<std::shared_ptr<Module>> blocks() const override;
 
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "Sequential"; }

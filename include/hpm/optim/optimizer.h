@@ -75,6 +75,10 @@ struct AdamOptions {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
   bool amsgrad = false;
   bool decoupled_weight_decay = false;  // AdamW
+  // Weight decay applies only to parameters of at least this many dimensions: 2 decays the
+  // weights of Linears and Embeddings but not biases or norms (nanoGPT's two parameter groups).
+  // 0: every parameter.
+  int weight_decay_min_rank = 0;
 };
 
 class Adam : public Optimizer {

@@ -11,11 +11,16 @@ enum class DType : std::uint8_t { F32, I64, I32, BF16, I8 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::I64: return 8;
-    case DType::I32: return 4;
-    case DType::BF16: return 2;
-    case DType::I8: return 1;
+    case DType::F32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::I32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::I8:
+      return 1;
   }
   return 0;
 }
@@ -33,6 +38,10 @@ struct dtype_of<float> {
 template <>
 struct dtype_of<std::int64_t> {
   static constexpr DType value = DType::I64;
+};
+template <>
+struct dtype_of<std::int8_t> {
+  static constexpr DType value = DType::I8;
 };
 template <>
 struct dtype_of<std::int32_t> {

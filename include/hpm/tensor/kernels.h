@@ -25,6 +25,9 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 bool gemm_pads_b(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t ldb);
 // 2-D matrix product of op(a) and op(b).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// Batched product of op(a)(..., M, K) and op(b)(..., K, N) -> (..., M, N), the batch dimensions
+// broadcast NumPy-style (a 2-D operand is shared by every batch).
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // y(N,OUT) = x(N,IN) w(OUT,IN)^T + bias(OUT); bias may be undefined.
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
 
@@ -57,17 +60,37 @@ Tensor softmax(const Tensor& x, int dim);
 Tensor log_softmax(const Tensor& x, int dim);
 Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
-// Mean cross-entropy of logits(N,C) against labels(N) with label smoothing eps; writes
-// softmax(logits) to `probs` (N,C) for the backward.
+// Mean cross-entropy of logits(..., C) against labels(...) with label smoothing eps, over the
+// rows whose label is not ignore_index; writes softmax(logits) to `probs` for the backward.
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                            Tensor& probs);
-// d loss / d logits, scaled by grad (the upstream scalar).
+                            Tensor& probs, std::int64_t ignore_index = -100);
+// d loss / d logits, scaled by grad (the upstream scalar); zero on ignored rows.
 Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                              float grad);
+                              float grad, std::int64_t ignore_index = -100);
+
+// ---- attention -------------------------------------------------------------------------------
+// Fused scaled dot-product attention, softmax(scale q k^T [causal mask]) v, tiled so that the
+// score matrix is never materialized (attention.cpp). q(..., T, D), k and v (..., S, D) ->
+// (..., T, D); `lse` receives each query row's log-sum-exp (..., T) for the backward.
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                         float scale, Tensor& lse);
+// Recomputes the probabilities tile by tile from q, k and lse; fills whichever pointer is non-null.
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, bool causal, float scale,
+                        Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);
 
 // ---- layout -----------------------------------------------------------------------------
 Tensor transpose2d(const Tensor& x);  // (R,C) -> (C,R)
 Tensor permute(const Tensor& x, const std::vector<int>& perm);
+// Inputs joined along `dim` (equal extents elsewhere, one dtype).
+Tensor concat(const std::vector<Tensor>& xs, int dim);
+// A copy of x's [start, start + length) along `dim`; narrow_add_ adds `part` into that slice of y.
+Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length);
+void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part);
+// Masks are I8 (nonzero = true), broadcast NumPy-style. where: cond ? a : b (all broadcast).
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+// x with `value` where mask (broadcast to x's shape) is true.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);
 // Rows of x(N,...) picked by indices (I64), in order: the batcher's gather.
 Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices);
 

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "broadcast.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "parallel.h"
@@ -10,48 +11,6 @@
 namespace hpm::kernels {
 
 namespace {
-
-// Strides of `s` as seen from the broadcast shape `out` (0 along broadcast dimensions).
-std::vector<std::int64_t> broadcast_strides(const Shape& s, const Shape& out) {
-  std::vector<std::int64_t> st(static_cast<std::size_t>(out.rank()), 0);
-  std::int64_t stride = 1;
-  for (int i = s.rank() - 1, j = out.rank() - 1; i >= 0; --i, --j) {
-    st[static_cast<std::size_t>(j)] = s[i] == 1 ? 0 : stride;
-    stride *= s[i];
-  }
-  return st;
-}
-
-// Calls f(out_index, a_index, b_index) for every element of `out` in row-major order.
-template <typename F>
-void for_each_broadcast(const Shape& out, const std::vector<std::int64_t>& sa,
-                        const std::vector<std::int64_t>& sb, F&& f) {
-  const int r = out.rank();
-  const std::int64_t n = out.numel();
-  if (r == 0) {
-    f(0, 0, 0);
-    return;
-  }
-  std::vector<std::int64_t> idx(static_cast<std::size_t>(r), 0);
-  const std::int64_t inner = out[r - 1];
-  const std::int64_t ia_step = sa[static_cast<std::size_t>(r - 1)];
-  const std::int64_t ib_step = sb[static_cast<std::size_t>(r - 1)];
-  std::int64_t ia = 0, ib = 0;
-  for (std::int64_t o = 0; o < n; o += inner) {
-    for (std::int64_t j = 0; j < inner; ++j) f(o + j, ia + j * ia_step, ib + j * ib_step);
-    // Advance the multi-index over the outer dimensions.
-    for (int d = r - 2; d >= 0; --d) {
-      const auto du = static_cast<std::size_t>(d);
-      ++idx[du];
-      ia += sa[du];
-      ib += sb[du];
-      if (idx[du] < out[d]) break;
-      ia -= sa[du] * out[d];
-      ib -= sb[du] * out[d];
-      idx[du] = 0;
-    }
-  }
-}
 
 template <typename Op>
 void binary_loop(const float* a, const float* b, float* y, std::int64_t n, Op op) {
@@ -88,10 +47,9 @@ Tensor binary_impl(const Tensor& a, const Tensor& b, Op op) {
     for (std::int64_t o = 0; o < n; o += inner)
       for (std::int64_t j = 0; j < inner; ++j) py[o + j] = op(pa[o + j], pb[j]);
   } else {
-    for_each_broadcast(out, broadcast_strides(a.shape(), out), broadcast_strides(b.shape(), out),
-                       [&](std::int64_t o, std::int64_t ia, std::int64_t ib) {
-                         py[o] = op(pa[ia], pb[ib]);
-                       });
+    for_each_broadcast(
+        out, broadcast_strides(a.shape(), out), broadcast_strides(b.shape(), out),
+        [&](std::int64_t o, std::int64_t ia, std::int64_t ib) { py[o] = op(pa[ia], pb[ib]); });
   }
   return y;
 }
@@ -129,10 +87,14 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   switch (op) {
-    case BinaryOp::Add: return binary_impl(a, b, [](float u, float v) { return u + v; });
-    case BinaryOp::Sub: return binary_impl(a, b, [](float u, float v) { return u - v; });
-    case BinaryOp::Mul: return binary_impl(a, b, [](float u, float v) { return u * v; });
-    case BinaryOp::Div: return binary_impl(a, b, [](float u, float v) { return u / v; });
+    case BinaryOp::Add:
+      return binary_impl(a, b, [](float u, float v) { return u + v; });
+    case BinaryOp::Sub:
+      return binary_impl(a, b, [](float u, float v) { return u - v; });
+    case BinaryOp::Mul:
+      return binary_impl(a, b, [](float u, float v) { return u * v; });
+    case BinaryOp::Div:
+      return binary_impl(a, b, [](float u, float v) { return u / v; });
   }
   throw std::logic_error("unknown binary op");
 }
@@ -167,12 +129,18 @@ void scale_(Tensor& y, float alpha) {
 
 Tensor unary(UnaryOp op, const Tensor& x) {
   switch (op) {
-    case UnaryOp::Neg: return unary_impl(x, [](float v) { return -v; });
-    case UnaryOp::Exp: return unary_impl(x, [](float v) { return std::exp(v); });
-    case UnaryOp::Log: return unary_impl(x, [](float v) { return std::log(v); });
-    case UnaryOp::Sqrt: return unary_impl(x, [](float v) { return std::sqrt(v); });
-    case UnaryOp::Relu: return unary_impl(x, [](float v) { return v > 0.0f ? v : 0.0f; });
-    case UnaryOp::Tanh: return unary_impl(x, [](float v) { return std::tanh(v); });
+    case UnaryOp::Neg:
+      return unary_impl(x, [](float v) { return -v; });
+    case UnaryOp::Exp:
+      return unary_impl(x, [](float v) { return std::exp(v); });
+    case UnaryOp::Log:
+      return unary_impl(x, [](float v) { return std::log(v); });
+    case UnaryOp::Sqrt:
+      return unary_impl(x, [](float v) { return std::sqrt(v); });
+    case UnaryOp::Relu:
+      return unary_impl(x, [](float v) { return v > 0.0f ? v : 0.0f; });
+    case UnaryOp::Tanh:
+      return unary_impl(x, [](float v) { return std::tanh(v); });
     case UnaryOp::Sigmoid:
       return unary_impl(x, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
     case UnaryOp::Gelu:
@@ -181,14 +149,16 @@ Tensor unary(UnaryOp op, const Tensor& x) {
       return unary_impl(x, [](float v) {
         return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
       });
-    case UnaryOp::Square: return unary_impl(x, [](float v) { return v * v; });
+    case UnaryOp::Square:
+      return unary_impl(x, [](float v) { return v * v; });
   }
   throw std::logic_error("unknown unary op");
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
   switch (op) {
-    case UnaryOp::Neg: return ternary_impl(grad_y, x, y, [](float g, float, float) { return -g; });
+    case UnaryOp::Neg:
+      return ternary_impl(grad_y, x, y, [](float g, float, float) { return -g; });
     case UnaryOp::Exp:
       return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * v; });
     case UnaryOp::Log:
@@ -287,9 +257,8 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   }
   const Shape& out = x.shape();
   const auto sy = broadcast_strides(shape, out);
-  for_each_broadcast(out, sy, sy, [&](std::int64_t o, std::int64_t iy, std::int64_t) {
-    py[iy] += px[o];
-  });
+  for_each_broadcast(out, sy, sy,
+                     [&](std::int64_t o, std::int64_t iy, std::int64_t) { py[iy] += px[o]; });
   return y;
 }
 
@@ -299,9 +268,8 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   const float* px = x.data<float>();
   float* py = y.data<float>();
   const auto sx = broadcast_strides(x.shape(), shape);
-  for_each_broadcast(shape, sx, sx, [&](std::int64_t o, std::int64_t ix, std::int64_t) {
-    py[o] = px[ix];
-  });
+  for_each_broadcast(shape, sx, sx,
+                     [&](std::int64_t o, std::int64_t ix, std::int64_t) { py[o] = px[ix]; });
   return y;
 }
 

@@ -1,4 +1,5 @@
 // Softmax, log-softmax and the fused cross-entropy of logits, along any dimension.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -31,6 +32,12 @@ Tensor softmax_impl(const Tensor& x, int dim) {
       float* yr = py + o * a.len * a.inner + i;
       float mx = -std::numeric_limits<float>::infinity();
       for (std::int64_t l = 0; l < a.len; ++l) mx = std::max(mx, xr[l * a.inner]);
+      if (mx == -std::numeric_limits<float>::infinity()) {
+        // Every entry masked: no distribution to normalize. Zeros (log: -inf), not NaN, so a
+        // padded row contributes nothing.
+        for (std::int64_t l = 0; l < a.len; ++l) yr[l * a.inner] = kLog ? mx : 0.0f;
+        continue;
+      }
       double sum = 0.0;
       for (std::int64_t l = 0; l < a.len; ++l) sum += std::exp(xr[l * a.inner] - mx);
       if constexpr (kLog) {
@@ -45,20 +52,26 @@ Tensor softmax_impl(const Tensor& x, int dim) {
   return y;
 }
 
-void check_labels(const Tensor& logits, const Tensor& labels) {
-  if (logits.dim() != 2 || labels.dim() != 1 || labels.size(0) != logits.size(0) ||
-      labels.dtype() != DType::I64) {
-    throw std::invalid_argument("cross_entropy: expected logits (N, C) and I64 labels (N), got " +
-                                logits.shape().str() + " and " + labels.shape().str());
+// logits (..., C) and I64 labels (...); returns the number of rows (the product of "...").
+std::int64_t check_labels(const Tensor& logits, const Tensor& labels, std::int64_t ignore_index) {
+  bool ok = logits.dim() >= 2 && labels.dim() == logits.dim() - 1 && labels.dtype() == DType::I64;
+  for (int i = 0; ok && i < labels.dim(); ++i) ok = labels.size(i) == logits.size(i);
+  if (!ok) {
+    throw std::invalid_argument(
+        "cross_entropy: expected logits (..., C) and I64 labels (...) with the same leading "
+        "dimensions, got " +
+        logits.shape().str() + " and " + labels.shape().str());
   }
   const auto* y = labels.data<std::int64_t>();
+  const std::int64_t c = logits.size(-1);
   for (std::int64_t i = 0; i < labels.numel(); ++i) {
-    if (y[i] < 0 || y[i] >= logits.size(1)) {
+    if (y[i] != ignore_index && (y[i] < 0 || y[i] >= c)) {
       throw std::out_of_range("cross_entropy: label " + std::to_string(y[i]) + " at row " +
                               std::to_string(i) + " is not a class index in [0, " +
-                              std::to_string(logits.size(1)) + ")");
+                              std::to_string(c) + ")");
     }
   }
+  return labels.numel();
 }
 
 }  // namespace
@@ -107,16 +120,17 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
   return gx;
 }
 
-// loss_i = (1 - eps) * -log p[i, y_i] + eps * mean_c(-log p[i, c]), averaged over i.
+// loss_i = (1 - eps) * -log p[i, y_i] + eps * mean_c(-log p[i, c]), averaged over the rows i
+// whose label is not ignore_index (NaN when every row is ignored, as PyTorch).
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                            Tensor& probs) {
-  check_labels(logits, labels);
-  const std::int64_t n = logits.size(0), c = logits.size(1);
+                            Tensor& probs, std::int64_t ignore_index) {
+  const std::int64_t n = check_labels(logits, labels, ignore_index), c = logits.size(-1);
   probs = Tensor::empty(logits.shape(), DType::F32, logits.device());
   const float* px = logits.data<float>();
   float* pp = probs.data<float>();
   const auto* y = labels.data<std::int64_t>();
   double total = 0.0;
+  std::int64_t counted = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const float* row = px + i * c;
     float* prow = pp + i * c;
@@ -135,22 +149,30 @@ float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float la
       prow[j] *= inv;
       mean_nll += lse - row[j];
     }
+    if (y[i] == ignore_index) continue;
+    ++counted;
     const double nll = lse - row[y[i]];
     total += (1.0 - label_smoothing) * nll + label_smoothing * mean_nll / static_cast<double>(c);
   }
-  return static_cast<float>(total / static_cast<double>(n));
+  return static_cast<float>(total / static_cast<double>(counted));
 }
 
 Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                              float grad) {
-  const std::int64_t n = probs.size(0), c = probs.size(1);
+                              float grad, std::int64_t ignore_index) {
+  const std::int64_t n = labels.numel(), c = probs.size(-1);
   Tensor gx = Tensor::empty(probs.shape(), DType::F32, probs.device());
   const float* pp = probs.data<float>();
   const auto* y = labels.data<std::int64_t>();
   float* pg = gx.data<float>();
-  const float scale = grad / static_cast<float>(n);
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < n; ++i) counted += y[i] != ignore_index;
+  const float scale = grad / static_cast<float>(counted);
   const float smooth = label_smoothing / static_cast<float>(c);
   for (std::int64_t i = 0; i < n; ++i) {
+    if (y[i] == ignore_index) {
+      std::fill(pg + i * c, pg + (i + 1) * c, 0.0f);
+      continue;
+    }
     for (std::int64_t j = 0; j < c; ++j) pg[i * c + j] = (pp[i * c + j] - smooth) * scale;
     pg[i * c + y[i]] -= (1.0f - label_smoothing) * scale;
   }

@@ -1,0 +1,166 @@
+#include "hpm/nn/gpt.h"
+
+#include <cmath>
+#include <stdexcept>
+
+namespace hpm::nn {
+
+namespace {
+
+// normal(0, std) for a weight, zeros for a bias: torch_gpt.py's initialization.
+void init_normal(Tensor& t, float stddev, Generator& gen) {
+  t.copy_(Tensor::randn(t.shape(), gen, 0.0f, stddev));
+}
+
+void init_linear(Linear& l, float stddev, Generator& gen) {
+  init_normal(l.weight, stddev, gen);
+  if (l.bias.defined()) l.bias.zero_();
+}
+
+void check_config(const GPTConfig& c) {
+  const auto positive = [](std::int64_t v, const char* name) {
+    if (v <= 0) {
+      throw std::invalid_argument(std::string("GPT: ") + name + " must be positive, got " +
+                                  std::to_string(v));
+    }
+  };
+  positive(c.n_layer, "n_layer");
+  positive(c.n_head, "n_head");
+  positive(c.n_embd, "n_embd");
+  positive(c.block_size, "block_size");
+  positive(c.vocab_size, "vocab_size");
+  if (c.n_embd % c.n_head != 0) {
+    throw std::invalid_argument("GPT: n_embd " + std::to_string(c.n_embd) +
+                                " is not a multiple of n_head " + std::to_string(c.n_head));
+  }
+}
+
+}  // namespace
+
+// ---- transformer block --------------------------------------------------------------------
+
+TransformerBlock::TransformerBlock(const GPTConfig& c, Generator& gen) : n_head_(c.n_head) {
+  const std::int64_t e = c.n_embd;
+  ln1 = register_module("ln1", std::make_shared<LayerNorm>(Shape{e}, 1e-5f, true));
+  qkv = register_module("qkv", std::make_shared<Linear>(e, 3 * e, c.bias, gen));
+  proj = register_module("proj", std::make_shared<Linear>(e, e, c.bias, gen));
+  ln2 = register_module("ln2", std::make_shared<LayerNorm>(Shape{e}, 1e-5f, true));
+  fc = register_module("fc", std::make_shared<Linear>(e, 4 * e, c.bias, gen));
+  out = register_module("out", std::make_shared<Linear>(4 * e, e, c.bias, gen));
+  if (!c.bias) {
+    // nanoGPT's bias = False drops the LayerNorms' biases too.
+    ln1->replace_parameter("bias", Tensor());
+    ln2->replace_parameter("bias", Tensor());
+    ln1->bias = ln2->bias = Tensor();
+  }
+  drop_ = std::make_shared<Dropout>(c.dropout);
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  if (x.dim() != 3 || x.size(2) != qkv->weight.size(1)) {
+    throw std::invalid_argument("TransformerBlock: expected (B, T, " +
+                                std::to_string(qkv->weight.size(1)) + "), got " + x.shape().str());
+  }
+  const std::int64_t b = x.size(0), t = x.size(1), e = x.size(2), d = e / n_head_;
+  drop_->train(is_training());
+  // (B, T, 3E) -> (3, B, H, T, D): q, k and v with the heads split out.
+  Tensor heads =
+      permute(reshape(qkv->forward(ln1->forward(x)), {b, t, 3, n_head_, d}), {2, 0, 3, 1, 4});
+  const auto qkv_parts = split(heads, 1, 0);
+  const Shape per_head{b, n_head_, t, d};
+  Tensor y =
+      scaled_dot_product_attention(reshape(qkv_parts[0], per_head), reshape(qkv_parts[1], per_head),
+                                   reshape(qkv_parts[2], per_head), /*causal=*/true);
+  // (B, H, T, D) -> (B, T, E)
+  y = reshape(permute(y, {0, 2, 1, 3}), {b, t, e});
+  Tensor h = add(x, drop_->forward(proj->forward(y)));
+  return add(h, drop_->forward(out->forward(gelu(fc->forward(ln2->forward(h))))));
+}
+
+// ---- embeddings and head ----------------------------------------------------------------------
+
+GPTEmbedding::GPTEmbedding(std::shared_ptr<Embedding> tok, std::shared_ptr<Embedding> pos,
+                           float dropout)
+    : tok_(register_module("tok", std::move(tok))),
+      pos_(register_module("pos", std::move(pos))),
+      drop_(std::make_shared<Dropout>(dropout)) {}
+
+Tensor GPTEmbedding::forward(const Tensor& idx) {
+  if (idx.dim() != 2 || idx.dtype() != DType::I64) {
+    throw std::invalid_argument("GPT: expected token ids (B, T) of type I64, got " +
+                                idx.shape().str() + " " + dtype_name(idx.dtype()));
+  }
+  const std::int64_t t = idx.size(1), block = pos_->weight.size(0);
+  if (t > block) {
+    throw std::invalid_argument("GPT: a sequence of " + std::to_string(t) +
+                                " tokens is longer than block_size " + std::to_string(block));
+  }
+  std::vector<std::int64_t> positions(static_cast<std::size_t>(t));
+  for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = i;
+  const Tensor where = Tensor::from_i64(positions, Shape{t}, idx.device());
+  drop_->train(is_training());
+  return drop_->forward(add(tok_->forward(idx), pos_->forward(where)));
+}
+
+GPTHead::GPTHead(std::shared_ptr<LayerNorm> ln, std::shared_ptr<Linear> head)
+    : ln_(register_module("ln", std::move(ln))), head_(register_module("head", std::move(head))) {}
+
+Tensor GPTHead::forward(const Tensor& x) { return head_->forward(ln_->forward(x)); }
+
+// ---- the model --------------------------------------------------------------------------------
+
+GPT::GPT(const GPTConfig& c, Generator& gen) : c_(c) {
+  check_config(c);
+  tok = register_module("tok", std::make_shared<Embedding>(c.vocab_size, c.n_embd, gen));
+  pos = register_module("pos", std::make_shared<Embedding>(c.block_size, c.n_embd, gen));
+  layers = register_module("blocks", std::make_shared<ModuleList>());
+  for (std::int64_t i = 0; i < c.n_layer; ++i)
+    layers->push_back(std::make_shared<TransformerBlock>(c, gen));
+  ln = register_module("ln", std::make_shared<LayerNorm>(Shape{c.n_embd}, 1e-5f, true));
+  if (!c.bias) {
+    ln->replace_parameter("bias", Tensor());
+    ln->bias = Tensor();
+  }
+  head = register_module("head", std::make_shared<Linear>(c.n_embd, c.vocab_size, false, gen));
+
+  // torch_gpt.py's init: N(0, 0.02) for every Linear and Embedding weight, zero biases, and
+  // N(0, 0.02 / sqrt(2 n_layer)) for the projections that feed each residual.
+  init_normal(tok->weight, 0.02f, gen);
+  init_normal(pos->weight, 0.02f, gen);
+  const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(c.n_layer));
+  for (std::size_t i = 0; i < layers->size(); ++i) {
+    auto& b = static_cast<TransformerBlock&>(*(*layers)[i]);
+    init_linear(*b.qkv, 0.02f, gen);
+    init_linear(*b.fc, 0.02f, gen);
+    init_linear(*b.proj, residual_std, gen);
+    init_linear(*b.out, residual_std, gen);
+  }
+  if (c.tie_weights) {
+    head->weight = tok->weight;
+    head->replace_parameter("weight", tok->weight);
+  } else {
+    init_normal(head->weight, 0.02f, gen);
+  }
+
+  blocks_.push_back(std::make_shared<GPTEmbedding>(tok, pos, c.dropout));
+  for (std::size_t i = 0; i < layers->size(); ++i) blocks_.push_back((*layers)[i]);
+  blocks_.push_back(std::make_shared<GPTHead>(ln, head));
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  Tensor h = idx;
+  for (const auto& b : blocks_) {
+    b->train(is_training());
+    h = b->forward(h);
+  }
+  return h;
+}
+
+std::string GPT::extra_repr() const {
+  return "n_layer=" + std::to_string(c_.n_layer) + ", n_head=" + std::to_string(c_.n_head) +
+         ", n_embd=" + std::to_string(c_.n_embd) + ", block_size=" + std::to_string(c_.block_size) +
+         ", vocab_size=" + std::to_string(c_.vocab_size) +
+         ", tie_weights=" + (c_.tie_weights ? "true" : "false");
+}
+
+}  // namespace hpm::nn

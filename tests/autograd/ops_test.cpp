@@ -1,0 +1,124 @@
+// Behaviour of the ops that the gradient checks cannot see: the fused attention against the
+// unfused composition at sizes spanning several tiles, what a fully masked row gives, and the
+// documented errors.
+#include "hpm/autograd/ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "hpm/tensor/random.h"
+
+namespace hpm {
+namespace {
+
+Tensor causal_mask(std::int64_t t, std::int64_t s) {
+  Tensor m = Tensor::zeros({t, s}, DType::I8);
+  for (std::int64_t i = 0; i < t; ++i)
+    for (std::int64_t j = i + 1; j < s; ++j) m.data<std::int8_t>()[i * s + j] = 1;
+  return m;
+}
+
+// softmax(q k^T * scale, mask) v through matmul, transpose and masked_softmax: T x S materialized.
+Tensor unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
+  Tensor s = mul(matmul(q, transpose(k, -2, -1)), scale);
+  Tensor p = causal ? masked_softmax(s, causal_mask(q.size(-2), k.size(-2))) : softmax(s);
+  return matmul(p, v);
+}
+
+void expect_near_all(const Tensor& a, const Tensor& b, float tol, const char* what) {
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  for (std::int64_t i = 0; i < a.numel(); ++i)
+    ASSERT_NEAR(pa[i], pb[i], tol * (1.0f + std::fabs(pb[i]))) << what << " element " << i;
+}
+
+TEST(Attention, FusedEqualsUnfusedAcrossTiles) {
+  Generator gen(3);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    // 150 positions: two full 64-row tiles and a partial one; 2 x 3 heads of 24.
+    Tensor q = Tensor::randn({2, 3, 150, 24}, gen), k = Tensor::randn({2, 3, 150, 24}, gen),
+           v = Tensor::randn({2, 3, 150, 24}, gen);
+    Tensor g = Tensor::randn({2, 3, 150, 24}, gen);
+    std::vector<Tensor> grads[2];
+    Tensor outs[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor qq = q.clone().set_requires_grad(true), kk = k.clone().set_requires_grad(true),
+             vv = v.clone().set_requires_grad(true);
+      outs[fused] = fused ? scaled_dot_product_attention(qq, kk, vv, causal)
+                          : unfused_attention(qq, kk, vv, causal);
+      outs[fused].backward(g);
+      grads[fused] = {qq.grad(), kk.grad(), vv.grad()};
+    }
+    expect_near_all(outs[1], outs[0], 1e-5f, "output");
+    expect_near_all(grads[1][0], grads[0][0], 1e-4f, "grad q");
+    expect_near_all(grads[1][1], grads[0][1], 1e-4f, "grad k");
+    expect_near_all(grads[1][2], grads[0][2], 1e-4f, "grad v");
+  }
+}
+
+TEST(Attention, CausalFirstRowCopiesTheFirstValue) {
+  // Query 0 sees key 0 alone: its output is v[0] whatever the scores.
+  Generator gen(5);
+  Tensor q = Tensor::randn({1, 1, 9, 4}, gen), k = Tensor::randn({1, 1, 9, 4}, gen),
+         v = Tensor::randn({1, 1, 9, 4}, gen);
+  Tensor y = scaled_dot_product_attention(q, k, v, true);
+  for (int e = 0; e < 4; ++e) EXPECT_FLOAT_EQ(y.data<float>()[e], v.data<float>()[e]);
+}
+
+TEST(Attention, RejectsMismatchedShapes) {
+  Tensor q = Tensor::zeros({2, 5, 4}), k = Tensor::zeros({2, 5, 3});
+  try {
+    scaled_dot_product_attention(q, k, k);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[2, 5, 4], [2, 5, 3]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(MaskedSoftmax, FullyMaskedRowIsZeroNotNan) {
+  Tensor x = Tensor::from({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor mask = Tensor::zeros({2, 3}, DType::I8);
+  for (int j = 0; j < 3; ++j) mask.data<std::int8_t>()[3 + j] = 1;  // row 1 masked everywhere
+  mask.data<std::int8_t>()[0] = 1;
+  const auto y = masked_softmax(x, mask).to_vector();
+  EXPECT_FLOAT_EQ(y[0], 0.0f);
+  EXPECT_NEAR(y[1], 1.0f / (1.0f + std::exp(1.0f)), 1e-6);
+  for (int j = 3; j < 6; ++j) EXPECT_EQ(y[static_cast<std::size_t>(j)], 0.0f);
+}
+
+TEST(MaskedFill, RejectsAFloatMaskAndAMaskThatDoesNotBroadcast) {
+  Tensor x = Tensor::zeros({2, 3});
+  EXPECT_THROW(masked_fill(x, Tensor::zeros({2, 3}), 1.0f), std::invalid_argument);
+  EXPECT_THROW(masked_fill(x, Tensor::zeros({4}, DType::I8), 1.0f), std::invalid_argument);
+}
+
+TEST(CrossEntropy, LanguageModelMeanSkipsIgnoredPositions) {
+  // Two positions of three ignored: the loss is the remaining position's alone.
+  Tensor logits = Tensor::from({0, 0, 0, 1, 2, 3, 5, 5, 5}, {1, 3, 3});
+  Tensor targets = Tensor::from_i64(std::vector<std::int64_t>{-100, 2, -100}, Shape{1, 3});
+  const double expected = std::log(std::exp(1.0) + std::exp(2.0) + std::exp(3.0)) - 3.0;
+  EXPECT_NEAR(cross_entropy(logits, targets).item(), expected, 1e-6);
+  Tensor all_ignored = Tensor::from_i64(std::vector<std::int64_t>{-100, -100, -100}, Shape{1, 3});
+  EXPECT_TRUE(std::isnan(cross_entropy(logits, all_ignored).item()));
+  Tensor wrong = Tensor::from_i64(std::vector<std::int64_t>{0, 3, 1}, Shape{1, 3});
+  EXPECT_THROW(cross_entropy(logits, wrong), std::out_of_range);
+  EXPECT_THROW(cross_entropy(logits, Tensor::from_i64(std::vector<std::int64_t>{0, 1}, Shape{2})),
+               std::invalid_argument);
+}
+
+TEST(Concat, RejectsMismatchedExtents) {
+  try {
+    concat({Tensor::zeros({2, 3}), Tensor::zeros({3, 3})}, 1);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("outside dimension 1"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(narrow(Tensor::zeros({2, 3}), 1, 2, 2), std::out_of_range);
+}
+
+}  // namespace
+}  // namespace hpm

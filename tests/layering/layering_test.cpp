@@ -1,0 +1,118 @@
+// DESIGN.md's map of layers, checked: every `#include "hpm/<layer>/..."` in src/<X>/ and
+// include/hpm/<X>/ must name X itself, io, trace, or a layer that X depends on (directly or
+// through the layers it depends on) in the table of ../shared/DESIGN.md. A new include across the
+// map fails here until the code or the map changes.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+namespace {
+
+namespace fs = std::filesystem;
+using Graph = std::map<std::string, std::set<std::string>>;
+
+const fs::path kSource = HPM_SOURCE_DIR;
+
+// The "| layer | owns | depends on |" table: layer -> the layers in its last column.
+Graph read_design_table(const fs::path& design) {
+  std::ifstream in(design);
+  Graph g;
+  std::string line;
+  bool in_table = false;
+  while (std::getline(in, line)) {
+    if (line.rfind("| layer |", 0) == 0) {
+      in_table = true;
+      continue;
+    }
+    if (!in_table) continue;
+    if (line.rfind("|---", 0) == 0) continue;
+    if (line.empty() || line[0] != '|') break;
+    const auto first = line.find('|', 1), last = line.rfind('|', line.size() - 2);
+    const std::string layer = std::regex_replace(line.substr(1, first - 1), std::regex("\\s"), "");
+    std::string deps = line.substr(last + 1);
+    deps = deps.substr(0, deps.find('|'));
+    auto& out = g[layer];
+    if (deps.find("everything") != std::string::npos) {
+      out.insert("*");
+      continue;
+    }
+    static const std::regex word("[a-z]+");
+    for (auto it = std::sregex_iterator(deps.begin(), deps.end(), word); it != std::sregex_iterator();
+         ++it)
+      out.insert(it->str());
+  }
+  return g;
+}
+
+// X itself, io, trace, and the layers reachable through the table from X.
+std::set<std::string> allowed(const Graph& g, const std::string& layer) {
+  std::set<std::string> seen = {layer, "io", "trace"};
+  std::vector<std::string> todo = {layer};
+  while (!todo.empty()) {
+    const std::string at = todo.back();
+    todo.pop_back();
+    const auto it = g.find(at);
+    if (it == g.end()) continue;
+    for (const auto& d : it->second) {
+      if (d == "*") {
+        for (const auto& [name, _] : g) seen.insert(name);
+        continue;
+      }
+      if (seen.insert(d).second) todo.push_back(d);
+    }
+  }
+  return seen;
+}
+
+TEST(Layering, EveryIncludeIsAllowedByTheDesignMap) {
+  const fs::path design = kSource / ".." / "shared" / "DESIGN.md";
+  if (!fs::exists(design)) GTEST_SKIP() << "no " << design << " beside the repository";
+  const Graph g = read_design_table(design);
+  ASSERT_GE(g.size(), 10u) << "could not read the layer table of " << design;
+  static const std::regex include("#include \"hpm/([a-z_]+)/");
+  int files = 0;
+  for (const fs::path& root : {kSource / "src", kSource / "include" / "hpm"}) {
+    for (const auto& layer_dir : fs::directory_iterator(root)) {
+      if (!layer_dir.is_directory()) continue;
+      const std::string layer = layer_dir.path().filename().string();
+      ASSERT_TRUE(g.count(layer)) << layer_dir.path() << " is no layer of DESIGN.md's table";
+      const std::set<std::string> ok = allowed(g, layer);
+      for (const auto& f : fs::recursive_directory_iterator(layer_dir.path())) {
+        if (!f.is_regular_file()) continue;
+        ++files;
+        std::ifstream in(f.path());
+        std::string line;
+        for (int n = 1; std::getline(in, line); ++n) {
+          std::smatch m;
+          if (std::regex_search(line, m, include) && !ok.count(m[1].str())) {
+            ADD_FAILURE() << f.path().lexically_relative(kSource).string() << ":" << n << ": layer "
+                          << layer << " includes " << m[1] << ", which DESIGN.md does not let it";
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(files, 100);
+}
+
+TEST(Layering, TheCheckCatchesAnIncludeAgainstTheMap) {
+  // The check itself must be able to fail: tensor may use nothing but io and trace.
+  const fs::path design = kSource / ".." / "shared" / "DESIGN.md";
+  if (!fs::exists(design)) GTEST_SKIP() << "no " << design << " beside the repository";
+  const Graph g = read_design_table(design);
+  const auto tensor = allowed(g, "tensor");
+  EXPECT_FALSE(tensor.count("autograd"));
+  EXPECT_FALSE(tensor.count("nn"));
+  const auto pipeline = allowed(g, "pipeline");
+  EXPECT_TRUE(pipeline.count("autograd")) << "through nn";
+  EXPECT_FALSE(pipeline.count("train")) << "the pipeline knows no Trainer";
+  EXPECT_TRUE(allowed(g, "cli").count("distill"));
+}
+
+}  // namespace
