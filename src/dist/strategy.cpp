@@ -158,9 +158,15 @@ void Strategy::set_lr(float lr) {
 void Strategy::run(const std::function<void(ReplicaContext&)>& fn) {
   if (replicas_.empty())
     throw std::logic_error("strategy.run before strategy.scope built the replicas");
+  const auto all_reduce_for = [this](int r) {
+    return [this, r](Tensor& values, comm::ReduceOp op) {
+      comm::Communicator* c = replica_communicator(r);
+      if (c != nullptr && c->size() > 1) c->allreduce(values, op)->wait();
+    };
+  };
   if (!pool_) {  // one replica on the caller's thread
     ReplicaContext ctx{worker_rank_, num_replicas_in_sync(), *replicas_[0].model,
-                       *replicas_[0].optimizer};
+                       *replicas_[0].optimizer, all_reduce_for(0)};
     fn(ctx);
     return;
   }
@@ -168,9 +174,19 @@ void Strategy::run(const std::function<void(ReplicaContext&)>& fn) {
     Replica& rep = replicas_[static_cast<std::size_t>(r)];
     ThreadGeneratorGuard gen(*rep.generator);
     ReplicaContext ctx{worker_rank_ * local_replicas() + r, num_replicas_in_sync(), *rep.model,
-                       *rep.optimizer};
+                       *rep.optimizer, all_reduce_for(r)};
     fn(ctx);
   });
+}
+
+StepResult Strategy::train_step(const Tensor& x, const Tensor& y, const LossFn& loss,
+                                float clip_grad_norm, bool stop_requested) {
+  const nn::FunctionObjective objective(
+      [&loss](const Tensor& outputs, const Tensor&, const Tensor& targets) {
+        return loss(outputs, targets);
+      },
+      "loss");
+  return train_step(nn::Batch{x, y}, objective, clip_grad_norm, stop_requested);
 }
 
 std::pair<std::int64_t, std::int64_t> Strategy::replica_rows(std::int64_t batch, int r) const {
@@ -182,57 +198,21 @@ std::pair<std::int64_t, std::int64_t> Strategy::replica_rows(std::int64_t batch,
   return {first, last - first};
 }
 
-Strategy::ReplicaOutcome Strategy::forward_backward(int r, const Tensor& x, const Tensor& y,
-                                                    const LossFn& loss_fn, Reducer* reducer,
-                                                    const std::function<void(bool)>& on_loss) {
+ReplicaStepResult Strategy::forward_backward(int r, const nn::Batch& batch,
+                                             const nn::Objective& objective, Reducer* reducer,
+                                             const std::function<void(bool)>& on_loss) {
   Replica& rep = replicas_[static_cast<std::size_t>(r)];
-  const auto [first, rows] = replica_rows(x.size(0), r);
-  ReplicaOutcome out;
-  out.rows = rows;
+  const auto [first, rows] = replica_rows(batch.rows(), r);
   rep.optimizer->zero_grad();
-  const auto micro = micro_batches(rows, options_.accumulation_steps);
-  const double global_batch =
-      static_cast<double>(x.size(0)) * (options_.per_worker_batches ? num_workers_ : 1);
-  for (std::size_t m = 0; m < micro.size(); ++m) {
-    const bool last = m + 1 == micro.size();
-    // Micro-batches before the last accumulate locally; the last one's backward reduces the sum.
-    std::optional<NoSync> local_only;
-    if (reducer && !last) local_only.emplace(*reducer);
-    if (reducer && last) reducer->prepare_for_backward();
-    const auto [begin, count] = micro[m];
-    const Tensor xr = x.narrow(first + begin, count), yr = y.narrow(first + begin, count);
-    Tensor logits = rep.model->forward(xr);
-    Tensor loss = loss_fn(logits, yr);
-    const float value = loss.item();
-    const bool finite = std::isfinite(value);
-    out.finite = out.finite && finite;
-    if (on_loss) on_loss(finite);
-    out.loss_sum += static_cast<double>(value) * static_cast<double>(count);
-    out.correct += nn::top1_correct(logits, yr);
-    // Gradients are averaged over replicas; weighting each micro-batch by its rows makes that the
-    // global batch's mean also when the batch or the micro-batches do not split evenly.
-    const double weight =
-        static_cast<double>(num_replicas_in_sync()) * static_cast<double>(count) / global_batch;
-    if (weight != 1.0) loss = loss * static_cast<float>(weight);
-    trace::Span span("backward", "compute");
-    loss.backward();
-  }
-  // A replica without rows still takes part: its gradients count as zeros.
-  if (reducer && micro.empty()) reducer->prepare_for_backward();
-  if (reducer) reducer->finalize();
-  return out;
-}
-
-std::vector<std::pair<std::int64_t, std::int64_t>> micro_batches(std::int64_t rows, int steps) {
-  if (steps < 1) {
-    throw std::invalid_argument("accumulation_steps must be at least 1, got " +
-                                std::to_string(steps));
-  }
-  std::vector<std::pair<std::int64_t, std::int64_t>> out;
-  const std::int64_t each = (rows + steps - 1) / steps;
-  for (std::int64_t begin = 0; begin < rows; begin += each)
-    out.emplace_back(begin, std::min(each, rows - begin));
-  return out;
+  ReplicaStepOptions o;
+  o.micro_batches = options_.accumulation_steps;
+  o.replicas_in_sync = num_replicas_in_sync();
+  // The global batch's weight: every worker's share of it is this batch, or (per-worker input)
+  // one of num_workers equal ones.
+  o.step_weight = objective.weight(batch) * (options_.per_worker_batches ? num_workers_ : 1);
+  o.reducer = reducer;
+  o.on_loss = on_loss;
+  return replica_step(*rep.model, objective, batch.slice(first, rows), o);
 }
 
 void Strategy::set_accumulation_steps(int k) {
@@ -240,33 +220,42 @@ void Strategy::set_accumulation_steps(int k) {
   options_.accumulation_steps = k;
 }
 
-StepResult Strategy::combine(const std::vector<ReplicaOutcome>& outcomes,
+StepResult Strategy::combine(const std::vector<ReplicaStepResult>& outcomes,
+                             const nn::Objective& objective, const nn::Batch& batch,
                              comm::Communicator* workers, bool stop_requested) {
-  double loss_sum = 0;
-  double correct = 0, rows = 0, bad = 0, stop = stop_requested ? 1 : 0;
+  StepResult r;
+  r.metrics = nn::Metrics(objective.metric_names(batch));
+  double rows = 0, bad = 0, stop = stop_requested ? 1 : 0;
   for (const auto& o : outcomes) {
-    loss_sum += o.loss_sum;
-    correct += static_cast<double>(o.correct);
+    r.metrics.merge(o.metrics);
     rows += static_cast<double>(o.rows);
     bad += o.finite ? 0 : 1;
   }
   if (workers != nullptr && workers->size() > 1) {
-    Tensor t =
-        Tensor::from({static_cast<float>(loss_sum), static_cast<float>(correct),
-                      static_cast<float>(rows), static_cast<float>(bad), static_cast<float>(stop)},
-                     {5});
+    // Every worker runs the same objective, so the metrics line up by position.
+    std::vector<float> v;
+    for (const auto& e : r.metrics.entries()) {
+      v.push_back(static_cast<float>(e.sum));
+      v.push_back(static_cast<float>(e.count));
+    }
+    v.insert(v.end(),
+             {static_cast<float>(rows), static_cast<float>(bad), static_cast<float>(stop)});
+    Tensor t = Tensor::from(v, {static_cast<std::int64_t>(v.size())});
     workers->allreduce(t, comm::ReduceOp::kSum)->wait();
     const float* p = t.data<float>();
-    loss_sum = p[0];
-    correct = p[1];
-    rows = p[2];
-    bad = p[3];
-    stop = p[4];
+    std::size_t i = 0;
+    for (auto& e : r.metrics.entries()) {
+      e.sum = p[i++];
+      e.count = p[i++];
+    }
+    rows = p[i];
+    bad = p[i + 1];
+    stop = p[i + 2];
   }
-  StepResult r;
   r.samples = static_cast<std::int64_t>(rows);
-  r.correct = static_cast<std::int64_t>(correct);
-  r.loss = rows > 0 ? loss_sum / rows : 0.0;
+  for (const auto& e : r.metrics.entries())
+    if (e.name == "accuracy") r.correct = std::llround(e.sum);
+  r.loss = r.metrics.mean("loss");
   r.finite = bad == 0 && std::isfinite(r.loss);
   r.stop_requested = stop > 0;
   return r;
@@ -305,10 +294,11 @@ class OneDevice final : public Strategy {
   }
 
   // On the caller's thread with the default generator: exactly the single-device training loop.
-  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip,
+  using Strategy::train_step;
+  StepResult train_step(const nn::Batch& batch, const nn::Objective& objective, float clip,
                         bool stop_requested) override {
-    ReplicaOutcome o = forward_backward(0, x, y, loss, nullptr);
-    StepResult r = combine({o}, nullptr, stop_requested);
+    ReplicaStepResult o = forward_backward(0, batch, objective, nullptr);
+    StepResult r = combine({o}, objective, batch, nullptr, stop_requested);
     if (!r.finite) return r;
     if (clip > 0) optim::clip_grad_norm(replicas_[0].model->parameters(), clip);
     replicas_[0].optimizer->step();
@@ -355,9 +345,10 @@ class MirroredBase : public Strategy {
     }
   }
 
-  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip,
+  using Strategy::train_step;
+  StepResult train_step(const nn::Batch& batch, const nn::Objective& objective, float clip,
                         bool stop_requested) override {
-    std::vector<ReplicaOutcome> outcomes(replicas_.size());
+    std::vector<ReplicaStepResult> outcomes(replicas_.size());
     // In one process, every replica can see whether any loss was not finite once its gradients
     // are reduced (each replica marks the flag before it joins the all-reduce that finalize waits
     // for), so forward, backward and update are one job per step. Across processes the verdict
@@ -366,18 +357,22 @@ class MirroredBase : public Strategy {
     std::atomic<int> not_finite{0};
     run([&](ReplicaContext& c) {
       const int r = c.replica_id_in_sync - worker_rank_ * local_replicas();
-      ReplicaOutcome& o = outcomes[static_cast<std::size_t>(r)];
-      o = forward_backward(r, x, y, loss, reducers_[static_cast<std::size_t>(r)].get(),
+      ReplicaStepResult& o = outcomes[static_cast<std::size_t>(r)];
+      o = forward_backward(r, batch, objective, reducers_[static_cast<std::size_t>(r)].get(),
                            [&](bool finite) { not_finite.fetch_add(finite ? 0 : 1); });
       if (one_process && not_finite.load() == 0) update(c, clip);
     });
-    StepResult result = combine(outcomes, workers_.get(), stop_requested);
+    StepResult result = combine(outcomes, objective, batch, workers_.get(), stop_requested);
     if (!result.finite || one_process) return result;
     run([&](ReplicaContext& c) { update(c, clip); });
     return result;
   }
 
   comm::Communicator* worker_communicator() const override { return workers_.get(); }
+  comm::Communicator* replica_communicator(int r) const override {
+    return reducers_.empty() ? nullptr
+                             : reducers_[static_cast<std::size_t>(r)]->communicator().get();
+  }
 
   double gradient_wait_seconds() const override {
     double total = 0;
@@ -434,6 +429,13 @@ class CentralStorage final : public Strategy {
     });
     default_generator().set_state(after_central);
     for (auto& rep : replicas_) copy_state(*central_model_, *rep.model);
+    // The replicas compute in one process and meet only through the central variables; a local
+    // group serves ReplicaContext::all_reduce in custom loops.
+    replica_comms_ = comm::make_local_group(options_.replicas, options_.timeout);
+  }
+
+  comm::Communicator* replica_communicator(int r) const override {
+    return replica_comms_.empty() ? nullptr : replica_comms_[static_cast<std::size_t>(r)].get();
   }
 
   std::shared_ptr<nn::Module> model() const override { return central_model_; }
@@ -441,15 +443,16 @@ class CentralStorage final : public Strategy {
   void mirror_from_primary() override {}  // replicas read the central variables every step
   void set_lr(float lr) override { central_optimizer_->set_lr(lr); }
 
-  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip,
+  using Strategy::train_step;
+  StepResult train_step(const nn::Batch& batch, const nn::Objective& objective, float clip,
                         bool stop_requested) override {
-    std::vector<ReplicaOutcome> outcomes(replicas_.size());
+    std::vector<ReplicaStepResult> outcomes(replicas_.size());
     run([&](ReplicaContext& c) {
       const int r = c.replica_id_in_sync;
       copy_state(*central_model_, c.model);  // read the variables from where they live
-      outcomes[static_cast<std::size_t>(r)] = forward_backward(r, x, y, loss, nullptr);
+      outcomes[static_cast<std::size_t>(r)] = forward_backward(r, batch, objective, nullptr);
     });
-    StepResult result = combine(outcomes, nullptr, stop_requested);
+    StepResult result = combine(outcomes, objective, batch, nullptr, stop_requested);
     if (!result.finite) return result;
     aggregate_gradients();
     if (clip > 0) optim::clip_grad_norm(central_model_->parameters(), clip);
@@ -482,6 +485,7 @@ class CentralStorage final : public Strategy {
 
   std::shared_ptr<nn::Module> central_model_;
   std::shared_ptr<optim::Optimizer> central_optimizer_;
+  std::vector<comm::CommunicatorPtr> replica_comms_;
 };
 
 }  // namespace

@@ -149,11 +149,23 @@ train::InputLossFn Distiller::loss_fn() const {
       [this](const Tensor& x, const Tensor& logits, const Tensor& y) { return loss(x, logits, y); };
 }
 
+DistillationObjective::DistillationObjective(std::shared_ptr<const Distiller> distiller)
+    : distiller_(std::move(distiller)) {
+  if (!distiller_) throw std::invalid_argument("DistillationObjective: no distiller");
+}
+
+nn::ObjectiveResult DistillationObjective::compute(const Tensor& outputs,
+                                                   const nn::Batch& batch) const {
+  nn::ObjectiveResult r;
+  r.loss = distiller_->loss(batch.inputs, outputs, batch.targets);
+  const auto rows = static_cast<double>(batch.rows());
+  r.metrics.add("loss", static_cast<double>(r.loss.item()) * rows, rows);
+  r.metrics.add("accuracy", static_cast<double>(nn::top1_hits(outputs, batch.targets).first), rows);
+  return r;
+}
+
 void attach(train::Trainer& trainer, std::shared_ptr<const Distiller> distiller) {
-  trainer.set_input_loss(
-      [d = std::move(distiller)](const Tensor& x, const Tensor& logits, const Tensor& y) {
-        return d->loss(x, logits, y);
-      });
+  trainer.set_objective(std::make_shared<DistillationObjective>(std::move(distiller)));
 }
 
 // ---- evaluation ---------------------------------------------------------------------------------

@@ -125,6 +125,12 @@ double fit_targets(nn::Module& model, optim::Optimizer& optimizer, const Tensor&
   model.train();
   const float base_lr = optimizer.lr();
   double last_loss = 0;
+  // KL(t || softmax(z)): cross-entropy against soft targets less their (constant) entropy.
+  const nn::FunctionObjective objective(
+      [](const Tensor& logits, const Tensor&, const Tensor& targets) {
+        return soft_target_kl(logits, targets, 1.0f);
+      },
+      "soft_target_kl");
   for (std::int64_t epoch = 0; epoch < options.epochs; ++epoch) {
     if (options.schedule) optimizer.set_lr(options.schedule->lr(base_lr, epoch));
     // A permutation from (seed, epoch): Fisher-Yates.
@@ -150,16 +156,13 @@ double fit_targets(nn::Module& model, optim::Optimizer& optimizer, const Tensor&
                                 options.augment)[0];
       }
       optimizer.zero_grad();
-      // KL(t || softmax(z)): cross-entropy against soft targets less their (constant) entropy.
-      Tensor loss = soft_target_kl(model.forward(x), t, 1.0f);
-      const float value = loss.item();
-      if (!std::isfinite(value)) {
+      const dist::ReplicaStepResult step = dist::replica_step(model, objective, {x, t}, {});
+      if (!step.finite) {
         throw train::TrainingError("noisy student: loss is not finite at epoch " +
                                    std::to_string(epoch + 1) + ", step " + std::to_string(s + 1));
       }
-      loss.backward();
       optimizer.step();
-      loss_sum += value;
+      loss_sum += step.metrics.mean("loss");
     }
     last_loss = steps > 0 ? loss_sum / static_cast<double>(steps) : 0.0;
   }

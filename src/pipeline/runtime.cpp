@@ -13,6 +13,7 @@
 
 #include "hpm/autograd/deferred.h"
 #include "hpm/comm/local.h"
+#include "hpm/dist/replica_step.h"
 #include "hpm/nn/losses.h"
 #include "hpm/tensor/random.h"
 #include "hpm/trace/trace.h"
@@ -104,8 +105,7 @@ class Pipeline::Stage {
   void release_communicator() { comm_.reset(); }
 
   struct Result {
-    double loss_sum = 0;
-    std::int64_t correct = 0;
+    nn::Metrics metrics;
     bool finite = true;
     double busy_s = 0;
     // chunk -> (sum, count); backward_s is B alone where a W follows
@@ -114,7 +114,8 @@ class Pipeline::Stage {
     std::size_t peak_bytes = 0;
   };
 
-  Result run(const Tensor& x, const Tensor& y, const LossFn& loss, const std::atomic<bool>& abort) {
+  Result run(const nn::Batch& batch, const nn::Objective& objective,
+             const std::atomic<bool>& abort) {
     DeviceGuard on_device(device_);
     ThreadGeneratorGuard with_generator(generator_);
     set_num_threads(options_.threads_per_stage);
@@ -122,10 +123,11 @@ class Pipeline::Stage {
     device_.reset_peak();
     abort_ = &abort;
     result_ = Result{};
-    rows_ = x.size(0);
-    x_ = x;
-    y_ = y;
-    loss_ = &loss;
+    rows_ = batch.rows();
+    x_ = batch.inputs;
+    y_ = batch.targets;
+    objective_ = &objective;
+    step_weight_ = objective.weight(batch);
     for (const Action& a : schedule_.per_device[static_cast<std::size_t>(index_)]) {
       try {
         if (a.kind == Action::kForward) {
@@ -176,15 +178,14 @@ class Pipeline::Stage {
     Tensor out = recompute ? nn::checkpoint(chunk, in) : chunk.forward(in);
     Tensor keep = out;
     if (a.chunk == last_chunk()) {
-      const Tensor labels = y_.narrow(first, rows);
-      Tensor l = (*loss_)(out, labels);
-      const float value = l.item();
-      if (!std::isfinite(value)) result_.finite = false;
-      result_.loss_sum += static_cast<double>(value) * static_cast<double>(rows);
-      result_.correct += nn::top1_correct(out, labels);
-      // Each micro-batch's mean loss weighted by its share: the gradients add up to the
-      // mini-batch mean's.
-      keep = l * static_cast<float>(static_cast<double>(rows) / static_cast<double>(rows_));
+      // The one replica step's loss: each micro-batch's mean weighted by its share of the
+      // mini-batch, so the gradients add up to the mini-batch mean's.
+      const nn::Batch micro{x_.narrow(first, rows), y_.narrow(first, rows)};
+      dist::WeightedLoss w =
+          dist::weighted_loss(*objective_, out, micro, objective_->weight(micro) / step_weight_);
+      if (!w.finite) result_.finite = false;
+      result_.metrics.merge(w.metrics);
+      keep = w.loss;
     }
     const Clock::time_point t1 = Clock::now();
     account(a, t0, t1, result_.forward_s);
@@ -342,7 +343,8 @@ class Pipeline::Stage {
   Result result_;
   std::int64_t rows_ = 0;
   Tensor x_, y_;
-  const LossFn* loss_ = nullptr;
+  const nn::Objective* objective_ = nullptr;
+  double step_weight_ = 1;
   std::map<std::pair<int, int>, Saved> saved_;
   std::map<std::pair<int, int>, autograd::DeferredWeightGradients> deferred_;  // B done, W not
   std::map<std::tuple<int, int, bool>, Tensor> local_mail_;
@@ -490,6 +492,16 @@ Device& Pipeline::device(int stage) const {
 }
 
 StepStats Pipeline::forward_backward(const Tensor& x, const Tensor& y, const LossFn& loss) {
+  const nn::FunctionObjective objective(
+      [&loss](const Tensor& outputs, const Tensor&, const Tensor& targets) {
+        return loss(outputs, targets);
+      },
+      "loss");
+  return forward_backward(nn::Batch{x, y}, objective);
+}
+
+StepStats Pipeline::forward_backward(const nn::Batch& batch, const nn::Objective& objective) {
+  const Tensor& x = batch.inputs;
   if (x.size(0) < options_.micro_batches) {
     throw std::invalid_argument("pipeline: a batch of " + std::to_string(x.size(0)) +
                                 " rows cannot be split into " +
@@ -505,7 +517,7 @@ StepStats Pipeline::forward_backward(const Tensor& x, const Tensor& y, const Los
   auto run_stage = [&](int d) {
     try {
       results[static_cast<std::size_t>(d)] =
-          stages_[static_cast<std::size_t>(d)]->run(x, y, loss, abort);
+          stages_[static_cast<std::size_t>(d)]->run(batch, objective, abort);
     } catch (...) {
       errors[static_cast<std::size_t>(d)] = std::current_exception();
       abort = true;
@@ -548,8 +560,7 @@ StepStats Pipeline::forward_backward(const Tensor& x, const Tensor& y, const Los
       continue;
     }
     const Stage::Result& r = results[static_cast<std::size_t>(d)];
-    st.loss_sum += r.loss_sum;
-    st.correct += r.correct;
+    st.metrics.merge(r.metrics);
     st.finite = st.finite && r.finite;
     st.busy_s.push_back(r.busy_s);
     st.peak_bytes.push_back(r.peak_bytes);
@@ -572,6 +583,8 @@ StepStats Pipeline::forward_backward(const Tensor& x, const Tensor& y, const Los
     }
   }
   st.bubble = st.wall_s > 0 ? 1.0 - busy / (owned * st.wall_s) : 0.0;
+  for (const auto& e : st.metrics.entries())
+    if (e.name == "loss") st.loss_sum = e.sum;
   return st;
 }
 

@@ -54,8 +54,10 @@ class PipelineStrategy final : public dist::Strategy {
     replicas_.push_back(std::move(rep));
   }
 
-  dist::StepResult train_step(const Tensor& x, const Tensor& y, const dist::LossFn& loss,
-                              float clip, bool stop_requested) override {
+  using dist::Strategy::train_step;
+  dist::StepResult train_step(const nn::Batch& batch, const nn::Objective& objective, float clip,
+                              bool stop_requested) override {
+    const Tensor& x = batch.inputs;
     if (replicas_.empty()) throw std::logic_error("train_step before strategy.scope");
     if (accumulation_steps() != 1) {
       throw std::invalid_argument(
@@ -66,27 +68,42 @@ class PipelineStrategy final : public dist::Strategy {
     if (!pipeline_) build(x);
     Replica& rep = replicas_[0];
     rep.optimizer->zero_grad();
-    report_.last_step = pipeline_->forward_backward(x, y, loss);
+    report_.last_step = pipeline_->forward_backward(batch, objective);
     // Running statistics as one forward over the mini-batch would leave them.
     for (nn::BatchNorm* bn : batch_norms_) bn->commit_deferred();
     const StepStats& st = report_.last_step;
-    // Across processes the loss lives on the last stage, and any stage may have seen a NaN or a
-    // stop request: every process learns all of it.
-    double totals[4] = {st.loss_sum, static_cast<double>(st.correct), st.finite ? 0.0 : 1.0,
-                        stop_requested ? 1.0 : 0.0};
-    if (workers_) {
-      Tensor t = Tensor::from({static_cast<float>(totals[0]), static_cast<float>(totals[1]),
-                               static_cast<float>(totals[2]), static_cast<float>(totals[3])},
-                              {4});
-      workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
-      for (int i = 0; i < 4; ++i) totals[i] = t.data<float>()[i];
-    }
+    // Across processes the metrics live on the last stage, and any stage may have seen a NaN or
+    // a stop request: every process learns all of it (in the objective's order of metrics, which
+    // the stages without outputs contribute zeros to).
     dist::StepResult r;
+    r.metrics = nn::Metrics(objective.metric_names(batch));
+    r.metrics.merge(st.metrics);
+    double flags[2] = {st.finite ? 0.0 : 1.0, stop_requested ? 1.0 : 0.0};
+    if (workers_) {
+      std::vector<float> v;
+      for (const auto& e : r.metrics.entries()) {
+        v.push_back(static_cast<float>(e.sum));
+        v.push_back(static_cast<float>(e.count));
+      }
+      v.push_back(static_cast<float>(flags[0]));
+      v.push_back(static_cast<float>(flags[1]));
+      Tensor t = Tensor::from(v, {static_cast<std::int64_t>(v.size())});
+      workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
+      const float* p = t.data<float>();
+      std::size_t i = 0;
+      for (auto& e : r.metrics.entries()) {
+        e.sum = p[i++];
+        e.count = p[i++];
+      }
+      flags[0] = p[i];
+      flags[1] = p[i + 1];
+    }
     r.samples = st.rows;
-    r.correct = static_cast<std::int64_t>(totals[1]);
-    r.loss = st.rows > 0 ? totals[0] / static_cast<double>(st.rows) : 0.0;
-    r.finite = totals[2] == 0 && std::isfinite(r.loss);
-    r.stop_requested = totals[3] > 0;
+    for (const auto& e : r.metrics.entries())
+      if (e.name == "accuracy") r.correct = std::llround(e.sum);
+    r.loss = r.metrics.mean("loss");
+    r.finite = flags[0] == 0 && std::isfinite(r.loss);
+    r.stop_requested = flags[1] > 0;
     if (!r.finite) return r;
     if (clip > 0) clip_gradients(clip);
     if (workers_) {

@@ -42,58 +42,61 @@ void Trainer::set_lr(float lr) {
     optimizer_->set_lr(lr);
 }
 
+void Trainer::set_loss(LossFn loss) {
+  objective_ = std::make_shared<nn::FunctionObjective>(
+      [loss = std::move(loss)](const Tensor& logits, const Tensor&, const Tensor& labels) {
+        return loss(logits, labels);
+      },
+      "loss");
+}
+
+void Trainer::set_input_loss(InputLossFn loss) {
+  objective_ = std::make_shared<nn::FunctionObjective>(
+      [loss = std::move(loss)](const Tensor& logits, const Tensor& inputs, const Tensor& labels) {
+        return loss(inputs, logits, labels);
+      },
+      "input_loss");
+}
+
 double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* correct) {
   trace::Span span("train step", "train");
+  const nn::Classification by_default(options_.label_smoothing);
+  const nn::Objective& objective = objective_ ? *objective_ : by_default;
+  const nn::Batch batch{x, y};
+  const auto stopped = [this](const char* what) {
+    std::ostringstream os;
+    os << "loss is " << what << " at epoch " << state_.epoch + 1 << ", step "
+       << state_.step_in_epoch + 1 << " (global step " << state_.global_step + 1
+       << "); stopping without updating the model";
+    throw TrainingError(os.str());
+  };
+  const auto hits = [](const nn::Metrics& m) {
+    for (const auto& e : m.entries())
+      if (e.name == "accuracy") return static_cast<std::int64_t>(std::llround(e.sum));
+    return std::int64_t{0};
+  };
   if (strategy_) {
-    if (input_loss_) {
-      throw std::logic_error("Trainer: a loss that needs the inputs runs on one device only");
-    }
-    const LossFn loss = loss_ ? loss_ : [this](const Tensor& logits, const Tensor& labels) {
-      return cross_entropy(logits, labels, options_.label_smoothing);
-    };
     const dist::StepResult r =
-        strategy_->train_step(x, y, loss, options_.clip_grad_norm, stop_signalled());
+        strategy_->train_step(batch, objective, options_.clip_grad_norm, stop_signalled());
     stop_agreed_ = r.stop_requested;
-    if (!r.finite) {
-      std::ostringstream os;
-      os << "loss is not finite (NaN or Inf on some replica) at epoch " << state_.epoch + 1
-         << ", step " << state_.step_in_epoch + 1 << " (global step " << state_.global_step + 1
-         << "); stopping without updating the model";
-      throw TrainingError(os.str());
-    }
-    *correct += r.correct;
+    if (!r.finite) stopped("not finite (NaN or Inf on some replica)");
+    last_metrics_ = r.metrics;
+    *correct += hits(r.metrics);
     return r.loss;
   }
   stop_agreed_ = stop_signalled();
   optimizer_->zero_grad();
-  const auto micro = dist::micro_batches(x.size(0), options_.accumulation_steps);
-  double loss_sum = 0.0;
-  for (const auto& [begin, count] : micro) {
-    const bool whole = micro.size() == 1;
-    const Tensor xm = whole ? x : x.narrow(begin, count), ym = whole ? y : y.narrow(begin, count);
-    Tensor logits = model_->forward(xm);
-    Tensor loss = input_loss_ ? input_loss_(xm, logits, ym)
-                  : loss_     ? loss_(logits, ym)
-                              : cross_entropy(logits, ym, options_.label_smoothing);
-    const float value = loss.item();
-    if (!std::isfinite(value)) {
-      std::ostringstream os;
-      os << "loss is " << (std::isnan(value) ? "NaN" : "Inf") << " at epoch " << state_.epoch + 1
-         << ", step " << state_.step_in_epoch + 1 << " (global step " << state_.global_step + 1
-         << "); stopping without updating the model";
-      throw TrainingError(os.str());
-    }
-    // Each micro-batch's mean weighted by its share of the rows: the sum is the batch's mean.
-    if (!whole) loss = loss * (static_cast<float>(count) / static_cast<float>(x.size(0)));
-    loss.backward();
-    loss_sum += static_cast<double>(value) * static_cast<double>(count);
-    *correct += nn::top1_correct(logits, ym);
-  }
+  dist::ReplicaStepOptions o;
+  o.micro_batches = options_.accumulation_steps;
+  const dist::ReplicaStepResult r = dist::replica_step(*model_, objective, batch, o);
+  if (!r.finite) stopped(std::isnan(r.bad_value) ? "NaN" : "Inf");
   if (options_.clip_grad_norm > 0.0f) {
     optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
   }
   optimizer_->step();
-  return loss_sum / static_cast<double>(x.size(0));  // exact for one micro-batch: value * n / n
+  last_metrics_ = r.metrics;
+  *correct += hits(r.metrics);
+  return r.metrics.mean("loss");
 }
 
 void Trainer::explain_out_of_memory(const Tensor& x, const Tensor& y,

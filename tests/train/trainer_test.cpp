@@ -244,11 +244,45 @@ TEST(Trainer, FitThroughAStrategyMatchesOneDevice) {
   ASSERT_EQ(a.size(), b.size());
   for (std::size_t i = 0; i < a.size(); ++i)
     ASSERT_NEAR(a[i], b[i], 1e-4f + 1e-4f * std::abs(a[i])) << i;
-  // A loss that needs the inputs exists on one device only: replicas see just their logits.
-  mirrored.set_input_loss([](const Tensor&, const Tensor& logits, const Tensor& labels) {
-    return cross_entropy(logits, labels);
-  });
-  EXPECT_THROW(mirrored.fit(data, nullptr, o), std::logic_error);
+}
+
+TEST(Trainer, ALossOfTheInputsRunsUnderAStrategyAsOnOneDevice) {
+  // Objectives see each replica's own rows (distillation's teachers run on them): a loss that
+  // pulls the first logit toward the first input feature, a row mean, so replicas add up exactly.
+  auto data = blobs(256, 3);
+  auto build = [] {
+    return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(16, 3)});
+  };
+  auto sgd = [](nn::Module& m) {
+    return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+  };
+  const auto loss = [](const Tensor& x, const Tensor& logits, const Tensor& labels) {
+    return add(cross_entropy(logits, labels),
+               mse_loss(narrow(logits, 1, 0, 1), narrow(x, 1, 0, 1)));
+  };
+  FitOptions o;
+  o.batch_size = 32;
+  o.epochs = 1;
+  manual_seed(5);
+  auto model = build();
+  Trainer plain(model, sgd(*model));
+  plain.set_input_loss(loss);
+  plain.fit(data, nullptr, o);
+  dist::StrategyOptions so;
+  so.replicas = 2;
+  auto strategy = dist::make_mirrored(so);
+  manual_seed(5);
+  strategy->scope(build, sgd);
+  Trainer mirrored(strategy);
+  mirrored.set_input_loss(loss);
+  mirrored.fit(data, nullptr, o);
+  const auto a = flat_params(*model), b = flat_params(*strategy->model());
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], b[i], 1e-4f + 1e-4f * std::abs(a[i])) << i;
+  EXPECT_TRUE(mirrored.last_step_metrics().has("loss"));
 }
 
 }  // namespace

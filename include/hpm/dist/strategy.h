@@ -5,7 +5,8 @@
 //
 //   auto strategy = dist::make_mirrored({.replicas = 2});
 //   strategy->scope(build_model, build_optimizer);   // every replica's variables, mirrored
-//   dist::StepResult r = strategy->train_step(x, y, loss_fn, 0.0f);  // x, y: one global batch
+//   nn::LanguageModelling objective;
+//   dist::StepResult r = strategy->train_step({x, y}, objective, 0.0f);  // one global batch
 //
 // Synchronous strategies keep every replica identical: N steps on R replicas with global batch B
 // match one device with batch B up to floating-point reassociation (tests/dist). Local replicas
@@ -21,21 +22,24 @@
 
 #include "hpm/comm/communicator.h"
 #include "hpm/dist/reducer.h"
+#include "hpm/dist/replica_step.h"
 #include "hpm/nn/module.h"
+#include "hpm/nn/objective.h"
 #include "hpm/optim/optimizer.h"
 
 namespace hpm::dist {
 
 using ModelFactory = std::function<std::shared_ptr<nn::Module>()>;
 using OptimizerFactory = std::function<std::shared_ptr<optim::Optimizer>(nn::Module&)>;
-using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& labels)>;
+using nn::LossFn;
 
 // What one step did, over all replicas in sync (every worker's share of the global batch).
 struct StepResult {
-  double loss = 0;           // mean over the global batch
-  std::int64_t correct = 0;  // top-1 hits
-  std::int64_t samples = 0;
-  bool finite = true;  // false: some replica's loss was NaN or infinite; nothing was updated
+  nn::Metrics metrics;       // the objective's, summed over every replica
+  double loss = 0;           // metrics' "loss": the mean over the global batch's weight units
+  std::int64_t correct = 0;  // metrics' "accuracy" hits, where the objective counts them
+  std::int64_t samples = 0;  // rows
+  bool finite = true;        // false: some replica's loss was NaN or infinite; nothing was updated
   bool stop_requested = false;  // some worker asked to stop after this step (all agree on it)
 };
 
@@ -44,6 +48,10 @@ struct ReplicaContext {
   int num_replicas_in_sync = 1;
   nn::Module& model;
   optim::Optimizer& optimizer;
+  // tf.distribute's ReplicaContext.all_reduce: the sum (or mean, or max) of `values` over every
+  // replica in sync, in place. Every replica must call it, in the same order, with tensors of the
+  // same shape: a custom loop under Strategy::run uses it for whatever must agree.
+  std::function<void(Tensor& values, comm::ReduceOp op)> all_reduce;
 };
 
 struct StrategyOptions {
@@ -64,11 +72,6 @@ struct StrategyOptions {
   // activation memory shrinks by about this factor.
   int accumulation_steps = 1;
 };
-
-// The micro-batches `rows` rows split into for accumulation over `steps`: [first, count) ranges of
-// ceil(rows / steps) rows each, the last possibly smaller (fewer than `steps` when rows do not
-// fill them; none for 0 rows). Throws std::invalid_argument when steps < 1.
-std::vector<std::pair<std::int64_t, std::int64_t>> micro_batches(std::int64_t rows, int steps);
 
 class Strategy {
  public:
@@ -117,8 +120,11 @@ class Strategy {
   // loss is not finite, no replica updates and the result says so. `stop_requested` (this
   // worker wants to stop after this step: preemption) is combined over every worker, so all of
   // them learn it at the same step.
-  virtual StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss,
+  virtual StepResult train_step(const nn::Batch& batch, const nn::Objective& objective,
                                 float clip_grad_norm, bool stop_requested = false) = 0;
+  // The same with a loss function of (outputs, targets), reported as classification is.
+  StepResult train_step(const Tensor& x, const Tensor& y, const LossFn& loss, float clip_grad_norm,
+                        bool stop_requested = false);
 
  protected:
   Strategy(const StrategyOptions& options, int worker_rank, int num_workers);
@@ -127,23 +133,23 @@ class Strategy {
     std::shared_ptr<optim::Optimizer> optimizer;
     std::unique_ptr<Generator> generator;
   };
-  // Forward and backward of local replica r on its rows (as accumulation_steps micro-batches);
-  // loss scaled so that averaging gradients over all replicas gives the global batch's mean.
-  // Returns (loss * rows, correct, finite).
-  struct ReplicaOutcome {
-    double loss_sum = 0;
-    std::int64_t correct = 0, rows = 0;
-    bool finite = true;
-  };
-  // `on_loss(finite)` runs before backward (and so before this replica joins any all-reduce).
-  ReplicaOutcome forward_backward(int r, const Tensor& x, const Tensor& y, const LossFn& loss,
-                                  Reducer* reducer,
-                                  const std::function<void(bool)>& on_loss = nullptr);
+  // Forward and backward of local replica r on its rows (as accumulation_steps micro-batches)
+  // through the one replica step, weighted so that averaging gradients over all replicas gives
+  // the global batch's mean. `on_loss(finite)` runs before backward (and so before this replica
+  // joins any all-reduce).
+  ReplicaStepResult forward_backward(int r, const nn::Batch& batch, const nn::Objective& objective,
+                                     Reducer* reducer,
+                                     const std::function<void(bool)>& on_loss = nullptr);
   // Adds up local outcomes (and, across workers, through `workers`) into a StepResult.
-  StepResult combine(const std::vector<ReplicaOutcome>& outcomes, comm::Communicator* workers,
-                     bool stop_requested);
+  // The metrics start from objective.metric_names(batch), so they line up across workers even
+  // where a replica had no rows.
+  StepResult combine(const std::vector<ReplicaStepResult>& outcomes, const nn::Objective& objective,
+                     const nn::Batch& batch, comm::Communicator* workers, bool stop_requested);
   // The communicator that connects this process to the other workers (none in one process).
   virtual comm::Communicator* worker_communicator() const { return nullptr; }
+  // Local replica r's communicator to every replica in sync (ReplicaContext::all_reduce); none
+  // for a single replica.
+  virtual comm::Communicator* replica_communicator(int /*r*/) const { return nullptr; }
 
   StrategyOptions options_;
   int worker_rank_, num_workers_;

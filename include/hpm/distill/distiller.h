@@ -92,7 +92,23 @@ class Distiller {
   mutable std::int64_t hits_ = 0, misses_ = 0;
 };
 
-// Installs `distiller`'s loss on `trainer` (a one-device Trainer of the student).
+// The Distiller as an Objective: the loss of the student's outputs on batch.inputs (the teachers
+// run on the same rows) against batch.targets, with "loss" and "accuracy". It runs wherever an
+// objective does: on one device, and under every strategy, each replica's teachers on its rows.
+class DistillationObjective : public nn::Objective {
+ public:
+  explicit DistillationObjective(std::shared_ptr<const Distiller> distiller);
+  nn::ObjectiveResult compute(const Tensor& outputs, const nn::Batch& batch) const override;
+  std::vector<std::string> metric_names(const nn::Batch&) const override {
+    return {"loss", "accuracy"};
+  }
+  std::string name() const override { return "distillation"; }
+
+ private:
+  std::shared_ptr<const Distiller> distiller_;
+};
+
+// Installs `distiller` as the objective of `trainer` (the student's; one device or a strategy).
 void attach(train::Trainer& trainer, std::shared_ptr<const Distiller> distiller);
 
 // ---- evaluation ---------------------------------------------------------------------------------

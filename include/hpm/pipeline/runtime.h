@@ -15,13 +15,14 @@
 
 #include "hpm/comm/communicator.h"
 #include "hpm/nn/module.h"
+#include "hpm/nn/objective.h"
 #include "hpm/nn/recompute.h"
 #include "hpm/pipeline/schedule.h"
 #include "hpm/pipeline/simulator.h"
 
 namespace hpm::pipeline {
 
-using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& labels)>;
+using nn::LossFn;
 
 struct PipelineOptions {
   int stages = 2;         // K devices
@@ -40,8 +41,9 @@ struct PipelineOptions {
 
 // What one mini-batch did, and where the time went.
 struct StepStats {
-  double loss_sum = 0;  // sum over rows of the (unweighted) per-row loss
-  std::int64_t correct = 0, rows = 0;
+  nn::Metrics metrics;  // the objective's, from the last stage (empty on the others)
+  double loss_sum = 0;  // metrics' "loss" sum: over the weight units, of the unweighted loss
+  std::int64_t rows = 0;
   bool finite = true;
   double wall_s = 0;                    // from the first action to the last, all stages
   std::vector<double> busy_s;           // per stage: time in forward and backward
@@ -66,6 +68,8 @@ class Pipeline {
 
   // Every process passes the same x and y (rows = the mini-batch); stage 0 reads x, the last
   // chunk's stage reads y. Gradients accumulate into the parameters' .grad.
+  StepStats forward_backward(const nn::Batch& batch, const nn::Objective& objective);
+  // The same with a loss of (outputs, targets), reported as classification is.
   StepStats forward_backward(const Tensor& x, const Tensor& y, const LossFn& loss);
 
   // Runs job(d) for each of this process's stages d, on the stage's own thread when the stages

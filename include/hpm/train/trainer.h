@@ -112,7 +112,7 @@ class Callback {
   virtual void on_train_end(Trainer&, const FitResult&) {}
 };
 
-using LossFn = std::function<Tensor(const Tensor& logits, const Tensor& labels)>;
+using nn::LossFn;
 // A loss that also sees the batch's inputs: distillation runs its teachers on the same batch.
 using InputLossFn =
     std::function<Tensor(const Tensor& inputs, const Tensor& logits, const Tensor& labels)>;
@@ -139,9 +139,17 @@ class Trainer {
   Tensor predict(const Tensor& inputs, std::int64_t batch_size = 1000);  // logits
 
   void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
-  void set_loss(LossFn loss) { loss_ = std::move(loss); }
-  // Takes precedence over set_loss; one device only (a strategy's replicas see only logits).
-  void set_input_loss(InputLossFn loss) { input_loss_ = std::move(loss); }
+  // What a batch's loss and metrics are (default: Classification with the fit options' label
+  // smoothing). Runs on one device and under every strategy alike.
+  void set_objective(std::shared_ptr<const nn::Objective> objective) {
+    objective_ = std::move(objective);
+  }
+  // Shorthands for a FunctionObjective: a loss of (logits, labels), or of (inputs, logits, labels)
+  // (distillation's teachers run on the inputs).
+  void set_loss(LossFn loss);
+  void set_input_loss(InputLossFn loss);
+  // The metrics of the last training step, over every replica in sync.
+  const nn::Metrics& last_step_metrics() const { return last_metrics_; }
   void stop_training() { stop_ = true; }  // from a callback: ends fit after this batch
   const TrainerState& state() const { return state_; }
   nn::Module& model() { return *model_; }
@@ -164,8 +172,8 @@ class Trainer {
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<optim::LrSchedule> schedule_;
   std::shared_ptr<dist::Strategy> strategy_;  // null: the model trains on the caller's thread
-  LossFn loss_;
-  InputLossFn input_loss_;
+  std::shared_ptr<const nn::Objective> objective_;
+  nn::Metrics last_metrics_;
   FitOptions options_;
   TrainerState state_;
   std::vector<std::shared_ptr<Callback>> callbacks_;

@@ -7,7 +7,9 @@
 
 #include "dist/ps/rpc.h"
 #include "hpm/autograd/ops.h"
+#include "hpm/dist/replica_step.h"
 #include "hpm/nn/losses.h"
+#include "hpm/nn/objective.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
@@ -120,14 +122,12 @@ struct Worker::Impl {
       const Tensor x = kernels::index_select0(train.inputs, rows);
       const Tensor y = kernels::index_select0(train.labels, rows);
       model->zero_grad();
-      const Tensor logits = model->forward(x);
-      const Tensor loss = cross_entropy(logits, y, o.label_smoothing);
-      const float l = loss.item();
-      if (!std::isfinite(l)) {
+      const nn::Classification objective(o.label_smoothing);
+      const ReplicaStepResult step = replica_step(*model, objective, nn::Batch{x, y}, {});
+      if (!step.finite) {
         throw PsError("worker " + std::to_string(o.worker) + ": the loss of task " +
                       std::to_string(task.task()) + " is not finite");
       }
-      loss.backward();
       std::vector<Tensor> grads;
       for (const auto& [name, p] : params) {
         Tensor g = p.grad();
@@ -145,8 +145,10 @@ struct Worker::Impl {
                                                  static_cast<std::int64_t>(staleness.size()) - 1);
       ++staleness[static_cast<std::size_t>(bucket)];
       ++steps;
-      out->set_loss_sum(static_cast<double>(l) * static_cast<double>(o.batch_size));
-      out->set_correct(nn::top1_correct(logits, y));
+      for (const auto& e : step.metrics.entries()) {
+        if (e.name == "loss") out->set_loss_sum(e.sum);
+        if (e.name == "accuracy") out->set_correct(std::llround(e.sum));
+      }
       out->set_samples(o.batch_size);
       return true;
     } catch (const PsError& e) {

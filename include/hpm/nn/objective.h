@@ -1,0 +1,141 @@
+// Objective: what a batch's loss and metrics are, apart from how the model is run (Keras'
+// compute_loss / compute_metrics). One training step (dist/replica_step.h) serves every objective
+// on every path: the Trainer, each strategy, the pipeline's last stage, the parameter-server
+// worker and distillation.
+//
+// The loss is a mean over the batch's weight units (rows for a classifier, counted tokens for a
+// language model); weight() says how many a batch holds, so micro-batches and replicas of
+// unequal size are weighted exactly. Metrics are named sums with counts, so they add up across
+// micro-batches and replicas before their means are taken.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "hpm/autograd/ops.h"
+
+namespace hpm::nn {
+
+// A batch: inputs and targets, row-aligned (images and labels; token windows and next tokens).
+struct Batch {
+  Tensor inputs, targets;
+  std::int64_t rows() const { return inputs.size(0); }
+  Batch slice(std::int64_t begin, std::int64_t count) const {
+    return {inputs.narrow(begin, count), targets.narrow(begin, count)};
+  }
+};
+
+// Named sums and counts; the value of a metric is sum / count. "loss" is always present.
+class Metrics {
+ public:
+  Metrics() = default;
+  // Each name with a zero sum and count, in order.
+  explicit Metrics(const std::vector<std::string>& names);
+  struct Entry {
+    std::string name;
+    double sum = 0, count = 0;
+    double mean() const { return count > 0 ? sum / count : 0.0; }
+  };
+  void add(const std::string& name, double sum, double count);
+  void merge(const Metrics& other);  // adds every entry, by name
+  bool has(const std::string& name) const;
+  double mean(const std::string& name) const;  // 0 when absent or empty
+  double count(const std::string& name) const;
+  const std::vector<Entry>& entries() const { return entries_; }
+  std::vector<Entry>& entries() { return entries_; }
+
+ private:
+  std::vector<Entry> entries_;
+};
+
+struct ObjectiveResult {
+  Tensor loss;      // scalar, the mean over the batch's weight units; differentiable
+  Metrics metrics;  // "loss" (its sum over the units) and the objective's own
+};
+
+class Objective {
+ public:
+  virtual ~Objective() = default;
+  // The loss and metrics of `outputs` (the model's, on batch.inputs) against the batch.
+  virtual ObjectiveResult compute(const Tensor& outputs, const Batch& batch) const = 0;
+  // How many units the loss of `batch` is a mean over.
+  virtual double weight(const Batch& batch) const { return static_cast<double>(batch.rows()); }
+  // The names compute() reports for `batch`, in its order: what replicas and stages that have
+  // no rows (or no outputs) contribute zeros to, so that reductions line up by position.
+  virtual std::vector<std::string> metric_names(const Batch& batch) const = 0;
+  // Metrics derived from the reduced ones for display ("perplexity" = exp(loss)); appended.
+  virtual void derive(Metrics&) const {}
+  virtual std::string name() const = 0;
+};
+
+// Cross-entropy of class logits (N, C) against labels (N), with label smoothing; "accuracy".
+class Classification : public Objective {
+ public:
+  explicit Classification(float label_smoothing = 0.0f) : smoothing_(label_smoothing) {}
+  ObjectiveResult compute(const Tensor& outputs, const Batch& batch) const override;
+  std::vector<std::string> metric_names(const Batch&) const override {
+    return {"loss", "accuracy"};
+  }
+  std::string name() const override { return "classification"; }
+
+ private:
+  float smoothing_;
+};
+
+// Next-token cross-entropy of logits (B, T, V) against targets (B, T), positions equal to
+// ignore_index excluded; weight = counted tokens. "token_accuracy"; derives "perplexity".
+class LanguageModelling : public Objective {
+ public:
+  explicit LanguageModelling(std::int64_t ignore_index = -100) : ignore_(ignore_index) {}
+  ObjectiveResult compute(const Tensor& outputs, const Batch& batch) const override;
+  double weight(const Batch& batch) const override;
+  std::vector<std::string> metric_names(const Batch&) const override {
+    return {"loss", "token_accuracy"};
+  }
+  void derive(Metrics& m) const override;
+  std::string name() const override { return "language_modelling"; }
+
+ private:
+  std::int64_t ignore_;
+};
+
+// Cross-entropy against target distributions (N, C) (soft labels, a teacher's probabilities):
+// -sum_c p_c log softmax(outputs)_c, row mean. "accuracy" against the targets' argmax.
+class SoftTargets : public Objective {
+ public:
+  ObjectiveResult compute(const Tensor& outputs, const Batch& batch) const override;
+  std::vector<std::string> metric_names(const Batch&) const override {
+    return {"loss", "accuracy"};
+  }
+  std::string name() const override { return "soft_targets"; }
+};
+
+// A loss of (outputs, targets), the mean over rows: what strategies and pipelines took before
+// objectives (their train_step overloads wrap it in a FunctionObjective).
+using LossFn = std::function<Tensor(const Tensor& outputs, const Tensor& targets)>;
+
+// A loss written as a function, (outputs, inputs, targets) -> mean over rows: custom losses and
+// distillation (whose teachers run on the inputs). Reports "loss" and, for class-index targets,
+// "accuracy".
+using LossFunction =
+    std::function<Tensor(const Tensor& outputs, const Tensor& inputs, const Tensor& targets)>;
+class FunctionObjective : public Objective {
+ public:
+  FunctionObjective(LossFunction loss, std::string name);
+  ObjectiveResult compute(const Tensor& outputs, const Batch& batch) const override;
+  std::vector<std::string> metric_names(const Batch& batch) const override;
+  std::string name() const override { return name_; }
+
+ private:
+  LossFunction loss_;
+  std::string name_;
+};
+
+// Top-1 hits of logits (..., C) against class indices (...) (I64); positions equal to
+// ignore_index are not counted. Returns {hits, counted}.
+std::pair<std::int64_t, std::int64_t> top1_hits(const Tensor& logits, const Tensor& labels,
+                                                std::int64_t ignore_index = -100);
+
+}  // namespace hpm::nn
