@@ -138,6 +138,18 @@ void Sequential::push_back(std::shared_ptr<Module> layer) {
   register_module(std::to_string(size()), std::move(layer));
 }
 
+std::shared_ptr<Sequential> as_sequential(const std::shared_ptr<Module>& model) {
+  if (auto s = std::dynamic_pointer_cast<Sequential>(model)) return s;
+  std::vector<std::shared_ptr<Module>> blocks = model->blocks();
+  if (blocks.empty()) {
+    throw std::invalid_argument(model->type_name() +
+                                " presents no blocks: it cannot be cut into stages or segments");
+  }
+  auto s = std::make_shared<Sequential>(std::move(blocks));
+  s->train(model->is_training());
+  return s;
+}
+
 std::vector<std::shared_ptr<Module>> Sequential::blocks() const {
   std::vector<std::shared_ptr<Module>> out;
   for (const auto& [name, m] : children()) out.push_back(m);

@@ -45,11 +45,9 @@ class PipelineStrategy final : public dist::Strategy {
     pipeline_.reset();
     Replica rep;
     rep.model = model_fn();
-    sequential_ = std::dynamic_pointer_cast<nn::Sequential>(rep.model);
-    if (!sequential_) {
-      throw std::invalid_argument("the pipeline strategy needs a Sequential model, got " +
-                                  rep.model->type_name());
-    }
+    // Any model that presents itself as blocks (GPT, ResNet, a Sequential): the stages cut it
+    // between blocks and share its modules, so the model keeps its parameter names.
+    sequential_ = nn::as_sequential(rep.model);
     rep.optimizer = optimizer_fn(*rep.model);
     replicas_.push_back(std::move(rep));
   }
@@ -168,12 +166,40 @@ class PipelineStrategy final : public dist::Strategy {
     }
     if (report_.partition.boundaries.empty()) report_.partition.boundaries = boundaries;
     chunks_ = cut(*sequential_, boundaries);
+    refuse_split_ties(po);
     pipeline_ = workers_ ? std::make_unique<Pipeline>(chunks_, po, workers_)
                          : std::make_unique<Pipeline>(chunks_, po);
     place_parameters();
     batch_norms_.clear();
     collect_batch_norms(*sequential_, batch_norms_);
     for (nn::BatchNorm* bn : batch_norms_) bn->defer_running_stats(true);
+  }
+
+  // A parameter used by chunks on two stages (a tied weight: GPT's token embedding and its head)
+  // would live on two Devices at once and get two partial gradients. Megatron keeps a copy per
+  // stage and sums their gradients; here it is refused, naming the weight, before anything moves.
+  void refuse_split_ties(const PipelineOptions& po) const {
+    // The model's own names for each tensor (a tied one has several, as in torch's state_dict).
+    std::map<const TensorImpl*, std::vector<std::string>> names;
+    for (const auto& [name, t] : replicas_[0].model->state_dict()) names[t.impl()].push_back(name);
+    const auto name_of = [&](const TensorImpl* t, std::size_t k) {
+      const auto& n = names[t];
+      return n.empty() ? std::string("?") : n[std::min(k, n.size() - 1)];
+    };
+    std::map<const TensorImpl*, int> first_stage;
+    for (std::size_t c = 0; c < chunks_.size(); ++c) {
+      const int stage = static_cast<int>(c) % po.stages;
+      for (const Tensor& p : chunks_[c]->parameters()) {
+        const auto [it, fresh] = first_stage.try_emplace(p.impl(), stage);
+        if (!fresh && it->second != stage) {
+          throw std::invalid_argument(
+              "pipeline: '" + name_of(p.impl(), 0) + "' (stage " + std::to_string(it->second) +
+              ") and '" + name_of(p.impl(), 1) + "' (stage " + std::to_string(stage) +
+              ") are one tensor, a tied weight such as GPT's token embedding and head: untie it "
+              "([model] tie_weights = false) or cut so that both uses share a stage");
+        }
+      }
+    }
   }
 
   // Which of the optimizer's parameters each stage updates: those of its chunks.

@@ -91,4 +91,9 @@ class Sequential : public Module {
   std::string type_name() const override { return "Sequential"; }
 };
 
+// A model's blocks as a Sequential that shares them (the same modules and parameters): what
+// recompute, offload and the pipeline cut and wrap. A Sequential is returned as it is; a module
+// that presents no blocks is refused (std::invalid_argument naming its type).
+std::shared_ptr<Sequential> as_sequential(const std::shared_ptr<Module>& model);
+
 }  // namespace hpm::nn

@@ -1,0 +1,143 @@
+// Pipelines over models that are not stacks: a GPT cut between its blocks (embeddings, transformer
+// blocks, head) trained through every schedule, on threads and on one process per stage, equals
+// the unsplit model on one device (1e-4 relative after N SGD steps, as tests/dist/models_test.cpp);
+// a tied embedding and head split across stages is refused, naming the weight.
+#include "common/models.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "common/training.h"
+#include "hpm/comm/local.h"
+#include "hpm/dist/strategy.h"
+#include "hpm/pipeline/strategy.h"
+
+namespace hpm::pipeline {
+namespace {
+
+std::shared_ptr<nn::Module> untied_gpt() {
+  nn::GPTConfig c = testing::tiny_gpt_config();
+  c.tie_weights = false;
+  return std::make_shared<nn::GPT>(c);
+}
+
+const nn::LanguageModelling objective;
+
+std::vector<float> train(dist::Strategy& s, const dist::ModelFactory& model, int steps) {
+  manual_seed(7);
+  s.scope(model, testing::sgd);
+  for (int k = 0; k < steps; ++k) {
+    const dist::StepResult r = s.train_step(
+        testing::token_batch(8, 8, 32, 100 + static_cast<std::uint64_t>(k)), objective, 1.0f);
+    EXPECT_TRUE(r.finite);
+    EXPECT_EQ(r.metrics.count("loss"), 64.0) << "every token counted once, on the last stage";
+  }
+  return testing::flat_parameters(*s.model());
+}
+
+void expect_close(const std::vector<float>& a, const std::vector<float>& b,
+                  const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  float worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / (1e-3f + std::abs(a[i])));
+  EXPECT_LT(worst, 1e-4f) << what;
+}
+
+TEST(PipelineModels, GptThroughEveryScheduleMatchesOneDevice) {
+  const auto ref = train(*dist::make_one_device(), untied_gpt, 3);
+  struct Case {
+    ScheduleKind kind;
+    int chunks_per_stage;
+    const char* name;
+  };
+  for (const Case& c :
+       {Case{ScheduleKind::kGPipe, 1, "gpipe"}, Case{ScheduleKind::kOneFOneB, 1, "1f1b"},
+        Case{ScheduleKind::kInterleaved, 2, "interleaved"},
+        Case{ScheduleKind::kZeroBubbleH1, 1, "zb-h1"}}) {
+    for (PartitionMethod p : {PartitionMethod::kUniform, PartitionMethod::kBalanced}) {
+      PipelineStrategyOptions o;
+      o.pipeline.stages = 2;
+      o.pipeline.micro_batches = 4;
+      o.pipeline.schedule = c.kind;
+      o.pipeline.chunks_per_stage = c.chunks_per_stage;
+      o.partition = p;
+      auto s = make_pipeline(o);
+      expect_close(
+          ref, train(*s, untied_gpt, 3),
+          std::string(c.name) + (p == PartitionMethod::kUniform ? " uniform" : " balanced"));
+    }
+  }
+}
+
+TEST(PipelineModels, GptWithOneProcessPerStageMatchesOneDevice) {
+  const auto ref = train(*dist::make_one_device(), untied_gpt, 3);
+  auto comms = comm::make_local_group(2);
+  std::vector<std::vector<float>> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Generator own(100 + static_cast<std::uint64_t>(r));
+      ThreadGeneratorGuard with_own(own);
+      PipelineStrategyOptions o;
+      o.pipeline.micro_batches = 4;
+      o.partition = PartitionMethod::kUniform;
+      auto s = make_pipeline(o, comms[static_cast<std::size_t>(r)]);
+      got[static_cast<std::size_t>(r)] = train(*s, untied_gpt, 3);
+    });
+  }
+  for (auto& t : threads) t.join();
+  expect_close(ref, got[0], "stage process 0");
+  expect_close(ref, got[1], "stage process 1");
+}
+
+// BatchNorm normalizes each micro-batch by its own rows: the reference is one device running the
+// same micro-batches as gradient accumulation.
+TEST(PipelineModels, ResNetThroughEveryScheduleMatchesOneDeviceWithTheSameMicroBatches) {
+  const nn::Classification classify;
+  const auto run = [&](dist::Strategy& s) {
+    manual_seed(7);
+    s.scope(testing::tiny_resnet, testing::sgd);
+    for (int k = 0; k < 3; ++k) {
+      EXPECT_TRUE(
+          s.train_step(testing::image_batch(8, 100 + static_cast<std::uint64_t>(k)), classify, 0.0f)
+              .finite);
+    }
+    return testing::flat_parameters(*s.model());
+  };
+  dist::StrategyOptions one;
+  one.accumulation_steps = 4;
+  const auto ref = run(*dist::make_one_device(one));
+  for (ScheduleKind kind :
+       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
+    PipelineStrategyOptions o;
+    o.pipeline.micro_batches = 4;
+    o.pipeline.schedule = kind;
+    o.partition = PartitionMethod::kBalanced;
+    auto s = make_pipeline(o);
+    expect_close(ref, run(*s), "resnet, schedule " + std::to_string(static_cast<int>(kind)));
+  }
+}
+
+TEST(PipelineModels, ATiedWeightSplitAcrossStagesIsRefused) {
+  PipelineStrategyOptions o;
+  o.pipeline.micro_batches = 2;
+  o.partition = PartitionMethod::kUniform;
+  auto s = make_pipeline(o);
+  manual_seed(7);
+  s->scope(testing::tiny_gpt, testing::sgd);
+  try {
+    s->train_step(testing::token_batch(4, 8, 32, 1), objective, 0.0f);
+    FAIL() << "a tied weight was split";
+  } catch (const std::invalid_argument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("'head.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("'tok.weight'"), std::string::npos) << m;
+    EXPECT_NE(m.find("tie_weights = false"), std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace hpm::pipeline
