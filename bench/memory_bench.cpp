@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
   const std::string root = HPM_SOURCE_DIR;
   // The mlp's step is ~20x shorter than the cnn's: more steps per timing, against timer noise.
   auto from_config = [](const std::string& path) {
-    return [cfg = hpm::cli::load_config(path)] { return hpm::cli::build_model(cfg); };
+    return [cfg = hpm::cli::load_config(path)] { return hpm::nn::as_sequential(hpm::cli::build_model(cfg)); };
   };
   const std::string mlp = root + "/examples/fashion_mlp.toml",
                     cnn = root + "/examples/fashion_cnn.toml";

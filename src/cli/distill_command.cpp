@@ -44,7 +44,7 @@ void require_one_device(const Config& cfg) {
 // ---- training -----------------------------------------------------------------------------------
 
 struct Trained {
-  std::shared_ptr<nn::Sequential> model;
+  std::shared_ptr<nn::Module> model;
   std::shared_ptr<optim::Optimizer> optimizer;
   train::TrainerState state;
   train::EvalResult test;

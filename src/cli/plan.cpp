@@ -84,7 +84,7 @@ int run_plan(const PlanCommandOptions& o) {
   const int threads = o.threads > 0 ? o.threads : std::max(1, cfg.threads / p.stages);
   set_num_threads(threads);
   manual_seed(cfg.seed);
-  std::shared_ptr<nn::Sequential> model = build_model(cfg);
+  std::shared_ptr<nn::Sequential> model = nn::as_sequential(build_model(cfg));
   const pipeline::Schedule schedule = pipeline::make_schedule(
       pipeline::schedule_from_name(p.schedule), p.stages, p.micro_batches, p.chunks_per_stage);
 

@@ -116,7 +116,70 @@ TEST(Config, OverridesApplyAndAreChecked) {
   EXPECT_NE(error_of(kValid, {"train.epoch=3"}).find("unknown key 'epoch' in [train]"),
             std::string::npos);
   EXPECT_NE(error_of(kValid, {"nodot"}).find("expected section.key=value"), std::string::npos);
-  EXPECT_NE(error_of(kValid, {"train.epochs=0"}).find("epochs must be a positive value"),
+  // An error caused by an override names the override, not the file, and quotes the value.
+  const std::string range = error_of(kValid, {"train.epochs=0"});
+  EXPECT_NE(range.find("--set train.epochs=0: [train] epochs must be positive, got 0"),
+            std::string::npos)
+      << range;
+  const std::string typo = error_of(kValid, {"train.epoch=3"});
+  EXPECT_EQ(typo.rfind("--set train.epoch=3: unknown key 'epoch' in [train]", 0), 0u) << typo;
+  const std::string type = error_of(kValid, {"optimizer.lr=fast"});
+  EXPECT_NE(
+      type.find("--set optimizer.lr=fast: [optimizer] lr must be a number, got string \"fast\""),
+      std::string::npos)
+      << type;
+}
+
+TEST(Config, OutOfRangeValuesInTheFileAreQuotedWithTheirPlace) {
+  const std::string msg = error_of(std::string(kValid) + "\n[memory]\nrecompute_every = -2\n");
+  EXPECT_NE(msg.find("run.toml:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[memory] recompute_every must be positive, got -2"), std::string::npos)
+      << msg;
+}
+
+TEST(Config, ModelKindsGptAndResNet) {
+  TempDir dir;
+  const std::string gpt = R"([model]
+kind = "gpt"
+n_layer = 2
+n_head = 2
+n_embd = 16
+block_size = 8
+vocab_size = 32
+tie_weights = false
+)";
+  Config c = load_config(write(dir, gpt));
+  EXPECT_EQ(c.model_kind, "gpt");
+  auto model = build_model(c);
+  EXPECT_EQ(model->type_name(), "GPT");
+  EXPECT_EQ(model->blocks().size(), 4u);
+  EXPECT_FALSE(std::static_pointer_cast<nn::GPT>(model)->head->weight.same_storage(
+      std::static_pointer_cast<nn::GPT>(model)->tok->weight));
+  const std::string resnet = R"([model]
+kind = "resnet"
+in_channels = 1
+num_classes = 10
+widths = [16, 32, 64]
+blocks = [3, 3, 3]
+)";
+  auto r = build_model(load_config(write(dir, resnet)));
+  EXPECT_EQ(r->type_name(), "ResNet");
+  EXPECT_EQ(r->blocks().size(), 11u) << "stem, 9 BasicBlocks, head: ResNet-20";
+  EXPECT_NE(
+      error_of(gpt, {"model.n_head=3"}).find("n_embd must be a multiple of n_head (3), got 16"),
+      std::string::npos);
+  EXPECT_NE(
+      error_of(gpt, {"model.kind=transformer"})
+          .find("[model] kind must be \"layers\", \"gpt\" or \"resnet\", got \"transformer\""),
+      std::string::npos);
+  EXPECT_NE(error_of(gpt, {"model.widths=[1]"}).find("unknown key 'widths' in [model]"),
+            std::string::npos)
+      << "resnet's keys are not gpt's";
+  EXPECT_NE(error_of(resnet, {"model.blocks=[3, 3]"})
+                .find("blocks must name as many stages as widths (3), got 2"),
+            std::string::npos);
+  EXPECT_NE(error_of(resnet, {"model.widths=[16, \"x\", 64]"})
+                .find("widths must be an array of integers"),
             std::string::npos);
 }
 

@@ -8,8 +8,8 @@
 
 #include "common/training.h"
 #include "hpm/comm/local.h"
-#include "hpm/distill/distiller.h"
 #include "hpm/dist/strategy.h"
+#include "hpm/distill/distiller.h"
 #include "hpm/nn/layers.h"
 
 namespace hpm::distill {

@@ -1,6 +1,8 @@
-// The TOML run configuration: [model] (the layer stack), [data], [optimizer], [schedule],
-// [train]. Every key is checked: an unknown key, a wrong type or an unknown layer is a
-// ConfigError "FILE:LINE:COL: message" naming the key.
+// The TOML run configuration: [model] (a layer stack, or kind = "gpt" / "resnet"), [data],
+// [optimizer], [schedule], [train] and the rest (src/cli/config/ has one file per section, its
+// schema beside its builders). Every key is checked: an unknown key, a wrong type, a value out of
+// range or an unknown layer is a ConfigError "WHERE: message" naming the key and quoting the
+// value, WHERE being FILE:LINE:COL, or the "--set section.key=value" that gave it.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -9,7 +11,9 @@
 #include <vector>
 
 #include "hpm/data/pipeline.h"
+#include "hpm/nn/gpt.h"
 #include "hpm/nn/module.h"
+#include "hpm/nn/resnet.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/optim/schedule.h"
 #include "hpm/train/trainer.h"
@@ -111,7 +115,11 @@ struct PipelineSection {
 
 struct Config {
   std::string path;
+  // [model]
+  std::string model_kind = "layers";  // layers | gpt | resnet
   std::vector<LayerSpec> layers;
+  nn::GPTConfig gpt;
+  nn::ResNetConfig resnet;
 
   // [data]
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
@@ -136,6 +144,8 @@ struct Config {
   float lr = 0.01f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
   bool nesterov = false, amsgrad = false;
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  // Adam/AdamW: weight decay only for parameters of at least this rank (2: nanoGPT's groups).
+  int weight_decay_min_rank = 0;
 
   // [schedule]
   std::string schedule = "constant";    // constant | step | cosine | warmup | warmup_cosine
@@ -198,11 +208,11 @@ struct Config {
 // string).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
-std::shared_ptr<nn::Sequential> build_model(const Config& config);
-// The model as [memory] trains it: `model` itself, or wrapped for recomputation or offload (same
-// parameter names, so checkpoints are interchangeable).
+std::shared_ptr<nn::Module> build_model(const Config& config);
+// The model as [memory] trains it: `model` itself, or its blocks wrapped for recomputation or
+// offload (the same modules and parameters).
 std::shared_ptr<nn::Module> with_memory_options(const Config& config,
-                                                std::shared_ptr<nn::Sequential> model);
+                                                std::shared_ptr<nn::Module> model);
 // The training input pipeline the [data] section describes (seeded by [train] seed).
 data::PipelineSpec pipeline_spec(const Config& config);
 // The [train] and [schedule] settings every training run shares (epochs, seed, smoothing,

@@ -1,0 +1,155 @@
+// [train], [memory] and [early_stopping]: how long and how a run trains, what it saves, how it
+// fits its memory, and when it stops early.
+#include "cli/config/reader.h"
+#include "cli/config/sections.h"
+#include "hpm/nn/offload.h"
+#include "hpm/nn/recompute.h"
+#include "hpm/train/callbacks.h"
+
+namespace hpm::cli::config {
+
+void read_train(const Source& s, Config& c) {
+  const std::string& path = s.path;
+  const toml::table& root = s.root;
+  TableReader tr(path, "[train]", section(path, root, "train"));
+  tr.get_positive("epochs", c.epochs);
+  std::int64_t seed = 0;
+  tr.get("seed", seed);
+  c.seed = static_cast<std::uint64_t>(seed);
+  tr.get_positive("threads", c.threads);
+  tr.get("label_smoothing", c.label_smoothing);
+  tr.get("clip_grad_norm", c.clip_grad_norm);
+  tr.get("checkpoint_dir", c.checkpoint_dir);
+  tr.get_positive("checkpoint_every", c.checkpoint_every);
+  tr.get("metrics_csv", c.metrics_csv);
+  tr.get("backup_dir", c.backup_dir);
+  tr.get("backup_every_steps", c.backup_every_steps);
+  tr.get("keep_backup", c.keep_backup);
+  if (c.backup_every_steps < 0) {
+    throw ConfigError(tr.at("backup_every_steps") +
+                      ": [train] backup_every_steps must be 0 (each epoch) or positive, got " +
+                      std::to_string(c.backup_every_steps));
+  }
+  tr.get("best_checkpoint_dir", c.best_checkpoint_dir);
+  tr.get("best_checkpoint_monitor", c.best_checkpoint_monitor);  // checked with [early_stopping]
+  tr.get_positive("accumulation_steps", c.accumulation_steps);
+  tr.finish();
+}
+
+void read_memory(const Source& s, Config& c) {
+  const std::string& path = s.path;
+  const toml::table& root = s.root;
+  TableReader mem(path, "[memory]", section(path, root, "memory"));
+  mem.get("recompute", c.recompute);
+  mem.get_positive("recompute_every", c.recompute_every);
+  mem.get("offload", c.offload);
+  mem.get("offload_threshold_kb", c.offload_threshold_kb);
+  mem.get_positive("device_budget_mb", c.device_budget_mb);
+  mem.finish();
+  try {
+    nn::parse_recompute_mode(c.recompute);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(mem.at("recompute") + ": [memory] " + e.what());
+  }
+  if (c.offload_threshold_kb < 0) {
+    mem.out_of_range(*mem.find("offload_threshold_kb"), "offload_threshold_kb", "0 or more");
+  }
+  if (c.offload && c.recompute != "never") {
+    throw ConfigError(mem.at("offload") + ": [memory] recompute = \"" + c.recompute +
+                      "\" and offload = true: choose one (a recomputed segment keeps only its "
+                      "input, so there is little left to offload)");
+  }
+}
+
+// [early_stopping] (present = on), and [train]'s best-epoch checkpoint, which watches a metric
+// the same way.
+void read_early_stopping(const Source& s, Config& c) {
+  const std::string& path = s.path;
+  const toml::table& root = s.root;
+  const toml::table* es_table = section(path, root, "early_stopping");
+  c.early_stopping = es_table != nullptr;
+  TableReader es(path, "[early_stopping]", es_table);
+  es.get("monitor", c.early_stopping_monitor);
+  es.get("mode", c.early_stopping_mode);
+  es.get("min_delta", c.early_stopping_min_delta);
+  es.get("patience", c.early_stopping_patience);
+  es.get("restore_best_weights", c.early_stopping_restore_best_weights);
+  es.finish();
+  // An error names the key, at its line when the file (not --set) gave it.
+  auto at = [&](const toml::table* t, const char* key) {
+    const toml::node* n = t ? t->get(key) : nullptr;
+    return n ? where(path, *n) : path;
+  };
+  auto check_monitor = [&](const toml::table* t, const std::string& sec, const char* key,
+                           const std::string& monitor, const std::string& mode) {
+    if (!train::is_monitor(monitor)) {
+      std::string known;
+      for (const char* m : train::kMonitors) known += (known.empty() ? "" : ", ") + std::string(m);
+      throw ConfigError(at(t, key) + ": " + sec + " " + key + " must be one of " + known +
+                        ", got \"" + monitor + "\"");
+    }
+    try {
+      train::resolve_mode(monitor, mode);
+    } catch (const std::invalid_argument& e) {
+      throw ConfigError(at(t, "mode") + ": " + sec + " " + e.what());
+    }
+  };
+  const toml::table* tr_table = section(path, root, "train");
+  check_monitor(tr_table, "[train]", "best_checkpoint_monitor", c.best_checkpoint_monitor, "auto");
+  if (c.early_stopping) {
+    check_monitor(es_table, "[early_stopping]", "monitor", c.early_stopping_monitor,
+                  c.early_stopping_mode);
+    if (c.early_stopping_patience < 0) {
+      throw ConfigError(at(es_table, "patience") +
+                        ": [early_stopping] patience must be a non-negative integer");
+    }
+    if (!(c.early_stopping_min_delta >= 0)) {
+      throw ConfigError(at(es_table, "min_delta") +
+                        ": [early_stopping] min_delta must be non-negative");
+    }
+  }
+  // Both save with keep-the-newest pruning and one `latest`: sharing a directory would delete
+  // each other's checkpoints.
+  if (!c.best_checkpoint_dir.empty() && c.best_checkpoint_dir == c.checkpoint_dir) {
+    throw ConfigError(at(tr_table, "best_checkpoint_dir") +
+                      ": [train] best_checkpoint_dir must differ from checkpoint_dir");
+  }
+  if (!c.backup_dir.empty() &&
+      (c.backup_dir == c.checkpoint_dir || c.backup_dir == c.best_checkpoint_dir)) {
+    throw ConfigError(
+        at(tr_table, "backup_dir") +
+        ": [train] backup_dir must differ from checkpoint_dir and best_checkpoint_dir");
+  }
+}
+
+}  // namespace hpm::cli::config
+
+namespace hpm::cli {
+
+train::FitOptions fit_options(const Config& c) {
+  train::FitOptions fo;
+  fo.epochs = c.epochs;
+  fo.seed = c.seed;
+  fo.label_smoothing = c.label_smoothing;
+  fo.clip_grad_norm = c.clip_grad_norm;
+  fo.schedule_per_step = c.schedule_unit == "step";
+  fo.checkpoint_dir = c.checkpoint_dir;
+  fo.checkpoint_every = c.checkpoint_every;
+  fo.accumulation_steps = c.accumulation_steps;
+  return fo;
+}
+
+std::shared_ptr<nn::Module> with_memory_options(const Config& c,
+                                                std::shared_ptr<nn::Module> model) {
+  const nn::RecomputeMode mode = nn::parse_recompute_mode(c.recompute);
+  if (!c.offload && mode == nn::RecomputeMode::Never) return model;
+  std::shared_ptr<nn::Sequential> blocks = nn::as_sequential(model);
+  if (c.offload) {
+    nn::OffloadOptions o;
+    o.threshold_bytes = static_cast<std::size_t>(c.offload_threshold_kb * 1024.0);
+    return nn::with_offload(std::move(blocks), o);
+  }
+  return nn::with_recomputation(std::move(blocks), c.recompute_every, mode);
+}
+
+}  // namespace hpm::cli
