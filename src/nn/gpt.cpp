@@ -147,14 +147,7 @@ GPT::GPT(const GPTConfig& c, Generator& gen) : c_(c) {
   blocks_.push_back(std::make_shared<GPTHead>(ln, head));
 }
 
-Tensor GPT::forward(const Tensor& idx) {
-  Tensor h = idx;
-  for (const auto& b : blocks_) {
-    b->train(is_training());
-    h = b->forward(h);
-  }
-  return h;
-}
+Tensor GPT::forward(const Tensor& idx) { return forward_blocks(idx); }
 
 std::string GPT::extra_repr() const {
   return "n_layer=" + std::to_string(c_.n_layer) + ", n_head=" + std::to_string(c_.n_head) +

@@ -150,6 +150,15 @@ std::shared_ptr<Sequential> as_sequential(const std::shared_ptr<Module>& model) 
   return s;
 }
 
+Tensor Module::forward_blocks(const Tensor& x) const {
+  Tensor h = x;
+  for (const auto& b : blocks()) {
+    b->train(training_);
+    h = b->forward(h);
+  }
+  return h;
+}
+
 std::vector<std::shared_ptr<Module>> Sequential::blocks() const {
   std::vector<std::shared_ptr<Module>> out;
   for (const auto& [name, m] : children()) out.push_back(m);

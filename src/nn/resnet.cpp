@@ -96,12 +96,7 @@ Tensor ResNet::forward(const Tensor& x) {
     throw std::invalid_argument("ResNet: expected (N, " + std::to_string(c_.in_channels) +
                                 ", H, W), got " + x.shape().str());
   }
-  Tensor h = x;
-  for (const auto& b : blocks_) {
-    b->train(is_training());
-    h = b->forward(h);
-  }
-  return h;
+  return forward_blocks(x);
 }
 
 std::string ResNet::extra_repr() const {

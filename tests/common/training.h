@@ -1,8 +1,14 @@
 // Small training fixtures shared by the strategy, accumulation and pipeline tests: a random
 // classification batch, the loss, and a model's parameters or gradients as one flat vector.
 #pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "hpm/autograd/ops.h"
@@ -64,6 +70,32 @@ inline std::vector<float> flat_grads(const nn::Module& m) {
     out.insert(out.end(), v.begin(), v.end());
   }
   return out;
+}
+
+// The parameters of two training runs agree to `tolerance` relative (with 1e-3 absolute slack
+// for values near zero): the strategy, pipeline and model tests' yardstick for "equals one
+// device up to float reassociation".
+inline void expect_same_parameters(const std::vector<float>& a, const std::vector<float>& b,
+                                   const std::string& what, float tolerance = 1e-4f) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  float worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]) / (1e-3f + std::abs(a[i])));
+  EXPECT_LT(worst, tolerance) << what;
+}
+
+// Runs fn(w) for w in [0, n) on n threads at once, as n worker processes would (each with a
+// default generator seeded `seed`, as a process that called manual_seed(seed)), and joins them.
+inline void on_workers(int n, std::uint64_t seed, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int w = 0; w < n; ++w) {
+    threads.emplace_back([&fn, w, seed] {
+      Generator init(seed);
+      ThreadGeneratorGuard guard(init);
+      fn(w);
+    });
+  }
+  for (auto& t : threads) t.join();
 }
 
 }  // namespace hpm::testing

@@ -56,11 +56,7 @@ std::vector<float> train(Strategy& s, const Case& c, int steps) {
 
 void expect_close(const std::vector<float>& a, const std::vector<float>& b,
                   const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  float worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(a[i] - b[i]) / (1e-3f + std::abs(a[i])));
-  EXPECT_LT(worst, 1e-4f) << what;
+  testing::expect_same_parameters(a, b, what);
 }
 
 StrategyOptions replicas(int n, int accumulation = 1) {
@@ -103,22 +99,16 @@ TEST(Models, MultiWorkerMirroredMatchesOneDevice) {
     const auto ref = train(*make_one_device(replicas(1, batch_norm ? 2 : 1)), c, 3);
     auto workers = comm::make_local_group(2, 20s);
     std::vector<std::vector<float>> results(2);
-    std::vector<std::thread> threads;
-    for (int w = 0; w < 2; ++w) {
-      threads.emplace_back([&, w] {
-        Generator init(7);
-        ThreadGeneratorGuard guard(init);
-        auto s = make_multi_worker_mirrored(workers[static_cast<std::size_t>(w)], replicas(1));
-        s->scope(c.model, testing::sgd);
-        for (int k = 0; k < 3; ++k) {
-          const StepResult r =
-              s->train_step(c.batch(100 + static_cast<std::uint64_t>(k)), *c.objective, 1.0f);
-          EXPECT_TRUE(r.finite);
-        }
-        results[static_cast<std::size_t>(w)] = flat_parameters(*s->model());
-      });
-    }
-    for (auto& t : threads) t.join();
+    testing::on_workers(2, 7, [&](int w) {
+      auto s = make_multi_worker_mirrored(workers[static_cast<std::size_t>(w)], replicas(1));
+      s->scope(c.model, testing::sgd);
+      for (int k = 0; k < 3; ++k) {
+        const StepResult r =
+            s->train_step(c.batch(100 + static_cast<std::uint64_t>(k)), *c.objective, 1.0f);
+        EXPECT_TRUE(r.finite);
+      }
+      results[static_cast<std::size_t>(w)] = flat_parameters(*s->model());
+    });
     expect_close(ref, results[0], std::string(c.name) + " multi-worker mirrored");
     EXPECT_EQ(results[0], results[1]) << "workers diverged";
   }

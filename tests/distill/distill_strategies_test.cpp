@@ -36,11 +36,7 @@ std::vector<float> distill(dist::Strategy& s, const nn::Objective& objective, in
 }
 
 void expect_close(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
-  ASSERT_EQ(a.size(), b.size());
-  float worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(a[i] - b[i]) / (1e-3f + std::abs(a[i])));
-  EXPECT_LT(worst, 1e-5f) << what;
+  testing::expect_same_parameters(a, b, what, 1e-5f);
 }
 
 TEST(DistillUnderStrategies, EqualsOneDevice) {
@@ -57,22 +53,15 @@ TEST(DistillUnderStrategies, EqualsOneDevice) {
 
   auto workers = comm::make_local_group(2, 20s);
   std::vector<std::vector<float>> got(2);
-  std::vector<std::thread> threads;
-  for (int w = 0; w < 2; ++w) {
-    threads.emplace_back([&, w] {
-      Generator init(7);
-      ThreadGeneratorGuard guard(init);
-      dist::StrategyOptions mo;
-      auto s = dist::make_multi_worker_mirrored(workers[static_cast<std::size_t>(w)], mo);
-      s->scope(testing::small_model, testing::sgd);
-      for (int k = 0; k < 5; ++k) {
-        const testing::Batch b = testing::random_batch(24, 50 + static_cast<std::uint64_t>(k));
-        s->train_step({b.x, b.y}, objective, 0.0f);
-      }
-      got[static_cast<std::size_t>(w)] = testing::flat_parameters(*s->model());
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::on_workers(2, 7, [&](int w) {
+    auto s = dist::make_multi_worker_mirrored(workers[static_cast<std::size_t>(w)], {});
+    s->scope(testing::small_model, testing::sgd);
+    for (int k = 0; k < 5; ++k) {
+      const testing::Batch b = testing::random_batch(24, 50 + static_cast<std::uint64_t>(k));
+      s->train_step({b.x, b.y}, objective, 0.0f);
+    }
+    got[static_cast<std::size_t>(w)] = testing::flat_parameters(*s->model());
+  });
   expect_close(ref, got[0], "multi-worker mirrored");
   EXPECT_EQ(got[0], got[1]);
   EXPECT_NE(ref, ([] {

@@ -39,11 +39,7 @@ std::vector<float> train(dist::Strategy& s, const dist::ModelFactory& model, int
 
 void expect_close(const std::vector<float>& a, const std::vector<float>& b,
                   const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  float worst = 0;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(a[i] - b[i]) / (1e-3f + std::abs(a[i])));
-  EXPECT_LT(worst, 1e-4f) << what;
+  testing::expect_same_parameters(a, b, what);
 }
 
 TEST(PipelineModels, GptThroughEveryScheduleMatchesOneDevice) {
@@ -76,19 +72,13 @@ TEST(PipelineModels, GptWithOneProcessPerStageMatchesOneDevice) {
   const auto ref = train(*dist::make_one_device(), untied_gpt, 3);
   auto comms = comm::make_local_group(2);
   std::vector<std::vector<float>> got(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      Generator own(100 + static_cast<std::uint64_t>(r));
-      ThreadGeneratorGuard with_own(own);
-      PipelineStrategyOptions o;
-      o.pipeline.micro_batches = 4;
-      o.partition = PartitionMethod::kUniform;
-      auto s = make_pipeline(o, comms[static_cast<std::size_t>(r)]);
-      got[static_cast<std::size_t>(r)] = train(*s, untied_gpt, 3);
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing::on_workers(2, 100, [&](int r) {
+    PipelineStrategyOptions o;
+    o.pipeline.micro_batches = 4;
+    o.partition = PartitionMethod::kUniform;
+    auto s = make_pipeline(o, comms[static_cast<std::size_t>(r)]);
+    got[static_cast<std::size_t>(r)] = train(*s, untied_gpt, 3);
+  });
   expect_close(ref, got[0], "stage process 0");
   expect_close(ref, got[1], "stage process 1");
 }

@@ -213,10 +213,11 @@ TEST(Trainer, EvaluateAndPredictAgree) {
   EXPECT_DOUBLE_EQ(ev.accuracy, correct / 120.0);
 }
 
-// The library path of data-parallel training: a Trainer over a Mirrored strategy fits like the
-// plain Trainer (same batches; gradients averaged over 2 replicas, so equal up to reassociation).
-TEST(Trainer, FitThroughAStrategyMatchesOneDevice) {
-  auto data = blobs(256, 3);
+// Fits the same 8-16-3 mlp on `data` twice, plainly and through Mirrored with 2 replicas (the
+// same batches; gradients averaged over replicas, so equal up to reassociation), `setup` given
+// each Trainer first; expects the same parameters. Returns the Mirrored trainer's last result.
+FitResult fit_plain_and_mirrored(const data::LabelledData& data, const FitOptions& o,
+                                 const std::function<void(Trainer&)>& setup) {
   auto build = [] {
     return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
         std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
@@ -225,64 +226,47 @@ TEST(Trainer, FitThroughAStrategyMatchesOneDevice) {
   auto sgd = [](nn::Module& m) {
     return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.05f, 0.9f});
   };
+  manual_seed(5);
+  auto model = build();
+  Trainer plain(model, sgd(*model));
+  setup(plain);
+  plain.fit(data, nullptr, o);
+  dist::StrategyOptions so;
+  so.replicas = 2;
+  auto strategy = dist::make_mirrored(so);
+  manual_seed(5);
+  strategy->scope(build, sgd);
+  Trainer mirrored(strategy);
+  setup(mirrored);
+  const FitResult r = mirrored.fit(data, nullptr, o);
+  EXPECT_TRUE(mirrored.last_step_metrics().has("loss"));
+  const auto a = flat_params(*model), b = flat_params(*strategy->model());
+  EXPECT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    EXPECT_NEAR(a[i], b[i], 1e-4f + 1e-4f * std::abs(a[i])) << i;
+  return r;
+}
+
+// The library path of data-parallel training: a Trainer over a Mirrored strategy fits like the
+// plain Trainer.
+TEST(Trainer, FitThroughAStrategyMatchesOneDevice) {
   FitOptions o;
   o.batch_size = 32;
   o.epochs = 2;
-  manual_seed(5);
-  auto model = build();
-  Trainer plain(model, sgd(*model));
-  plain.fit(data, nullptr, o);
-  dist::StrategyOptions so;
-  so.replicas = 2;
-  auto strategy = dist::make_mirrored(so);
-  manual_seed(5);
-  strategy->scope(build, sgd);
-  Trainer mirrored(strategy);
-  const FitResult r = mirrored.fit(data, nullptr, o);
-  EXPECT_EQ(r.steps, 16);
-  const auto a = flat_params(*model), b = flat_params(*strategy->model());
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    ASSERT_NEAR(a[i], b[i], 1e-4f + 1e-4f * std::abs(a[i])) << i;
+  EXPECT_EQ(fit_plain_and_mirrored(blobs(256, 3), o, [](Trainer&) {}).steps, 16);
 }
 
+// Objectives see each replica's own rows (distillation's teachers run on them): a loss that pulls
+// the first logit toward the first input feature, a row mean, so replicas add up exactly.
 TEST(Trainer, ALossOfTheInputsRunsUnderAStrategyAsOnOneDevice) {
-  // Objectives see each replica's own rows (distillation's teachers run on them): a loss that
-  // pulls the first logit toward the first input feature, a row mean, so replicas add up exactly.
-  auto data = blobs(256, 3);
-  auto build = [] {
-    return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-        std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
-        std::make_shared<nn::Linear>(16, 3)});
-  };
-  auto sgd = [](nn::Module& m) {
-    return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.05f, 0.9f});
-  };
-  const auto loss = [](const Tensor& x, const Tensor& logits, const Tensor& labels) {
-    return add(cross_entropy(logits, labels),
-               mse_loss(narrow(logits, 1, 0, 1), narrow(x, 1, 0, 1)));
-  };
   FitOptions o;
   o.batch_size = 32;
-  o.epochs = 1;
-  manual_seed(5);
-  auto model = build();
-  Trainer plain(model, sgd(*model));
-  plain.set_input_loss(loss);
-  plain.fit(data, nullptr, o);
-  dist::StrategyOptions so;
-  so.replicas = 2;
-  auto strategy = dist::make_mirrored(so);
-  manual_seed(5);
-  strategy->scope(build, sgd);
-  Trainer mirrored(strategy);
-  mirrored.set_input_loss(loss);
-  mirrored.fit(data, nullptr, o);
-  const auto a = flat_params(*model), b = flat_params(*strategy->model());
-  ASSERT_EQ(a.size(), b.size());
-  for (std::size_t i = 0; i < a.size(); ++i)
-    ASSERT_NEAR(a[i], b[i], 1e-4f + 1e-4f * std::abs(a[i])) << i;
-  EXPECT_TRUE(mirrored.last_step_metrics().has("loss"));
+  fit_plain_and_mirrored(blobs(256, 3), o, [](Trainer& t) {
+    t.set_input_loss([](const Tensor& x, const Tensor& logits, const Tensor& labels) {
+      return add(cross_entropy(logits, labels),
+                 mse_loss(narrow(logits, 1, 0, 1), narrow(x, 1, 0, 1)));
+    });
+  });
 }
 
 }  // namespace

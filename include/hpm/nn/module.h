@@ -58,6 +58,9 @@ class Module {
   std::int64_t num_parameters() const;
 
  protected:
+  // The blocks' forwards chained, each in this module's training mode: the forward of a model
+  // made of blocks (GPT, ResNet), so that it and its block view compute alike.
+  Tensor forward_blocks(const Tensor& x) const;
   Tensor& register_parameter(std::string name, Tensor value);
   Tensor& register_buffer(std::string name, Tensor value);
   template <typename M>
