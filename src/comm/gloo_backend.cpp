@@ -21,7 +21,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <charconv>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -215,6 +217,8 @@ class GlooCommunicator final : public Communicator {
   std::string diagnose(const std::string& what, const std::string& cause);
   void abort_transport();
   std::string describe(int r) const { return "rank " + std::to_string(r) + " (" + peers_[r] + ")"; }
+  // Whether `peer` ("pid P on HOST, ADDRESS") ran on this host and its process has exited.
+  static bool process_gone(const std::string& peer);
   // How long a failing rank waits for its peers' notes (and rank 0 keeps the store up for them).
   Milliseconds grace() const {
     return std::clamp(timeout_ / 10, Milliseconds(200), Milliseconds(2000));
@@ -731,10 +735,12 @@ std::string GlooCommunicator::diagnose(const std::string& what, const std::strin
 
   // 4. The verdict: a peer whose connection broke and that left no note is gone; one that left
   // no note although its connection held is not responding.
+  // A connection that held may only not have recorded the peer's close before our abort: a peer
+  // on this host whose process no longer exists is gone all the same.
   std::vector<int> gone, silent;
   for (int r = 0; r < size(); ++r) {
     if (noted[r]) continue;
-    (broke[r].empty() ? silent : gone).push_back(r);
+    (broke[r].empty() && !process_gone(peers_[r]) ? silent : gone).push_back(r);
   }
   if (store_lost) {
     // Missing notes prove nothing now. When the store was never reachable and its host, rank 0,
@@ -767,6 +773,25 @@ std::string GlooCommunicator::diagnose(const std::string& what, const std::strin
               "collectives with the same sizes?)";
   }
   return what + " failed on rank " + std::to_string(rank()) + ": " + verdict;
+}
+
+bool GlooCommunicator::process_gone(const std::string& peer) {
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  long pid = 0;
+  char peer_host[256] = {};
+  if (std::sscanf(peer.c_str(), "pid %ld on %255[^,]", &pid, peer_host) != 2 || pid <= 0) {
+    return false;
+  }
+  if (std::string(peer_host) != host) return false;
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  // Killed but not yet reaped by its parent: a zombie, as gone as an exited process.
+  std::FILE* stat = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (stat == nullptr) return false;
+  char state = 0;
+  const bool read = std::fscanf(stat, "%*d (%*[^)]) %c", &state) == 1;
+  std::fclose(stat);
+  return read && state == 'Z';
 }
 
 }  // namespace
