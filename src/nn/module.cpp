@@ -5,7 +5,7 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "hpm/nn/layers.h"
+#include "hpm/nn/fusion.h"
 
 namespace hpm::nn {
 
@@ -177,19 +177,8 @@ std::shared_ptr<Sequential> Sequential::slice(std::size_t begin, std::size_t end
 
 Tensor Sequential::forward(const Tensor& x) {
   Tensor h = x;
-  const auto& layers = children();
-  for (std::size_t i = 0; i < layers.size(); ++i) {
-    // Conv2d then ReLU runs as one fused op (identical results, one pass less over the output).
-    if (i + 1 < layers.size()) {
-      auto* conv = dynamic_cast<Conv2d*>(layers[i].second.get());
-      if (conv != nullptr && dynamic_cast<ReLU*>(layers[i + 1].second.get()) != nullptr) {
-        h = conv->forward_relu(h);
-        ++i;
-        continue;
-      }
-    }
-    h = layers[i].second->forward(h);
-  }
+  const std::vector<std::shared_ptr<Module>> layers = blocks();
+  for (const Unit& u : plan_units(layers)) h = u.fused ? u.fused(h) : layers[u.begin]->forward(h);
   return h;
 }
 

@@ -4,7 +4,7 @@
 
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/autograd/node.h"
-#include "hpm/nn/layers.h"
+#include "hpm/nn/fusion.h"
 #include "hpm/tensor/random.h"
 #include "hpm/trace/trace.h"
 
@@ -136,12 +136,7 @@ Tensor checkpoint(Module& module, const Tensor& x) {
 
 std::vector<std::pair<std::size_t, std::size_t>> sequential_units(const Sequential& model) {
   std::vector<std::pair<std::size_t, std::size_t>> units;
-  for (std::size_t i = 0; i < model.size(); ++i) {
-    const bool fused = i + 1 < model.size() && dynamic_cast<Conv2d*>(model[i].get()) != nullptr &&
-                       dynamic_cast<ReLU*>(model[i + 1].get()) != nullptr;
-    units.emplace_back(i, fused ? i + 2 : i + 1);
-    if (fused) ++i;
-  }
+  for (const Unit& u : plan_units(model.blocks())) units.emplace_back(u.begin, u.end);
   return units;
 }
 

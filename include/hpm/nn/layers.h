@@ -34,7 +34,7 @@ class Conv2d : public Module {
  public:
   explicit Conv2d(const Conv2dOptions& o, Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
-  // relu(forward(x)) in one pass; Sequential uses it for a Conv2d followed by a ReLU.
+  // relu(forward(x)) in one pass: the fusion pass (fusion.h) runs a Conv2d followed by a ReLU so.
   Tensor forward_relu(const Tensor& x);
   std::string type_name() const override { return "Conv2d"; }
   std::string extra_repr() const override;
