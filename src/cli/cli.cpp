@@ -57,6 +57,14 @@ void add_common(CLI::App* cmd, Common& c) {
 
 Config configure(const Common& c) {
   Config cfg = load_config(c.config_path, c.overrides);
+  if (cfg.model_kind == "gpt") {
+    // The model exists (nn::GPT), its data source does not yet: refuse here, not at the first
+    // batch of images.
+    throw ConfigError(cfg.path +
+                      ": [model] kind = \"gpt\" is a language model and the hpm command has no "
+                      "text [data] source yet; train it through the library (nn::GPT with "
+                      "nn::LanguageModelling, as tests/dist/models_test.cpp does)");
+  }
   if (c.threads > 0) cfg.threads = c.threads;
   if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
   set_num_threads(cfg.threads);
