@@ -213,9 +213,12 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   }
   nlohmann::json history = nlohmann::json::array();
   for (const auto& e : r.history) {
+    nlohmann::json metrics = nlohmann::json::object();  // whatever the objective names
+    for (const auto& m : e.train_metrics.entries()) metrics[m.name] = m.mean();
     history.push_back({{"epoch", e.epoch + 1},
                        {"train_loss", e.train_loss},
                        {"train_accuracy", e.train_accuracy},
+                       {"train_metrics", metrics},
                        {"test_loss", e.test_loss},
                        {"test_accuracy", e.test_accuracy},
                        {"samples_per_s", e.samples_per_s},

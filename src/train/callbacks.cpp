@@ -29,6 +29,24 @@ void ProgressCallback::on_epoch_begin(Trainer&, std::int64_t) {
   last_draw_ = {};
 }
 
+namespace {
+
+// Logs made by hand (tests, other loops) may carry no metrics: loss and accuracy as before.
+nn::Metrics classification_metrics(double loss, double accuracy) {
+  nn::Metrics m;
+  m.add("loss", loss, 1.0);
+  m.add("accuracy", accuracy, 1.0);
+  return m;
+}
+
+std::string shown(const BatchLogs& b) {
+  return metrics_text(b.running_metrics.entries().empty()
+                          ? classification_metrics(b.running_loss, b.running_accuracy)
+                          : b.running_metrics);
+}
+
+}  // namespace
+
 void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
   const auto now = std::chrono::steady_clock::now();
   const bool known = b.steps_per_epoch > 0;  // pipelines of unknown length show no bar or ETA
@@ -42,36 +60,38 @@ void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
       return;
     last_draw_ = now;
     if (!known) {
-      std::fprintf(out_, "\r\033[Kepoch %lld/%lld step %lld loss %.4f acc %.4f %.0f samples/s",
+      std::fprintf(out_, "\r\033[Kepoch %lld/%lld step %lld %s %.0f samples/s",
                    static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs_),
-                   static_cast<long long>(b.step_in_epoch), b.running_loss, b.running_accuracy,
-                   b.samples_per_s);
+                   static_cast<long long>(b.step_in_epoch), shown(b).c_str(), b.samples_per_s);
       std::fflush(out_);
       return;
     }
     constexpr int kWidth = 30;
     const auto filled = static_cast<int>(kWidth * b.step_in_epoch / b.steps_per_epoch);
-    std::fprintf(
-        out_, "\r\033[Kepoch %lld/%lld [%s%s] %lld/%lld loss %.4f acc %.4f %.0f samples/s ETA %s",
-        static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs_),
-        std::string(static_cast<std::size_t>(filled), '=').c_str(),
-        std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
-        static_cast<long long>(b.step_in_epoch), static_cast<long long>(b.steps_per_epoch),
-        b.running_loss, b.running_accuracy, b.samples_per_s, eta(remaining).c_str());
+    std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s%s] %lld/%lld %s %.0f samples/s ETA %s",
+                 static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs_),
+                 std::string(static_cast<std::size_t>(filled), '=').c_str(),
+                 std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
+                 static_cast<long long>(b.step_in_epoch), static_cast<long long>(b.steps_per_epoch),
+                 shown(b).c_str(), b.samples_per_s, eta(remaining).c_str());
     std::fflush(out_);
   } else if (every_ > 0 && b.step_in_epoch % every_ == 0) {
-    std::fprintf(out_, "epoch %lld step %lld/%lld loss %.4f acc %.4f samples/s %.0f eta %s\n",
+    std::fprintf(out_, "epoch %lld step %lld/%lld %s samples/s %.0f eta %s\n",
                  static_cast<long long>(b.epoch + 1), static_cast<long long>(b.step_in_epoch),
-                 static_cast<long long>(b.steps_per_epoch), b.running_loss, b.running_accuracy,
-                 b.samples_per_s, eta(remaining).c_str());
+                 static_cast<long long>(b.steps_per_epoch), shown(b).c_str(), b.samples_per_s,
+                 eta(remaining).c_str());
     std::fflush(out_);
   }
 }
 
 void ProgressCallback::on_epoch_end(Trainer&, const EpochLogs& e) {
   if (tty_) std::fprintf(out_, "\n");
-  std::fprintf(out_, "epoch %lld/%lld: loss %.4f acc %.4f", static_cast<long long>(e.epoch + 1),
-               static_cast<long long>(epochs_), e.train_loss, e.train_accuracy);
+  const std::string train =
+      e.train_metrics.entries().empty()
+          ? metrics_text(classification_metrics(e.train_loss, e.train_accuracy))
+          : metrics_text(e.train_metrics);
+  std::fprintf(out_, "epoch %lld/%lld: %s", static_cast<long long>(e.epoch + 1),
+               static_cast<long long>(epochs_), train.c_str());
   if (e.test_accuracy >= 0) {
     std::fprintf(out_, " test_loss %.4f test_acc %.4f", e.test_loss, e.test_accuracy);
   }
@@ -82,17 +102,28 @@ void ProgressCallback::on_epoch_end(Trainer&, const EpochLogs& e) {
 
 CsvLogger::CsvLogger(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
   if (!out_) throw io::IoError("cannot create metrics log " + path + ": " + std::strerror(errno));
-  out_ << "epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr,samples_per_s,seconds\n";
-  out_.flush();
 }
 
 void CsvLogger::on_epoch_end(Trainer&, const EpochLogs& e) {
+  if (!header_written_) {
+    // The fixed columns, then one per metric the objective adds ("train_token_accuracy", ...).
+    out_ << "epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr,samples_per_s,seconds";
+    for (const auto& m : e.train_metrics.entries()) {
+      if (m.name == "loss" || m.name == "accuracy") continue;
+      out_ << ",train_" << m.name;
+      extra_.push_back(m.name);
+    }
+    out_ << '\n';
+    header_written_ = true;
+  }
   out_ << e.epoch + 1 << ',' << e.train_loss << ',' << e.train_accuracy << ',';
   if (e.test_accuracy >= 0)
     out_ << e.test_loss << ',' << e.test_accuracy;
   else
     out_ << ',';
-  out_ << ',' << e.lr << ',' << e.samples_per_s << ',' << e.seconds << '\n';
+  out_ << ',' << e.lr << ',' << e.samples_per_s << ',' << e.seconds;
+  for (const auto& name : extra_) out_ << ',' << e.train_metrics.mean(name);
+  out_ << '\n';
   out_.flush();
   if (!out_) throw io::IoError("cannot write metrics log " + path_ + ": " + std::strerror(errno));
 }

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <iomanip>
+#include <map>
 #include <sstream>
 
 #include "hpm/autograd/grad_mode.h"
@@ -40,6 +42,25 @@ void Trainer::set_lr(float lr) {
     strategy_->set_lr(lr);
   else
     optimizer_->set_lr(lr);
+}
+
+std::string metrics_text(const nn::Metrics& metrics) {
+  static const std::map<std::string, std::string> shorter = {
+      {"accuracy", "acc"}, {"token_accuracy", "token_acc"}, {"perplexity", "ppl"}};
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  for (const auto& e : metrics.entries()) {
+    const auto it = shorter.find(e.name);
+    os << (os.tellp() > 0 ? " " : "") << (it == shorter.end() ? e.name : it->second) << ' '
+       << std::setprecision(e.name == "perplexity" ? 2 : 4) << e.mean();
+  }
+  return os.str();
+}
+
+nn::Metrics Trainer::with_derived(const nn::Metrics& m) const {
+  nn::Metrics out = m;
+  if (objective_) objective_->derive(out);
+  return out;
 }
 
 void Trainer::set_loss(LossFn loss) {
@@ -239,6 +260,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     EpochLogs logs;
     logs.epoch = state_.epoch;
     double loss_sum = 0.0, epoch_seconds = 0.0, wait_seconds = 0.0;
+    nn::Metrics epoch_metrics;
     std::int64_t correct = 0, seen = 0, batches = 0;
     bool epoch_done = false;
     const auto epoch_start = Clock::now();
@@ -281,6 +303,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       ++state_.step_in_epoch;
       ++state_.global_step;
       ++result.steps;
+      epoch_metrics.merge(last_metrics_);
       BatchLogs b{state_.epoch,
                   state_.step_in_epoch,
                   steps_per_epoch,
@@ -288,7 +311,8 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                   loss,
                   loss_sum / static_cast<double>(batches),
                   static_cast<double>(correct) / static_cast<double>(seen),
-                  static_cast<double>(seen) / epoch_seconds};
+                  static_cast<double>(seen) / epoch_seconds,
+                  with_derived(epoch_metrics)};
       for (auto& cb : callbacks_) cb->on_batch_end(*this, b);
       if (stop_agreed_) {  // preempted: every worker stops after this same step
         result.preempted = true;
@@ -307,6 +331,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     logs.input_bound = epoch_wall > 0 ? wait_seconds / epoch_wall : 0.0;
     logs.train_loss = batches ? loss_sum / static_cast<double>(batches) : 0.0;
     logs.train_accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
+    logs.train_metrics = with_derived(epoch_metrics);
     logs.samples_per_s = epoch_seconds > 0 ? static_cast<double>(seen) / epoch_seconds : 0.0;
     logs.seconds = epoch_seconds;
     logs.lr = optimizer_->lr();

@@ -9,8 +9,10 @@
 #include "common/blobs.h"
 #include "common/temp_dir.h"
 #include "hpm/io/error.h"
+#include "hpm/nn/gpt.h"
 #include "hpm/nn/layers.h"
 #include "hpm/tensor/random.h"
+#include "hpm/train/callbacks.h"
 
 namespace hpm::train {
 namespace {
@@ -267,6 +269,64 @@ TEST(Trainer, ALossOfTheInputsRunsUnderAStrategyAsOnOneDevice) {
                  mse_loss(narrow(logits, 1, 0, 1), narrow(x, 1, 0, 1)));
     });
   });
+}
+
+}  // namespace
+}  // namespace hpm::train
+
+namespace hpm::train {
+namespace {
+
+// A language model through the Trainer: the objective's metrics (token accuracy, perplexity)
+// reach the step logs, the epoch logs, the progress line and the CSV log. The corpus is a
+// period-5 token pattern, which a tiny GPT learns within a few epochs.
+TEST(Trainer, LanguageModelMetricsReachLogsProgressAndCsv) {
+  const std::int64_t rows = 96, block = 8;
+  data::LabelledData windows{Tensor::zeros({rows, block}, DType::I64),
+                             Tensor::zeros({rows, block}, DType::I64)};
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t t = 0; t < block; ++t) {
+      windows.inputs.data<std::int64_t>()[r * block + t] = (r + t) % 5;
+      windows.labels.data<std::int64_t>()[r * block + t] = (r + t + 1) % 5;
+    }
+  manual_seed(3);
+  nn::GPTConfig g;
+  g.n_layer = 1;
+  g.n_head = 2;
+  g.n_embd = 16;
+  g.block_size = block;
+  g.vocab_size = 8;
+  auto model = std::make_shared<nn::GPT>(g);
+  optim::AdamOptions ao;
+  ao.lr = 1e-2f;
+  Trainer trainer(model, std::make_shared<optim::AdamW>(model->named_parameters(), ao));
+  trainer.set_objective(std::make_shared<nn::LanguageModelling>());
+  hpm::testing::TempDir dir;
+  trainer.add_callback(std::make_shared<CsvLogger>(dir / "metrics.csv"));
+  std::FILE* progress = std::tmpfile();
+  trainer.add_callback(std::make_shared<ProgressCallback>(progress, false, 4, 3));
+  FitOptions o;
+  o.batch_size = 16;
+  o.epochs = 4;
+  const FitResult r = trainer.fit(windows, nullptr, o);
+  ASSERT_EQ(r.history.size(), 4u);
+  const nn::Metrics& last = r.history.back().train_metrics;
+  EXPECT_LT(last.mean("loss"), 0.5 * std::log(8.0)) << "the pattern is learnable";
+  EXPECT_GT(last.mean("token_accuracy"), 0.8);
+  EXPECT_NEAR(last.mean("perplexity"), std::exp(last.mean("loss")), 1e-9);
+  EXPECT_EQ(last.count("loss"), 96.0 * 8.0) << "every token of the epoch, once";
+  std::rewind(progress);
+  std::string shown(4096, '\0');
+  shown.resize(std::fread(shown.data(), 1, shown.size(), progress));
+  std::fclose(progress);
+  EXPECT_NE(shown.find("token_acc"), std::string::npos) << shown;
+  EXPECT_NE(shown.find(" ppl "), std::string::npos) << shown;
+  std::ifstream csv(dir / "metrics.csv");
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header,
+            "epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr,samples_per_s,seconds,"
+            "train_token_accuracy,train_perplexity");
 }
 
 }  // namespace

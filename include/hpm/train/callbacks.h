@@ -33,6 +33,8 @@ class CsvLogger : public Callback {
  private:
   std::string path_;
   std::ofstream out_;
+  bool header_written_ = false;  // at the first epoch, when the objective's metrics are known
+  std::vector<std::string> extra_;
 };
 
 // ---- Watching one epoch metric ---------------------------------------------------------------

@@ -65,6 +65,9 @@ struct FitOptions {
 struct EpochLogs {
   std::int64_t epoch = 0;
   double train_loss = 0, train_accuracy = 0;
+  // Whatever the objective names ("loss", "accuracy"; "token_accuracy", "perplexity"; ...), over
+  // the epoch's training steps and every replica, derived metrics included.
+  nn::Metrics train_metrics;
   double test_loss = -1, test_accuracy = -1;  // -1 when no evaluation data
   double samples_per_s = 0, seconds = 0, lr = 0;
   double input_bound = 0;  // share of the epoch's wall time spent waiting for the next batch
@@ -73,7 +76,12 @@ struct EpochLogs {
 struct BatchLogs {
   std::int64_t epoch = 0, step_in_epoch = 0, steps_per_epoch = 0, global_step = 0;
   double loss = 0, running_loss = 0, running_accuracy = 0, samples_per_s = 0;
+  nn::Metrics running_metrics;  // the objective's, over the epoch so far, derived ones included
 };
+
+// "loss 0.4123 acc 0.8512" for classification, "loss 2.1034 token_acc 0.3921 ppl 8.19" for a
+// language model: each metric an objective names, the common ones abbreviated.
+std::string metrics_text(const nn::Metrics& metrics);
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
@@ -157,6 +165,7 @@ class Trainer {
 
  private:
   double train_step(const Tensor& x, const Tensor& y, std::int64_t* correct);
+  nn::Metrics with_derived(const nn::Metrics& m) const;  // plus the objective's derived ones
   // After the first step ran out of device memory: runs it again with the budget lifted to
   // measure what it needs, and says so (TrainingError). With replicas in sync it only names the
   // budget (and a replica's OOM surfaces once its peers' all-reduce times out).
