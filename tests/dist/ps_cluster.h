@@ -1,6 +1,7 @@
 // An in-process parameter-server cluster for tests: P servers and a coordinator on free loopback
 // ports, W workers on threads, all on one small model and data set.
 #pragma once
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -69,17 +70,21 @@ inline std::vector<float> flat(const nn::NamedTensors& vars) {
 }
 
 // Runs a whole job; worker w's options from `worker_options(w)`.
+// `make_model` builds each copy alike (it seeds the default generator itself).
 template <typename WorkerOptionsFn>
 RunResult run_job(Cluster cluster, CoordinatorOptions co, const data::LabelledData& data,
-                  WorkerOptionsFn worker_options) {
-  auto chief_model = small_model();
+                  WorkerOptionsFn worker_options,
+                  const std::function<std::shared_ptr<nn::Module>()>& make_model = [] {
+                    return small_model();
+                  }) {
+  auto chief_model = make_model();
   nn::NamedTensors vars = chief_model->named_parameters();
   Coordinator coordinator(cluster, co, vars, "127.0.0.1:0");
   cluster.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
   RunResult r;
   r.workers.resize(static_cast<std::size_t>(cluster.workers));
   std::vector<std::shared_ptr<nn::Module>> models;  // built here: manual_seed is process-wide
-  for (int w = 0; w < cluster.workers; ++w) models.push_back(small_model());
+  for (int w = 0; w < cluster.workers; ++w) models.push_back(make_model());
   std::vector<std::thread> threads;
   for (int w = 0; w < cluster.workers; ++w) {
     threads.emplace_back([&, w] {

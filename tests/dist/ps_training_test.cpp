@@ -8,7 +8,9 @@
 #include <cmath>
 #include <filesystem>
 
+#include "common/models.h"
 #include "common/temp_dir.h"
+#include "common/training.h"
 #include "dist/ps_cluster.h"
 #include "hpm/dist/strategy.h"
 #include "hpm/tensor/kernels.h"
@@ -97,6 +99,50 @@ TEST(PsTraining, SyncModeMatchesMirrored) {
       EXPECT_EQ(w.staleness_histogram.size(), 17u);
     }
     EXPECT_EQ(steps, 2 * tasks_per_epoch(144, 8, workers));
+  }
+}
+
+// The seeds' models through parameter servers: synchronous PS training of a GPT (language
+// modelling) and a ResNet (BatchNorm on each worker's rows, as on each Mirrored replica's) over 2
+// workers equals Mirrored with 2 replicas.
+TEST(PsTraining, SyncModeMatchesMirroredForGptAndResNet) {
+  struct ModelCase {
+    const char* name;
+    std::function<std::shared_ptr<nn::Module>()> model;
+    data::LabelledData data;
+    std::shared_ptr<const nn::Objective> objective;
+  };
+  const auto as_data = [](const nn::Batch& b) { return data::LabelledData{b.inputs, b.targets}; };
+  const ModelCase cases[] = {
+      {"gpt", [] { manual_seed(5); return hpm::testing::tiny_gpt(); },
+       as_data(hpm::testing::token_batch(48, 8, 32, 3)), std::make_shared<nn::LanguageModelling>()},
+      {"resnet", [] { manual_seed(5); return hpm::testing::tiny_resnet(); },
+       as_data(hpm::testing::image_batch(48, 3)), std::make_shared<nn::Classification>()},
+  };
+  for (const ModelCase& mc : cases) {
+    SCOPED_TRACE(mc.name);
+    Cluster c = loopback_cluster(2);
+    auto servers = start_servers(c, 2);
+    const RunResult r = run_job(
+        c, options(Mode::kSync, 1, tasks_per_epoch(48, 4, 2)), mc.data,
+        [&](int w) { return WorkerOptions{.worker = w, .batch_size = 4, .objective = mc.objective}; },
+        mc.model);
+    // Mirrored x2 over the same global batches: the epoch's order, 8 rows a step.
+    StrategyOptions so;
+    so.replicas = 2;
+    auto mirrored = make_mirrored(so);
+    mirrored->scope(mc.model, [](nn::Module& m) {
+      return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.1f, 0.9f});
+    });
+    const auto order = epoch_order(48, 0, 0);
+    for (std::int64_t s = 0; s < 48 / 8; ++s) {
+      const std::vector<std::int64_t> rows(order.begin() + s * 8, order.begin() + (s + 1) * 8);
+      mirrored->train_step({kernels::index_select0(mc.data.inputs, rows),
+                            kernels::index_select0(mc.data.labels, rows)},
+                           *mc.objective, 0.0f);
+    }
+    hpm::testing::expect_same_parameters(flat(mirrored->model()->named_parameters()), r.params,
+                                         mc.name, 1e-5f);
   }
 }
 

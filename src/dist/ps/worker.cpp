@@ -122,7 +122,8 @@ struct Worker::Impl {
       const Tensor x = kernels::index_select0(train.inputs, rows);
       const Tensor y = kernels::index_select0(train.labels, rows);
       model->zero_grad();
-      const nn::Classification objective(o.label_smoothing);
+      const nn::Classification classify(o.label_smoothing);
+      const nn::Objective& objective = o.objective ? *o.objective : classify;
       const ReplicaStepResult step = replica_step(*model, objective, nn::Batch{x, y}, {});
       if (!step.finite) {
         throw PsError("worker " + std::to_string(o.worker) + ": the loss of task " +

@@ -11,6 +11,7 @@
 #include "hpm/data/in_memory.h"
 #include "hpm/dist/ps/coordinator.h"
 #include "hpm/nn/module.h"
+#include "hpm/nn/objective.h"
 
 namespace hpm::dist::ps {
 
@@ -19,6 +20,9 @@ struct WorkerOptions {
   std::int64_t batch_size = 64;  // rows per task
   std::uint64_t seed = 0;        // the order of epoch e: epoch_order(n, seed, e)
   float label_smoothing = 0.0f;
+  // What a task's loss and metrics are; null: classification with label_smoothing. Rows of
+  // `train` are examples of any shape (images, token windows with their next tokens).
+  std::shared_ptr<const nn::Objective> objective = nullptr;
   double slow_factor = 1.0;  // > 1: sleep (factor - 1) x the step's compute time (benchmarks)
   // Give up when the coordinator has not answered for this long.
   std::chrono::milliseconds coordinator_timeout{std::chrono::seconds(60)};
