@@ -20,4 +20,12 @@ Residual::Residual(std::shared_ptr<Module> f) : f_(register_module("fn", std::mo
 
 Tensor Residual::forward(const Tensor& x) { return add(x, f_->forward(x)); }
 
+Tensor Attention::forward_inputs(const std::vector<Tensor>& qkv) {
+  if (qkv.size() != 3) {
+    throw std::invalid_argument("Attention takes three inputs (query, key, value), got " +
+                                std::to_string(qkv.size()));
+  }
+  return scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], causal_, scale_);
+}
+
 }  // namespace hpm::nn

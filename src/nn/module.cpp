@@ -150,6 +150,14 @@ std::shared_ptr<Sequential> as_sequential(const std::shared_ptr<Module>& model) 
   return s;
 }
 
+Tensor Module::forward_inputs(const std::vector<Tensor>& inputs) {
+  if (inputs.size() != 1) {
+    throw std::invalid_argument(type_name() + " takes one input, got " +
+                                std::to_string(inputs.size()));
+  }
+  return forward(inputs[0]);
+}
+
 Tensor Module::forward_blocks(const Tensor& x) const {
   Tensor h = x;
   for (const auto& b : blocks()) {

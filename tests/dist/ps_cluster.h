@@ -72,11 +72,10 @@ inline std::vector<float> flat(const nn::NamedTensors& vars) {
 // Runs a whole job; worker w's options from `worker_options(w)`.
 // `make_model` builds each copy alike (it seeds the default generator itself).
 template <typename WorkerOptionsFn>
-RunResult run_job(Cluster cluster, CoordinatorOptions co, const data::LabelledData& data,
-                  WorkerOptionsFn worker_options,
-                  const std::function<std::shared_ptr<nn::Module>()>& make_model = [] {
-                    return small_model();
-                  }) {
+RunResult run_job(
+    Cluster cluster, CoordinatorOptions co, const data::LabelledData& data,
+    WorkerOptionsFn worker_options,
+    const std::function<std::shared_ptr<nn::Module>()>& make_model = [] { return small_model(); }) {
   auto chief_model = make_model();
   nn::NamedTensors vars = chief_model->named_parameters();
   Coordinator coordinator(cluster, co, vars, "127.0.0.1:0");

@@ -114,9 +114,17 @@ TEST(PsTraining, SyncModeMatchesMirroredForGptAndResNet) {
   };
   const auto as_data = [](const nn::Batch& b) { return data::LabelledData{b.inputs, b.targets}; };
   const ModelCase cases[] = {
-      {"gpt", [] { manual_seed(5); return hpm::testing::tiny_gpt(); },
+      {"gpt",
+       [] {
+         manual_seed(5);
+         return hpm::testing::tiny_gpt();
+       },
        as_data(hpm::testing::token_batch(48, 8, 32, 3)), std::make_shared<nn::LanguageModelling>()},
-      {"resnet", [] { manual_seed(5); return hpm::testing::tiny_resnet(); },
+      {"resnet",
+       [] {
+         manual_seed(5);
+         return hpm::testing::tiny_resnet();
+       },
        as_data(hpm::testing::image_batch(48, 3)), std::make_shared<nn::Classification>()},
   };
   for (const ModelCase& mc : cases) {
@@ -125,7 +133,9 @@ TEST(PsTraining, SyncModeMatchesMirroredForGptAndResNet) {
     auto servers = start_servers(c, 2);
     const RunResult r = run_job(
         c, options(Mode::kSync, 1, tasks_per_epoch(48, 4, 2)), mc.data,
-        [&](int w) { return WorkerOptions{.worker = w, .batch_size = 4, .objective = mc.objective}; },
+        [&](int w) {
+          return WorkerOptions{.worker = w, .batch_size = 4, .objective = mc.objective};
+        },
         mc.model);
     // Mirrored x2 over the same global batches: the epoch's order, 8 rows a step.
     StrategyOptions so;

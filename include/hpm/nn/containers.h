@@ -33,4 +33,19 @@ class Residual : public Module {
   std::shared_ptr<Module> f_;
 };
 
+// softmax(scale q k^T) v as a module of three inputs (q, k, v: (..., T, D), (..., S, D)), the fused
+// op of autograd/ops.h; forward(x) is self-attention, q = k = v = x.
+class Attention : public Module {
+ public:
+  explicit Attention(bool causal = false, float scale = 0.0f) : causal_(causal), scale_(scale) {}
+  Tensor forward(const Tensor& x) override { return forward_inputs({x, x, x}); }
+  Tensor forward_inputs(const std::vector<Tensor>& qkv) override;
+  std::string type_name() const override { return "Attention"; }
+  std::string extra_repr() const override { return causal_ ? "causal=true" : "causal=false"; }
+
+ private:
+  bool causal_;
+  float scale_;
+};
+
 }  // namespace hpm::nn

@@ -23,6 +23,11 @@ class Module {
 
   virtual Tensor forward(const Tensor& x) = 0;
   Tensor operator()(const Tensor& x) { return forward(x); }
+  // Forward over several tensors (attention's query, key and value). The default takes exactly
+  // one and runs forward(x); a module of several inputs overrides it. A different name from
+  // forward, so that overriding one never hides the other.
+  virtual Tensor forward_inputs(const std::vector<Tensor>& inputs);
+  Tensor operator()(const std::vector<Tensor>& inputs) { return forward_inputs(inputs); }
 
   // The model as a sequence of blocks whose forwards, chained, are its forward: what recompute,
   // offload and the pipeline cut and place (GPT: embeddings, transformer blocks, head; ResNet:
