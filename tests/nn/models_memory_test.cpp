@@ -51,7 +51,7 @@ TEST(ModelMemory, RecomputedAndOffloadedGptBlocksGiveThePlainGradients) {
   EXPECT_GT(offloaded->stats().storages_offloaded, 0u);
 }
 
-TEST(ModelMemory, RecomputedResNetBlocksGiveThePlainGradients) {
+TEST(ModelMemory, RecomputedAndOffloadedResNetBlocksGiveThePlainGradients) {
   manual_seed(3);
   const auto resnet = testing::tiny_resnet();
   const Classification objective;
@@ -61,6 +61,9 @@ TEST(ModelMemory, RecomputedResNetBlocksGiveThePlainGradients) {
   const Grads plain = step(*resnet, *resnet, objective, b);
   auto recomputed = with_recomputation(as_sequential(resnet), 1, RecomputeMode::Always);
   expect_same(plain, step(*recomputed, *resnet, objective, b), "recompute every block");
+  auto offloaded = with_offload(as_sequential(resnet), OffloadOptions{0});
+  expect_same(plain, step(*offloaded, *resnet, objective, b), "offload");
+  EXPECT_GT(offloaded->stats().storages_offloaded, 0u);
 }
 
 TEST(ModelMemory, AModuleWithoutBlocksIsRefusedByName) {

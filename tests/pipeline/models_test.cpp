@@ -100,11 +100,13 @@ TEST(PipelineModels, ResNetThroughEveryScheduleMatchesOneDeviceWithTheSameMicroB
   dist::StrategyOptions one;
   one.accumulation_steps = 4;
   const auto ref = run(*dist::make_one_device(one));
-  for (ScheduleKind kind :
-       {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB, ScheduleKind::kZeroBubbleH1}) {
+  for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
+                            ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH1}) {
     PipelineStrategyOptions o;
     o.pipeline.micro_batches = 4;
     o.pipeline.schedule = kind;
+    // Interleaved: two chunks per stage, one block each (stem, two BasicBlocks, head).
+    o.pipeline.chunks_per_stage = kind == ScheduleKind::kInterleaved ? 2 : 1;
     o.partition = PartitionMethod::kBalanced;
     auto s = make_pipeline(o);
     expect_close(ref, run(*s), "resnet, schedule " + std::to_string(static_cast<int>(kind)));
