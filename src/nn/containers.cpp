@@ -20,6 +20,15 @@ Residual::Residual(std::shared_ptr<Module> f) : f_(register_module("fn", std::mo
 
 Tensor Residual::forward(const Tensor& x) { return add(x, f_->forward(x)); }
 
+RunAs::RunAs(std::shared_ptr<Module> model, std::shared_ptr<Module> runner)
+    : model_(std::move(model)), runner_(std::move(runner)) {
+  if (!model_ || !runner_) throw std::invalid_argument("RunAs: no model or no runner");
+  for (const auto& [name, child] : model_->children()) register_module(name, child);
+  for (const auto& [name, t] : model_->own_parameters()) register_parameter(name, t);
+  for (const auto& [name, t] : model_->own_buffers()) register_buffer(name, t);
+  train(model_->is_training());
+}
+
 Tensor Attention::forward_inputs(const std::vector<Tensor>& qkv) {
   if (qkv.size() != 3) {
     throw std::invalid_argument("Attention takes three inputs (query, key, value), got " +

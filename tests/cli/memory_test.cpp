@@ -47,6 +47,23 @@ TEST(MemoryConfig, ReadsTheSection) {
   EXPECT_EQ(fit_options(c).accumulation_steps, 4);
 }
 
+// A model of blocks wrapped for recomputation or offload keeps the plain model's parameter and
+// buffer names, so a checkpoint of either loads into the other (hpm evaluate builds it plain).
+TEST(MemoryConfig, WrappedModelsOfBlocksKeepTheirNames) {
+  TempDir dir;
+  const std::string path = dir / "run.toml";
+  std::ofstream(path) << "[model]\nkind = \"resnet\"\nwidths = [4, 8]\nblocks = [1, 1]\n";
+  for (const char* memory : {"memory.recompute=always", "memory.offload=true"}) {
+    const Config c = load_config(path, {memory});
+    auto plain = build_model(c), wrapped = with_memory_options(c, build_model(c));
+    const auto a = plain->state_dict(), b = wrapped->state_dict();
+    ASSERT_EQ(a.size(), b.size()) << memory;
+    for (std::size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].first, b[i].first) << memory;
+    EXPECT_NO_THROW(wrapped->load_state_dict(a)) << memory;
+    EXPECT_EQ(wrapped->type_name(), "ResNet");
+  }
+}
+
 TEST(MemoryConfig, EveryDocumentedErrorIsReported) {
   EXPECT_NE(config_error("[memory]\nrecompute = \"sometimes\"\n")
                 .find("recompute mode \"sometimes\" is not one of never, always, except_last"),

@@ -33,6 +33,21 @@ class Residual : public Module {
   std::shared_ptr<Module> f_;
 };
 
+// `model`'s parameters, buffers and children under the model's own names (its state_dict), run by
+// `runner`: a model whose blocks are wrapped for recomputation or offload (which name them by
+// block index) keeps the checkpoint names of the plain model, so either loads the other's.
+class RunAs : public Module {
+ public:
+  RunAs(std::shared_ptr<Module> model, std::shared_ptr<Module> runner);
+  Tensor forward(const Tensor& x) override { return runner_->forward(x); }
+  std::vector<std::shared_ptr<Module>> blocks() const override { return model_->blocks(); }
+  std::string type_name() const override { return model_->type_name(); }
+  std::string extra_repr() const override { return runner_->extra_repr(); }
+
+ private:
+  std::shared_ptr<Module> model_, runner_;
+};
+
 // softmax(scale q k^T) v as a module of three inputs (q, k, v: (..., T, D), (..., S, D)), the fused
 // op of autograd/ops.h; forward(x) is self-attention, q = k = v = x.
 class Attention : public Module {

@@ -55,6 +55,9 @@ class Module {
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
     return children_;
   }
+  // This module's own parameters and buffers, without its children's.
+  const NamedTensors& own_parameters() const { return params_; }
+  const NamedTensors& own_buffers() const { return buffers_; }
 
   void train(bool on = true);
   void eval() { train(false); }

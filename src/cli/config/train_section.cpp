@@ -2,6 +2,7 @@
 // fits its memory, and when it stops early.
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
+#include "hpm/nn/containers.h"
 #include "hpm/nn/offload.h"
 #include "hpm/nn/recompute.h"
 #include "hpm/train/callbacks.h"
@@ -144,12 +145,17 @@ std::shared_ptr<nn::Module> with_memory_options(const Config& c,
   const nn::RecomputeMode mode = nn::parse_recompute_mode(c.recompute);
   if (!c.offload && mode == nn::RecomputeMode::Never) return model;
   std::shared_ptr<nn::Sequential> blocks = nn::as_sequential(model);
+  std::shared_ptr<nn::Module> runner;
   if (c.offload) {
     nn::OffloadOptions o;
     o.threshold_bytes = static_cast<std::size_t>(c.offload_threshold_kb * 1024.0);
-    return nn::with_offload(std::move(blocks), o);
+    runner = nn::with_offload(std::move(blocks), o);
+  } else {
+    runner = nn::with_recomputation(std::move(blocks), c.recompute_every, mode);
   }
-  return nn::with_recomputation(std::move(blocks), c.recompute_every, mode);
+  // A Sequential's wrappers keep its names; a model of blocks keeps its own through RunAs.
+  if (std::dynamic_pointer_cast<nn::Sequential>(model)) return runner;
+  return std::make_shared<nn::RunAs>(std::move(model), std::move(runner));
 }
 
 }  // namespace hpm::cli
