@@ -48,7 +48,10 @@ TEST_F(Autotune, ParallelismStaysLowWhenTheConsumerIsTheBottleneck) {
   auto it = d.make_iterator();
   Element e;
   while (it->next(e)) std::this_thread::sleep_for(std::chrono::milliseconds(4));  // a slow step
-  EXPECT_EQ(stage(*it, "map").parallelism, 1);
+  // Far below the budget of 4 that an input-bound map reaches (the test above). Not exactly 1: on
+  // a machine loaded by other processes the map's thread can be descheduled for longer than a
+  // step once, and then it did look input-bound (seen under ctest -j2).
+  EXPECT_LE(stage(*it, "map").parallelism, 2);
 }
 
 TEST_F(Autotune, PrefetchKeepsToTheRamBudget) {
