@@ -19,6 +19,7 @@ PACKAGES=(
   libpng-dev libjpeg62-turbo-dev  # image decoding in the input pipeline
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist  # the embedded default data set
+  fortunes               # the embedded default text, for language models
 )
 
 missing=()

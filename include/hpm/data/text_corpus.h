@@ -1,0 +1,45 @@
+// Text for language models: a byte-level corpus split into training and validation tokens
+// exactly as ../shared/peers/torch_gpt.py builds it, and the windows a language model trains on
+// (random starts) and is evaluated on (a deterministic sweep).
+//
+//   TextCorpus c = load_text_corpus("/usr/share/games/fortunes/*");   // Debian's fortunes
+//   Dataset train = random_windows(c.train, 64, 12, seed);     // (12, 64) inputs and targets
+//   Dataset val = sequential_windows(c.val, 64, 12);
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hpm/data/dataset.h"
+
+namespace hpm::data {
+
+// Tokens are the files' bytes (vocabulary 256), as I64.
+struct TextCorpus {
+  Tensor train, val;               // 1-D I64 token ids
+  std::vector<std::string> files;  // in the order their bytes were concatenated
+  std::int64_t vocab_size = 256;
+};
+
+// Every regular file `pattern` (a glob) matches, symbolic links and names ending in ".dat"
+// skipped, in sorted name order; the first floor(train_fraction * size) bytes of each file go to
+// training, the rest to validation, each split the concatenation of its parts in file order.
+// Throws DataError naming the pattern when nothing is left to read, and naming the file (and
+// the byte offset) for an empty file or one holding a NUL byte (binary, not text).
+TextCorpus load_text_corpus(const std::string& pattern, double train_fraction = 0.9);
+
+// Language-modelling batches: element k is (inputs, targets), both (batch, block) I64, from
+// `batch` windows of block + 1 tokens of `tokens` at starts uniform in [0, size - block - 1)
+// drawn from (seed, k): inputs are a window's first block tokens, targets its last block. A pure
+// function of k, so an iterator's state is its position and resuming repeats and skips nothing.
+// `steps` elements (kInfinite: endless). Throws std::invalid_argument when the tokens cannot
+// hold one window, naming both lengths.
+Dataset random_windows(Tensor tokens, std::int64_t block, std::int64_t batch, std::uint64_t seed,
+                       std::int64_t steps = kInfinite);
+
+// The deterministic sweep for evaluation: consecutive windows of block + 1 tokens starting
+// `block` apart from the beginning, `batch` to an element (the last may be smaller), every token
+// of the split predicted once but the first.
+Dataset sequential_windows(Tensor tokens, std::int64_t block, std::int64_t batch);
+
+}  // namespace hpm::data
