@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -57,14 +58,6 @@ void add_common(CLI::App* cmd, Common& c) {
 
 Config configure(const Common& c) {
   Config cfg = load_config(c.config_path, c.overrides);
-  if (cfg.model_kind == "gpt") {
-    // The model exists (nn::GPT), its data source does not yet: refuse here, not at the first
-    // batch of images.
-    throw ConfigError(cfg.path +
-                      ": [model] kind = \"gpt\" is a language model and the hpm command has no "
-                      "text [data] source yet; train it through the library (nn::GPT with "
-                      "nn::LanguageModelling, as tests/dist/models_test.cpp does)");
-  }
   if (c.threads > 0) cfg.threads = c.threads;
   if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
   set_num_threads(cfg.threads);
@@ -99,6 +92,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     trainer_ptr = std::make_unique<train::Trainer>(model, build_optimizer(cfg, *model), schedule);
   }
   train::Trainer& trainer = *trainer_ptr;
+  if (cfg.model_kind == "gpt") trainer.set_objective(std::make_shared<nn::LanguageModelling>());
   // In a multi-worker job only worker 0 speaks (progress, report); the others report errors.
   const bool chief = !strategy || strategy->worker_rank() == 0;
   std::int64_t train_examples = 0;
@@ -204,8 +198,19 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                 cfg.early_stopping_restore_best_weights ? " (its weights restored)" : "");
   }
   const train::EvalResult ev = trainer.evaluate(test);
-  std::printf("test accuracy %.4f, test loss %.4f, %.0f training samples/s, %.1f s\n", ev.accuracy,
-              ev.loss, r.samples_per_s(), r.seconds);
+  const bool text = cfg.source == "text";
+  // A language model's figures are per token, on the validation split.
+  const double tokens_per_s =
+      text ? r.samples_per_s() * static_cast<double>(cfg.gpt.block_size) : 0;
+  if (text) {
+    std::printf(
+        "val loss %.4f, val perplexity %.2f, val token accuracy %.4f, %.0f training tokens/s, %.1f "
+        "s\n",
+        ev.loss, std::exp(ev.loss), ev.accuracy, tokens_per_s, r.seconds);
+  } else {
+    std::printf("test accuracy %.4f, test loss %.4f, %.0f training samples/s, %.1f s\n",
+                ev.accuracy, ev.loss, r.samples_per_s(), r.seconds);
+  }
   if (const nlohmann::json pj = pipeline_report_json(strategy.get()); !pj.is_null()) {
     std::printf("pipeline: cut at %s (imbalance %.2f); last step %.1f ms, bubble %.1f%%\n",
                 pj["boundaries"].dump().c_str(), pj["imbalance"].get<double>(),
@@ -251,7 +256,10 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                 {"early_stopped_epoch", early && early->stopped_epoch() >= 0
                                             ? nlohmann::json(early->stopped_epoch() + 1)
                                             : nlohmann::json()},
-                {"history", history}});
+                {"history", history},
+                {"train_tokens_per_s", text ? nlohmann::json(tokens_per_s) : nlohmann::json()},
+                {"val_loss", text ? nlohmann::json(ev.loss) : nlohmann::json()},
+                {"val_perplexity", text ? nlohmann::json(std::exp(ev.loss)) : nlohmann::json()}});
   return 0;
 }
 

@@ -11,14 +11,16 @@ namespace {
 
 class FileCacheNode : public DatasetNode {
  public:
-  FileCacheNode(Dataset input, std::string path) : input_(std::move(input)), path_(std::move(path)) {}
+  FileCacheNode(Dataset input, std::string path)
+      : input_(std::move(input)), path_(std::move(path)) {}
   std::int64_t cardinality() const override { return input_.cardinality(); }
   std::string name() const override { return "cache"; }
 
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
     class It : public Iterator {
      public:
-      It(std::shared_ptr<const FileCacheNode> n, std::int64_t epoch) : n_(std::move(n)), epoch_(epoch) {
+      It(std::shared_ptr<const FileCacheNode> n, std::int64_t epoch)
+          : n_(std::move(n)), epoch_(epoch) {
         if (std::filesystem::exists(n_->path_)) {
           reader_ = std::make_unique<io::TfRecordReader>(n_->path_);
         } else {
@@ -79,7 +81,8 @@ class FileCacheNode : public DatasetNode {
         const bool reading = r.u64() != 0;
         if (reading) {
           if (!std::filesystem::exists(n_->path_)) {
-            throw DataError("cache", n_->path_ + ": the saved iterator read this cache file, which is gone");
+            throw DataError("cache",
+                            n_->path_ + ": the saved iterator read this cache file, which is gone");
           }
           input_.reset();
           writer_.reset();

@@ -108,7 +108,8 @@ class TfRecordIt : public FileSequenceIt<io::TfRecordReader> {
 
 class TextLineIt : public FileSequenceIt<io::TextLineReader> {
  public:
-  explicit TextLineIt(std::vector<std::string> files) : FileSequenceIt(std::move(files), "text_lines") {}
+  explicit TextLineIt(std::vector<std::string> files)
+      : FileSequenceIt(std::move(files), "text_lines") {}
 
  protected:
   std::unique_ptr<io::TextLineReader> make_reader(const std::string& path) override {
@@ -129,7 +130,8 @@ class TextLineIt : public FileSequenceIt<io::TextLineReader> {
 
 class CsvIt : public FileSequenceIt<io::CsvReader> {
  public:
-  CsvIt(std::string file, io::CsvOptions o) : FileSequenceIt({std::move(file)}, "csv"), options_(std::move(o)) {}
+  CsvIt(std::string file, io::CsvOptions o)
+      : FileSequenceIt({std::move(file)}, "csv"), options_(std::move(o)) {}
 
  protected:
   std::unique_ptr<io::CsvReader> make_reader(const std::string& path) override {
@@ -214,7 +216,8 @@ Dataset tfrecord_from_path(const Element& path_element, io::Compression compress
 }
 
 Dataset text_line_dataset(std::vector<std::string> files) {
-  return file_node("text_lines", [files = std::move(files)] { return std::make_unique<TextLineIt>(files); });
+  return file_node("text_lines",
+                   [files = std::move(files)] { return std::make_unique<TextLineIt>(files); });
 }
 
 Dataset csv_dataset(std::string file, io::CsvOptions options) {
@@ -228,7 +231,8 @@ MapFn parse_example_fn(std::vector<io::FeatureSpec> specs) {
     const std::string bytes = tensor_bytes(e.at(0));
     Element out;
     try {
-      for (auto& [name, t] : io::parse_example(io::decode_example(bytes, "record"), specs, "record")) {
+      for (auto& [name, t] :
+           io::parse_example(io::decode_example(bytes, "record"), specs, "record")) {
         out.push_back(std::move(t));
       }
     } catch (const io::IoError& err) {

@@ -11,7 +11,8 @@ struct Planes {
   std::int64_t planes, h, w;
 };
 Planes planes_of(const Tensor& t, const char* op) {
-  if (t.dim() < 2) throw std::invalid_argument(std::string(op) + ": expected (..., H, W), got " + t.shape().str());
+  if (t.dim() < 2)
+    throw std::invalid_argument(std::string(op) + ": expected (..., H, W), got " + t.shape().str());
   return {t.numel() / (t.size(-2) * t.size(-1)), t.size(-2), t.size(-1)};
 }
 Shape with_hw(const Tensor& t, std::int64_t h, std::int64_t w) {
@@ -22,16 +23,19 @@ Shape with_hw(const Tensor& t, std::int64_t h, std::int64_t w) {
 }
 }  // namespace
 
-Tensor random_crop(const Tensor& image, int padding, std::int64_t out_h, std::int64_t out_w, Generator& gen) {
+Tensor random_crop(const Tensor& image, int padding, std::int64_t out_h, std::int64_t out_w,
+                   Generator& gen) {
   const Planes p = planes_of(image, "random_crop");
   const std::int64_t ph = p.h + 2 * padding, pw = p.w + 2 * padding;
   if (out_h > ph || out_w > pw || out_h <= 0 || out_w <= 0) {
-    throw std::invalid_argument("random_crop: window " + std::to_string(out_h) + "x" + std::to_string(out_w) +
-                                " larger than the padded image " + std::to_string(ph) + "x" + std::to_string(pw));
+    throw std::invalid_argument("random_crop: window " + std::to_string(out_h) + "x" +
+                                std::to_string(out_w) + " larger than the padded image " +
+                                std::to_string(ph) + "x" + std::to_string(pw));
   }
   // Offsets of the window in padded coordinates.
   const auto top = static_cast<std::int64_t>(gen.below(static_cast<std::uint64_t>(ph - out_h + 1)));
-  const auto left = static_cast<std::int64_t>(gen.below(static_cast<std::uint64_t>(pw - out_w + 1)));
+  const auto left =
+      static_cast<std::int64_t>(gen.below(static_cast<std::uint64_t>(pw - out_w + 1)));
   Tensor out = Tensor::empty(with_hw(image, out_h, out_w));
   const float* src = image.data<float>();
   float* dst = out.data<float>();
@@ -66,13 +70,15 @@ Tensor random_flip_left_right(const Tensor& image, Generator& gen) {
   return out;
 }
 
-Tensor normalize(const Tensor& image, const std::vector<float>& mean, const std::vector<float>& std) {
+Tensor normalize(const Tensor& image, const std::vector<float>& mean,
+                 const std::vector<float>& std) {
   const Planes p = planes_of(image, "normalize");
   const std::int64_t channels = image.dim() >= 3 ? image.size(-3) : 1;
   auto pick = [&](const std::vector<float>& v, const char* what) {
     if (v.size() != 1 && static_cast<std::int64_t>(v.size()) != channels) {
-      throw std::invalid_argument(std::string("normalize: ") + what + " has " + std::to_string(v.size()) +
-                                  " values for " + std::to_string(channels) + " channels");
+      throw std::invalid_argument(std::string("normalize: ") + what + " has " +
+                                  std::to_string(v.size()) + " values for " +
+                                  std::to_string(channels) + " channels");
     }
     return v;
   };
@@ -91,7 +97,8 @@ Tensor normalize(const Tensor& image, const std::vector<float>& mean, const std:
 
 Tensor resize_bilinear(const Tensor& image, std::int64_t out_h, std::int64_t out_w) {
   const Planes p = planes_of(image, "resize_bilinear");
-  if (out_h <= 0 || out_w <= 0) throw std::invalid_argument("resize_bilinear: size must be positive");
+  if (out_h <= 0 || out_w <= 0)
+    throw std::invalid_argument("resize_bilinear: size must be positive");
   Tensor out = Tensor::empty(with_hw(image, out_h, out_w));
   const float* src = image.data<float>();
   float* dst = out.data<float>();
@@ -130,7 +137,8 @@ Tensor cast_to_f32(const Tensor& t, float scale) {
     const auto* s = static_cast<const unsigned char*>(t.raw_data());
     for (std::int64_t i = 0; i < t.numel(); ++i) d[i] = static_cast<float>(s[i]) * scale;
   } else {
-    throw std::invalid_argument(std::string("cast_to_f32: unsupported dtype ") + dtype_name(t.dtype()));
+    throw std::invalid_argument(std::string("cast_to_f32: unsupported dtype ") +
+                                dtype_name(t.dtype()));
   }
   return out;
 }

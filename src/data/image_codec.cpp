@@ -20,7 +20,8 @@ Tensor planar(const unsigned char* px, std::int64_t h, std::int64_t w, std::int6
   float* d = out.data<float>();
   for (std::int64_t y = 0; y < h; ++y)
     for (std::int64_t x = 0; x < w; ++x)
-      for (std::int64_t k = 0; k < c; ++k) d[(k * h + y) * w + x] = px[(y * w + x) * c + k] / 255.0f;
+      for (std::int64_t k = 0; k < c; ++k)
+        d[(k * h + y) * w + x] = px[(y * w + x) * c + k] / 255.0f;
   return out;
 }
 
@@ -89,19 +90,23 @@ Tensor decode_jpeg(std::string_view bytes) {
   c = cinfo.output_components;
   px.resize(static_cast<std::size_t>(h * w * c));
   while (cinfo.output_scanline < cinfo.output_height) {
-    unsigned char* row = px.data() + static_cast<std::size_t>(cinfo.output_scanline) * static_cast<std::size_t>(w * c);
+    unsigned char* row = px.data() + static_cast<std::size_t>(cinfo.output_scanline) *
+                                         static_cast<std::size_t>(w * c);
     jpeg_read_scanlines(&cinfo, &row, 1);
   }
   jpeg_finish_decompress(&cinfo);
   const long warnings = cinfo.err->num_warnings;
   jpeg_destroy_decompress(&cinfo);
-  if (warnings > 0) throw DataError("decode_jpeg", std::string("corrupt or truncated JPEG: ") + err.message);
+  if (warnings > 0)
+    throw DataError("decode_jpeg", std::string("corrupt or truncated JPEG: ") + err.message);
   return planar(px.data(), h, w, c);
 }
 
 Tensor decode_image(std::string_view bytes) {
-  if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0) return decode_png(bytes);
-  if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xff && static_cast<unsigned char>(bytes[1]) == 0xd8) {
+  if (bytes.size() >= 8 && std::memcmp(bytes.data(), "\x89PNG\r\n\x1a\n", 8) == 0)
+    return decode_png(bytes);
+  if (bytes.size() >= 3 && static_cast<unsigned char>(bytes[0]) == 0xff &&
+      static_cast<unsigned char>(bytes[1]) == 0xd8) {
     return decode_jpeg(bytes);
   }
   throw DataError("decode_image", "neither PNG nor JPEG (unknown magic bytes)");
@@ -117,8 +122,8 @@ std::string encode_png(const Tensor& image) {
   for (std::int64_t y = 0; y < h; ++y)
     for (std::int64_t x = 0; x < w; ++x)
       for (std::int64_t k = 0; k < c; ++k)
-        px[static_cast<std::size_t>((y * w + x) * c + k)] =
-            static_cast<unsigned char>(std::clamp(s[(k * h + y) * w + x], 0.0f, 1.0f) * 255.0f + 0.5f);
+        px[static_cast<std::size_t>((y * w + x) * c + k)] = static_cast<unsigned char>(
+            std::clamp(s[(k * h + y) * w + x], 0.0f, 1.0f) * 255.0f + 0.5f);
   png_image img{};
   img.version = PNG_IMAGE_VERSION;
   img.width = static_cast<png_uint_32>(w);

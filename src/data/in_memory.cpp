@@ -15,7 +15,8 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
     if (std::filesystem::exists(path)) return path;
   }
   throw io::IoError("missing data file: neither " + dir + "/" + stem + ".gz nor " + dir + "/" +
-                    stem + " exists (is the data set installed? Debian: apt-get install "
+                    stem +
+                    " exists (is the data set installed? Debian: apt-get install "
                     "dataset-fashion-mnist)");
 }
 }  // namespace

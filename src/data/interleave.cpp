@@ -13,8 +13,13 @@ using InterleaveFn = std::function<Dataset(const Element&)>;
 
 class InterleaveNode : public DatasetNode {
  public:
-  InterleaveNode(Dataset input, InterleaveFn fn, std::int64_t cycle, std::int64_t block, int parallel)
-      : input_(std::move(input)), fn_(std::move(fn)), cycle_(cycle), block_(block), parallel_(parallel) {}
+  InterleaveNode(Dataset input, InterleaveFn fn, std::int64_t cycle, std::int64_t block,
+                 int parallel)
+      : input_(std::move(input)),
+        fn_(std::move(fn)),
+        cycle_(cycle),
+        block_(block),
+        parallel_(parallel) {}
   std::string name() const override { return "interleave"; }
   std::int64_t cardinality() const override {
     return input_.cardinality() == kInfinite ? kInfinite : kUnknown;

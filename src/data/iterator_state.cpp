@@ -46,7 +46,9 @@ std::uint64_t StateReader::u64() {
   need(8, "an integer");
   std::uint64_t v = 0;
   for (int i = 0; i < 8; ++i)
-    v |= static_cast<std::uint64_t>(static_cast<unsigned char>(bytes_[pos_ + static_cast<std::size_t>(i)])) << (8 * i);
+    v |= static_cast<std::uint64_t>(
+             static_cast<unsigned char>(bytes_[pos_ + static_cast<std::size_t>(i)]))
+         << (8 * i);
   pos_ += 8;
   return v;
 }
@@ -70,7 +72,8 @@ Tensor StateReader::tensor() {
   const auto dtype = static_cast<DType>(u64());
   if (dtype_size(dtype) == 0) throw DataError("iterator state", "unknown dtype");
   const std::uint64_t rank = u64();
-  if (rank > 16) throw DataError("iterator state", "implausible tensor rank " + std::to_string(rank));
+  if (rank > 16)
+    throw DataError("iterator state", "implausible tensor rank " + std::to_string(rank));
   std::vector<std::int64_t> dims;
   for (std::uint64_t i = 0; i < rank; ++i) {
     dims.push_back(i64());
@@ -94,7 +97,8 @@ void StateReader::expect_tag(std::string_view stage) {
   const std::string got = str();
   if (got != stage) {
     throw DataError("iterator state", "expected state of stage '" + std::string(stage) +
-                                          "', found '" + got + "': the pipeline differs from the saved one");
+                                          "', found '" + got +
+                                          "': the pipeline differs from the saved one");
   }
 }
 

@@ -5,12 +5,12 @@
 // Input iterators are not thread-safe: workers call input->next() under the stage's mutex, one at
 // a time, and run the map function outside it. save() waits until no call is in flight, then
 // records the finished slots and the input's state, so restoring reproduces the same sequence.
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <atomic>
 #include <deque>
-#include <fstream>
 #include <exception>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -185,8 +185,6 @@ class SlotPipeline : public Iterator {
     s.autotuned = autotune_threads_ || autotune_buffer_;
     out.push_back(s);
   }
-
-
 
  protected:
   // Takes the inputs of one output from `input` (called under the stage's lock, so in order);
@@ -365,8 +363,10 @@ class SlotPipeline : public Iterator {
 
 class ParallelMapIt : public SlotPipeline {
  public:
-  ParallelMapIt(std::unique_ptr<Iterator> input, MapFn fn, int threads, bool deterministic, bool autotune)
-      : SlotPipeline(std::move(input), "map", threads, autotune ? 2 : 2 * threads, deterministic, autotune),
+  ParallelMapIt(std::unique_ptr<Iterator> input, MapFn fn, int threads, bool deterministic,
+                bool autotune)
+      : SlotPipeline(std::move(input), "map", threads, autotune ? 2 : 2 * threads, deterministic,
+                     autotune),
         fn_(std::move(fn)) {}
   // Workers must stop before fn_ is destroyed.
   ~ParallelMapIt() override { shutdown_workers(); }
@@ -384,8 +384,8 @@ class MapAndBatchIt : public SlotPipeline {
  public:
   MapAndBatchIt(std::unique_ptr<Iterator> input, MapFn fn, int threads, bool deterministic,
                 std::int64_t batch, bool drop_remainder, bool autotune)
-      : SlotPipeline(std::move(input), "map_and_batch", threads, autotune ? 2 : 2 * threads, deterministic,
-                     autotune),
+      : SlotPipeline(std::move(input), "map_and_batch", threads, autotune ? 2 : 2 * threads,
+                     deterministic, autotune),
         fn_(std::move(fn)),
         batch_(batch),
         drop_(drop_remainder) {}
@@ -395,7 +395,8 @@ class MapAndBatchIt : public SlotPipeline {
   bool pull(Iterator& input, std::vector<Element>& items) override {
     items.clear();
     Element e;
-    while (static_cast<std::int64_t>(items.size()) < batch_ && input.next(e)) items.push_back(std::move(e));
+    while (static_cast<std::int64_t>(items.size()) < batch_ && input.next(e))
+      items.push_back(std::move(e));
     if (items.empty() || (drop_ && static_cast<std::int64_t>(items.size()) < batch_)) return false;
     return true;
   }
@@ -422,7 +423,8 @@ class PrefetchIt : public SlotPipeline {
 
 class SequentialMapIt : public Iterator {
  public:
-  SequentialMapIt(std::unique_ptr<Iterator> input, MapFn fn) : input_(std::move(input)), fn_(std::move(fn)) {}
+  SequentialMapIt(std::unique_ptr<Iterator> input, MapFn fn)
+      : input_(std::move(input)), fn_(std::move(fn)) {}
   bool next(Element& out) override {
     Element in;
     if (!input_->next(in)) return false;
@@ -476,8 +478,8 @@ class MapAndBatchNode : public DatasetNode {
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
     const bool autotune = o_.num_parallel_calls == kAutotune;
     const int threads = autotune ? autotune_budget().cpu : o_.num_parallel_calls;
-    return std::make_unique<MapAndBatchIt>(input_.make_iterator(epoch), fn_, threads, o_.deterministic, batch_,
-                                           drop_, autotune);
+    return std::make_unique<MapAndBatchIt>(input_.make_iterator(epoch), fn_, threads,
+                                           o_.deterministic, batch_, drop_, autotune);
   }
 
  private:
@@ -490,7 +492,8 @@ class MapAndBatchNode : public DatasetNode {
 
 class MapNode : public DatasetNode {
  public:
-  MapNode(Dataset input, MapFn fn, MapOptions o) : input_(std::move(input)), fn_(std::move(fn)), o_(o) {}
+  MapNode(Dataset input, MapFn fn, MapOptions o)
+      : input_(std::move(input)), fn_(std::move(fn)), o_(o) {}
   bool parallel() const { return o_.num_parallel_calls == kAutotune || o_.num_parallel_calls > 1; }
   Dataset fused_with_batch(std::int64_t batch, bool drop) const {
     return Dataset(std::make_shared<MapAndBatchNode>(input_, fn_, o_, batch, drop));
@@ -500,8 +503,10 @@ class MapNode : public DatasetNode {
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
     const bool autotune = o_.num_parallel_calls == kAutotune;
     const int threads = autotune ? autotune_budget().cpu : o_.num_parallel_calls;
-    if (threads <= 1 && !autotune) return std::make_unique<SequentialMapIt>(input_.make_iterator(epoch), fn_);
-    return std::make_unique<ParallelMapIt>(input_.make_iterator(epoch), fn_, threads, o_.deterministic, autotune);
+    if (threads <= 1 && !autotune)
+      return std::make_unique<SequentialMapIt>(input_.make_iterator(epoch), fn_);
+    return std::make_unique<ParallelMapIt>(input_.make_iterator(epoch), fn_, threads,
+                                           o_.deterministic, autotune);
   }
 
  private:
@@ -518,7 +523,8 @@ class PrefetchNode : public DatasetNode {
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
     // AUTOTUNE starts with one slot and grows while the consumer waits (SlotPipeline::maybe_tune).
     const bool autotune = buffer_ == kAutotune;
-    return std::make_unique<PrefetchIt>(input_.make_iterator(epoch), autotune ? 1 : buffer_, autotune);
+    return std::make_unique<PrefetchIt>(input_.make_iterator(epoch), autotune ? 1 : buffer_,
+                                        autotune);
   }
 
  private:

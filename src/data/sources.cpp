@@ -2,9 +2,9 @@
 #include <stdexcept>
 
 #include "hpm/data/dataset.h"
-#include "hpm/trace/trace.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
+#include "hpm/trace/trace.h"
 
 namespace hpm::data {
 
@@ -22,7 +22,8 @@ class SliceNode : public DatasetNode {
     if (tensors_.empty()) throw std::invalid_argument("from_tensor_slices: no tensors");
     for (const auto& t : tensors_) {
       if (t.dim() == 0 || t.size(0) != tensors_[0].size(0)) {
-        throw std::invalid_argument("from_tensor_slices: every tensor needs the same first dimension");
+        throw std::invalid_argument(
+            "from_tensor_slices: every tensor needs the same first dimension");
       }
     }
   }
@@ -104,17 +105,20 @@ class RangeNode : public DatasetNode {
   std::int64_t start_, stop_, step_;
 };
 
-using GeneratorFn = std::function<bool(std::int64_t, Element&)>;
+// (epoch, index, out): from_generator's functions ignore the epoch.
+using GeneratorFn = std::function<bool(std::int64_t, std::int64_t, Element&)>;
 
 class GeneratorNode : public DatasetNode {
  public:
-  GeneratorNode(GeneratorFn fn, std::int64_t cardinality) : fn_(std::move(fn)), card_(cardinality) {}
+  GeneratorNode(GeneratorFn fn, std::int64_t cardinality)
+      : fn_(std::move(fn)), card_(cardinality) {}
   std::int64_t cardinality() const override { return card_; }
   std::string name() const override { return "from_generator"; }
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
     class It : public Iterator {
      public:
-      explicit It(std::shared_ptr<const GeneratorNode> n) : n_(std::move(n)) {}
+      It(std::shared_ptr<const GeneratorNode> n, std::int64_t epoch)
+          : n_(std::move(n)), epoch_(epoch) {}
       bool next(Element& out) override {
         if (done_) return false;
         out.clear();
@@ -122,7 +126,7 @@ class GeneratorNode : public DatasetNode {
         trace::Span span("read", "extract");
         bool more = false;
         try {
-          more = n_->fn_(i, out);
+          more = n_->fn_(epoch_, i, out);
         } catch (const DataError&) {
           throw;
         } catch (const std::exception& e) {
@@ -144,11 +148,11 @@ class GeneratorNode : public DatasetNode {
 
      private:
       std::shared_ptr<const GeneratorNode> n_;
+      std::int64_t epoch_;
       std::int64_t i_ = 0;
       bool done_ = false;
     };
-    (void)epoch;
-    return std::make_unique<It>(self<std::remove_cvref_t<decltype(*this)>>());
+    return std::make_unique<It>(self<std::remove_cvref_t<decltype(*this)>>(), epoch);
   }
 
  private:
@@ -218,7 +222,8 @@ class RandomNode : public DatasetNode {
      public:
       explicit It(std::uint64_t seed) : gen_(seed) {}
       bool next(Element& out) override {
-        out = {Tensor::from_i64(std::vector<std::int64_t>{static_cast<std::int64_t>(gen_.next_u64() >> 1)}, Shape{})};
+        out = {Tensor::from_i64(
+            std::vector<std::int64_t>{static_cast<std::int64_t>(gen_.next_u64() >> 1)}, Shape{})};
         return true;
       }
       void save(StateWriter& w) override {
@@ -235,7 +240,8 @@ class RandomNode : public DatasetNode {
      private:
       Generator gen_;
     };
-    return std::make_unique<It>(seed_ * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch) * 0xbf58476d1ce4e5b9ULL + 1);
+    return std::make_unique<It>(seed_ * 0x9e3779b97f4a7c15ULL +
+                                static_cast<std::uint64_t>(epoch) * 0xbf58476d1ce4e5b9ULL + 1);
   }
 
  private:
@@ -244,7 +250,8 @@ class RandomNode : public DatasetNode {
 
 class BatchedSlicesNode : public DatasetNode {
  public:
-  BatchedSlicesNode(std::vector<Tensor> tensors, std::int64_t batch, bool shuffle, std::uint64_t seed, bool drop)
+  BatchedSlicesNode(std::vector<Tensor> tensors, std::int64_t batch, bool shuffle,
+                    std::uint64_t seed, bool drop)
       : tensors_(std::move(tensors)), batch_(batch), shuffle_(shuffle), seed_(seed), drop_(drop) {
     if (batch <= 0) throw std::invalid_argument("batched_slices: batch_size must be positive");
     if (tensors_.empty()) throw std::invalid_argument("batched_slices: no tensors");
@@ -255,7 +262,9 @@ class BatchedSlicesNode : public DatasetNode {
     }
   }
   std::int64_t rows() const { return tensors_[0].size(0); }
-  std::int64_t cardinality() const override { return drop_ ? rows() / batch_ : (rows() + batch_ - 1) / batch_; }
+  std::int64_t cardinality() const override {
+    return drop_ ? rows() / batch_ : (rows() + batch_ - 1) / batch_;
+  }
   std::string name() const override { return "batched_slices"; }
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
     class It : public Iterator {
@@ -266,7 +275,8 @@ class BatchedSlicesNode : public DatasetNode {
         if (n_->shuffle_) {
           // Fisher-Yates from (seed, epoch): a pure function, so resuming needs only the position.
           Generator gen(n_->seed_ * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(epoch) + 1);
-          for (std::size_t i = order_.size(); i > 1; --i) std::swap(order_[i - 1], order_[gen.below(i)]);
+          for (std::size_t i = order_.size(); i > 1; --i)
+            std::swap(order_[i - 1], order_[gen.below(i)]);
         }
       }
       bool next(Element& out) override {
@@ -308,7 +318,8 @@ class BatchedSlicesNode : public DatasetNode {
 
 Dataset Dataset::batched_slices(std::vector<Tensor> tensors, std::int64_t batch_size, bool shuffle,
                                 std::uint64_t seed, bool drop_remainder) {
-  return Dataset(std::make_shared<BatchedSlicesNode>(std::move(tensors), batch_size, shuffle, seed, drop_remainder));
+  return Dataset(std::make_shared<BatchedSlicesNode>(std::move(tensors), batch_size, shuffle, seed,
+                                                     drop_remainder));
 }
 
 Dataset Dataset::random(std::uint64_t seed) { return Dataset(std::make_shared<RandomNode>(seed)); }
@@ -321,7 +332,16 @@ Dataset Dataset::range(std::int64_t start, std::int64_t stop, std::int64_t step)
   return Dataset(std::make_shared<RangeNode>(start, stop, step));
 }
 
-Dataset Dataset::from_generator(GeneratorFn fn, std::int64_t cardinality) {
+Dataset Dataset::from_generator(std::function<bool(std::int64_t index, Element& out)> fn,
+                                std::int64_t cardinality) {
+  return Dataset(std::make_shared<GeneratorNode>(
+      [fn = std::move(fn)](std::int64_t, std::int64_t i, Element& out) { return fn(i, out); },
+      cardinality));
+}
+
+Dataset Dataset::from_epoch_generator(
+    std::function<bool(std::int64_t epoch, std::int64_t index, Element& out)> fn,
+    std::int64_t cardinality) {
   return Dataset(std::make_shared<GeneratorNode>(std::move(fn), cardinality));
 }
 

@@ -9,7 +9,7 @@ namespace hpm::data {
 // Stacks component c of every element along a new first dimension, padding to the largest shape
 // when `pad` (else every shape must agree).
 Tensor stack_component(const std::vector<Element>& items, std::size_t c, bool pad, float pad_value,
-             const char* stage) {
+                       const char* stage) {
   const Tensor& first = items[0][c];
   std::vector<std::int64_t> dims = first.shape().dims();
   for (const auto& e : items) {
@@ -32,7 +32,8 @@ Tensor stack_component(const std::vector<Element>& items, std::size_t c, bool pa
   std::vector<std::int64_t> out_dims{static_cast<std::int64_t>(items.size())};
   out_dims.insert(out_dims.end(), dims.begin(), dims.end());
   const Shape item_shape(dims);
-  Tensor out = pad ? Tensor::empty(Shape(out_dims), first.dtype()) : Tensor::empty(Shape(out_dims), first.dtype());
+  Tensor out = pad ? Tensor::empty(Shape(out_dims), first.dtype())
+                   : Tensor::empty(Shape(out_dims), first.dtype());
   const std::size_t esize = dtype_size(first.dtype());
   const std::size_t item_bytes = static_cast<std::size_t>(item_shape.numel()) * esize;
   char* dst = static_cast<char*>(out.raw_data());
@@ -49,7 +50,8 @@ Tensor stack_component(const std::vector<Element>& items, std::size_t c, bool pa
       std::memcpy(d, filler.raw_data(), item_bytes);
     } else if (first.dtype() == DType::I64) {
       auto* p = reinterpret_cast<std::int64_t*>(d);
-      for (std::int64_t k = 0; k < item_shape.numel(); ++k) p[k] = static_cast<std::int64_t>(pad_value);
+      for (std::int64_t k = 0; k < item_shape.numel(); ++k)
+        p[k] = static_cast<std::int64_t>(pad_value);
     } else {
       std::memset(d, 0, item_bytes);
     }
@@ -66,19 +68,22 @@ Tensor stack_component(const std::vector<Element>& items, std::size_t c, bool pa
         offset += idx * stride;
         stride *= dims[static_cast<std::size_t>(dd)];
       }
-      std::memcpy(d + static_cast<std::size_t>(offset) * esize,
-                  static_cast<const char*>(t.raw_data()) + static_cast<std::size_t>(row * inner) * esize,
-                  static_cast<std::size_t>(inner) * esize);
+      std::memcpy(
+          d + static_cast<std::size_t>(offset) * esize,
+          static_cast<const char*>(t.raw_data()) + static_cast<std::size_t>(row * inner) * esize,
+          static_cast<std::size_t>(inner) * esize);
     }
   }
   return out;
 }
 
-Element stack_elements(const std::vector<Element>& items, bool pad, float pad_value, const char* stage) {
+Element stack_elements(const std::vector<Element>& items, bool pad, float pad_value,
+                       const char* stage) {
   Element out;
   for (const auto& it : items)
     if (it.size() != items[0].size()) throw DataError(stage, "elements have different arity");
-  for (std::size_t c = 0; c < items[0].size(); ++c) out.push_back(stack_component(items, c, pad, pad_value, stage));
+  for (std::size_t c = 0; c < items[0].size(); ++c)
+    out.push_back(stack_component(items, c, pad, pad_value, stage));
   return out;
 }
 

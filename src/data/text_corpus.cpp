@@ -113,10 +113,12 @@ TextCorpus load_text_corpus(const std::string& pattern, double train_fraction) {
 Dataset random_windows(Tensor tokens, std::int64_t block, std::int64_t batch, std::uint64_t seed,
                        std::int64_t steps) {
   check_window(tokens, block, batch, "random_windows");
-  return Dataset::from_generator(
-      [tokens, block, batch, seed, steps](std::int64_t k, Element& out) {
+  return Dataset::from_epoch_generator(
+      [tokens, block, batch, seed, steps](std::int64_t epoch, std::int64_t k, Element& out) {
         if (steps != kInfinite && k >= steps) return false;
-        Generator gen(seed * 1000003ULL + static_cast<std::uint64_t>(k));
+        // Step k of pass e is the (e * steps + k)-th draw: passes continue the stream.
+        const std::int64_t draw = steps == kInfinite ? k : epoch * steps + k;
+        Generator gen(seed * 1000003ULL + static_cast<std::uint64_t>(draw));
         const auto span = static_cast<std::uint64_t>(tokens.size(0) - block - 1);
         std::vector<std::int64_t> starts(static_cast<std::size_t>(batch));
         for (auto& s : starts) s = static_cast<std::int64_t>(gen.below(span));

@@ -6,10 +6,10 @@
 #include <mutex>
 #include <stdexcept>
 
-#include "hpm/data/dataset.h"
 #include "fusion.h"
-#include "stack.h"
+#include "hpm/data/dataset.h"
 #include "hpm/tensor/random.h"
+#include "stack.h"
 
 namespace hpm::data {
 
@@ -24,7 +24,9 @@ class UnaryNode : public DatasetNode {
       : input_(std::move(input)), name_(std::move(name)), card_(card), args_(args...) {}
   std::unique_ptr<Iterator> make_iterator(std::int64_t epoch) const override {
     return std::apply(
-        [&](const Args&... a) { return std::make_unique<ItT>(input_.make_iterator(epoch), epoch, a...); },
+        [&](const Args&... a) {
+          return std::make_unique<ItT>(input_.make_iterator(epoch), epoch, a...);
+        },
         args_);
   }
   std::int64_t cardinality() const override { return card_(input_.cardinality(), *this); }
@@ -88,11 +90,12 @@ class FilterIt : public WrappingIterator {
 
 class ShuffleIt : public WrappingIterator {
  public:
-  ShuffleIt(std::unique_ptr<Iterator> in, std::int64_t epoch, std::int64_t buffer, std::uint64_t seed,
-            bool reshuffle)
+  ShuffleIt(std::unique_ptr<Iterator> in, std::int64_t epoch, std::int64_t buffer,
+            std::uint64_t seed, bool reshuffle)
       : WrappingIterator(std::move(in)),
         buffer_size_(buffer),
-        gen_(seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(reshuffle ? epoch : 0) + 0x5eed) {}
+        gen_(seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(reshuffle ? epoch : 0) +
+             0x5eed) {}
   bool next(Element& out) override {
     // Keep the buffer full: each output is drawn uniformly from the buffer and replaced by the
     // next input element.
@@ -142,7 +145,8 @@ class ShuffleIt : public WrappingIterator {
 
 class BatchIt : public WrappingIterator {
  public:
-  BatchIt(std::unique_ptr<Iterator> in, std::int64_t, std::int64_t n, bool drop, bool pad, float pad_value)
+  BatchIt(std::unique_ptr<Iterator> in, std::int64_t, std::int64_t n, bool drop, bool pad,
+          float pad_value)
       : WrappingIterator(std::move(in)), n_(n), drop_(drop), pad_(pad), pad_value_(pad_value) {}
   bool next(Element& out) override {
     std::vector<Element> items;
@@ -478,7 +482,9 @@ class CacheNode : public DatasetNode {
         if (from_cache) {
           std::lock_guard lock(n_->mu_);
           if (!n_->filled_) {
-            throw DataError("cache", "the saved iterator read from a filled cache, which this process does not have");
+            throw DataError(
+                "cache",
+                "the saved iterator read from a filled cache, which this process does not have");
           }
           cached_ = n_->store_;
           input_.reset();
@@ -522,13 +528,14 @@ Dataset unary(const Dataset& in, const char* name,
 }  // namespace
 
 Dataset Dataset::filter(PredicateFn predicate) const {
-  return unary<FilterIt, PredicateFn>(*this, "filter", unknown_unless_infinite, std::move(predicate));
+  return unary<FilterIt, PredicateFn>(*this, "filter", unknown_unless_infinite,
+                                      std::move(predicate));
 }
 
 Dataset Dataset::shuffle(std::int64_t buffer_size, std::uint64_t seed, bool reshuffle) const {
   if (buffer_size <= 0) throw std::invalid_argument("shuffle: buffer_size must be positive");
   return unary<ShuffleIt, std::int64_t, std::uint64_t, bool>(*this, "shuffle", same, buffer_size,
-                                                            seed, reshuffle);
+                                                             seed, reshuffle);
 }
 
 Dataset Dataset::batch(std::int64_t n, bool drop_remainder) const {
@@ -558,7 +565,9 @@ Dataset Dataset::padded_batch(std::int64_t n, float padding_value, bool drop_rem
       n, drop_remainder, true, padding_value);
 }
 
-Dataset Dataset::unbatch() const { return unary<UnbatchIt>(*this, "unbatch", unknown_unless_infinite); }
+Dataset Dataset::unbatch() const {
+  return unary<UnbatchIt>(*this, "unbatch", unknown_unless_infinite);
+}
 
 Dataset Dataset::repeat(std::int64_t count) const {
   if (count < kInfinite) throw std::invalid_argument("repeat: count must be >= 0 or kInfinite");

@@ -10,8 +10,8 @@ StepLr::StepLr(std::int64_t step_size, float gamma) : step_size_(step_size), gam
 }
 
 float StepLr::lr(float base_lr, std::int64_t t) const {
-  return base_lr * static_cast<float>(std::pow(static_cast<double>(gamma_),
-                                               static_cast<double>(t / step_size_)));
+  return base_lr * static_cast<float>(
+                       std::pow(static_cast<double>(gamma_), static_cast<double>(t / step_size_)));
 }
 
 CosineLr::CosineLr(std::int64_t t_max, float eta_min) : t_max_(t_max), eta_min_(eta_min) {
@@ -25,15 +25,16 @@ float CosineLr::lr(float base_lr, std::int64_t t) const {
 
 WarmupLr::WarmupLr(float start_factor, std::int64_t warmup, std::shared_ptr<LrSchedule> after)
     : start_factor_(start_factor), warmup_(warmup), after_(std::move(after)) {
-  if (warmup < 0 || start_factor <= 0.0f || start_factor > 1.0f) {
-    throw std::invalid_argument("WarmupLr: need warmup >= 0 and 0 < start_factor <= 1");
+  // start_factor 0: from nothing, as nanoGPT-style loops (torch_gpt.py's lr * it / warmup).
+  if (warmup < 0 || start_factor < 0.0f || start_factor > 1.0f) {
+    throw std::invalid_argument("WarmupLr: need warmup >= 0 and 0 <= start_factor <= 1");
   }
 }
 
 float WarmupLr::lr(float base_lr, std::int64_t t) const {
   if (t < warmup_) {
-    const double f = start_factor_ + (1.0 - start_factor_) * static_cast<double>(t) /
-                                         static_cast<double>(warmup_);
+    const double f = start_factor_ +
+                     (1.0 - start_factor_) * static_cast<double>(t) / static_cast<double>(warmup_);
     return static_cast<float>(base_lr * f);
   }
   return after_ ? after_->lr(base_lr, t - warmup_) : base_lr;

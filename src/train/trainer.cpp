@@ -369,22 +369,23 @@ EvalResult Trainer::evaluate(const data::LabelledData& data, std::int64_t batch_
   NoGradGuard no_grad;
   const bool was_training = model_->is_training();
   model_->eval();
+  const nn::Classification labels_alone;
+  const nn::Objective& objective =
+      objective_ && objective_->evaluates_itself() ? *objective_ : labels_alone;
   EvalResult r;
-  double loss_sum = 0.0;
-  std::int64_t correct = 0;
   for (std::int64_t begin = 0; begin < data.size(); begin += batch_size) {
     const std::int64_t n = std::min(batch_size, data.size() - begin);
-    Tensor x = data.inputs.narrow(begin, n), y = data.labels.narrow(begin, n);
-    Tensor logits = model_->forward(x);
-    loss_sum += static_cast<double>(cross_entropy(logits, y).item()) * static_cast<double>(n);
-    correct += nn::top1_correct(logits, y);
+    const nn::Batch b{data.inputs.narrow(begin, n), data.labels.narrow(begin, n)};
+    r.metrics.merge(objective.compute(model_->forward(b.inputs), b).metrics);
     r.samples += n;
   }
   model_->train(was_training);
   if (r.samples > 0) {
-    r.loss = loss_sum / static_cast<double>(r.samples);
-    r.accuracy = static_cast<double>(correct) / static_cast<double>(r.samples);
+    r.loss = r.metrics.mean("loss");
+    for (const auto& e : r.metrics.entries())
+      if (e.name == "accuracy" || e.name == "token_accuracy") r.accuracy = e.mean();
   }
+  objective.derive(r.metrics);
   return r;
 }
 

@@ -58,6 +58,14 @@ TEST(Config, ExamplesLoadAndMatchThePeerModels) {
   auto cnn = build_model(load_config(std::string(HPM_SOURCE_DIR) + "/examples/fashion_cnn.toml"));
   EXPECT_EQ(cnn->num_parameters(),
             32 * 9 + 32 + 64 * 32 * 9 + 64 + 3136 * 128 + 128 + 128 * 10 + 10);
+  // torch_gpt.py's default model: the parameter count its JSON line reports.
+  const Config gpt = load_config(std::string(HPM_SOURCE_DIR) + "/examples/fortunes_gpt.toml");
+  EXPECT_EQ(build_model(gpt)->num_parameters(), 834304);
+  EXPECT_EQ(gpt.epochs, 4) << "2000 steps, evaluated every 500";
+  EXPECT_EQ(build_model(load_config(std::string(HPM_SOURCE_DIR) + "/examples/fashion_resnet.toml"))
+                ->blocks()
+                .size(),
+            11u);
 }
 
 TEST(Config, UnknownKeyNamesItAndItsLine) {
@@ -147,6 +155,10 @@ n_embd = 16
 block_size = 8
 vocab_size = 32
 tie_weights = false
+[data]
+source = "text"
+[train]
+max_steps = 10
 )";
   Config c = load_config(write(dir, gpt));
   EXPECT_EQ(c.model_kind, "gpt");
@@ -175,6 +187,13 @@ blocks = [3, 3, 3]
   EXPECT_NE(error_of(gpt, {"model.widths=[1]"}).find("unknown key 'widths' in [model]"),
             std::string::npos)
       << "resnet's keys are not gpt's";
+  EXPECT_EQ(c.files, "/usr/share/games/fortunes/*") << "text's default corpus";
+  EXPECT_EQ(c.epochs, 1) << "one stretch of max_steps, evaluated at its end";
+  EXPECT_NE(error_of(gpt, {"data.source=idx"}).find("a GPT trains on [data] source = \"text\""),
+            std::string::npos);
+  EXPECT_NE(error_of(resnet, {"data.source=text"}).find("and only a GPT does"), std::string::npos);
+  EXPECT_NE(error_of(gpt, {"train.max_steps=0"}).find("max_steps must be positive, got 0"),
+            std::string::npos);
   EXPECT_NE(error_of(resnet, {"model.blocks=[3, 3]"})
                 .find("blocks must name as many stages as widths (3), got 2"),
             std::string::npos);

@@ -440,14 +440,91 @@ TEST(HpmModels, ResNetTrainsOnOneDeviceInAPipelineAndInTwoProcesses) {
   EXPECT_LT(learned(dir / "mwm.json"), 1.8) << both.output;
 }
 
-TEST(HpmModels, GptIsRefusedUntilThereIsATextSource) {
+}  // namespace
+}  // namespace hpm
+
+namespace hpm {
+namespace {
+
+// A language model from the config: [data] source = "text" (byte tokens, torch_gpt.py's split),
+// [model] kind = "gpt", trained by steps with evaluations between stretches; the report speaks
+// in tokens and perplexity; a checkpoint resumes; every documented mistake is named.
+std::string gpt_config(const TempDir& dir, const std::string& files, const std::string& extra = "",
+                       const std::string& name = "gpt.toml") {
+  const std::string path = dir / name;
+  std::ofstream(path) << "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
+                      << "block_size = 8\nvocab_size = 256\n"
+                      << "[data]\nsource = \"text\"\nfiles = \"" << files << "\"\nbatch_size = 4\n"
+                      << "[optimizer]\nkind = \"adamw\"\nlr = 0.01\n"
+                      << "[train]\nmax_steps = 20\neval_every = 10\neval_iters = 3\n"
+                      << extra;
+  return path;
+}
+
+void write_text(const std::string& path, int repeats) {
+  std::ofstream out(path);
+  for (int i = 0; i < repeats; ++i) out << "the quick brown fox jumps over the lazy dog. ";
+}
+
+TEST(HpmLanguageModel, TrainsByStepsReportsPerplexityAndResumes) {
   TempDir dir;
-  const std::string cfg = dir / "gpt.toml";
-  std::ofstream(cfg) << "[model]\nkind = \"gpt\"\n";
-  Result r = run("train " + cfg);
-  EXPECT_EQ(r.code, 1);
-  EXPECT_NE(r.output.find("[model] kind = \"gpt\" is a language model"), std::string::npos)
-      << r.output;
+  std::filesystem::create_directories(dir / "corpus");
+  write_text(dir / "corpus/a.txt", 40);
+  write_text(dir / "corpus/b.txt", 30);
+  const std::string cfg =
+      gpt_config(dir, dir / "corpus/*.txt", "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  Result r = run("train " + cfg + " --report " + dir / "r.json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch 2/2: loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("token_acc"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("val perplexity"), std::string::npos) << r.output;
+  const auto j = nlohmann::json::parse(std::ifstream(dir / "r.json"));
+  EXPECT_EQ(j["steps"], 20);
+  EXPECT_GT(j["train_tokens_per_s"].get<double>(), 0);
+  EXPECT_NEAR(j["val_perplexity"].get<double>(), std::exp(j["val_loss"].get<double>()), 1e-6);
+  const double first = j["history"][0]["train_metrics"]["loss"],
+               last = j["history"][1]["train_metrics"]["loss"];
+  EXPECT_LT(last, first) << "a repeated sentence is learnable";
+  EXPECT_LT(j["val_loss"].get<double>(), std::log(256.0));
+  Result more = run("train " + cfg + " --set train.max_steps=30 --resume " + dir / "ckpt" +
+                    " --report " + dir / "more.json");
+  ASSERT_EQ(more.code, 0) << more.output;
+  EXPECT_EQ(report_number(dir / "more.json", "steps"), 30);
+}
+
+TEST(HpmLanguageModel, MistakesAreNamed) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "corpus");
+  write_text(dir / "corpus/a.txt", 40);
+  const auto output_of = [&](const std::string& cfg, const std::string& extra = "") {
+    Result r = run("train " + cfg + " " + extra);
+    EXPECT_EQ(r.code, 1) << r.output;
+    return r.output;
+  };
+  const std::string good = gpt_config(dir, dir / "corpus/*.txt");
+  EXPECT_NE(output_of(gpt_config(dir, dir / "nothing/*.txt", "", "nothing.toml"))
+                .find("no regular text file matches"),
+            std::string::npos);
+  std::ofstream(dir / "corpus/bin.txt", std::ios::binary).write("abc\0def", 7);
+  EXPECT_NE(output_of(good).find("bin.txt: a NUL byte at offset 3"), std::string::npos);
+  std::filesystem::remove(dir / "corpus/bin.txt");
+  EXPECT_NE(
+      output_of(good, "--set model.block_size=200")
+          .find("a block of 200 tokens needs windows of 201, and the split holds only 180 tokens"),
+      std::string::npos)
+      << "the validation split (10% of 1,800 bytes) is shorter than a window";
+  EXPECT_NE(
+      output_of(good, "--set model.vocab_size=100")
+          .find("vocab_size 100 is smaller than the byte-level corpus' vocabulary (256 tokens)"),
+      std::string::npos);
+  EXPECT_NE(output_of(good, "--set train.eval_every=7")
+                .find("eval_every must divide max_steps (20), got 7"),
+            std::string::npos);
+  EXPECT_NE(output_of(good, "--set train.epochs=2").find("epochs does not apply"),
+            std::string::npos);
+  EXPECT_NE(
+      output_of(good, "--set data.source=idx").find("a GPT trains on [data] source = \"text\""),
+      std::string::npos);
 }
 
 }  // namespace

@@ -124,7 +124,9 @@ struct Config {
   // [data]
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string dataset = "fashion-mnist";
-  std::string source = "idx";  // idx (dir's IDX files) | tfrecord (files, test_files)
+  // idx (dir's IDX files) | tfrecord (files, test_files) | text (files: a glob of text files,
+  // byte tokens, split 90/10 per file as ../shared/peers/torch_gpt.py; for [model] kind = "gpt")
+  std::string source = "idx";
   std::string files, test_files, compression = "none";
   std::int64_t batch_size = 64;
   bool shuffle = true;
@@ -167,6 +169,10 @@ struct Config {
   std::string best_checkpoint_dir;      // empty = off; else the best epoch's checkpoint, kept alone
   std::string best_checkpoint_monitor = "test_accuracy";  // its mode is auto
   int accumulation_steps = 1;  // micro-batches per batch (gradient accumulation)
+  // Training by steps ([data] source = "text"): max_steps in all, evaluated every eval_every
+  // steps (0: once, at the end; each stretch is one of the Trainer's epochs) on eval_iters
+  // batches of the validation split's sweep (0: all of it).
+  std::int64_t max_steps = 0, eval_every = 0, eval_iters = 0;
 
   // [early_stopping]: on when the section is present (keys as train::EarlyStoppingOptions)
   bool early_stopping = false;

@@ -40,8 +40,8 @@ constexpr int kAutotune = -1;
 // What AUTOTUNE may spend: threads for parallel stages (the consumer's own thread not counted)
 // and bytes of buffered elements across all autotuned stages of the process.
 struct AutotuneBudget {
-  int cpu = 0;                   // 0: the machine's hardware threads
-  std::int64_t ram_bytes = 0;    // 0: half of the memory available when first asked
+  int cpu = 0;                 // 0: the machine's hardware threads
+  std::int64_t ram_bytes = 0;  // 0: half of the memory available when first asked
 };
 void set_autotune_budget(const AutotuneBudget& budget);
 AutotuneBudget autotune_budget();    // with the defaults resolved
@@ -56,7 +56,7 @@ struct StageStats {
   std::int64_t buffer_size = 0;    // current, for buffering stages
   double buffer_occupancy = 0;     // mean fraction of the buffer full when the consumer asked
   std::int64_t errors_skipped = 0;
-  double wait_fraction = 0;        // share of the consumer's time spent waiting on this stage
+  double wait_fraction = 0;  // share of the consumer's time spent waiting on this stage
   bool autotuned = false;
 };
 
@@ -114,6 +114,11 @@ class Dataset {
   // index for exact resume.
   static Dataset from_generator(std::function<bool(std::int64_t index, Element& out)> fn,
                                 std::int64_t cardinality = kUnknown);
+  // The same with the pass (epoch) too: a new sequence each pass, each a pure function of
+  // (epoch, index).
+  static Dataset from_epoch_generator(
+      std::function<bool(std::int64_t epoch, std::int64_t index, Element& out)> fn,
+      std::int64_t cardinality = kUnknown);
   static Dataset zip(std::vector<Dataset> datasets);
   // Batches of rows of `tensors` (same first dimension), in a uniformly random order drawn from
   // (seed, epoch) when `shuffle`: what from_tensor_slices(...).shuffle(all).batch(n) means, done

@@ -22,10 +22,12 @@ std::string tensor_bytes(const Tensor& t);
 // Throws std::invalid_argument when nothing matches.
 Dataset list_files(const std::string& pattern, bool shuffle = false, std::uint64_t seed = 0);
 // One element per record: (record bytes).
-Dataset tfrecord_dataset(std::vector<std::string> files, io::Compression compression = io::Compression::None);
+Dataset tfrecord_dataset(std::vector<std::string> files,
+                         io::Compression compression = io::Compression::None);
 // Each element's first component is a path (bytes): one element per record of that file. For
 // interleave: list_files(...).interleave(tfrecord_from_path, ...).
-Dataset tfrecord_from_path(const Element& path_element, io::Compression compression = io::Compression::None);
+Dataset tfrecord_from_path(const Element& path_element,
+                           io::Compression compression = io::Compression::None);
 // One element per line: (line bytes).
 Dataset text_line_dataset(std::vector<std::string> files);
 // One element per row, a scalar per column (F32, I64, or bytes for String columns).

@@ -16,7 +16,8 @@ Tensor random_crop(const Tensor& image, int padding, std::int64_t out_h, std::in
 // Mirrors the last dimension with probability 1/2.
 Tensor random_flip_left_right(const Tensor& image, Generator& gen);
 // (x - mean) / std, per channel when mean/std have one value per channel, else one value.
-Tensor normalize(const Tensor& image, const std::vector<float>& mean, const std::vector<float>& std);
+Tensor normalize(const Tensor& image, const std::vector<float>& mean,
+                 const std::vector<float>& std);
 // Bilinear resize of the last two dimensions (align_corners = false, as PyTorch and TF2).
 Tensor resize_bilinear(const Tensor& image, std::int64_t out_h, std::int64_t out_w);
 // I64 or F32 to F32, with a scale (e.g. 1/255).

@@ -19,5 +19,4 @@ struct LabelledData {
 // the file for anything missing, corrupt or inconsistent.
 LabelledData load_mnist_split(const std::string& dir, const std::string& split);
 
-
 }  // namespace hpm::data

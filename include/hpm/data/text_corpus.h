@@ -32,8 +32,9 @@ TextCorpus load_text_corpus(const std::string& pattern, double train_fraction = 
 // `batch` windows of block + 1 tokens of `tokens` at starts uniform in [0, size - block - 1)
 // drawn from (seed, k): inputs are a window's first block tokens, targets its last block. A pure
 // function of k, so an iterator's state is its position and resuming repeats and skips nothing.
-// `steps` elements (kInfinite: endless). Throws std::invalid_argument when the tokens cannot
-// hold one window, naming both lengths.
+// `steps` elements a pass (kInfinite: endless); pass e continues with draws e * steps + k, so
+// passes of a Trainer's epochs are one stream of fresh windows. Throws std::invalid_argument when
+// the tokens cannot hold one window, naming both lengths.
 Dataset random_windows(Tensor tokens, std::int64_t block, std::int64_t batch, std::uint64_t seed,
                        std::int64_t steps = kInfinite);
 

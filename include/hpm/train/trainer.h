@@ -84,8 +84,9 @@ struct BatchLogs {
 std::string metrics_text(const nn::Metrics& metrics);
 
 struct EvalResult {
-  double loss = 0, accuracy = 0;
+  double loss = 0, accuracy = 0;  // accuracy: top-1, of rows or (language models) of tokens
   std::int64_t samples = 0;
+  nn::Metrics metrics;  // the evaluating objective's, derived ones included ("perplexity")
 };
 
 struct FitResult {

@@ -110,10 +110,17 @@ void read_data(const Source& s, Config& c) {
     c.augment = parse_augment(path, *t->get("augment"));
   }
   data.finish();
-  if (c.source != "idx" && c.source != "tfrecord") {
-    throw ConfigError(data.at("source") +
-                      ": [data] source must be \"idx\" or \"tfrecord\", got \"" + c.source + "\"");
+  if (c.source != "idx" && c.source != "tfrecord" && c.source != "text") {
+    throw ConfigError(data.at("source") + ": [data] source must be \"idx\", \"tfrecord\" or " +
+                      "\"text\", got \"" + c.source + "\"");
   }
+  // Text is for language models, and language models learn from text.
+  if ((c.source == "text") != (c.model_kind == "gpt")) {
+    throw ConfigError(data.at("source") + ": [data] source = \"" + c.source +
+                      "\" with [model] kind = \"" + c.model_kind +
+                      "\": a GPT trains on [data] source = \"text\", and only a GPT does");
+  }
+  if (c.source == "text" && c.files.empty()) c.files = "/usr/share/games/fortunes/*";
   if (c.source == "tfrecord" && (c.files.empty() || c.test_files.empty())) {
     throw ConfigError(data.at("source") +
                       ": [data] source = \"tfrecord\" needs files and test_files (glob patterns)");

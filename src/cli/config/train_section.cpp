@@ -34,7 +34,30 @@ void read_train(const Source& s, Config& c) {
   tr.get("best_checkpoint_dir", c.best_checkpoint_dir);
   tr.get("best_checkpoint_monitor", c.best_checkpoint_monitor);  // checked with [early_stopping]
   tr.get_positive("accumulation_steps", c.accumulation_steps);
+  tr.get_positive("max_steps", c.max_steps);
+  tr.get_positive("eval_every", c.eval_every);
+  tr.get("eval_iters", c.eval_iters);
+  if (c.eval_iters < 0) tr.out_of_range(*tr.find("eval_iters"), "eval_iters", "0 (all) or more");
   tr.finish();
+  if (c.source == "text") {
+    // A language model trains by steps: the Trainer's epochs are the stretches between
+    // evaluations.
+    if (tr.has("epochs"))
+      tr.invalid("epochs", "does not apply to [data] source = \"text\": set max_steps");
+    if (c.max_steps == 0) {
+      throw ConfigError(tr.at("max_steps") +
+                        ": [train] max_steps is needed with [data] source = \"text\"");
+    }
+    if (c.eval_every == 0) c.eval_every = c.max_steps;
+    if (c.max_steps % c.eval_every != 0) {
+      tr.invalid("eval_every", "must divide max_steps (" + std::to_string(c.max_steps) + "), got " +
+                                   std::to_string(c.eval_every));
+    }
+    c.epochs = c.max_steps / c.eval_every;
+  } else {
+    for (const char* key : {"max_steps", "eval_every", "eval_iters"})
+      if (tr.has(key)) tr.invalid(key, "is for [data] source = \"text\" (training by steps)");
+  }
 }
 
 void read_memory(const Source& s, Config& c) {
