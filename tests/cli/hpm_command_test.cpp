@@ -529,3 +529,38 @@ TEST(HpmLanguageModel, MistakesAreNamed) {
 
 }  // namespace
 }  // namespace hpm
+
+namespace hpm {
+namespace {
+
+// Killed (SIGKILL) in the middle of a stretch and run again, a language model continues from its
+// backup (model, optimizer, step, and the windows' position) and ends bit-identical to a run that
+// was never interrupted.
+TEST(HpmLanguageModel, KilledAndRestartedFromItsBackupEndsBitIdentical) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "corpus");
+  write_text(dir / "corpus/a.txt", 40);
+  const std::string cfg =
+      gpt_config(dir, dir / "corpus/*.txt",
+                 "backup_dir = \"" + dir / "backup" + "\"\nbackup_every_steps = 4\n");
+  Result straight = run("train " + cfg + " --report " + dir / "straight.json");
+  ASSERT_EQ(straight.code, 0) << straight.output;
+  std::filesystem::remove_all(dir / "backup");
+  const std::string train = hpm_binary() + " train " + cfg + " --report " + dir / "resumed.json";
+  const auto killed = run_shell("HPM_FAULT_AT_STEP=0:13 " + train);
+  EXPECT_NE(killed.code, 0) << "the fault injector did not kill the run";
+  EXPECT_TRUE(std::filesystem::exists(dir / "backup"));
+  Result resumed = run("train " + cfg + " --report " + dir / "resumed.json");
+  ASSERT_EQ(resumed.code, 0) << resumed.output;
+  EXPECT_EQ(report_number(dir / "resumed.json", "steps"), 20);
+  // It continued from the backup of step 12 (a run from scratch would be identical too).
+  const auto j = nlohmann::json::parse(std::ifstream(dir / "resumed.json"));
+  EXPECT_NE(j["restored_from"].get<std::string>(), "") << resumed.output;
+  EXPECT_EQ(j["steps_this_run"], 8) << resumed.output;
+  EXPECT_EQ(report_number(dir / "resumed.json", "val_loss"),
+            report_number(dir / "straight.json", "val_loss"))
+      << "bit-identical, not close";
+}
+
+}  // namespace
+}  // namespace hpm
