@@ -23,6 +23,7 @@
 #include "hpm/cli/launch.h"
 #include "hpm/cli/plan.h"
 #include "hpm/cli/ps_command.h"
+#include "hpm/cli/sample_command.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
@@ -495,6 +496,8 @@ int main(int argc, char** argv) {
   CLI::App* plan_cmd = add_plan_command(app, plan_opts);
   PsCommandOptions ps_opts;
   CLI::App* ps_cmd = add_ps_command(app, ps_opts);
+  SampleCommandOptions sample_opts;
+  CLI::App* sample_cmd = add_sample_command(app, sample_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -513,6 +516,7 @@ int main(int argc, char** argv) {
     if (*codistill_cmd) return run_codistill(codistill_opts);
     if (*plan_cmd) return run_plan(plan_opts);
     if (*ps_cmd) return run_ps_command(ps_opts);
+    if (*sample_cmd) return run_sample(sample_opts);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

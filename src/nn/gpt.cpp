@@ -3,6 +3,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "hpm/autograd/grad_mode.h"
+
 namespace hpm::nn {
 
 namespace {
@@ -56,25 +58,44 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, Generator& gen) : n_head_
   drop_ = std::make_shared<Dropout>(c.dropout);
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
+std::vector<Tensor> TransformerBlock::heads(const Tensor& x) {
   if (x.dim() != 3 || x.size(2) != qkv->weight.size(1)) {
     throw std::invalid_argument("TransformerBlock: expected (B, T, " +
                                 std::to_string(qkv->weight.size(1)) + "), got " + x.shape().str());
   }
   const std::int64_t b = x.size(0), t = x.size(1), e = x.size(2), d = e / n_head_;
-  drop_->train(is_training());
   // (B, T, 3E) -> (3, B, H, T, D): q, k and v with the heads split out.
-  Tensor heads =
+  Tensor all =
       permute(reshape(qkv->forward(ln1->forward(x)), {b, t, 3, n_head_, d}), {2, 0, 3, 1, 4});
-  const auto qkv_parts = split(heads, 1, 0);
-  const Shape per_head{b, n_head_, t, d};
-  Tensor y =
-      scaled_dot_product_attention(reshape(qkv_parts[0], per_head), reshape(qkv_parts[1], per_head),
-                                   reshape(qkv_parts[2], per_head), /*causal=*/true);
+  std::vector<Tensor> parts = split(all, 1, 0);
+  for (Tensor& p : parts) p = reshape(p, {b, n_head_, t, d});
+  return parts;
+}
+
+Tensor TransformerBlock::finish(const Tensor& x, const Tensor& y) {
+  drop_->train(is_training());
   // (B, H, T, D) -> (B, T, E)
-  y = reshape(permute(y, {0, 2, 1, 3}), {b, t, e});
-  Tensor h = add(x, drop_->forward(proj->forward(y)));
+  const Tensor merged = reshape(permute(y, {0, 2, 1, 3}), x.shape());
+  Tensor h = add(x, drop_->forward(proj->forward(merged)));
   return add(h, drop_->forward(out->forward(gelu(fc->forward(ln2->forward(h))))));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  const std::vector<Tensor> qkv_heads = heads(x);
+  return finish(x, scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2],
+                                                /*causal=*/true));
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, Tensor& k, Tensor& v) {
+  const std::vector<Tensor> qkv_heads = heads(x);
+  const bool first = !k.defined();
+  if (!first && x.size(1) != 1) {
+    throw std::invalid_argument("TransformerBlock: after the prompt, one token at a time");
+  }
+  k = first ? qkv_heads[1] : concat({k, qkv_heads[1]}, 2);
+  v = first ? qkv_heads[2] : concat({v, qkv_heads[2]}, 2);
+  // The prompt attends causally among itself; a later token sees every cached key, its own last.
+  return finish(x, scaled_dot_product_attention(qkv_heads[0], k, v, /*causal=*/first));
 }
 
 // ---- embeddings and head ----------------------------------------------------------------------
@@ -85,18 +106,18 @@ GPTEmbedding::GPTEmbedding(std::shared_ptr<Embedding> tok, std::shared_ptr<Embed
       pos_(register_module("pos", std::move(pos))),
       drop_(std::make_shared<Dropout>(dropout)) {}
 
-Tensor GPTEmbedding::forward(const Tensor& idx) {
+Tensor GPTEmbedding::embed(const Tensor& idx, std::int64_t offset) {
   if (idx.dim() != 2 || idx.dtype() != DType::I64) {
     throw std::invalid_argument("GPT: expected token ids (B, T) of type I64, got " +
                                 idx.shape().str() + " " + dtype_name(idx.dtype()));
   }
   const std::int64_t t = idx.size(1), block = pos_->weight.size(0);
-  if (t > block) {
-    throw std::invalid_argument("GPT: a sequence of " + std::to_string(t) +
+  if (offset + t > block) {
+    throw std::invalid_argument("GPT: a sequence of " + std::to_string(offset + t) +
                                 " tokens is longer than block_size " + std::to_string(block));
   }
   std::vector<std::int64_t> positions(static_cast<std::size_t>(t));
-  for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = i;
+  for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = offset + i;
   const Tensor where = Tensor::from_i64(positions, Shape{t}, idx.device());
   drop_->train(is_training());
   return drop_->forward(add(tok_->forward(idx), pos_->forward(where)));
@@ -148,6 +169,23 @@ GPT::GPT(const GPTConfig& c, Generator& gen) : c_(c) {
 }
 
 Tensor GPT::forward(const Tensor& idx) { return forward_blocks(idx); }
+
+Tensor GPT::decode(const Tensor& tokens, KVCache& cache) {
+  NoGradGuard no_grad;
+  const auto n_blocks = static_cast<std::size_t>(c_.n_layer);
+  if (cache.k.empty()) {
+    cache.k.resize(n_blocks);
+    cache.v.resize(n_blocks);
+  }
+  Tensor h = static_cast<GPTEmbedding&>(*blocks_.front()).embed(tokens, cache.length);
+  for (std::size_t i = 0; i < n_blocks; ++i) {
+    h = static_cast<TransformerBlock&>(*(*layers)[i]).forward_cached(h, cache.k[i], cache.v[i]);
+  }
+  cache.length += tokens.size(1);
+  // Only the last position's logits: (B, 1, E) -> (B, V).
+  const Tensor last = narrow(h, 1, h.size(1) - 1, 1);
+  return reshape(head->forward(ln->forward(last)), {h.size(0), c_.vocab_size});
+}
 
 std::string GPT::extra_repr() const {
   return "n_layer=" + std::to_string(c_.n_layer) + ", n_head=" + std::to_string(c_.n_head) +

@@ -564,3 +564,34 @@ TEST(HpmLanguageModel, KilledAndRestartedFromItsBackupEndsBitIdentical) {
 
 }  // namespace
 }  // namespace hpm
+
+namespace hpm {
+namespace {
+
+// hpm sample: a trained GPT's text, drawn with the key/value cache and by re-running the window
+// alike. Greedy (top-k 1), so that float reassociation between the two paths (their logits agree
+// to ~1e-6, tests/nn/gpt_test.cpp) cannot tip a random draw; a missing checkpoint is named.
+TEST(HpmSample, DrawsTheSameTextWithAndWithoutTheCache) {
+  TempDir dir;
+  std::filesystem::create_directories(dir / "corpus");
+  write_text(dir / "corpus/a.txt", 40);
+  const std::string cfg =
+      gpt_config(dir, dir / "corpus/*.txt", "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  ASSERT_EQ(run("train " + cfg).code, 0);
+  const std::string sample = "sample " + cfg + " --checkpoint " + dir / "ckpt" +
+                             " --prompt 'the quick' --tokens 30 --top-k 1 --report ";
+  Result cached = run(sample + dir / "cached.json");
+  ASSERT_EQ(cached.code, 0) << cached.output;
+  Result rerun = run(sample + dir / "rerun.json --no-cache");
+  ASSERT_EQ(rerun.code, 0) << rerun.output;
+  const auto a = nlohmann::json::parse(std::ifstream(dir / "cached.json"));
+  const auto b = nlohmann::json::parse(std::ifstream(dir / "rerun.json"));
+  EXPECT_EQ(a["text"].get<std::string>().size(), 30u);
+  EXPECT_EQ(a["text"], b["text"]) << "the cache changes the cost, not the logits";
+  Result missing = run("sample " + cfg + " --checkpoint " + dir / "none");
+  EXPECT_EQ(missing.code, 1);
+  EXPECT_NE(missing.output.find(dir / "none"), std::string::npos) << missing.output;
+}
+
+}  // namespace
+}  // namespace hpm

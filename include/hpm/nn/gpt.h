@@ -24,17 +24,31 @@ struct GPTConfig {
   bool tie_weights = true;  // the head shares the token embedding's weight
 };
 
+// The keys and values every block computed for the positions decoded so far, (B, H, t, D) each:
+// what incremental decoding keeps so that a new token costs one position, not the whole window.
+struct KVCache {
+  std::vector<Tensor> k, v;  // per block
+  std::int64_t length = 0;   // t, positions cached
+};
+
 // One pre-LayerNorm transformer block: causal multi-head self-attention (one fused qkv Linear,
 // the fused attention op, an output Linear) and a 4x GELU MLP, each around a residual.
 class TransformerBlock : public Module {
  public:
   TransformerBlock(const GPTConfig& c, Generator& gen);
   Tensor forward(const Tensor& x) override;  // (B, T, E) -> (B, T, E)
+  // The same for new positions after those in k and v (appended to them): a prompt into an empty
+  // cache (causal among its tokens), then one token at a time (attending to every cached key).
+  Tensor forward_cached(const Tensor& x, Tensor& k, Tensor& v);
   std::string type_name() const override { return "TransformerBlock"; }
   std::shared_ptr<LayerNorm> ln1, ln2;
   std::shared_ptr<Linear> qkv, proj, fc, out;
 
  private:
+  // (B, T, E) -> q, k, v as (B, H, T, D) each.
+  std::vector<Tensor> heads(const Tensor& x);
+  // Attention's output (B, H, T, D) back to (B, T, E), through the projection and the MLP.
+  Tensor finish(const Tensor& x, const Tensor& y);
   std::int64_t n_head_;
   std::shared_ptr<Dropout> drop_;
 };
@@ -43,7 +57,9 @@ class TransformerBlock : public Module {
 class GPTEmbedding : public Module {
  public:
   GPTEmbedding(std::shared_ptr<Embedding> tok, std::shared_ptr<Embedding> pos, float dropout);
-  Tensor forward(const Tensor& idx) override;
+  Tensor forward(const Tensor& idx) override { return embed(idx, 0); }
+  // Positions offset, offset + 1, ... for idx's tokens.
+  Tensor embed(const Tensor& idx, std::int64_t offset);
   std::string type_name() const override { return "GPTEmbedding"; }
 
  private:
@@ -71,6 +87,11 @@ class GPT : public Module {
   // The embeddings, each transformer block, the head: n_layer + 2 blocks. Blocks share modules
   // with the model (same parameters, the model's names).
   std::vector<std::shared_ptr<Module>> blocks() const override { return blocks_; }
+  // Incremental decoding without gradients: the logits (B, V) of the token after `tokens`
+  // (B, n), which take positions cache.length, ...; their keys and values join the cache. A
+  // prompt goes in whole into an empty cache, then one token per call. Throws
+  // std::invalid_argument past block_size, or for several tokens into a non-empty cache.
+  Tensor decode(const Tensor& tokens, KVCache& cache);
   std::string type_name() const override { return "GPT"; }
   std::string extra_repr() const override;
   const GPTConfig& config() const { return c_; }

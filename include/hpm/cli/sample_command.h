@@ -1,0 +1,33 @@
+// `hpm sample CONFIG --checkpoint DIR`: text from a trained GPT, printed as it is drawn. The
+// prompt goes through the model once; each new token then costs one position, its keys and values
+// kept in a cache (nn::KVCache), where re-running the window would cost block_size positions.
+// --no-cache re-runs the window instead, for the comparison.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace CLI {
+class App;
+}
+
+namespace hpm::cli {
+
+struct SampleCommandOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string checkpoint;
+  std::string prompt = "\n";
+  std::int64_t tokens = 200;
+  float temperature = 0.8f;
+  std::int64_t top_k = 0;  // 0: every token
+  std::int64_t seed = 0;
+  int threads = 1;
+  bool no_cache = false;
+  std::string report;
+};
+
+CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& options);
+int run_sample(const SampleCommandOptions& options);
+
+}  // namespace hpm::cli

@@ -1,0 +1,143 @@
+#include "hpm/cli/sample_command.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "hpm/autograd/grad_mode.h"
+#include "hpm/cli/config.h"
+#include "hpm/io/atomic_file.h"
+#include "hpm/nn/gpt.h"
+#include "hpm/tensor/device.h"
+#include "hpm/tensor/random.h"
+#include "hpm/train/checkpoint.h"
+
+namespace hpm::cli {
+
+namespace {
+
+// A token from logits (V): temperature, the top_k largest (0: all), then a draw.
+std::int64_t draw(const Tensor& logits, float temperature, std::int64_t top_k, Generator& gen) {
+  std::vector<float> z = logits.to_vector();
+  if (top_k > 0 && top_k < static_cast<std::int64_t>(z.size())) {
+    std::vector<float> sorted = z;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
+    const float kth = sorted[static_cast<std::size_t>(top_k - 1)];
+    for (float& v : z)
+      if (v < kth) v = -INFINITY;
+  }
+  const float mx = *std::max_element(z.begin(), z.end());
+  double total = 0;
+  for (float& v : z) total += v = std::exp((v - mx) / temperature);
+  double u = static_cast<double>(gen.uniform()) * total;
+  for (std::size_t i = 0; i < z.size(); ++i) {
+    u -= z[i];
+    if (u <= 0) return static_cast<std::int64_t>(i);
+  }
+  return static_cast<std::int64_t>(z.size() - 1);
+}
+
+Tensor row(const std::vector<std::int64_t>& tokens) {
+  return Tensor::from_i64(tokens, Shape{1, static_cast<std::int64_t>(tokens.size())});
+}
+
+}  // namespace
+
+CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
+  CLI::App* cmd = app.add_subcommand("sample", "text from a trained GPT, printed as it is drawn");
+  cmd->add_option("config", o.config_path, "the TOML config the model was trained with")
+      ->required();
+  cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
+  cmd->add_option("--checkpoint", o.checkpoint, "checkpoint directory")->required();
+  cmd->add_option("--prompt", o.prompt, "text to continue (default: a newline)");
+  cmd->add_option("--tokens", o.tokens, "tokens to draw (200)")->check(CLI::PositiveNumber);
+  cmd->add_option("--temperature", o.temperature, "softmax temperature (0.8)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--top-k", o.top_k, "draw among the k likeliest tokens (0: all)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o.seed, "random seed (0)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--threads", o.threads, "kernel threads (1)")->check(CLI::Range(1, 1024));
+  cmd->add_flag("--no-cache", o.no_cache, "re-run the window for each token (for comparison)");
+  cmd->add_option("--report", o.report, "write tokens/s and the text as JSON");
+  return cmd;
+}
+
+int run_sample(const SampleCommandOptions& o) {
+  const Config cfg = load_config(o.config_path, o.overrides);
+  if (cfg.model_kind != "gpt") {
+    throw ConfigError(cfg.path + ": hpm sample draws from a [model] kind = \"gpt\", this is \"" +
+                      cfg.model_kind + "\"");
+  }
+  set_num_threads(o.threads);
+  nn::GPT model(cfg.gpt);
+  train::load_checkpoint(o.checkpoint, model, nullptr);
+  model.eval();
+  const std::int64_t vocab = cfg.gpt.vocab_size, block = cfg.gpt.block_size;
+  std::vector<std::int64_t> tokens;
+  for (std::size_t i = 0; i < o.prompt.size(); ++i) {
+    const auto t = static_cast<std::int64_t>(static_cast<unsigned char>(o.prompt[i]));
+    if (t >= vocab) {
+      throw std::invalid_argument(
+          "hpm sample: the prompt's byte " + std::to_string(t) + " at offset " + std::to_string(i) +
+          " is outside the model's vocabulary of " + std::to_string(vocab) + " tokens");
+    }
+    tokens.push_back(t);
+  }
+  if (tokens.empty()) tokens.push_back('\n');
+  if (static_cast<std::int64_t>(tokens.size()) > block) {
+    tokens.erase(tokens.begin(), tokens.end() - block);  // the model sees block_size tokens
+  }
+  Generator gen(static_cast<std::uint64_t>(o.seed));
+  std::string text;
+  const auto t0 = std::chrono::steady_clock::now();
+  nn::KVCache cache;
+  Tensor logits = o.no_cache ? Tensor() : model.decode(row(tokens), cache);
+  for (std::int64_t n = 0; n < o.tokens; ++n) {
+    if (o.no_cache) {
+      NoGradGuard no_grad;
+      const std::int64_t t = static_cast<std::int64_t>(tokens.size());
+      const Tensor all = model.forward(row(tokens));
+      logits = all.reshape({t, vocab}).narrow(t - 1, 1).reshape({vocab});
+    }
+    const std::int64_t next =
+        draw(o.no_cache ? logits : logits.reshape({vocab}), o.temperature, o.top_k, gen);
+    const char ch = static_cast<char>(next);
+    std::fwrite(&ch, 1, 1, stdout);
+    std::fflush(stdout);
+    text.push_back(ch);
+    tokens.push_back(next);
+    if (static_cast<std::int64_t>(tokens.size()) > block) tokens.erase(tokens.begin());
+    if (n + 1 == o.tokens || o.no_cache) continue;
+    if (cache.length >= block) {
+      // Positions are absolute (learned embeddings): a full window starts over from its last
+      // block_size - 1 tokens rather than shifting the cache.
+      cache = nn::KVCache{};
+      const std::vector<std::int64_t> keep(tokens.end() - (block - 1), tokens.end() - 1);
+      if (!keep.empty()) model.decode(row(keep), cache);
+      logits = model.decode(row({tokens.back()}), cache);
+    } else {
+      logits = model.decode(row({next}), cache);
+    }
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n");
+  std::fprintf(stderr, "%lld tokens in %.2f s: %.0f tokens/s (%s)\n",
+               static_cast<long long>(o.tokens), seconds, static_cast<double>(o.tokens) / seconds,
+               o.no_cache ? "re-running the window" : "key/value cache");
+  if (!o.report.empty()) {
+    io::write_file_atomic(o.report, nlohmann::json{{"tokens", o.tokens},
+                                                   {"seconds", seconds},
+                                                   {"tokens_per_s", o.tokens / seconds},
+                                                   {"cache", !o.no_cache},
+                                                   {"text", text}}
+                                            .dump(2) +
+                                        "\n");
+  }
+  return 0;
+}
+
+}  // namespace hpm::cli
