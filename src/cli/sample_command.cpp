@@ -76,16 +76,9 @@ int run_sample(const SampleCommandOptions& o) {
   train::load_checkpoint(o.checkpoint, model, nullptr);
   model.eval();
   const std::int64_t vocab = cfg.gpt.vocab_size, block = cfg.gpt.block_size;
+  // Byte tokens: every byte is in the model's vocabulary (a text corpus needs vocab_size >= 256).
   std::vector<std::int64_t> tokens;
-  for (std::size_t i = 0; i < o.prompt.size(); ++i) {
-    const auto t = static_cast<std::int64_t>(static_cast<unsigned char>(o.prompt[i]));
-    if (t >= vocab) {
-      throw std::invalid_argument(
-          "hpm sample: the prompt's byte " + std::to_string(t) + " at offset " + std::to_string(i) +
-          " is outside the model's vocabulary of " + std::to_string(vocab) + " tokens");
-    }
-    tokens.push_back(t);
-  }
+  for (const char ch : o.prompt) tokens.push_back(static_cast<unsigned char>(ch));
   if (tokens.empty()) tokens.push_back('\n');
   if (static_cast<std::int64_t>(tokens.size()) > block) {
     tokens.erase(tokens.begin(), tokens.end() - block);  // the model sees block_size tokens
@@ -102,8 +95,7 @@ int run_sample(const SampleCommandOptions& o) {
       const Tensor all = model.forward(row(tokens));
       logits = all.reshape({t, vocab}).narrow(t - 1, 1).reshape({vocab});
     }
-    const std::int64_t next =
-        draw(o.no_cache ? logits : logits.reshape({vocab}), o.temperature, o.top_k, gen);
+    const std::int64_t next = draw(logits, o.temperature, o.top_k, gen);
     const char ch = static_cast<char>(next);
     std::fwrite(&ch, 1, 1, stdout);
     std::fflush(stdout);

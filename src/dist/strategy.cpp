@@ -231,34 +231,38 @@ StepResult Strategy::combine(const std::vector<ReplicaStepResult>& outcomes,
     rows += static_cast<double>(o.rows);
     bad += o.finite ? 0 : 1;
   }
-  if (workers != nullptr && workers->size() > 1) {
-    // Every worker runs the same objective, so the metrics line up by position.
-    std::vector<float> v;
-    for (const auto& e : r.metrics.entries()) {
-      v.push_back(static_cast<float>(e.sum));
-      v.push_back(static_cast<float>(e.count));
-    }
-    v.insert(v.end(),
-             {static_cast<float>(rows), static_cast<float>(bad), static_cast<float>(stop)});
-    Tensor t = Tensor::from(v, {static_cast<std::int64_t>(v.size())});
-    workers->allreduce(t, comm::ReduceOp::kSum)->wait();
-    const float* p = t.data<float>();
-    std::size_t i = 0;
-    for (auto& e : r.metrics.entries()) {
-      e.sum = p[i++];
-      e.count = p[i++];
-    }
-    rows = p[i];
-    bad = p[i + 1];
-    stop = p[i + 2];
-  }
-  r.samples = static_cast<std::int64_t>(rows);
-  for (const auto& e : r.metrics.entries())
-    if (e.name == "accuracy") r.correct = std::llround(e.sum);
-  r.loss = r.metrics.mean("loss");
-  r.finite = bad == 0 && std::isfinite(r.loss);
-  r.stop_requested = stop > 0;
+  std::vector<double> counters = {rows, bad, stop};
+  all_reduce_metrics(r.metrics, counters, workers);
+  r.samples = static_cast<std::int64_t>(counters[0]);
+  set_from_metrics(r);
+  r.finite = counters[1] == 0 && std::isfinite(r.loss);
+  r.stop_requested = counters[2] > 0;
   return r;
+}
+
+void all_reduce_metrics(nn::Metrics& metrics, std::vector<double>& counters,
+                        comm::Communicator* workers) {
+  if (workers == nullptr || workers->size() <= 1) return;
+  std::vector<float> v;
+  for (const auto& e : metrics.entries()) {
+    v.push_back(static_cast<float>(e.sum));
+    v.push_back(static_cast<float>(e.count));
+  }
+  for (double c : counters) v.push_back(static_cast<float>(c));
+  Tensor t = Tensor::from(v, {static_cast<std::int64_t>(v.size())});
+  workers->allreduce(t, comm::ReduceOp::kSum)->wait();
+  const float* p = t.data<float>();
+  std::size_t i = 0;
+  for (auto& e : metrics.entries()) {
+    e.sum = p[i++];
+    e.count = p[i++];
+  }
+  for (double& c : counters) c = p[i++];
+}
+
+void set_from_metrics(StepResult& result) {
+  result.loss = result.metrics.mean("loss");
+  result.correct = std::llround(result.metrics.sum("accuracy"));
 }
 
 double Strategy::reduce(comm::ReduceOp op, const std::vector<double>& per_replica) {

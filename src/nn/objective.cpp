@@ -41,6 +41,12 @@ double Metrics::mean(const std::string& name) const {
   return 0.0;
 }
 
+double Metrics::sum(const std::string& name) const {
+  for (const auto& e : entries_)
+    if (e.name == name) return e.sum;
+  return 0.0;
+}
+
 double Metrics::count(const std::string& name) const {
   for (const auto& e : entries_)
     if (e.name == name) return e.count;

@@ -76,30 +76,10 @@ class PipelineStrategy final : public dist::Strategy {
     dist::StepResult r;
     r.metrics = nn::Metrics(objective.metric_names(batch));
     r.metrics.merge(st.metrics);
-    double flags[2] = {st.finite ? 0.0 : 1.0, stop_requested ? 1.0 : 0.0};
-    if (workers_) {
-      std::vector<float> v;
-      for (const auto& e : r.metrics.entries()) {
-        v.push_back(static_cast<float>(e.sum));
-        v.push_back(static_cast<float>(e.count));
-      }
-      v.push_back(static_cast<float>(flags[0]));
-      v.push_back(static_cast<float>(flags[1]));
-      Tensor t = Tensor::from(v, {static_cast<std::int64_t>(v.size())});
-      workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
-      const float* p = t.data<float>();
-      std::size_t i = 0;
-      for (auto& e : r.metrics.entries()) {
-        e.sum = p[i++];
-        e.count = p[i++];
-      }
-      flags[0] = p[i];
-      flags[1] = p[i + 1];
-    }
+    std::vector<double> flags = {st.finite ? 0.0 : 1.0, stop_requested ? 1.0 : 0.0};
+    dist::all_reduce_metrics(r.metrics, flags, workers_.get());
     r.samples = st.rows;
-    for (const auto& e : r.metrics.entries())
-      if (e.name == "accuracy") r.correct = std::llround(e.sum);
-    r.loss = r.metrics.mean("loss");
+    dist::set_from_metrics(r);
     r.finite = flags[0] == 0 && std::isfinite(r.loss);
     r.stop_requested = flags[1] > 0;
     if (!r.finite) return r;

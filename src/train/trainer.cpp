@@ -91,18 +91,13 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
        << "); stopping without updating the model";
     throw TrainingError(os.str());
   };
-  const auto hits = [](const nn::Metrics& m) {
-    for (const auto& e : m.entries())
-      if (e.name == "accuracy") return static_cast<std::int64_t>(std::llround(e.sum));
-    return std::int64_t{0};
-  };
   if (strategy_) {
     const dist::StepResult r =
         strategy_->train_step(batch, objective, options_.clip_grad_norm, stop_signalled());
     stop_agreed_ = r.stop_requested;
     if (!r.finite) stopped("not finite (NaN or Inf on some replica)");
     last_metrics_ = r.metrics;
-    *correct += hits(r.metrics);
+    *correct += r.correct;
     return r.loss;
   }
   stop_agreed_ = stop_signalled();
@@ -116,7 +111,7 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   }
   optimizer_->step();
   last_metrics_ = r.metrics;
-  *correct += hits(r.metrics);
+  *correct += std::llround(r.metrics.sum("accuracy"));
   return r.metrics.mean("loss");
 }
 

@@ -466,13 +466,18 @@ void write_text(const std::string& path, int repeats) {
   for (int i = 0; i < repeats; ++i) out << "the quick brown fox jumps over the lazy dog. ";
 }
 
-TEST(HpmLanguageModel, TrainsByStepsReportsPerplexityAndResumes) {
-  TempDir dir;
+// dir/corpus/a.txt, 1,800 bytes of one sentence repeated; returns the glob that reads it.
+std::string one_file_corpus(const TempDir& dir) {
   std::filesystem::create_directories(dir / "corpus");
   write_text(dir / "corpus/a.txt", 40);
+  return dir / "corpus/*.txt";
+}
+
+TEST(HpmLanguageModel, TrainsByStepsReportsPerplexityAndResumes) {
+  TempDir dir;
+  const std::string corpus = one_file_corpus(dir);
   write_text(dir / "corpus/b.txt", 30);
-  const std::string cfg =
-      gpt_config(dir, dir / "corpus/*.txt", "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  const std::string cfg = gpt_config(dir, corpus, "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
   Result r = run("train " + cfg + " --report " + dir / "r.json");
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("epoch 2/2: loss"), std::string::npos) << r.output;
@@ -494,14 +499,13 @@ TEST(HpmLanguageModel, TrainsByStepsReportsPerplexityAndResumes) {
 
 TEST(HpmLanguageModel, MistakesAreNamed) {
   TempDir dir;
-  std::filesystem::create_directories(dir / "corpus");
-  write_text(dir / "corpus/a.txt", 40);
+  const std::string corpus = one_file_corpus(dir);
   const auto output_of = [&](const std::string& cfg, const std::string& extra = "") {
     Result r = run("train " + cfg + " " + extra);
     EXPECT_EQ(r.code, 1) << r.output;
     return r.output;
   };
-  const std::string good = gpt_config(dir, dir / "corpus/*.txt");
+  const std::string good = gpt_config(dir, corpus);
   EXPECT_NE(output_of(gpt_config(dir, dir / "nothing/*.txt", "", "nothing.toml"))
                 .find("no regular text file matches"),
             std::string::npos);
@@ -538,11 +542,9 @@ namespace {
 // was never interrupted.
 TEST(HpmLanguageModel, KilledAndRestartedFromItsBackupEndsBitIdentical) {
   TempDir dir;
-  std::filesystem::create_directories(dir / "corpus");
-  write_text(dir / "corpus/a.txt", 40);
+  const std::string corpus = one_file_corpus(dir);
   const std::string cfg =
-      gpt_config(dir, dir / "corpus/*.txt",
-                 "backup_dir = \"" + dir / "backup" + "\"\nbackup_every_steps = 4\n");
+      gpt_config(dir, corpus, "backup_dir = \"" + dir / "backup" + "\"\nbackup_every_steps = 4\n");
   Result straight = run("train " + cfg + " --report " + dir / "straight.json");
   ASSERT_EQ(straight.code, 0) << straight.output;
   std::filesystem::remove_all(dir / "backup");
@@ -573,10 +575,8 @@ namespace {
 // to ~1e-6, tests/nn/gpt_test.cpp) cannot tip a random draw; a missing checkpoint is named.
 TEST(HpmSample, DrawsTheSameTextWithAndWithoutTheCache) {
   TempDir dir;
-  std::filesystem::create_directories(dir / "corpus");
-  write_text(dir / "corpus/a.txt", 40);
-  const std::string cfg =
-      gpt_config(dir, dir / "corpus/*.txt", "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  const std::string corpus = one_file_corpus(dir);
+  const std::string cfg = gpt_config(dir, corpus, "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
   ASSERT_EQ(run("train " + cfg).code, 0);
   const std::string sample = "sample " + cfg + " --checkpoint " + dir / "ckpt" +
                              " --prompt 'the quick' --tokens 30 --top-k 1 --report ";

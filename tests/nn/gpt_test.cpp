@@ -6,17 +6,16 @@
 
 #include <cmath>
 
+#include "common/models.h"
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::nn {
 namespace {
 
+// The shared tiny GPT, with a block and a vocabulary of their own so positions run out here.
 GPTConfig small() {
-  GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
+  GPTConfig c = testing::tiny_gpt_config();
   c.block_size = 12;
   c.vocab_size = 20;
   return c;

@@ -73,6 +73,13 @@ struct StrategyOptions {
   int accumulation_steps = 1;
 };
 
+// Sums `metrics` (entry by entry: every worker runs the same objective, so they line up) and
+// `counters` over every worker of `workers`, in one all-reduce; nothing without peers. Fills
+// result's loss and correct ("accuracy" hits) from the metrics.
+void all_reduce_metrics(nn::Metrics& metrics, std::vector<double>& counters,
+                        comm::Communicator* workers);
+void set_from_metrics(StepResult& result);
+
 class Strategy {
  public:
   virtual ~Strategy();

@@ -42,6 +42,7 @@ class Metrics {
   void merge(const Metrics& other);  // adds every entry, by name
   bool has(const std::string& name) const;
   double mean(const std::string& name) const;  // 0 when absent or empty
+  double sum(const std::string& name) const;   // 0 when absent
   double count(const std::string& name) const;
   const std::vector<Entry>& entries() const { return entries_; }
   std::vector<Entry>& entries() { return entries_; }

@@ -146,10 +146,8 @@ struct Worker::Impl {
                                                  static_cast<std::int64_t>(staleness.size()) - 1);
       ++staleness[static_cast<std::size_t>(bucket)];
       ++steps;
-      for (const auto& e : step.metrics.entries()) {
-        if (e.name == "loss") out->set_loss_sum(e.sum);
-        if (e.name == "accuracy") out->set_correct(std::llround(e.sum));
-      }
+      out->set_loss_sum(step.metrics.sum("loss"));
+      out->set_correct(std::llround(step.metrics.sum("accuracy")));
       out->set_samples(o.batch_size);
       return true;
     } catch (const PsError& e) {
