@@ -140,23 +140,9 @@ void Adam::update(std::size_t i, float* p, const float* g, std::int64_t n) {
   float* v = buffer(i, "exp_avg_sq");
   float* vmax = o_.amsgrad ? buffer(i, "max_exp_avg_sq") : nullptr;
   const bool decoupled = o_.decoupled_weight_decay;
-  for (std::int64_t k = 0; k < n; ++k) {
-    float grad = g[k];
-    if (decoupled) {
-      p[k] *= 1.0f - lr * wd;
-    } else if (wd != 0.0f) {
-      grad += wd * p[k];
-    }
-    m[k] = m[k] * b1 + (1.0f - b1) * grad;
-    v[k] = v[k] * b2 + (1.0f - b2) * grad * grad;
-    float second = v[k];
-    if (vmax) {
-      vmax[k] = std::max(vmax[k], v[k]);
-      second = vmax[k];
-    }
-    const float denom = std::sqrt(second) / bias2_sqrt + eps;
-    p[k] -= step_size * m[k] / denom;
-  }
+  const kernels::AdamStep s{
+      b1, b2, eps, decoupled ? 1.0f - lr * wd : 1.0f, decoupled ? 0.0f : wd, step_size, bias2_sqrt};
+  kernels::adam_step(s, p, g, m, v, vmax, n);
 }
 
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {

@@ -153,6 +153,16 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
 Tensor embedding_forward(const Tensor& table, const Tensor& indices);
 void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table);
 
+// ---- optimizer updates -------------------------------------------------------------------
+// One Adam(W) step over n elements, in place: p *= decay (AdamW's decoupled decay, else 1);
+// d = g + l2 * p; m = beta1 m + (1 - beta1) d; v = beta2 v + (1 - beta2) d^2; vmax = max(vmax, v)
+// when vmax is given (AMSGrad); p -= step_size * m / (sqrt(v or vmax) / bias2_sqrt + eps).
+struct AdamStep {
+  float beta1, beta2, eps, decay, l2, step_size, bias2_sqrt;
+};
+void adam_step(const AdamStep& s, float* p, const float* g, float* m, float* v, float* vmax,
+               std::int64_t n);
+
 // ---- random ----------------------------------------------------------------------------
 // Inverted dropout mask: 0 with probability p, else 1/(1-p).
 Tensor dropout_mask(const Shape& shape, float p, Generator& gen);

@@ -21,6 +21,7 @@
 
 #include "hpm/tensor/kernels.h"
 #include "parallel.h"
+#include "vec.h"
 
 namespace hpm::kernels {
 
@@ -57,6 +58,17 @@ void mask_tile(float* sc, std::int64_t i0, std::int64_t br, std::int64_t j0, std
   for (std::int64_t r = 0; r < br; ++r)
     for (std::int64_t c = std::max<std::int64_t>(0, i0 + r + 1 - j0); c < bc; ++c)
       sc[r * kBc + c] = kNegInf;
+}
+
+// row[c] = e^(row[c] - shift) for c < n; returns their sum.
+HPM_SIMD_CLONES float exp_shifted_sum(float* row, std::int64_t n, float shift) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (std::int64_t c = 0; c < n; ++c) {
+    row[c] = vec::exp(row[c] - shift);
+    sum += row[c];
+  }
+  return sum;
 }
 
 // Key tiles a query block [i0, i0 + br) attends to: [0, end).
@@ -103,11 +115,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool
             for (std::int64_t c = 0; c < bc; ++c) mx = std::max(mx, row[c]);
             // A row that has seen only masked keys so far keeps m = -inf and adds nothing.
             const float shift = mx == kNegInf ? 0.0f : mx;
-            float sum = 0.0f;
-            for (std::int64_t c = 0; c < bc; ++c) {
-              row[c] = std::exp(row[c] - shift);
-              sum += row[c];
-            }
+            const float sum = exp_shifted_sum(row, bc, shift);
             const float rescale = std::exp(m[static_cast<std::size_t>(r)] - shift);
             l[static_cast<std::size_t>(r)] = l[static_cast<std::size_t>(r)] * rescale + sum;
             m[static_cast<std::size_t>(r)] = mx;
@@ -189,8 +197,11 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
           for (std::int64_t r = 0; r < br; ++r) {
             const float lr = lb[i0 + r];
             float* row = p.data() + r * kBc;
-            for (std::int64_t c = 0; c < bc; ++c)
-              row[c] = lr == kNegInf ? 0.0f : std::exp(row[c] - lr);
+            if (lr == kNegInf) {
+              std::fill(row, row + bc, 0.0f);
+            } else {
+              exp_shifted_sum(row, bc, lr);
+            }
           }
           // dV_j += P^T dO_i  (bc, D)
           gemm(true, false, bc, n.d, br, 1.0f, p.data(), kBc, gb + i0 * n.d, n.d, 1.0f, dv, n.d);

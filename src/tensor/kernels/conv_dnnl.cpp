@@ -55,7 +55,8 @@ dnnl::stream& thread_stream() {
 struct Key {
   std::int64_t n, c, h, w, oc, kh, kw;
   int stride_h, stride_w, pad_h, pad_w;
-  int part;  // 0 forward, 16 forward + ReLU; else 1 | 2 (grad_x) | 4 (grad_w) | 8 (grad_bias with grad_w)
+  int part;  // 0 forward, 16 forward + ReLU; else 1 | 2 (grad_x) | 4 (grad_w) | 8 (grad_bias with
+             // grad_w)
   bool bias;
   int threads;
   auto operator<=>(const Key&) const = default;

@@ -7,10 +7,49 @@
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "parallel.h"
+#include "vec.h"
 
 namespace hpm::kernels {
 
 namespace {
+
+// GELU, exact (erf) form, as torch.nn.GELU(): y = x Phi(x), dy/dx = Phi(x) + x phi(x).
+HPM_SIMD_CLONES void gelu_span(const float* x, float* y, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * vec::normal_cdf_pdf(x[i]).cdf;
+}
+
+HPM_SIMD_CLONES void gelu_backward_span(const float* g, const float* x, float* dx, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) {
+    const vec::NormalCdfPdf c = vec::normal_cdf_pdf(x[i]);
+    dx[i] = g[i] * (c.cdf + x[i] * c.pdf);
+  }
+}
+
+HPM_SIMD_CLONES void exp_span(const float* x, float* y, std::int64_t n) {
+#pragma omp simd
+  for (std::int64_t i = 0; i < n; ++i) y[i] = vec::exp(x[i]);
+}
+
+// In double, lane by lane: a gradient norm over millions of elements keeps its digits.
+HPM_SIMD_CLONES double sum_squares_span(const float* p, std::int64_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (std::int64_t i = 0; i < n; ++i) s += static_cast<double>(p[i]) * p[i];
+  return s;
+}
+
+// y = f(x) span by span across the kernel threads.
+template <typename Span>
+Tensor unary_spans(const Tensor& x, Span span) {
+  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  parallel_for(x.numel(), kElementwiseGrain,
+               [&](std::int64_t lo, std::int64_t hi) { span(px + lo, py + lo, hi - lo); });
+  return y;
+}
 
 template <typename Op>
 void binary_loop(const float* a, const float* b, float* y, std::int64_t n, Op op) {
@@ -79,9 +118,7 @@ Tensor ternary_impl(const Tensor& g, const Tensor& x, const Tensor& y, Op op) {
   return out;
 }
 
-constexpr float kSqrt1_2 = 0.70710678118654752440f;
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 }  // namespace
 
@@ -132,7 +169,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
     case UnaryOp::Neg:
       return unary_impl(x, [](float v) { return -v; });
     case UnaryOp::Exp:
-      return unary_impl(x, [](float v) { return std::exp(v); });
+      return unary_spans(x, exp_span);
     case UnaryOp::Log:
       return unary_impl(x, [](float v) { return std::log(v); });
     case UnaryOp::Sqrt:
@@ -144,7 +181,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
     case UnaryOp::Sigmoid:
       return unary_impl(x, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
     case UnaryOp::Gelu:
-      return unary_impl(x, [](float v) { return 0.5f * v * (1.0f + std::erf(v * kSqrt1_2)); });
+      return unary_spans(x, gelu_span);
     case UnaryOp::GeluTanh:
       return unary_impl(x, [](float v) {
         return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
@@ -184,12 +221,16 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const T
       return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * (1 - v * v); });
     case UnaryOp::Sigmoid:
       return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * v * (1 - v); });
-    case UnaryOp::Gelu:
-      return ternary_impl(grad_y, x, y, [](float g, float u, float) {
-        const float cdf = 0.5f * (1.0f + std::erf(u * kSqrt1_2));
-        const float pdf = kInvSqrt2Pi * std::exp(-0.5f * u * u);
-        return g * (cdf + u * pdf);
+    case UnaryOp::Gelu: {
+      Tensor out = Tensor::empty(grad_y.shape(), DType::F32, grad_y.device());
+      const float* pg = grad_y.data<float>();
+      const float* px = x.data<float>();
+      float* po = out.data<float>();
+      parallel_for(out.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+        gelu_backward_span(pg + lo, px + lo, po + lo, hi - lo);
       });
+      return out;
+    }
     case UnaryOp::GeluTanh:
       return ternary_impl(grad_y, x, y, [](float g, float u, float) {
         const float inner = kSqrt2OverPi * (u + 0.044715f * u * u * u);
@@ -212,12 +253,7 @@ float sum_all(const Tensor& x) {
   return static_cast<float>(s);
 }
 
-double sum_squares(const Tensor& x) {
-  const float* p = x.data<float>();
-  double s = 0.0;
-  for (std::int64_t i = 0; i < x.numel(); ++i) s += static_cast<double>(p[i]) * p[i];
-  return s;
-}
+double sum_squares(const Tensor& x) { return sum_squares_span(x.data<float>(), x.numel()); }
 
 Tensor sum_dim(const Tensor& x, int dim, bool keepdim) {
   const int d = x.shape().wrap(dim);

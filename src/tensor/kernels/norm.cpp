@@ -1,9 +1,13 @@
 // Batch and layer normalization, forward beside backward. Statistics accumulate in double so a
 // large batch does not lose the variance to cancellation.
+#include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "hpm/tensor/kernels.h"
+#include "parallel.h"
+#include "vec.h"
 
 namespace hpm::kernels {
 
@@ -18,8 +22,8 @@ NCS ncs(const Shape& x) {
 }  // namespace
 
 Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
-                          Tensor& running_mean, Tensor& running_var, bool training,
-                          float momentum, float eps, Tensor& save_mean, Tensor& save_invstd) {
+                          Tensor& running_mean, Tensor& running_var, bool training, float momentum,
+                          float eps, Tensor& save_mean, Tensor& save_invstd) {
   const NCS d = ncs(x.shape());
   const std::int64_t m = d.n * d.s;
   if (training && m <= 1) {
@@ -126,6 +130,77 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
   }
 }
 
+namespace {
+
+// Layer norm rows [r0, r1) of width n: two passes (mean, then the centred variance, which does
+// not cancel), summed in double lanes (as cheap as float here, and the ten Adam steps of the
+// golden test showed float sums' rounding in the biases), vectorized across the row.
+HPM_SIMD_CLONES void layer_norm_rows(const float* x, const float* w, const float* b, float* y,
+                                     float* mean, float* rstd, std::int64_t r0, std::int64_t r1,
+                                     std::int64_t n, float eps) {
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (std::int64_t k = 0; k < n; ++k) s += xr[k];
+    const double mu = s * inv_n;
+    double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+    for (std::int64_t k = 0; k < n; ++k) ss += (xr[k] - mu) * (xr[k] - mu);
+    const auto m = static_cast<float>(mu);
+    const auto rs = static_cast<float>(1.0 / std::sqrt(ss * inv_n + eps));
+    mean[r] = m;
+    rstd[r] = rs;
+    if (w != nullptr && b != nullptr) {
+#pragma omp simd
+      for (std::int64_t k = 0; k < n; ++k) yr[k] = (xr[k] - m) * rs * w[k] + b[k];
+    } else {
+#pragma omp simd
+      for (std::int64_t k = 0; k < n; ++k)
+        yr[k] = (xr[k] - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
+    }
+  }
+}
+
+// Backward of rows [r0, r1): dx (if dx), and dw, db accumulated into this span's own sums.
+HPM_SIMD_CLONES void layer_norm_backward_rows(const float* g, const float* x, const float* w,
+                                              const float* mean, const float* rstd, float* dx,
+                                              double* dw, double* db, std::int64_t r0,
+                                              std::int64_t r1, std::int64_t n) {
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float* gr = g + r * n;
+    const float* xr = x + r * n;
+    const float mu = mean[r], rs = rstd[r];
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+#pragma omp simd reduction(+ : sum_dxhat, sum_dxhat_xhat)
+    for (std::int64_t k = 0; k < n; ++k) {
+      const float xhat = (xr[k] - mu) * rs;
+      const float dxhat = gr[k] * (w ? w[k] : 1.0f);
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+      dw[k] += static_cast<double>(gr[k]) * xhat;
+      db[k] += gr[k];
+    }
+    if (dx == nullptr) continue;
+    float* dr = dx + r * n;
+    const auto a = static_cast<float>(sum_dxhat * inv_n);
+    const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
+#pragma omp simd
+    for (std::int64_t k = 0; k < n; ++k) {
+      const float xhat = (xr[k] - mu) * rs;
+      dr[k] = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
+    }
+  }
+}
+
+// Rows a kernel thread takes at once: enough elements to pay for waking it.
+std::int64_t row_grain(std::int64_t n) { return std::max<std::int64_t>(1, kElementwiseGrain / n); }
+
+}  // namespace
+
 Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                           const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
   if (normalized <= 0 || x.numel() % normalized != 0) {
@@ -140,21 +215,11 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
   const float* pw = weight.defined() ? weight.data<float>() : nullptr;
   const float* pb = bias.defined() ? bias.data<float>() : nullptr;
   float* py = y.data<float>();
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* xr = px + r * normalized;
-    double s = 0.0, ss = 0.0;
-    for (std::int64_t k = 0; k < normalized; ++k) s += xr[k];
-    const double mean = s / static_cast<double>(normalized);
-    for (std::int64_t k = 0; k < normalized; ++k) ss += (xr[k] - mean) * (xr[k] - mean);
-    const auto rstd = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(normalized) + eps));
-    save_mean.data<float>()[r] = static_cast<float>(mean);
-    save_rstd.data<float>()[r] = rstd;
-    float* yr = py + r * normalized;
-    for (std::int64_t k = 0; k < normalized; ++k) {
-      const float xhat = (xr[k] - static_cast<float>(mean)) * rstd;
-      yr[k] = xhat * (pw ? pw[k] : 1.0f) + (pb ? pb[k] : 0.0f);
-    }
-  }
+  float* pm = save_mean.data<float>();
+  float* pr = save_rstd.data<float>();
+  parallel_for(rows, row_grain(normalized), [&](std::int64_t r0, std::int64_t r1) {
+    layer_norm_rows(px, pw, pb, py, pm, pr, r0, r1, normalized, eps);
+  });
   return y;
 }
 
@@ -167,29 +232,36 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   const float* pw = weight.defined() ? weight.data<float>() : nullptr;
   const float* pm = save_mean.data<float>();
   const float* pr = save_rstd.data<float>();
-  if (grad_weight) *grad_weight = Tensor::zeros({normalized}, DType::F32, x.device());
-  if (grad_bias) *grad_bias = Tensor::zeros({normalized}, DType::F32, x.device());
-  if (grad_x) *grad_x = Tensor::empty(x.shape(), DType::F32, x.device());
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const float* g = pg + r * normalized;
-    const float* xr = px + r * normalized;
-    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-    for (std::int64_t k = 0; k < normalized; ++k) {
-      const float xhat = (xr[k] - pm[r]) * pr[r];
-      const float dxhat = g[k] * (pw ? pw[k] : 1.0f);
-      sum_dxhat += dxhat;
-      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
-      if (grad_weight) grad_weight->data<float>()[k] += g[k] * xhat;
-      if (grad_bias) grad_bias->data<float>()[k] += g[k];
+  float* pdx = nullptr;
+  if (grad_x) {
+    *grad_x = Tensor::empty(x.shape(), DType::F32, x.device());
+    pdx = grad_x->data<float>();
+  }
+  // Each span sums dw and db over its rows into its own slot; the slots are added after, in
+  // span order, so the result does not depend on which thread finished first.
+  const int spans = std::max(
+      1, std::min(omp_get_max_threads(),
+                  static_cast<int>((rows + row_grain(normalized) - 1) / row_grain(normalized))));
+  std::vector<double> sums(static_cast<std::size_t>(2 * spans * normalized), 0.0);
+  const std::int64_t chunk = (rows + spans - 1) / spans;
+  parallel_for(spans, 1, [&](std::int64_t s0, std::int64_t s1) {
+    for (std::int64_t s = s0; s < s1; ++s) {
+      double* dw = sums.data() + 2 * s * normalized;
+      layer_norm_backward_rows(pg, px, pw, pm, pr, pdx, dw, dw + normalized, s * chunk,
+                               std::min(rows, (s + 1) * chunk), normalized);
     }
-    if (!grad_x) continue;
-    float* dst = grad_x->data<float>() + r * normalized;
-    const double inv_n = 1.0 / static_cast<double>(normalized);
-    for (std::int64_t k = 0; k < normalized; ++k) {
-      const double xhat = (xr[k] - pm[r]) * pr[r];
-      const double dxhat = g[k] * (pw ? pw[k] : 1.0f);
-      dst[k] = static_cast<float>(pr[r] * (dxhat - sum_dxhat * inv_n - xhat * sum_dxhat_xhat * inv_n));
-    }
+  });
+  for (std::int64_t s = 1; s < spans; ++s)
+    for (std::int64_t k = 0; k < 2 * normalized; ++k) sums[k] += sums[2 * s * normalized + k];
+  if (grad_weight) {
+    *grad_weight = Tensor::empty({normalized}, DType::F32, x.device());
+    float* pdw = grad_weight->data<float>();
+    for (std::int64_t k = 0; k < normalized; ++k) pdw[k] = static_cast<float>(sums[k]);
+  }
+  if (grad_bias) {
+    *grad_bias = Tensor::empty({normalized}, DType::F32, x.device());
+    float* pdb = grad_bias->data<float>();
+    for (std::int64_t k = 0; k < normalized; ++k) pdb[k] = static_cast<float>(sums[normalized + k]);
   }
 }
 

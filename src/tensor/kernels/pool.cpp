@@ -43,7 +43,8 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax
       p.pad_w == 0) {
     // The common 2x2/2 window in two branch-free passes that vectorize: the max of each vertical
     // pair, then of each horizontal pair. The winner is data-dependent, so branches would be
-    // mispredicted half the time. NaN wins, and among equals the first in row-major order, as in PyTorch.
+    // mispredicted half the time. NaN wins, and among equals the first in row-major order, as in
+    // PyTorch.
     parallel_for(g.planes, 8, [&](std::int64_t lo, std::int64_t hi) {
       std::vector<float> vmax(static_cast<std::size_t>(g.w));
       std::vector<std::int32_t> vrow(static_cast<std::size_t>(g.w));
@@ -70,8 +71,8 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax
             const float a = vm[2 * ow], b = vm[2 * ow + 1];
             // On a tie the earlier element in row-major order wins: the right column's if its
             // winner is in the top row and the left column's is not.
-            const bool take_b = (b > a) | ((b != b) & (a == a)) |
-                                ((b == a) & (vr[2 * ow + 1] < vr[2 * ow]));
+            const bool take_b =
+                (b > a) | ((b != b) & (a == a)) | ((b == a) & (vr[2 * ow + 1] < vr[2 * ow]));
             dst[oh * g.ow + ow] = take_b ? b : a;
             arg[oh * g.ow + ow] = base + static_cast<std::int32_t>(2 * ow) +
                                   (take_b ? vr[2 * ow + 1] + 1 : vr[2 * ow]);
