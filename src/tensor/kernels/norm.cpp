@@ -237,13 +237,12 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
     *grad_x = Tensor::empty(x.shape(), DType::F32, x.device());
     pdx = grad_x->data<float>();
   }
-  // Each span sums dw and db over its rows into its own slot; the slots are added after, in
-  // span order, so the result does not depend on which thread finished first.
-  const int spans = std::max(
-      1, std::min(omp_get_max_threads(),
-                  static_cast<int>((rows + row_grain(normalized) - 1) / row_grain(normalized))));
+  // Spans of a fixed number of rows each sum dw and db into their own slot, and the slots are
+  // added in span order: the result does not depend on the thread count or on which thread
+  // finished first, so a replica on one kernel thread computes what one on two does.
+  const std::int64_t chunk = std::max<std::int64_t>(16, row_grain(normalized));
+  const std::int64_t spans = (rows + chunk - 1) / chunk;
   std::vector<double> sums(static_cast<std::size_t>(2 * spans * normalized), 0.0);
-  const std::int64_t chunk = (rows + spans - 1) / spans;
   parallel_for(spans, 1, [&](std::int64_t s0, std::int64_t s1) {
     for (std::int64_t s = s0; s < s1; ++s) {
       double* dw = sums.data() + 2 * s * normalized;
