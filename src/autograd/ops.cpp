@@ -7,12 +7,15 @@
 #include <limits>
 #include <stdexcept>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/autograd/deferred.h"
 #include "hpm/autograd/node.h"
 
 namespace hpm {
 
 using autograd::accumulate_into;
+using autograd::autocast_precision;
+using autograd::Precision;
 using autograd::record;
 using autograd::Tensors;
 using kernels::BinaryOp;
@@ -237,6 +240,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
                         n[1] ? kernels::sum_to(kernels::bmm(a, g, true, false), sb) : Tensor()};
                   });
   }
+  if (autocast_precision() == Precision::BF16) {
+    // Operands kept in bf16 for backward: dA = G B^T, dB = A^T G with G rounded to bf16.
+    const Tensor ab = kernels::to_bf16(a), bb = kernels::to_bf16(b);
+    return record("MatMulBF16", {a, b}, kernels::matmul_bf16(ab, bb),
+                  [ab, bb](const Tensor& g, const Needs& n) {
+                    const Tensor gb = kernels::to_bf16(g);
+                    return Tensors{n[0] ? kernels::matmul_bf16(gb, bb, false, true) : Tensor(),
+                                   n[1] ? kernels::matmul_bf16(ab, gb, true, false) : Tensor()};
+                  });
+  }
   return record("MatMul", {a, b}, kernels::matmul(a, b), [a, b](const Tensor& g, const Needs& n) {
     // dA = G B^T, dB = A^T G
     return Tensors{n[0] ? kernels::matmul(g, b, false, true) : Tensor(),
@@ -264,9 +277,45 @@ void add_to_leaf(const Tensor& leaf, const Tensor& grad) {
   autograd::gradient_edge(leaf).fn->apply(Tensors{grad});
 }
 
+// The same in bf16: g and x already rounded, the sum in f32.
+Tensor linear_weight_gradient_bf16(const Tensor& gb, const Tensor& xb, const Tensor& weight) {
+  Tensor acc = accumulate_into(weight);
+  if (acc.defined() && acc.shape() == weight.shape()) {
+    kernels::gemm_bf16(true, false, gb.size(1), xb.size(1), gb.size(0), 1.0f,
+                       gb.data<std::uint16_t>(), gb.size(1), xb.data<std::uint16_t>(), xb.size(1),
+                       1.0f, acc.data<float>(), xb.size(1));
+    return Tensor();
+  }
+  return kernels::matmul_bf16(gb, xb, true, false);
+}
+
+// A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product and kept so
+// for backward, which rounds g too; bias, outputs and gradients f32.
+Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const Tensor xb = kernels::to_bf16(x), wb = kernels::to_bf16(weight);
+  Tensor y = kernels::linear_bf16(xb, wb, bias);
+  return record("LinearBF16", {x, weight, bias}, y,
+                [xb, wb, weight, bias](const Tensor& g, const Needs& n) {
+                  const Tensor gb = kernels::to_bf16(g);
+                  Tensor gx = n[0] ? kernels::matmul_bf16(gb, wb) : Tensor();
+                  autograd::DeferredWeightGradients* later = autograd::deferred_weight_gradients();
+                  if (later != nullptr && (n[1] || n[2]) && (!n[1] || weight.is_leaf()) &&
+                      (!n[2] || bias.is_leaf())) {
+                    later->push([g, gb, xb, weight, bias, nw = n[1], nb = n[2]] {
+                      if (nw) add_to_leaf(weight, linear_weight_gradient_bf16(gb, xb, weight));
+                      if (nb) add_to_leaf(bias, kernels::sum_dim(g, 0, false));
+                    });
+                    return Tensors{gx, Tensor(), Tensor()};
+                  }
+                  return Tensors{gx, n[1] ? linear_weight_gradient_bf16(gb, xb, weight) : Tensor(),
+                                 n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
+                });
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast_precision() == Precision::BF16) return linear_bf16(x, weight, bias);
   Tensor y = kernels::linear(x, weight, bias);
   return record("Linear", {x, weight, bias}, y, [x, weight, bias](const Tensor& g, const Needs& n) {
     // g(N,OUT): dx = g W (N,IN), dW = g^T x (OUT,IN), db = sum_rows g (OUT)

@@ -36,6 +36,7 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
                                const nn::Batch& batch, const ReplicaStepOptions& o) {
   ReplicaStepResult out;
   out.rows = batch.rows();
+  const autograd::AutocastScope precision(o.precision);
   const auto micro = micro_batches(batch.rows(), o.micro_batches);
   const double step_weight = o.step_weight > 0 ? o.step_weight : objective.weight(batch);
   Reducer* reducer = o.reducer;

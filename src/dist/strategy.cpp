@@ -212,6 +212,7 @@ ReplicaStepResult Strategy::forward_backward(int r, const nn::Batch& batch,
   o.step_weight = objective.weight(batch) * (options_.per_worker_batches ? num_workers_ : 1);
   o.reducer = reducer;
   o.on_loss = on_loss;
+  o.precision = options_.precision;
   return replica_step(*rep.model, objective, batch.slice(first, rows), o);
 }
 

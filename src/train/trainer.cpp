@@ -104,6 +104,7 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   optimizer_->zero_grad();
   dist::ReplicaStepOptions o;
   o.micro_batches = options_.accumulation_steps;
+  o.precision = options_.precision;
   const dist::ReplicaStepResult r = dist::replica_step(*model_, objective, batch, o);
   if (!r.finite) stopped(std::isnan(r.bad_value) ? "NaN" : "Inf");
   if (options_.clip_grad_norm > 0.0f) {
@@ -195,7 +196,10 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                        const FitOptions& options) {
   options_ = options;
   dist::micro_batches(0, options.accumulation_steps);  // validates it before any work
-  if (strategy_) strategy_->set_accumulation_steps(options.accumulation_steps);
+  if (strategy_) {
+    strategy_->set_accumulation_steps(options.accumulation_steps);
+    strategy_->set_precision(options.precision);
+  }
   stop_ = false;
   stop_agreed_ = false;
   FitResult result;

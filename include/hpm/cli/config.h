@@ -169,6 +169,8 @@ struct Config {
   std::string best_checkpoint_dir;      // empty = off; else the best epoch's checkpoint, kept alone
   std::string best_checkpoint_monitor = "test_accuracy";  // its mode is auto
   int accumulation_steps = 1;  // micro-batches per batch (gradient accumulation)
+  // "f32" or "bf16": mixed precision of training steps (autograd/autocast.h); evaluation stays f32.
+  std::string precision = "f32";
   // Training by steps ([data] source = "text"): max_steps in all, evaluated every eval_every
   // steps (0: once, at the end; each stretch is one of the Trainer's epochs) on eval_iters
   // batches of the validation split's sweep (0: all of it).

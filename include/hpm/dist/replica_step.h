@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/dist/reducer.h"
 #include "hpm/nn/module.h"
 #include "hpm/nn/objective.h"
@@ -40,6 +41,8 @@ struct ReplicaStepOptions {
   int replicas_in_sync = 1;    // R
   double step_weight = 0;      // W, over every replica; 0: this replica's batch is the step
   Reducer* reducer = nullptr;  // all-reduces during the last micro-batch's backward
+  // Forward and backward run under autograd::AutocastScope(precision) on the calling thread.
+  autograd::Precision precision = autograd::Precision::F32;
   // Called with each micro-batch's verdict before its backward (and so before this replica joins
   // an all-reduce): replicas in one process learn of a NaN before anyone updates.
   std::function<void(bool finite)> on_loss;

@@ -71,6 +71,8 @@ struct StrategyOptions {
   // rows. Only the last micro-batch's backward all-reduces (the reducer's NoSync before it), and
   // activation memory shrinks by about this factor.
   int accumulation_steps = 1;
+  // Mixed precision of every replica's forward and backward (autograd/autocast.h).
+  autograd::Precision precision = autograd::Precision::F32;
 };
 
 // Sums `metrics` (entry by entry: every worker runs the same objective, so they line up) and
@@ -108,6 +110,7 @@ class Strategy {
   virtual void set_lr(float lr);
   // Micro-batches per step from now on (StrategyOptions::accumulation_steps); k >= 1.
   void set_accumulation_steps(int k);
+  void set_precision(autograd::Precision p) { options_.precision = p; }
   int accumulation_steps() const { return options_.accumulation_steps; }
 
   // Seconds backward's end waited for gradient all-reduces, summed over steps, averaged over

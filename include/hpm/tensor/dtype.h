@@ -47,5 +47,10 @@ template <>
 struct dtype_of<std::int32_t> {
   static constexpr DType value = DType::I32;
 };
+// bfloat16 values are handled as their bits: the upper half of the float they round from.
+template <>
+struct dtype_of<std::uint16_t> {
+  static constexpr DType value = DType::BF16;
+};
 
 }  // namespace hpm

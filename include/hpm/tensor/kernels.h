@@ -5,6 +5,7 @@
 // OC = output channels, P = OH*OW output pixels, D = the reduced dimension.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "hpm/tensor/tensor.h"
@@ -23,6 +24,25 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
 // Whether gemm first copies B to padded rows: short products whose B rows lie a multiple of 2 KiB
 // apart, which oneDNN's in-place ("no-copy") kernels read at half speed (gemm.cpp says why).
 bool gemm_pads_b(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t ldb);
+// ---- bfloat16 (bf16.cpp) ---------------------------------------------------------------------
+// Whether this CPU has AVX512_BF16 (native bf16 dot products; elsewhere oneDNN emulates them at a
+// fraction of the f32 speed).
+bool native_bf16();
+// F32 -> BF16 rounding to nearest even (NaN stays NaN), and back (exact). Identity on a tensor
+// already of the target dtype.
+Tensor to_bf16(const Tensor& x);
+Tensor to_f32(const Tensor& x);
+// C(M,N) = alpha * op(A) op(B) + beta * C with bf16 A and B (as bits), f32 C and accumulation.
+void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+               float alpha, const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b,
+               std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+// 2-D BF16 operands, F32 result; linear_bf16's bias is F32 (may be undefined).
+Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias);
+// oneDNN's name for the implementation gemm_bf16 runs for an (m, k) x (k, n) product, e.g.
+// "brg:avx512_core_bf16" (native) or one naming an emulation.
+std::string gemm_bf16_implementation(std::int64_t m, std::int64_t n, std::int64_t k);
+
 // 2-D matrix product of op(a) and op(b).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // Batched product of op(a)(..., M, K) and op(b)(..., K, N) -> (..., M, N), the batch dimensions

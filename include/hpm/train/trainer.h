@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/dist/strategy.h"
@@ -37,6 +38,9 @@ struct FitOptions {
   // Gradient accumulation: each batch runs as this many micro-batches (dist::micro_batches), one
   // optimizer step per batch, the update the whole batch's (see StrategyOptions).
   int accumulation_steps = 1;
+  // Mixed precision of the training steps, with or without a strategy (autograd/autocast.h).
+  // Evaluation computes in f32.
+  autograd::Precision precision = autograd::Precision::F32;
   bool schedule_per_step = false;  // the LR schedule's t: global step, else epoch
   std::int64_t eval_batch_size = 1000;
   std::string checkpoint_dir;         // empty = no checkpoints

@@ -2,6 +2,7 @@
 // fits its memory, and when it stops early.
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
+#include "hpm/autograd/autocast.h"
 #include "hpm/nn/containers.h"
 #include "hpm/nn/offload.h"
 #include "hpm/nn/recompute.h"
@@ -34,6 +35,16 @@ void read_train(const Source& s, Config& c) {
   tr.get("best_checkpoint_dir", c.best_checkpoint_dir);
   tr.get("best_checkpoint_monitor", c.best_checkpoint_monitor);  // checked with [early_stopping]
   tr.get_positive("accumulation_steps", c.accumulation_steps);
+  tr.get("precision", c.precision);
+  if (c.precision != "f32" && c.precision != "bf16")
+    tr.invalid("precision", "must be \"f32\" or \"bf16\", got \"" + c.precision + "\"");
+  if (c.precision == "bf16") {
+    try {
+      autograd::require_native_bf16();
+    } catch (const std::runtime_error& e) {
+      throw ConfigError(tr.at("precision") + ": " + e.what());
+    }
+  }
   tr.get_positive("max_steps", c.max_steps);
   tr.get_positive("eval_every", c.eval_every);
   tr.get("eval_iters", c.eval_iters);
@@ -160,6 +171,7 @@ train::FitOptions fit_options(const Config& c) {
   fo.checkpoint_dir = c.checkpoint_dir;
   fo.checkpoint_every = c.checkpoint_every;
   fo.accumulation_steps = c.accumulation_steps;
+  fo.precision = autograd::parse_precision(c.precision);
   return fo;
 }
 

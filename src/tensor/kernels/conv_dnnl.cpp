@@ -28,6 +28,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "dnnl_context.h"
 #include "hpm/tensor/kernels.h"
 
 namespace hpm::kernels {
@@ -37,18 +38,6 @@ namespace {
 using dnnl::memory;
 using Tag = memory::format_tag;
 constexpr memory::data_type kF32 = memory::data_type::f32;
-
-dnnl::engine& cpu_engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
-
-// Streams are cheap but not free to create; with the OpenMP runtime execution is synchronous, so
-// one stream per thread suffices and is never shared.
-dnnl::stream& thread_stream() {
-  thread_local dnnl::stream stream(cpu_engine());
-  return stream;
-}
 
 // Everything a plan depends on. `part` distinguishes the forward plan from backward plans that
 // compute different subsets of the gradients.

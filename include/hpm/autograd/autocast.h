@@ -1,0 +1,49 @@
+// Mixed precision, decided in one place: the precision this thread's ops compute in, set by a
+// scope (as torch.autocast), and the rule of which ops follow it.
+//
+//   {
+//     autograd::AutocastScope bf16(autograd::Precision::BF16);  // throws without AVX512_BF16
+//     Tensor loss = objective.loss(model.forward(x), y);        // GEMMs in bf16
+//     loss.backward();                                           // theirs too
+//   }
+//
+// The rule under BF16:
+//   - products (linear, 2-D matmul) take bf16 operands and accumulate in f32, through oneDNN;
+//     they keep their inputs for backward in bf16 (half the bytes of the activations they save);
+//   - everything else computes in f32: softmax, normalizations, losses, reductions, element-wise
+//     ops, and (in this version) the fused attention and convolutions;
+//   - parameters, their gradients and the optimizer state stay f32 (the master weights): a
+//     product converts its weight when it runs.
+// Outputs are f32 tensors either way, so nothing outside the products sees a bf16 tensor.
+#pragma once
+#include <string>
+
+namespace hpm::autograd {
+
+enum class Precision { F32, BF16 };
+
+// "f32" or "bf16"; parse_precision throws std::invalid_argument naming the value otherwise.
+Precision parse_precision(const std::string& name);
+const char* precision_name(Precision p);
+
+// This thread's precision (F32 outside any scope).
+Precision autocast_precision();
+
+// Sets this thread's precision until destroyed (nests; restores the previous one). BF16 on a CPU
+// without AVX512_BF16 throws std::runtime_error naming the missing instruction set: oneDNN would
+// emulate it several times slower than f32, never a silent choice.
+class AutocastScope {
+ public:
+  explicit AutocastScope(Precision p);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  Precision previous_;
+};
+
+// Throws the error above when bf16 is not native here; config checks call it before training.
+void require_native_bf16();
+
+}  // namespace hpm::autograd

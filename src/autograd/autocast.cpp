@@ -1,0 +1,50 @@
+#include "hpm/autograd/autocast.h"
+
+#include <fstream>
+#include <stdexcept>
+
+#include "hpm/tensor/kernels.h"
+
+namespace hpm::autograd {
+
+namespace {
+
+thread_local Precision current = Precision::F32;
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown CPU";
+}
+
+}  // namespace
+
+Precision parse_precision(const std::string& name) {
+  if (name == "f32") return Precision::F32;
+  if (name == "bf16") return Precision::BF16;
+  throw std::invalid_argument("precision must be \"f32\" or \"bf16\", got \"" + name + "\"");
+}
+
+const char* precision_name(Precision p) { return p == Precision::BF16 ? "bf16" : "f32"; }
+
+Precision autocast_precision() { return current; }
+
+void require_native_bf16() {
+  if (kernels::native_bf16()) return;
+  throw std::runtime_error(
+      "bf16 precision needs a CPU with AVX512_BF16 (native bf16 dot products); this one (" +
+      cpu_model() +
+      ") has none, and emulating them runs several times slower than f32: use precision = "
+      "\"f32\"");
+}
+
+AutocastScope::AutocastScope(Precision p) : previous_(current) {
+  if (p == Precision::BF16) require_native_bf16();
+  current = p;
+}
+
+AutocastScope::~AutocastScope() { current = previous_; }
+
+}  // namespace hpm::autograd
