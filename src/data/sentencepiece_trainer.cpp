@@ -77,7 +77,9 @@ TrainedTokenizer train_sentencepiece(const std::string& pattern, const std::stri
   }
   out.lines = static_cast<std::int64_t>(lines.size());
   // Lossless: no normalization, whitespace kept as it is (no dummy space at the start, runs of
-  // spaces kept), characters outside the vocabulary as bytes, the newline a piece of its own.
+  // spaces kept), characters outside the vocabulary as bytes, the newline a piece of its own (the
+  // trainer sees lines) and the tab too (SentencePiece never learns a control character as a
+  // piece: without byte fallback, every tab would be <unk>).
   // Reproducible: every line, in order, no sampling; the model comes back in memory (no
   // model_prefix recorded in it), so the same inputs give the same bytes wherever it is written.
   const std::vector<std::pair<std::string, std::string>> args = {
@@ -90,7 +92,7 @@ TrainedTokenizer train_sentencepiece(const std::string& pattern, const std::stri
       {"split_digits", "true"},
       {"byte_fallback", o.byte_fallback ? "true" : "false"},
       {"character_coverage", o.byte_fallback ? "0.9995" : "1.0"},
-      {"user_defined_symbols", "\n"},
+      {"user_defined_symbols", "\n,\t"},
       {"max_sentence_length", std::to_string(std::max(kDefaultMaxSentence, longest + 1))},
       {"input_sentence_size", "0"},
       {"shuffle_input_sentence", "false"},

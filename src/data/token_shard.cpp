@@ -137,7 +137,11 @@ std::size_t open_sized(const std::string& path, Fd& f) {
   return static_cast<std::size_t>(st.st_size);
 }
 
-std::vector<std::string> shard_files(const std::string& pattern) {
+}  // namespace
+
+std::uint32_t token_width(std::int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
+
+std::vector<std::string> token_shard_files(const std::string& pattern) {
   glob_t g{};
   std::vector<std::string> files;
   if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
@@ -151,10 +155,6 @@ std::vector<std::string> shard_files(const std::string& pattern) {
   if (files.empty()) throw DataError(pattern, "no token shard matches");
   return files;
 }
-
-}  // namespace
-
-std::uint32_t token_width(std::int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
 void write_token_shard(const std::string& path, const std::vector<std::int64_t>& ids,
                        std::int64_t vocab_size, std::uint32_t tokenizer_fingerprint) {
@@ -309,7 +309,7 @@ TokenCorpus load_token_shards(const std::string& train_pattern, const std::strin
   std::vector<std::shared_ptr<const TokenShard>> train, val;
   for (auto [pattern, shards, names] : {std::tuple{&train_pattern, &train, &c.train_files},
                                         std::tuple{&val_pattern, &val, &c.val_files}}) {
-    for (const std::string& path : shard_files(*pattern)) {
+    for (const std::string& path : token_shard_files(*pattern)) {
       shards->push_back(TokenShard::open(path));
       names->push_back(path);
       const TokenShard& s = *shards->back();

@@ -104,6 +104,10 @@ class TokenSequence {
   std::int64_t size_ = 0;
 };
 
+// The regular files `pattern` (a glob) matches, in name order; DataError naming the pattern when
+// there are none.
+std::vector<std::string> token_shard_files(const std::string& pattern);
+
 // Training and validation tokens from shards: every file each glob matches, in name order.
 struct TokenCorpus {
   TokenSequence train, val;

@@ -9,7 +9,8 @@
 // A model trained by train_sentencepiece is lossless: decode(encode(text)) == text byte for byte
 // for any UTF-8 text (identity normalization, whitespace kept, byte fallback for characters the
 // vocabulary lacks). SentencePiece learns from lines, so the newline is a piece of its own (a
-// user-defined symbol) and no other piece spans one; such a model encodes a text line by line, so
+// user-defined symbol, as is the tab, a control character it would not learn) and no other
+// piece spans one; such a model encodes a text line by line, so
 // hpm's ids for a text are exactly spm_encode's ids for each of its lines, joined by the
 // newline's id. (A model without a newline piece, or one that adds a space at the start of a
 // text, encodes the text whole.)
