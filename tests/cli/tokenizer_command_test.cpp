@@ -89,6 +89,14 @@ TEST(HpmTokenizer, TrainsEncodesAndDecodesLosslessly) {
   const CommandResult decoded = run_hpm("data tokenizer decode --model " + model + " " +
                                         ids.output.substr(0, ids.output.size() - 1));
   EXPECT_EQ(decoded.output, trimmed);
+  CommandResult bad = run_shell("echo '5 x' | " + hpm_binary() + " data tokenizer decode --model " +
+                                model + " 2>&1");
+  EXPECT_EQ(bad.code, 1);
+  expect_in(bad.output, "standard input: \"x\" (id 1) is not an integer");
+  bad = run_hpm("data tokenizer decode --model " + model + " 5 800");
+  EXPECT_EQ(bad.code, 1);
+  expect_in(bad.output,
+            "token 800 (position 1) is outside the vocabulary of 800 tokens of " + model);
 
   // Shards of the corpus: the byte corpus' split, encoded.
   const CommandResult enc = run_hpm("data tokenizer encode --model " + model + " --files '" +
