@@ -107,7 +107,7 @@ TokenShardHeader parse_header(const std::string& path, const unsigned char* h,
         count > (UINT64_MAX - kTokenShardHeaderBytes) / hd.token_bytes
             ? "more bytes than a file can hold"
             : std::to_string(kTokenShardHeaderBytes + count * hd.token_bytes) + " bytes in all";
-    throw DataError(path, std::string(count * hd.token_bytes > payload ? "truncated" : "too long") +
+    throw DataError(path, std::string(count > payload / hd.token_bytes ? "truncated" : "too long") +
                               ": the header (byte " + std::to_string(kCountAt) + ") counts " +
                               std::to_string(count) + " tokens of " +
                               std::to_string(hd.token_bytes) + " bytes, " + expected +
