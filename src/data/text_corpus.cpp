@@ -1,6 +1,5 @@
 #include "hpm/data/text_corpus.h"
 
-#include <glob.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "hpm/data/file_sources.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::data {
@@ -57,20 +57,14 @@ Element windows_at(const TokenSequence& tokens, const std::vector<std::int64_t>&
 }  // namespace
 
 std::vector<std::string> text_corpus_files(const std::string& pattern) {
-  glob_t g{};
   std::vector<std::string> files;
-  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
-    for (std::size_t i = 0; i < g.gl_pathc; ++i) {
-      const std::string path = g.gl_pathv[i];
-      struct stat st {};
-      // torch_gpt.py's rule: regular files only (no links, no directories), no ".dat" indexes.
-      if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-      if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".dat") == 0) continue;
-      files.push_back(path);
-    }
+  for (const std::string& path : glob_paths(pattern)) {
+    struct stat st {};
+    // torch_gpt.py's rule: regular files only (no links, no directories), no ".dat" indexes.
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".dat") == 0) continue;
+    files.push_back(path);
   }
-  globfree(&g);
-  std::sort(files.begin(), files.end());
   if (files.empty()) {
     throw DataError(pattern, "no regular text file matches (symbolic links and .dat skipped)");
   }

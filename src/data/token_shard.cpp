@@ -1,7 +1,6 @@
 #include "hpm/data/token_shard.h"
 
 #include <fcntl.h>
-#include <glob.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +13,7 @@
 #include <stdexcept>
 
 #include "hpm/data/dataset.h"
+#include "hpm/data/file_sources.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/crc32c.h"
 
@@ -142,16 +142,11 @@ std::size_t open_sized(const std::string& path, Fd& f) {
 std::uint32_t token_width(std::int64_t vocab_size) { return vocab_size <= 65536 ? 2 : 4; }
 
 std::vector<std::string> token_shard_files(const std::string& pattern) {
-  glob_t g{};
   std::vector<std::string> files;
-  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
-    for (std::size_t i = 0; i < g.gl_pathc; ++i) {
-      struct stat st {};
-      if (::stat(g.gl_pathv[i], &st) == 0 && S_ISREG(st.st_mode)) files.emplace_back(g.gl_pathv[i]);
-    }
+  for (const std::string& path : glob_paths(pattern)) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) files.push_back(path);
   }
-  globfree(&g);
-  std::sort(files.begin(), files.end());
   if (files.empty()) throw DataError(pattern, "no token shard matches");
   return files;
 }
