@@ -2,6 +2,8 @@
 #include "hpm/cli/datasets.h"
 
 #include <cstdio>
+#include <map>
+#include <mutex>
 
 #include "hpm/data/in_memory.h"
 #include "hpm/data/text_corpus.h"
@@ -27,7 +29,7 @@ struct LanguageModelTokens {
 
 // [data] source = "text" (the files encoded by the config's tokenizer, bytes by default) or
 // "tokens" (mapped shards, whose vocabulary and tokenizer must be the config's).
-LanguageModelTokens language_model_tokens(const Config& cfg) {
+LanguageModelTokens load_language_model_tokens(const Config& cfg) {
   const data::Tokenizer& tok = *cfg.text_tokenizer;
   if (cfg.source == "text") {
     data::TextCorpus c = data::load_text_corpus(cfg.files, tok);
@@ -55,6 +57,19 @@ LanguageModelTokens language_model_tokens(const Config& cfg) {
                       ours + " (" + cfg.path + ")");
   }
   return {c.train, c.val};
+}
+
+// The training pipeline and the validation set read the same tokens: encoded (or mapped and
+// verified) once per process and configuration.
+LanguageModelTokens language_model_tokens(const Config& cfg) {
+  static std::mutex mu;
+  static std::map<std::vector<std::string>, LanguageModelTokens> loaded;
+  const std::vector<std::string> key = {cfg.source, cfg.files, cfg.test_files, cfg.tokenizer,
+                                        std::to_string(cfg.gpt.vocab_size)};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = loaded.find(key);
+  if (it == loaded.end()) it = loaded.emplace(key, load_language_model_tokens(cfg)).first;
+  return it->second;
 }
 
 }  // namespace
