@@ -16,6 +16,8 @@ PACKAGES=(
   libcli11-dev           # command line
   nlohmann-json3-dev     # reports, safetensors headers
   zlib1g-dev             # gzip'd IDX, TFRecord compression
+  libsentencepiece-dev   # subword tokenizers (hpm data tokenizer, [data] tokenizer)
+  sentencepiece          # spm_encode: the tests compare hpm's token ids with it
   libpng-dev libjpeg62-turbo-dev  # image decoding in the input pipeline
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist  # the embedded default data set

@@ -24,6 +24,7 @@
 #include "hpm/cli/plan.h"
 #include "hpm/cli/ps_command.h"
 #include "hpm/cli/sample_command.h"
+#include "hpm/cli/tokenizer_command.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
@@ -199,7 +200,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                 cfg.early_stopping_restore_best_weights ? " (its weights restored)" : "");
   }
   const train::EvalResult ev = trainer.evaluate(test);
-  const bool text = cfg.source == "text";
+  const bool text = cfg.token_source();
   // A language model's figures are per token, on the validation split.
   const double tokens_per_s =
       text ? r.samples_per_s() * static_cast<double>(cfg.gpt.block_size) : 0;
@@ -467,6 +468,8 @@ int main(int argc, char** argv) {
       "inspect", "count the records of a TFRecord file and list its features");
   inspect_cmd->add_option("file", inspect_file, "TFRecord file")->required();
   inspect_cmd->add_option("--compression", inspect_compression, "none, zlib or gzip");
+  TokenizerCommandOptions tokenizer_opts;
+  CLI::App* tokenizer_cmd = add_tokenizer_command(*data_cmd, tokenizer_opts);
   AllreduceBenchOptions allreduce_bench;
   CLI::App* perf_cmd = app.add_subcommand("bench", "measure the runtime's building blocks");
   perf_cmd->require_subcommand(1);
@@ -510,6 +513,7 @@ int main(int argc, char** argv) {
     if (*bench_cmd) return run_data_bench(bench_opts, bench_epochs);
     if (*convert_cmd) return run_data_convert(convert);
     if (*inspect_cmd) return run_data_inspect(inspect_file, inspect_compression);
+    if (*tokenizer_cmd) return run_tokenizer_command(tokenizer_opts);
     if (*allreduce_cmd) return run_bench_allreduce(allreduce_bench);
     if (*distill_cmd) return run_distill(distill_opts);
     if (*churn_cmd) return run_churn(churn_opts);

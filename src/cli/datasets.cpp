@@ -1,14 +1,20 @@
 // The [data] section's training pipeline and evaluation set, shared by the subcommands.
 #include "hpm/cli/datasets.h"
 
+#include <cstdio>
+#include <map>
+#include <mutex>
+
 #include "hpm/data/in_memory.h"
 #include "hpm/data/text_corpus.h"
+#include "hpm/data/token_shard.h"
 #include "hpm/io/tfrecord.h"
 #include "hpm/tensor/kernels.h"
 
 namespace hpm::cli {
 
 namespace {
+
 data::LabelledData limit(data::LabelledData d, std::int64_t n) {
   if (n > 0 && n < d.size()) {
     d.inputs = d.inputs.narrow(0, n);
@@ -16,25 +22,65 @@ data::LabelledData limit(data::LabelledData d, std::int64_t n) {
   }
   return d;
 }
-}  // namespace
 
-data::TextCorpus text_corpus(const Config& cfg) {
-  data::TextCorpus c = data::load_text_corpus(cfg.files);
-  if (c.vocab_size > cfg.gpt.vocab_size) {
-    throw ConfigError(cfg.path + ": [model] vocab_size " + std::to_string(cfg.gpt.vocab_size) +
-                      " is smaller than the byte-level corpus' vocabulary (" +
-                      std::to_string(c.vocab_size) + " tokens) of " + cfg.files);
+struct LanguageModelTokens {
+  data::TokenSequence train, val;
+};
+
+// [data] source = "text" (the files encoded by the config's tokenizer, bytes by default) or
+// "tokens" (mapped shards, whose vocabulary and tokenizer must be the config's).
+LanguageModelTokens load_language_model_tokens(const Config& cfg) {
+  const data::Tokenizer& tok = *cfg.text_tokenizer;
+  if (cfg.source == "text") {
+    data::TextCorpus c = data::load_text_corpus(cfg.files, tok);
+    if (c.vocab_size > cfg.gpt.vocab_size) {  // bytes; a SentencePiece model's is checked equal
+      throw ConfigError(cfg.path + ": [model] vocab_size " + std::to_string(cfg.gpt.vocab_size) +
+                        " is smaller than the byte-level corpus' vocabulary (" +
+                        std::to_string(c.vocab_size) + " tokens) of " + cfg.files);
+    }
+    return {c.train, c.val};
   }
-  return c;
+  data::TokenCorpus c = data::load_token_shards(cfg.files, cfg.test_files);
+  const std::string& first = c.train_files.front();
+  if (c.vocab_size != cfg.gpt.vocab_size) {
+    throw ConfigError(first + ": byte 16: the shard's vocabulary is " +
+                      std::to_string(c.vocab_size) + " tokens, but [model] vocab_size is " +
+                      std::to_string(cfg.gpt.vocab_size) + " (" + cfg.path + ")");
+  }
+  if (c.tokenizer != tok.fingerprint()) {
+    char made[16], ours[16];
+    std::snprintf(made, sizeof made, "0x%08x", c.tokenizer);
+    std::snprintf(ours, sizeof ours, "0x%08x", tok.fingerprint());
+    throw ConfigError(first + ": byte 36: encoded by the tokenizer of fingerprint " + made +
+                      ", but [data] tokenizer " +
+                      (cfg.tokenizer.empty() ? std::string("(bytes)") : cfg.tokenizer) + " is " +
+                      ours + " (" + cfg.path + ")");
+  }
+  return {c.train, c.val};
 }
+
+// The training pipeline and the validation set read the same tokens: encoded (or mapped and
+// verified) once per process and configuration.
+LanguageModelTokens language_model_tokens(const Config& cfg) {
+  static std::mutex mu;
+  static std::map<std::vector<std::string>, LanguageModelTokens> loaded;
+  const std::vector<std::string> key = {cfg.source, cfg.files, cfg.test_files, cfg.tokenizer,
+                                        std::to_string(cfg.gpt.vocab_size)};
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = loaded.find(key);
+  if (it == loaded.end()) it = loaded.emplace(key, load_language_model_tokens(cfg)).first;
+  return it->second;
+}
+
+}  // namespace
 
 data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
                                 const dist::Strategy* strategy) {
-  if (cfg.source == "text") {
+  if (cfg.token_source()) {
     // Every worker draws the same global batches (the seed is the run's) and trains on its rows.
-    const data::TextCorpus c = text_corpus(cfg);
+    const LanguageModelTokens t = language_model_tokens(cfg);
     *examples = cfg.eval_every * cfg.batch_size;  // windows per stretch between evaluations
-    return data::random_windows(c.train, cfg.gpt.block_size, cfg.batch_size, cfg.seed,
+    return data::random_windows(t.train, cfg.gpt.block_size, cfg.batch_size, cfg.seed,
                                 cfg.eval_every);
   }
   data::PipelineSpec spec = pipeline_spec(cfg);
@@ -56,10 +102,10 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
 }
 
 data::LabelledData test_set(const Config& cfg) {
-  if (cfg.source == "text") {
+  if (cfg.token_source()) {
     // The validation split's sweep, eval_iters batches of it (all of it for 0).
-    const data::TextCorpus c = text_corpus(cfg);
-    auto it = data::sequential_windows(c.val, cfg.gpt.block_size, cfg.batch_size).make_iterator();
+    const LanguageModelTokens t = language_model_tokens(cfg);
+    auto it = data::sequential_windows(t.val, cfg.gpt.block_size, cfg.batch_size).make_iterator();
     std::vector<Tensor> inputs, targets;
     data::Element e;
     while ((cfg.eval_iters == 0 || static_cast<std::int64_t>(inputs.size()) < cfg.eval_iters) &&

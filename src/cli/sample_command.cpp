@@ -9,6 +9,8 @@
 
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/cli/config.h"
+#include "hpm/data/token_shard.h"
+#include "hpm/data/tokenizer.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/nn/gpt.h"
 #include "hpm/tensor/device.h"
@@ -44,6 +46,67 @@ Tensor row(const std::vector<std::int64_t>& tokens) {
   return Tensor::from_i64(tokens, Shape{1, static_cast<std::int64_t>(tokens.size())});
 }
 
+// The tokenizer the model was trained with: [data] tokenizer, else bytes; for shards, the one
+// their header names must be it (else the ids would be read with the wrong vocabulary).
+const data::Tokenizer& tokenizer_of(const Config& cfg) {
+  if (cfg.source == "tokens") {
+    const std::string first = data::token_shard_files(cfg.files).front();
+    const data::TokenShardHeader h = data::read_token_shard_header(first);
+    if (h.tokenizer != cfg.text_tokenizer->fingerprint()) {
+      throw ConfigError(first + ": byte 36: the shards were encoded by another tokenizer than " +
+                        (cfg.tokenizer.empty() ? std::string("bytes") : cfg.tokenizer) +
+                        ": name theirs as [data] tokenizer (" + cfg.path + ")");
+    }
+  }
+  return *cfg.text_tokenizer;
+}
+
+// The prompt's ids: refused when the tokenizer cannot encode it, or when an id is past the
+// model's vocabulary (byte tokens with a [model] vocab_size below 256).
+std::vector<std::int64_t> prompt_ids(const std::string& prompt, const data::Tokenizer& tok,
+                                     std::int64_t vocab) {
+  std::vector<std::int64_t> ids = tok.encode(prompt.empty() ? "\n" : prompt, "--prompt");
+  if (ids.empty()) throw ConfigError("--prompt: \"" + prompt + "\" encodes to no token");
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= vocab) {
+      throw ConfigError("--prompt: token " + std::to_string(ids[i]) + " (position " +
+                        std::to_string(i) + ", from " + tok.name() +
+                        ") is outside the model's vocabulary of " + std::to_string(vocab) +
+                        " ([model] vocab_size)");
+    }
+  }
+  return ids;
+}
+
+// Decoded text as the tokens arrive: what is new since the last call. A character whose bytes
+// are not all drawn yet decodes as U+FFFD; it is held back until it is whole (or the end).
+class TextStream {
+ public:
+  explicit TextStream(const data::Tokenizer& tok) : tok_(tok) {}
+  std::string add(std::int64_t id) {
+    ids_.push_back(id);
+    std::string text = tok_.decode(ids_);
+    static const std::string kReplacement = "\xEF\xBF\xBD";
+    while (text.size() >= kReplacement.size() &&
+           text.compare(text.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+      text.resize(text.size() - kReplacement.size());
+    return advance(text);
+  }
+  std::string finish() { return advance(tok_.decode(ids_)); }
+  const std::vector<std::int64_t>& ids() const { return ids_; }
+
+ private:
+  std::string advance(const std::string& text) {
+    if (text.size() <= shown_.size() || text.compare(0, shown_.size(), shown_) != 0) return "";
+    std::string fresh = text.substr(shown_.size());
+    shown_ = text;
+    return fresh;
+  }
+  const data::Tokenizer& tok_;
+  std::vector<std::int64_t> ids_;
+  std::string shown_;
+};
+
 }  // namespace
 
 CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
@@ -76,15 +139,13 @@ int run_sample(const SampleCommandOptions& o) {
   train::load_checkpoint(o.checkpoint, model, nullptr);
   model.eval();
   const std::int64_t vocab = cfg.gpt.vocab_size, block = cfg.gpt.block_size;
-  // Byte tokens: every byte is in the model's vocabulary (a text corpus needs vocab_size >= 256).
-  std::vector<std::int64_t> tokens;
-  for (const char ch : o.prompt) tokens.push_back(static_cast<unsigned char>(ch));
-  if (tokens.empty()) tokens.push_back('\n');
+  const data::Tokenizer& tok = tokenizer_of(cfg);
+  std::vector<std::int64_t> tokens = prompt_ids(o.prompt, tok, vocab);
   if (static_cast<std::int64_t>(tokens.size()) > block) {
     tokens.erase(tokens.begin(), tokens.end() - block);  // the model sees block_size tokens
   }
   Generator gen(static_cast<std::uint64_t>(o.seed));
-  std::string text;
+  TextStream stream(tok);
   const auto t0 = std::chrono::steady_clock::now();
   nn::KVCache cache;
   Tensor logits = o.no_cache ? Tensor() : model.decode(row(tokens), cache);
@@ -96,10 +157,9 @@ int run_sample(const SampleCommandOptions& o) {
       logits = all.reshape({t, vocab}).narrow(t - 1, 1).reshape({vocab});
     }
     const std::int64_t next = draw(logits, o.temperature, o.top_k, gen);
-    const char ch = static_cast<char>(next);
-    std::fwrite(&ch, 1, 1, stdout);
+    const std::string fresh = stream.add(next);
+    std::fwrite(fresh.data(), 1, fresh.size(), stdout);
     std::fflush(stdout);
-    text.push_back(ch);
     tokens.push_back(next);
     if (static_cast<std::int64_t>(tokens.size()) > block) tokens.erase(tokens.begin());
     if (n + 1 == o.tokens || o.no_cache) continue;
@@ -116,7 +176,10 @@ int run_sample(const SampleCommandOptions& o) {
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string rest = stream.finish();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::printf("\n");
+  const std::string text = tok.decode(stream.ids());
   std::fprintf(stderr, "%lld tokens in %.2f s: %.0f tokens/s (%s)\n",
                static_cast<long long>(o.tokens), seconds, static_cast<double>(o.tokens) / seconds,
                o.no_cache ? "re-running the window" : "key/value cache");

@@ -184,16 +184,20 @@ Dataset file_node(std::string name, MakeIt make) {
 
 }  // namespace
 
-Dataset list_files(const std::string& pattern, bool shuffle, std::uint64_t seed) {
+std::vector<std::string> glob_paths(const std::string& pattern) {
   glob_t g{};
-  const int rc = ::glob(pattern.c_str(), 0, nullptr, &g);
-  std::vector<std::string> files;
-  if (rc == 0) {
-    for (std::size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
+  std::vector<std::string> paths;
+  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) paths.emplace_back(g.gl_pathv[i]);
   }
   globfree(&g);
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+Dataset list_files(const std::string& pattern, bool shuffle, std::uint64_t seed) {
+  const std::vector<std::string> files = glob_paths(pattern);
   if (files.empty()) throw std::invalid_argument("list_files: no file matches '" + pattern + "'");
-  std::sort(files.begin(), files.end());
   const auto n = static_cast<std::int64_t>(files.size());
   Dataset d = Dataset::from_generator(
       [files](std::int64_t i, Element& out) {

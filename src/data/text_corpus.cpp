@@ -1,6 +1,5 @@
 #include "hpm/data/text_corpus.h"
 
-#include <glob.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -10,29 +9,12 @@
 #include <iterator>
 #include <stdexcept>
 
+#include "hpm/data/file_sources.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::data {
 
 namespace {
-
-std::vector<std::string> corpus_files(const std::string& pattern) {
-  glob_t g{};
-  std::vector<std::string> files;
-  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
-    for (std::size_t i = 0; i < g.gl_pathc; ++i) {
-      const std::string path = g.gl_pathv[i];
-      struct stat st {};
-      // torch_gpt.py's rule: regular files only (no links, no directories), no ".dat" indexes.
-      if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
-      if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".dat") == 0) continue;
-      files.push_back(path);
-    }
-  }
-  globfree(&g);
-  std::sort(files.begin(), files.end());
-  return files;
-}
 
 std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -40,78 +22,109 @@ std::string read_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-Tensor tokens_of(const std::string& bytes) {
-  Tensor t = Tensor::empty({static_cast<std::int64_t>(bytes.size())}, DType::I64);
-  auto* p = t.data<std::int64_t>();
-  for (std::size_t i = 0; i < bytes.size(); ++i) p[i] = static_cast<unsigned char>(bytes[i]);
-  return t;
+Tensor tokens_of(const std::vector<std::int64_t>& ids) {
+  return Tensor::from_i64(ids, Shape{static_cast<std::int64_t>(ids.size())});
 }
 
-void check_window(const Tensor& tokens, std::int64_t block, std::int64_t batch, const char* what) {
-  if (tokens.dim() != 1 || tokens.dtype() != DType::I64) {
-    throw std::invalid_argument(std::string(what) + ": tokens must be a 1-D I64 tensor, got " +
-                                tokens.shape().str());
-  }
+void check_window(const TokenSequence& tokens, std::int64_t block, std::int64_t batch,
+                  const char* what) {
   if (block < 1 || batch < 1) {
     throw std::invalid_argument(std::string(what) + ": block and batch must be positive, got " +
                                 std::to_string(block) + " and " + std::to_string(batch));
   }
-  if (tokens.size(0) < block + 2) {
+  if (tokens.size() < block + 2) {
     throw std::invalid_argument(std::string(what) + ": a block of " + std::to_string(block) +
                                 " tokens needs windows of " + std::to_string(block + 1) +
-                                ", and the split holds only " + std::to_string(tokens.size(0)) +
+                                ", and the split holds only " + std::to_string(tokens.size()) +
                                 " tokens");
   }
 }
 
 // Rows `starts` of the windows into (inputs, targets).
-Element windows_at(const Tensor& tokens, const std::vector<std::int64_t>& starts,
+Element windows_at(const TokenSequence& tokens, const std::vector<std::int64_t>& starts,
                    std::int64_t block) {
   const auto rows = static_cast<std::int64_t>(starts.size());
   Tensor x = Tensor::empty({rows, block}, DType::I64), y = Tensor::empty({rows, block}, DType::I64);
-  const auto* t = tokens.data<std::int64_t>();
+  std::vector<std::int64_t> window(static_cast<std::size_t>(block + 1));
   for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t s = starts[static_cast<std::size_t>(r)];
-    std::copy(t + s, t + s + block, x.data<std::int64_t>() + r * block);
-    std::copy(t + s + 1, t + s + 1 + block, y.data<std::int64_t>() + r * block);
+    tokens.read(starts[static_cast<std::size_t>(r)], block + 1, window.data());
+    std::copy(window.begin(), window.end() - 1, x.data<std::int64_t>() + r * block);
+    std::copy(window.begin() + 1, window.end(), y.data<std::int64_t>() + r * block);
   }
   return {x, y};
 }
 
 }  // namespace
 
+std::vector<std::string> text_corpus_files(const std::string& pattern) {
+  std::vector<std::string> files;
+  for (const std::string& path : glob_paths(pattern)) {
+    struct stat st {};
+    // torch_gpt.py's rule: regular files only (no links, no directories), no ".dat" indexes.
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".dat") == 0) continue;
+    files.push_back(path);
+  }
+  if (files.empty()) {
+    throw DataError(pattern, "no regular text file matches (symbolic links and .dat skipped)");
+  }
+  return files;
+}
+
+std::pair<std::string, std::string> split_text_file(const std::string& path, double train_fraction,
+                                                    bool utf8) {
+  if (!(train_fraction > 0.0 && train_fraction < 1.0)) {
+    throw std::invalid_argument("split_text_file: train_fraction must be in (0, 1), got " +
+                                std::to_string(train_fraction));
+  }
+  std::string bytes = read_bytes(path);
+  if (bytes.empty()) throw DataError(path, "empty file: no text to learn from");
+  if (const auto nul = bytes.find('\0'); nul != std::string::npos) {
+    throw DataError(path,
+                    "a NUL byte at offset " + std::to_string(nul) + ": a binary file, not text");
+  }
+  // In integers, as torch_gpt.py's len * 9 // 10: a double product can land just below a whole
+  // number and move the cut by a byte.
+  const auto millionths = static_cast<std::uint64_t>(std::llround(train_fraction * 1e6));
+  auto cut = static_cast<std::size_t>(bytes.size() * millionths / 1000000);
+  // A continuation byte (10xxxxxx) is inside a character: cut before the character instead.
+  while (utf8 && cut > 0 && cut < bytes.size() &&
+         (static_cast<unsigned char>(bytes[cut]) & 0xC0) == 0x80)
+    --cut;
+  std::string val = bytes.substr(cut);
+  bytes.resize(cut);
+  return {std::move(bytes), std::move(val)};
+}
+
 TextCorpus load_text_corpus(const std::string& pattern, double train_fraction) {
+  return load_text_corpus(pattern, *byte_tokenizer(), train_fraction);
+}
+
+TextCorpus load_text_corpus(const std::string& pattern, const Tokenizer& tokenizer,
+                            double train_fraction) {
   if (!(train_fraction > 0.0 && train_fraction < 1.0)) {
     throw std::invalid_argument("load_text_corpus: train_fraction must be in (0, 1), got " +
                                 std::to_string(train_fraction));
   }
   TextCorpus c;
-  c.files = corpus_files(pattern);
-  if (c.files.empty()) {
-    throw DataError(pattern, "no regular text file matches (symbolic links and .dat skipped)");
-  }
-  std::string train, val;
+  c.files = text_corpus_files(pattern);
+  c.vocab_size = tokenizer.vocab_size();
+  const bool bytes = tokenizer.fingerprint() == 0;
+  std::vector<std::int64_t> train, val;
   for (const std::string& path : c.files) {
-    const std::string bytes = read_bytes(path);
-    if (bytes.empty()) throw DataError(path, "empty file: no text to learn from");
-    if (const auto nul = bytes.find('\0'); nul != std::string::npos) {
-      throw DataError(path,
-                      "a NUL byte at offset " + std::to_string(nul) + ": a binary file, not text");
-    }
-    // In integers, as torch_gpt.py's len * 9 // 10: a double product can land just below a whole
-    // number and move the cut by a byte.
-    const auto millionths = static_cast<std::uint64_t>(std::llround(train_fraction * 1e6));
-    const auto cut = static_cast<std::size_t>(bytes.size() * millionths / 1000000);
-    train.append(bytes, 0, cut);
-    val.append(bytes, cut, std::string::npos);
+    const auto [head, tail] = split_text_file(path, train_fraction, !bytes);
+    const std::vector<std::int64_t> a = tokenizer.encode(head, path),
+                                    b = tokenizer.encode(tail, path, head.size());
+    train.insert(train.end(), a.begin(), a.end());
+    val.insert(val.end(), b.begin(), b.end());
   }
   c.train = tokens_of(train);
   c.val = tokens_of(val);
   return c;
 }
 
-Dataset random_windows(Tensor tokens, std::int64_t block, std::int64_t batch, std::uint64_t seed,
-                       std::int64_t steps) {
+Dataset random_windows(TokenSequence tokens, std::int64_t block, std::int64_t batch,
+                       std::uint64_t seed, std::int64_t steps) {
   check_window(tokens, block, batch, "random_windows");
   return Dataset::from_epoch_generator(
       [tokens, block, batch, seed, steps](std::int64_t epoch, std::int64_t k, Element& out) {
@@ -119,7 +132,7 @@ Dataset random_windows(Tensor tokens, std::int64_t block, std::int64_t batch, st
         // Step k of pass e is the (e * steps + k)-th draw: passes continue the stream.
         const std::int64_t draw = steps == kInfinite ? k : epoch * steps + k;
         Generator gen(seed * 1000003ULL + static_cast<std::uint64_t>(draw));
-        const auto span = static_cast<std::uint64_t>(tokens.size(0) - block - 1);
+        const auto span = static_cast<std::uint64_t>(tokens.size() - block - 1);
         std::vector<std::int64_t> starts(static_cast<std::size_t>(batch));
         for (auto& s : starts) s = static_cast<std::int64_t>(gen.below(span));
         out = windows_at(tokens, starts, block);
@@ -128,9 +141,9 @@ Dataset random_windows(Tensor tokens, std::int64_t block, std::int64_t batch, st
       steps == kInfinite ? kInfinite : steps);
 }
 
-Dataset sequential_windows(Tensor tokens, std::int64_t block, std::int64_t batch) {
+Dataset sequential_windows(TokenSequence tokens, std::int64_t block, std::int64_t batch) {
   check_window(tokens, block, batch, "sequential_windows");
-  const std::int64_t windows = (tokens.size(0) - 1) / block;
+  const std::int64_t windows = (tokens.size() - 1) / block;
   const std::int64_t elements = (windows + batch - 1) / batch;
   return Dataset::from_generator(
       [tokens, block, batch, windows](std::int64_t k, Element& out) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "hpm/data/pipeline.h"
+#include "hpm/data/tokenizer.h"
 #include "hpm/nn/gpt.h"
 #include "hpm/nn/module.h"
 #include "hpm/nn/resnet.h"
@@ -125,9 +126,16 @@ struct Config {
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   std::string dataset = "fashion-mnist";
   // idx (dir's IDX files) | tfrecord (files, test_files) | text (files: a glob of text files,
-  // byte tokens, split 90/10 per file as ../shared/peers/torch_gpt.py; for [model] kind = "gpt")
+  // split 90/10 per file as ../shared/peers/torch_gpt.py, byte tokens or the tokenizer's) |
+  // tokens (files, test_files: globs of token shards). The last two for [model] kind = "gpt".
   std::string source = "idx";
   std::string files, test_files, compression = "none";
+  // text and tokens: a SentencePiece model file (empty: bytes), loaded into `text_tokenizer`
+  // (bytes when empty); its vocabulary is the GPT's vocab_size.
+  std::string tokenizer;
+  std::shared_ptr<const data::Tokenizer> text_tokenizer = data::byte_tokenizer();
+  // A language model's data: [data] source = "text" or "tokens" (trained by steps).
+  bool token_source() const { return source == "text" || source == "tokens"; }
   std::int64_t batch_size = 64;
   bool shuffle = true;
   std::int64_t train_limit = 0;  // use only the first N training examples (0 = all)

@@ -1,7 +1,10 @@
 // `hpm sample CONFIG --checkpoint DIR`: text from a trained GPT, printed as it is drawn. The
 // prompt goes through the model once; each new token then costs one position, its keys and values
 // kept in a cache (nn::KVCache), where re-running the window would cost block_size positions.
-// --no-cache re-runs the window instead, for the comparison.
+// --no-cache re-runs the window instead, for the comparison. Text goes through the config's
+// [data] tokenizer (bytes by default): the prompt is encoded with it (a prompt it cannot encode
+// without <unk> is refused, naming the characters) and the drawn ids are decoded as they come, a
+// character printed once all its bytes are drawn.
 #pragma once
 #include <cstdint>
 #include <string>

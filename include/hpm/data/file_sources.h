@@ -18,6 +18,9 @@ namespace hpm::data {
 Tensor bytes_tensor(std::string_view bytes);
 std::string tensor_bytes(const Tensor& t);
 
+// Paths matching a glob pattern, sorted (none: empty).
+std::vector<std::string> glob_paths(const std::string& pattern);
+
 // Paths matching a glob pattern, sorted; shuffled from (seed, epoch) when `shuffle`.
 // Throws std::invalid_argument when nothing matches.
 Dataset list_files(const std::string& pattern, bool shuffle = false, std::uint64_t seed = 0);

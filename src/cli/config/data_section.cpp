@@ -4,6 +4,7 @@
 
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
+#include "hpm/data/tokenizer.h"
 #include "hpm/io/tfrecord.h"
 
 namespace hpm::cli::config {
@@ -77,6 +78,25 @@ std::vector<data::AugmentOp> parse_augment(const std::string& path, const toml::
   return ops;
 }
 
+// [data] tokenizer: the SentencePiece model, whose vocabulary must be the GPT's.
+void read_tokenizer(const TableReader& data, Config& c) {
+  if (!c.token_source()) {
+    data.invalid("tokenizer",
+                 "is for [data] source = \"text\" or \"tokens\", got source \"" + c.source + "\"");
+  }
+  try {
+    c.text_tokenizer = data::load_sentencepiece(c.tokenizer);
+  } catch (const data::DataError& e) {
+    throw ConfigError(data.at("tokenizer") + ": [data] tokenizer: " + e.what());
+  }
+  if (c.text_tokenizer->vocab_size() != c.gpt.vocab_size) {
+    throw ConfigError(data.at("tokenizer") + ": [data] tokenizer " + c.tokenizer + " has " +
+                      std::to_string(c.text_tokenizer->vocab_size()) +
+                      " tokens, but [model] vocab_size is " + std::to_string(c.gpt.vocab_size) +
+                      ": the model's vocabulary must be the tokenizer's");
+  }
+}
+
 }  // namespace
 
 void read_data(const Source& s, Config& c) {
@@ -88,6 +108,7 @@ void read_data(const Source& s, Config& c) {
   data.get("source", c.source);
   data.get("files", c.files);
   data.get("test_files", c.test_files);
+  data.get("tokenizer", c.tokenizer);
   data.get("compression", c.compression);
   data.get_positive("batch_size", c.batch_size);
   data.get("shuffle", c.shuffle);
@@ -110,17 +131,25 @@ void read_data(const Source& s, Config& c) {
     c.augment = parse_augment(path, *t->get("augment"));
   }
   data.finish();
-  if (c.source != "idx" && c.source != "tfrecord" && c.source != "text") {
-    throw ConfigError(data.at("source") + ": [data] source must be \"idx\", \"tfrecord\" or " +
-                      "\"text\", got \"" + c.source + "\"");
+  if (c.source != "idx" && c.source != "tfrecord" && c.source != "text" && c.source != "tokens") {
+    throw ConfigError(data.at("source") + ": [data] source must be \"idx\", \"tfrecord\", " +
+                      "\"text\" or \"tokens\", got \"" + c.source + "\"");
   }
-  // Text is for language models, and language models learn from text.
-  if ((c.source == "text") != (c.model_kind == "gpt")) {
+  // Text and tokens are for language models, and language models learn from them.
+  if (c.token_source() != (c.model_kind == "gpt")) {
     throw ConfigError(data.at("source") + ": [data] source = \"" + c.source +
                       "\" with [model] kind = \"" + c.model_kind +
-                      "\": a GPT trains on [data] source = \"text\", and only a GPT does");
+                      "\": a GPT trains on [data] source = \"text\" or \"tokens\", and only a "
+                      "GPT does");
   }
   if (c.source == "text" && c.files.empty()) c.files = "/usr/share/games/fortunes/*";
+  if (c.source == "tokens" && (c.files.empty() || c.test_files.empty())) {
+    throw ConfigError(data.at("source") +
+                      ": [data] source = \"tokens\" needs files and test_files (globs of token "
+                      "shards, as `hpm data tokenizer encode --files GLOB -o DIR` writes them: "
+                      "DIR/train-*.tokens and DIR/val-*.tokens)");
+  }
+  if (!c.tokenizer.empty()) read_tokenizer(data, c);
   if (c.source == "tfrecord" && (c.files.empty() || c.test_files.empty())) {
     throw ConfigError(data.at("source") +
                       ": [data] source = \"tfrecord\" needs files and test_files (glob patterns)");

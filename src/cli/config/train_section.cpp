@@ -50,14 +50,14 @@ void read_train(const Source& s, Config& c) {
   tr.get("eval_iters", c.eval_iters);
   if (c.eval_iters < 0) tr.out_of_range(*tr.find("eval_iters"), "eval_iters", "0 (all) or more");
   tr.finish();
-  if (c.source == "text") {
+  if (c.token_source()) {
     // A language model trains by steps: the Trainer's epochs are the stretches between
     // evaluations.
     if (tr.has("epochs"))
-      tr.invalid("epochs", "does not apply to [data] source = \"text\": set max_steps");
+      tr.invalid("epochs", "does not apply to [data] source = \"" + c.source + "\": set max_steps");
     if (c.max_steps == 0) {
       throw ConfigError(tr.at("max_steps") +
-                        ": [train] max_steps is needed with [data] source = \"text\"");
+                        ": [train] max_steps is needed with [data] source = \"" + c.source + "\"");
     }
     if (c.eval_every == 0) c.eval_every = c.max_steps;
     if (c.max_steps % c.eval_every != 0) {
@@ -67,7 +67,9 @@ void read_train(const Source& s, Config& c) {
     c.epochs = c.max_steps / c.eval_every;
   } else {
     for (const char* key : {"max_steps", "eval_every", "eval_iters"})
-      if (tr.has(key)) tr.invalid(key, "is for [data] source = \"text\" (training by steps)");
+      if (tr.has(key)) {
+        tr.invalid(key, "is for [data] source = \"text\" or \"tokens\" (training by steps)");
+      }
   }
 }
 
