@@ -6,6 +6,9 @@ and the fraction of this machine's FP32 peak each reaches (FLOPs per token by na
 build/bench/sgemm_peak in the same run).
 
 usage: bench/gpt_vs_torch.py [--size default|shakespeare] [--threads 1,2] [--steps 200] [--repeats 3]
+                            [--precision f32|bf16|both]
+  --precision: hpm's ([train] precision; bf16 needs AVX512_BF16); PyTorch runs f32 either way,
+               at its best, and the peak column stays the f32 SGEMM peak.
   default:     torch_gpt.py's defaults (4 layers, 4 heads, 128 wide, block 64, batch 12)
   shakespeare: nanoGPT's shakespeare_char size (6 layers, 6 heads, 384 wide, block 256, batch 16)
 """
@@ -25,12 +28,13 @@ def flops_per_token(s):
     return 6 * params + 12 * L * s["heads"] * (e // s["heads"]) * t
 
 
-def hpm(s, threads, steps):
+def hpm(s, threads, steps, precision="f32"):
     with tempfile.NamedTemporaryFile(suffix=".json") as rep:
         sets = {"model.n_layer": s["layers"], "model.n_head": s["heads"], "model.n_embd": s["embd"],
                 "model.block_size": s["block"], "data.batch_size": s["batch"],
                 "train.max_steps": steps, "train.eval_every": steps, "train.eval_iters": 1,
-                "schedule.t_max": max(1, steps - 100), "schedule.warmup": min(100, steps - 1)}
+                "schedule.t_max": max(1, steps - 100), "schedule.warmup": min(100, steps - 1),
+                "train.precision": f'"{precision}"'}
         cmd = [os.path.join(ROOT, "build", "hpm"), "train", os.path.join(ROOT, "examples", "fortunes_gpt.toml"),
                "--threads", str(threads), "--report", rep.name]
         for k, v in sets.items():
@@ -53,23 +57,29 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--precision", default="f32", choices=["f32", "bf16", "both"])
     a = ap.parse_args()
     peers.install()
     print(peers.machine(), flush=True)
     s = SIZES[a.size]
     fpt = flops_per_token(s)
     print(f"size {a.size} {s}, {fpt / 1e6:.1f} MFLOP per token, {a.steps} steps, medians of {a.repeats}")
-    print("| threads | hpm tokens/s | PyTorch tokens/s | ratio | hpm GFLOP/s | PyTorch GFLOP/s | SGEMM peak | hpm fraction |")
-    print("|---|---|---|---|---|---|---|---|")
+    precisions = ["f32", "bf16"] if a.precision == "both" else [a.precision]
+    print("| threads | hpm precision | hpm tokens/s | PyTorch f32 tokens/s | ratio | hpm GFLOP/s | PyTorch GFLOP/s | "
+          "f32 SGEMM peak | hpm fraction of it |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for threads in [int(t) for t in a.threads.split(",")]:
         peak = peers.sgemm_peak(ROOT, threads)
-        h, t = [], []
-        for _ in range(a.repeats):
-            h.append(hpm(s, threads, a.steps))
+        h, t = {p: [] for p in precisions}, []
+        for _ in range(a.repeats):  # alternating, so drifts in the machine's speed hit both
+            for p in precisions:
+                h[p].append(hpm(s, threads, a.steps, p))
             t.append(torch(s, threads, a.steps))
-        mh, mt = statistics.median(h), statistics.median(t)
-        print(f"| {threads} | {mh:.0f} | {mt:.0f} | {mh / mt:.2f}x | {mh * fpt / 1e9:.1f} | {mt * fpt / 1e9:.1f} | "
-              f"{peak:.1f} | {mh * fpt / 1e9 / peak:.2f} |", flush=True)
+        mt = statistics.median(t)
+        for p in precisions:
+            mh = statistics.median(h[p])
+            print(f"| {threads} | {p} | {mh:.0f} | {mt:.0f} | {mh / mt:.2f}x | {mh * fpt / 1e9:.1f} | "
+                  f"{mt * fpt / 1e9:.1f} | {peak:.1f} | {mh * fpt / 1e9 / peak:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 #include <fstream>
 
 #include "common/temp_dir.h"
+#include "hpm/tensor/kernels.h"
 
 namespace hpm::cli {
 namespace {
@@ -200,6 +201,28 @@ blocks = [3, 3, 3]
   EXPECT_NE(error_of(resnet, {"model.widths=[16, \"x\", 64]"})
                 .find("widths must be an array of integers"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace hpm::cli
+
+namespace hpm::cli {
+namespace {
+
+TEST(Config, PrecisionIsF32OrBf16WhereNative) {
+  const std::string msg = error_of(std::string(kValid) + "\n[train]\nprecision = \"fp16\"\n");
+  EXPECT_NE(msg.find("run.toml:12:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("[train] precision must be \"f32\" or \"bf16\", got \"fp16\""),
+            std::string::npos)
+      << msg;
+  TempDir dir;
+  const std::string path = write(dir, std::string(kValid) + "\n[train]\nprecision = \"bf16\"\n");
+  if (kernels::native_bf16()) {
+    EXPECT_EQ(load_config(path, {}).precision, "bf16");
+  } else {
+    const std::string refused = error_of(std::string(kValid) + "\n[train]\nprecision = \"bf16\"\n");
+    EXPECT_NE(refused.find("AVX512_BF16"), std::string::npos) << refused;
+  }
 }
 
 }  // namespace

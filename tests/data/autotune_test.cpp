@@ -44,7 +44,8 @@ TEST_F(Autotune, ParallelismGrowsWhileTheConsumerWaits) {
 
 TEST_F(Autotune, ParallelismStaysLowWhenTheConsumerIsTheBottleneck) {
   set_autotune_budget({4, 0});
-  const Dataset d = Dataset::range(0, 60).map([](Element e) { return e; }, MapOptions{kAutotune, true});
+  const Dataset d =
+      Dataset::range(0, 60).map([](Element e) { return e; }, MapOptions{kAutotune, true});
   auto it = d.make_iterator();
   Element e;
   while (it->next(e)) std::this_thread::sleep_for(std::chrono::milliseconds(4));  // a slow step
@@ -58,14 +59,12 @@ TEST_F(Autotune, PrefetchKeepsToTheRamBudget) {
   // Elements of 1 MiB, a budget of 3 MiB: the buffer may grow by at most 3 slots however long
   // the consumer waits.
   set_autotune_budget({2, 3 << 20});
-  const Dataset d = Dataset::from_generator(
-                        [](std::int64_t i, Element& out) {
-                          if (i >= 120) return false;
-                          std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                          out = {Tensor::zeros({1 << 18})};  // 1 MiB of float32
-                          return true;
-                        })
-                        .prefetch(kAutotune);
+  const Dataset d = Dataset::from_generator([](std::int64_t i, Element& out) {
+                      if (i >= 120) return false;
+                      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                      out = {Tensor::zeros({1 << 18})};  // 1 MiB of float32
+                      return true;
+                    }).prefetch(kAutotune);
   auto it = d.make_iterator();
   Element e;
   std::int64_t peak_reserved = 0;

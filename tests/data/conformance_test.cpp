@@ -2,7 +2,6 @@
 // get-next order, cardinality, end-of-sequence stickiness, and save/restore at breakpoints
 // 0, 1, 5 and the last element giving exactly the remaining elements.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -36,7 +35,8 @@ using Seq = std::vector<std::vector<double>>;
 Seq drain(Iterator& it, std::int64_t limit = -1) {
   Seq out;
   Element e;
-  while ((limit < 0 || static_cast<std::int64_t>(out.size()) < limit) && it.next(e)) out.push_back(flat(e));
+  while ((limit < 0 || static_cast<std::int64_t>(out.size()) < limit) && it.next(e))
+    out.push_back(flat(e));
   return out;
 }
 
@@ -78,7 +78,9 @@ std::vector<Case> cases() {
   c.push_back({"range", [] { return Dataset::range(0, 12); }, scalars(iota(0, 12)), 12});
   c.push_back({"range_step", [] { return Dataset::range(10, 0, -3); }, scalars({10, 7, 4, 1}), 4});
   c.push_back({"slices",
-               [] { return Dataset::from_tensor_slices({Tensor::from({1, 2, 3, 4, 5, 6}, {3, 2})}); },
+               [] {
+                 return Dataset::from_tensor_slices({Tensor::from({1, 2, 3, 4, 5, 6}, {3, 2})});
+               },
                {{1001, 2, 1, 2}, {1001, 2, 3, 4}, {1001, 2, 5, 6}},
                3});
   c.push_back({"generator",
@@ -91,29 +93,29 @@ std::vector<Case> cases() {
                      },
                      9);
                },
-               scalars({0, 1, 4, 9, 16, 25, 36, 49, 64}),
-               9});
+               scalars({0, 1, 4, 9, 16, 25, 36, 49, 64}), 9});
   c.push_back({"map_sequential",
                [] {
-                 return Dataset::range(0, 8).map([](Element e) {
-                   return Element{Tensor::scalar(e[0].item() + 0.5f)};
-                 });
+                 return Dataset::range(0, 8).map(
+                     [](Element e) { return Element{Tensor::scalar(e[0].item() + 0.5f)}; });
                },
-               scalars(iota(0.5, 8.5)),
-               8});
+               scalars(iota(0.5, 8.5)), 8});
   c.push_back({"map_parallel_deterministic", slow_double, scalars(iota(0, 46, 2)), 23});
   c.push_back({"filter",
                [] {
-                 return Dataset::range(0, 15).filter([](const Element& e) {
-                   return e[0].to_vector_i64()[0] % 3 == 0;
-                 });
+                 return Dataset::range(0, 15).filter(
+                     [](const Element& e) { return e[0].to_vector_i64()[0] % 3 == 0; });
                },
                scalars({0, 3, 6, 9, 12})});
   c.push_back({"shuffle", [] { return Dataset::range(0, 30).shuffle(7, 3); }, {}, 30});
-  c.push_back({"batch", [] { return Dataset::range(0, 10).batch(4); },
-               {{1001, 4, 0, 1, 2, 3}, {1001, 4, 4, 5, 6, 7}, {1001, 2, 8, 9}}, 3});
-  c.push_back({"batch_drop", [] { return Dataset::range(0, 10).batch(4, true); },
-               {{1001, 4, 0, 1, 2, 3}, {1001, 4, 4, 5, 6, 7}}, 2});
+  c.push_back({"batch",
+               [] { return Dataset::range(0, 10).batch(4); },
+               {{1001, 4, 0, 1, 2, 3}, {1001, 4, 4, 5, 6, 7}, {1001, 2, 8, 9}},
+               3});
+  c.push_back({"batch_drop",
+               [] { return Dataset::range(0, 10).batch(4, true); },
+               {{1001, 4, 0, 1, 2, 3}, {1001, 4, 4, 5, 6, 7}},
+               2});
   c.push_back({"padded_batch",
                [] {
                  return Dataset::range(1, 5)
@@ -125,25 +127,35 @@ std::vector<Case> cases() {
                },
                {{1002, 2, 2, 1, -1, 2, 2}, {1002, 2, 4, 3, 3, 3, -1, 4, 4, 4, 4}},
                2});
-  c.push_back({"unbatch", [] { return Dataset::range(0, 7).batch(3).unbatch(); }, scalars(iota(0, 7))});
+  c.push_back(
+      {"unbatch", [] { return Dataset::range(0, 7).batch(3).unbatch(); }, scalars(iota(0, 7))});
   c.push_back({"repeat", [] { return Dataset::range(0, 3).repeat(3); },
                scalars({0, 1, 2, 0, 1, 2, 0, 1, 2}), 9});
   c.push_back({"repeat_infinite_take", [] { return Dataset::range(0, 4).repeat().take(10); },
                scalars({0, 1, 2, 3, 0, 1, 2, 3, 0, 1}), 10});
   c.push_back({"take", [] { return Dataset::range(0, 10).take(4); }, scalars({0, 1, 2, 3}), 4});
   c.push_back({"skip", [] { return Dataset::range(0, 10).skip(7); }, scalars({7, 8, 9}), 3});
-  c.push_back({"shard", [] { return Dataset::range(0, 11).shard(3, 1); }, scalars({1, 4, 7, 10}), 4});
-  c.push_back({"enumerate", [] { return Dataset::range(5, 8).enumerate(); },
-               {{1000, 0, 1000, 5}, {1000, 1, 1000, 6}, {1000, 2, 1000, 7}}, 3});
-  c.push_back({"zip", [] { return Dataset::zip({Dataset::range(0, 5), Dataset::range(10, 13)}); },
-               {{1000, 0, 1000, 10}, {1000, 1, 1000, 11}, {1000, 2, 1000, 12}}, 3});
+  c.push_back(
+      {"shard", [] { return Dataset::range(0, 11).shard(3, 1); }, scalars({1, 4, 7, 10}), 4});
+  c.push_back({"enumerate",
+               [] { return Dataset::range(5, 8).enumerate(); },
+               {{1000, 0, 1000, 5}, {1000, 1, 1000, 6}, {1000, 2, 1000, 7}},
+               3});
+  c.push_back({"zip",
+               [] {
+                 return Dataset::zip({Dataset::range(0, 5), Dataset::range(10, 13)});
+               },
+               {{1000, 0, 1000, 10}, {1000, 1, 1000, 11}, {1000, 2, 1000, 12}},
+               3});
   c.push_back({"cache", [] { return Dataset::range(0, 6).cache(); }, scalars(iota(0, 6)), 6});
-  c.push_back({"prefetch", [] { return Dataset::range(0, 13).prefetch(3); }, scalars(iota(0, 13)), 13});
+  c.push_back(
+      {"prefetch", [] { return Dataset::range(0, 13).prefetch(3); }, scalars(iota(0, 13)), 13});
   c.push_back({"ignore_errors",
                [] {
                  return Dataset::from_generator([](std::int64_t i, Element& out) {
                           if (i >= 10) return false;
-                          if (i % 4 == 1) throw std::runtime_error("corrupt record " + std::to_string(i));
+                          if (i % 4 == 1)
+                            throw std::runtime_error("corrupt record " + std::to_string(i));
                           out = {Tensor::scalar(static_cast<float>(i))};
                           return true;
                         })
@@ -174,8 +186,12 @@ std::vector<Case> cases() {
                [] {
                  return Dataset::range(0, 40)
                      .shuffle(8, 11)
-                     .map([](Element e) { return Element{Tensor::scalar(static_cast<float>(e[0].to_vector_i64()[0]))}; },
-                          MapOptions{2, true})
+                     .map(
+                         [](Element e) {
+                           return Element{
+                               Tensor::scalar(static_cast<float>(e[0].to_vector_i64()[0]))};
+                         },
+                         MapOptions{2, true})
                      .batch(3)
                      .prefetch(2);
                },
@@ -294,24 +310,25 @@ TEST(Dataset, CacheServesLaterPassesWithoutTheInput) {
                       ++calls;
                       out = {Tensor::scalar(static_cast<float>(i))};
                       return true;
-                    })
-                        .cache();
+                    }).cache();
   EXPECT_EQ(all(d), scalars(iota(0, 5)));
   EXPECT_EQ(all(d), scalars(iota(0, 5)));
   EXPECT_EQ(calls, 5);
 }
 
 TEST(Dataset, FileCacheIsWrittenOnlyByACompletePass) {
-  const std::string path = (std::filesystem::temp_directory_path() / ("hpm-cache-" + std::to_string(::getpid()))).string();
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("hpm-cache-" + std::to_string(::getpid())))
+          .string();
   std::filesystem::remove(path);
   int calls = 0;
   const Dataset d = Dataset::from_generator([&](std::int64_t i, Element& out) {
                       if (i >= 6) return false;
                       ++calls;
-                      out = {Tensor::scalar(static_cast<float>(i)), Tensor::from_i64(std::vector<std::int64_t>{i}, {1})};
+                      out = {Tensor::scalar(static_cast<float>(i)),
+                             Tensor::from_i64(std::vector<std::int64_t>{i}, {1})};
                       return true;
-                    })
-                        .cache(path);
+                    }).cache(path);
   {
     // An interrupted first pass leaves no cache file behind.
     auto it = d.make_iterator();
@@ -363,7 +380,8 @@ TEST(Dataset, InvalidArgumentsAreRejected) {
   EXPECT_THROW(Dataset::range(0, 5).batch(0), std::invalid_argument);
   EXPECT_THROW(Dataset::range(0, 5).shard(2, 2), std::invalid_argument);
   EXPECT_THROW(Dataset::range(0, 5).shuffle(0, 1), std::invalid_argument);
-  EXPECT_THROW(Dataset::range(0, 5).map([](Element e) { return e; }, MapOptions{0, true}), std::invalid_argument);
+  EXPECT_THROW(Dataset::range(0, 5).map([](Element e) { return e; }, MapOptions{0, true}),
+               std::invalid_argument);
   EXPECT_THROW(Dataset::range(0, 5, 0), std::invalid_argument);
 }
 

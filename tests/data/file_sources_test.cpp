@@ -13,7 +13,8 @@ namespace {
 using hpm::testing::TempDir;
 
 // Writes `n` Examples {image: bytes of i repeated 4 times, label: i} to `path`.
-void write_examples(const std::string& path, int first, int n, io::Compression c = io::Compression::None) {
+void write_examples(const std::string& path, int first, int n,
+                    io::Compression c = io::Compression::None) {
   io::TfRecordWriter w(path, c);
   for (int i = first; i < first + n; ++i) {
     io::Example ex;
@@ -45,7 +46,9 @@ TEST(FileSources, TfRecordExamplesParseInOrder) {
   ASSERT_TRUE(it->next(e));
   EXPECT_EQ(tensor_bytes(e[0]), std::string(4, '\0'));
   EXPECT_EQ(labels_of(*it), (std::vector<std::int64_t>{1, 2, 3, 4}));
-  auto gz = tfrecord_dataset({dir / "b.tfrecord.gz"}, io::Compression::Gzip).map(parse_example_fn(specs())).make_iterator();
+  auto gz = tfrecord_dataset({dir / "b.tfrecord.gz"}, io::Compression::Gzip)
+                .map(parse_example_fn(specs()))
+                .make_iterator();
   EXPECT_EQ(labels_of(*gz), (std::vector<std::int64_t>{5, 6, 7}));
 }
 
@@ -53,7 +56,8 @@ TEST(FileSources, ResumesMidFile) {
   TempDir dir;
   write_examples(dir / "a.tfrecord", 0, 4);
   write_examples(dir / "b.tfrecord", 4, 4);
-  const Dataset d = tfrecord_dataset({dir / "a.tfrecord", dir / "b.tfrecord"}).map(parse_example_fn(specs()));
+  const Dataset d =
+      tfrecord_dataset({dir / "a.tfrecord", dir / "b.tfrecord"}).map(parse_example_fn(specs()));
   for (int k : {0, 1, 3, 4, 6, 8}) {
     auto it = d.make_iterator();
     Element e;
@@ -90,9 +94,11 @@ TEST(FileSources, CorruptRecordNamesFileAndOffsetAndIgnoreErrorsSkipsIt) {
   } catch (const DataError& err) {
     EXPECT_EQ(err.origin(), "tfrecord");
     EXPECT_NE(std::string(err.what()).find(path), std::string::npos) << err.what();
-    EXPECT_NE(std::string(err.what()).find("byte " + std::to_string(record)), std::string::npos) << err.what();
+    EXPECT_NE(std::string(err.what()).find("byte " + std::to_string(record)), std::string::npos)
+        << err.what();
   }
-  auto skipping = tfrecord_dataset({path}).ignore_errors().map(parse_example_fn(specs())).make_iterator();
+  auto skipping =
+      tfrecord_dataset({path}).ignore_errors().map(parse_example_fn(specs())).make_iterator();
   EXPECT_EQ(labels_of(*skipping), (std::vector<std::int64_t>{0, 2, 3}));
   std::vector<StageStats> stats;
   skipping->stats(stats);

@@ -13,13 +13,15 @@ namespace {
 
 Tensor gradient_image(std::int64_t c, std::int64_t h, std::int64_t w) {
   Tensor t = Tensor::empty({c, h, w});
-  for (std::int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(i % 256) / 255.0f;
+  for (std::int64_t i = 0; i < t.numel(); ++i)
+    t.data<float>()[i] = static_cast<float>(i % 256) / 255.0f;
   return t;
 }
 
 // A JPEG made with libjpeg directly, to check decoding against known pixels.
 std::string encode_jpeg(const Tensor& img, int quality) {
-  const auto c = static_cast<int>(img.size(0)), h = static_cast<int>(img.size(1)), w = static_cast<int>(img.size(2));
+  const auto c = static_cast<int>(img.size(0)), h = static_cast<int>(img.size(1)),
+             w = static_cast<int>(img.size(2));
   jpeg_compress_struct cinfo{};
   jpeg_error_mgr err{};
   cinfo.err = jpeg_std_error(&err);
@@ -57,7 +59,8 @@ TEST(ImageCodec, PngRoundTripsExactly) {
     const std::string png = encode_png(img);
     const Tensor back = decode_image(png);
     ASSERT_EQ(back.shape(), img.shape());
-    for (std::int64_t i = 0; i < img.numel(); ++i) EXPECT_FLOAT_EQ(back.data<float>()[i], img.data<float>()[i]);
+    for (std::int64_t i = 0; i < img.numel(); ++i)
+      EXPECT_FLOAT_EQ(back.data<float>()[i], img.data<float>()[i]);
   }
 }
 
@@ -66,7 +69,8 @@ TEST(ImageCodec, JpegDecodesCloseToTheSource) {
   const Tensor back = decode_image(encode_jpeg(img, 95));
   ASSERT_EQ(back.shape(), img.shape());
   double err = 0;
-  for (std::int64_t i = 0; i < img.numel(); ++i) err += std::fabs(back.data<float>()[i] - img.data<float>()[i]);
+  for (std::int64_t i = 0; i < img.numel(); ++i)
+    err += std::fabs(back.data<float>()[i] - img.data<float>()[i]);
   EXPECT_LT(err / static_cast<double>(img.numel()), 0.05);
 }
 

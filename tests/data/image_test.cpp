@@ -29,7 +29,8 @@ TEST(Image, RandomCropIsAWindowOfThePaddedImage) {
         for (int y = 0; y < 4 && same; ++y)
           for (int x = 0; x < 3 && same; ++x) {
             const int sy = top + y - 2, sx = left + x - 2;
-            const float expect = (sy < 0 || sy >= 5 || sx < 0 || sx >= 6) ? 0.0f : img.data<float>()[sy * 6 + sx];
+            const float expect =
+                (sy < 0 || sy >= 5 || sx < 0 || sx >= 6) ? 0.0f : img.data<float>()[sy * 6 + sx];
             same = out.data<float>()[y * 3 + x] == expect;
           }
         found = same;
@@ -68,7 +69,8 @@ TEST(Image, ResizeBilinearMatchesPyTorch) {
   const Tensor out = resize_bilinear(Tensor::from({1, 2, 3, 4}, {1, 2, 2}), 4, 4);
   const std::vector<float> expected = {1.0f, 1.25f, 1.75f, 2.0f, 1.5f, 1.75f, 2.25f, 2.5f,
                                        2.5f, 2.75f, 3.25f, 3.5f, 3.0f, 3.25f, 3.75f, 4.0f};
-  for (std::size_t i = 0; i < expected.size(); ++i) EXPECT_FLOAT_EQ(out.to_vector()[i], expected[i]) << i;
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    EXPECT_FLOAT_EQ(out.to_vector()[i], expected[i]) << i;
 }
 
 LabelledData tiny(std::int64_t n) {
@@ -97,7 +99,8 @@ TEST(Pipeline, AugmentationIsDeterministicAcrossParallelismAndVariesByEpoch) {
   spec.shuffle_buffer = -1;
   spec.seed = 9;
   spec.batch_size = 8;
-  spec.augment = {{"random_crop", 2, 6, 6, {}, {}}, {"random_flip", 0, 0, 0, {}, {}},
+  spec.augment = {{"random_crop", 2, 6, 6, {}, {}},
+                  {"random_flip", 0, 0, 0, {}, {}},
                   {"normalize", 0, 0, 0, {0.5f}, {2.0f}}};
   spec.parallel_calls = 1;
   const auto sequential = run(build_pipeline(data, spec));

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 
+#include "common/errors.h"
 #include "common/hpm_cli.h"
 #include "common/temp_dir.h"
 #include "hpm/data/text_corpus.h"
@@ -33,14 +34,7 @@ std::vector<std::int64_t> all(const TokenSequence& s) {
   return v;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using hpm::testing::error_of;
 
 // Overwrites bytes of a file at `offset`; with `fix_header`, the header checksum is recomputed so
 // that the damage reaches the check after it.

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/errors.h"
 #include "common/hpm_cli.h"
 #include "common/temp_dir.h"
 #include "hpm/data/text_corpus.h"
@@ -31,14 +32,7 @@ std::string fortunes_subset(const TempDir& dir) {
   return dir / "corpus/*";
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using hpm::testing::error_of;
 
 #define SKIP_WITHOUT_FORTUNES()                       \
   if (!std::filesystem::exists(kFortunes + "/linux")) \

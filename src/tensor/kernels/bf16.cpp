@@ -20,6 +20,7 @@
 
 #include "dnnl_context.h"
 #include "hpm/tensor/kernels.h"
+#include "linear_output.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -180,22 +181,10 @@ Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b)
 Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias) {
   check_bf16(x, "linear_bf16");
   check_bf16(w, "linear_bf16");
-  if (x.size(1) != w.size(1)) {
-    throw std::invalid_argument("linear: input " + x.shape().str() + " does not match weight " +
-                                w.shape().str());
-  }
-  const std::int64_t n = x.size(0), out = w.size(0);
-  Tensor y = Tensor::empty({n, out}, DType::F32, x.device());
-  float* py = y.data<float>();
-  float beta = 0.0f;
-  if (bias.defined()) {
-    const float* pb = bias.data<float>();
-    for (std::int64_t i = 0; i < n; ++i) std::memcpy(py + i * out, pb, sizeof(float) * out);
-    beta = 1.0f;
-  }
-  gemm_bf16(false, true, n, out, x.size(1), 1.0f, x.data<std::uint16_t>(), x.size(1),
-            w.data<std::uint16_t>(), w.size(1), beta, py, out);
-  return y;
+  LinearOutput o = linear_output(x, w, bias);
+  gemm_bf16(false, true, x.size(0), w.size(0), x.size(1), 1.0f, x.data<std::uint16_t>(), x.size(1),
+            w.data<std::uint16_t>(), w.size(1), o.beta, o.y.data<float>(), w.size(0));
+  return o.y;
 }
 
 }  // namespace hpm::kernels

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "hpm/tensor/kernels.h"
+#include "linear_output.h"
 
 namespace hpm::kernels {
 
@@ -91,25 +92,28 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return c;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+LinearOutput linear_output(const Tensor& x, const Tensor& w, const Tensor& bias) {
   if (x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(1)) {
     throw std::invalid_argument("linear: input " + x.shape().str() + " does not match weight " +
                                 w.shape().str());
   }
   const std::int64_t n = x.size(0), out = w.size(0);
-  Tensor y = Tensor::empty({n, out}, DType::F32, x.device());
-  float* py = y.data<float>();
-  float beta = 0.0f;
+  LinearOutput o{Tensor::empty({n, out}, DType::F32, x.device()), 0.0f};
   if (bias.defined()) {
-    // Seed C with the bias rows so the GEMM adds into it: one pass over y instead of two.
+    float* py = o.y.data<float>();
     const float* pb = bias.data<float>();
     for (std::int64_t i = 0; i < n; ++i)
-      for (std::int64_t j = 0; j < out; ++j) py[i * out + j] = pb[j];
-    beta = 1.0f;
+      std::memcpy(py + i * out, pb, static_cast<std::size_t>(out) * sizeof(float));
+    o.beta = 1.0f;
   }
-  gemm(false, true, n, out, x.size(1), 1.0f, x.data<float>(), x.size(1), w.data<float>(), w.size(1),
-       beta, py, out);
-  return y;
+  return o;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  LinearOutput o = linear_output(x, w, bias);
+  gemm(false, true, x.size(0), w.size(0), x.size(1), 1.0f, x.data<float>(), x.size(1),
+       w.data<float>(), w.size(1), o.beta, o.y.data<float>(), w.size(0));
+  return o.y;
 }
 
 }  // namespace hpm::kernels
