@@ -338,7 +338,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 // ---- convolution and pooling ---------------------------------------------------------------
 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
-              const kernels::Conv2dParams& p) {
+              const kernels::Conv2dParams& params) {
+  kernels::Conv2dParams p = params;
+  p.bf16 = autocast_precision() == Precision::BF16;
   Tensor y = kernels::conv2d_forward(x, weight, bias, p);
   if (p.relu) {
     // relu(conv(x)): the gradient passes where the output is positive, then through the conv.

@@ -70,6 +70,37 @@ TEST(Bf16, GemmEqualsF32GemmOfRoundedOperands) {
     }
 }
 
+// A bf16 convolution (oneDNN's bf16 primitives, f32 accumulation) equals the f32 convolution of
+// the rounded operands up to the order of its sums; backward likewise, with grad_y rounded.
+TEST(Bf16, ConvolutionEqualsF32ConvolutionOfRoundedOperands) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  Generator gen(4);
+  const auto rounded = [](const Tensor& t) { return kernels::to_f32(kernels::to_bf16(t)); };
+  const Tensor x = Tensor::randn({4, 3, 9, 9}, gen), w = Tensor::randn({8, 3, 3, 3}, gen);
+  const Tensor bias = Tensor::randn({8}, gen);
+  kernels::Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  kernels::Conv2dParams pb = p;
+  pb.bf16 = true;
+  const auto expect_near = [](const Tensor& got, const Tensor& want, const char* what) {
+    const auto g = got.to_vector(), e = want.to_vector();
+    ASSERT_EQ(g.size(), e.size()) << what;
+    for (std::size_t i = 0; i < g.size(); ++i)
+      ASSERT_NEAR(g[i], e[i], 1e-4f * (1.0f + std::fabs(e[i]))) << what << " " << i;
+  };
+  const Tensor y = kernels::conv2d_forward(x, w, bias, pb);
+  expect_near(y, kernels::conv2d_forward(rounded(x), rounded(w), bias, p), "y");
+  const Tensor gy = Tensor::randn(y.shape(), gen);
+  Tensor gx, gw, gb, ex, ew, eb;
+  kernels::conv2d_backward(gy, x, w, pb, &gx, &gw, &gb);
+  kernels::conv2d_backward(rounded(gy), rounded(x), rounded(w), p, &ex, &ew, &eb);
+  expect_near(gx, ex, "grad_x");
+  expect_near(gw, ew, "grad_w");
+  // The bias gradient sums grad_y itself; oneDNN may sum the rounded or the f32 values.
+  const auto g = gb.to_vector(), e = eb.to_vector();
+  for (std::size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], e[i], 2e-2f * (1 + std::fabs(e[i])));
+}
+
 TEST(Bf16, MatmulChecksItsOperands) {
   const Tensor f = Tensor::zeros({2, 3});
   EXPECT_THROW(

@@ -10,8 +10,9 @@
 // The rule under BF16:
 //   - products (linear, 2-D matmul) take bf16 operands and accumulate in f32, through oneDNN;
 //     they keep their inputs for backward in bf16 (half the bytes of the activations they save);
+//   - convolutions take bf16 operands and accumulate in f32 (oneDNN), keeping f32 inputs;
 //   - everything else computes in f32: softmax, normalizations, losses, reductions, element-wise
-//     ops, and (in this version) the fused attention and convolutions;
+//     ops, and (in this version) the fused attention and batched matmuls;
 //   - parameters, their gradients and the optimizer state stay f32 (the master weights): a
 //     product converts its weight when it runs.
 // Outputs are f32 tensors either way, so nothing outside the products sees a bf16 tensor.

@@ -47,6 +47,7 @@ struct Key {
   int part;  // 0 forward, 16 forward + ReLU; else 1 | 2 (grad_x) | 4 (grad_w) | 8 (grad_bias with
              // grad_w)
   bool bias;
+  bool bf16;  // operands in bf16 (Conv2dParams::bf16)
   int threads;
   auto operator<=>(const Key&) const = default;
 };
@@ -61,8 +62,9 @@ Key make_key(const Tensor& x, const Tensor& w, const Conv2dParams& p, int part, 
     throw std::invalid_argument("conv2d: kernel " + ws.str() + " larger than padded input " +
                                 xs.str());
   }
-  return Key{xs[0],      xs[1],      xs[2],   xs[3],   ws[0], ws[2], ws[3],
-             p.stride_h, p.stride_w, p.pad_h, p.pad_w, part,  bias,  omp_get_max_threads()};
+  return Key{xs[0],   xs[1], xs[2],      xs[3],      ws[0],
+             ws[2],   ws[3], p.stride_h, p.stride_w, p.pad_h,
+             p.pad_w, part,  bias,       p.bf16,     omp_get_max_threads()};
 }
 
 std::int64_t out_h(const Key& k) { return (k.h + 2 * k.pad_h - k.kh) / k.stride_h + 1; }
@@ -86,7 +88,13 @@ Descs descs(const Key& k) {
   return d;
 }
 
-memory::desc any(const memory::dims& dims) { return memory::desc(dims, kF32, Tag::any); }
+// An operand in whatever layout the primitive prefers: f32, or for the inputs (src, weights,
+// diff_dst) of a bf16 plan bf16; the user's f32 tensors reach it through a reorder, which
+// converts the type in the same pass.
+memory::desc any(const memory::dims& dims, memory::data_type type = kF32) {
+  return memory::desc(dims, type, Tag::any);
+}
+memory::data_type operand_type(const Key& k) { return k.bf16 ? memory::data_type::bf16 : kF32; }
 
 // Direct, not auto: oneDNN 2.6's auto picks Winograd (jit_wino_4x3) here, which measured slower
 // in total (single thread: conv2 forward 2.1 vs 2.4 ms but backward 5.7 vs 4.8 ms, and the
@@ -174,9 +182,9 @@ struct BackwardPlan {
 dnnl::convolution_forward::primitive_desc forward_pd(const Key& k, bool bias) {
   const Descs d = descs(k);
   const dnnl::convolution_forward::desc desc(
-      dnnl::prop_kind::forward_training, kAlgorithm, any(d.src), any(d.wei),
-      bias ? memory::desc(d.bias, kF32, Tag::x) : memory::desc(), any(d.dst), d.strides, d.pad_l,
-      d.pad_r);
+      dnnl::prop_kind::forward_training, kAlgorithm, any(d.src, operand_type(k)),
+      any(d.wei, operand_type(k)), bias ? memory::desc(d.bias, kF32, Tag::x) : memory::desc(),
+      any(d.dst), d.strides, d.pad_l, d.pad_r);
   dnnl::primitive_attr attr = user_scratchpad();
   if (k.part == 16) {
     dnnl::post_ops ops;
@@ -208,8 +216,9 @@ std::shared_ptr<const BackwardPlan> create_backward(const Key& k) {
   auto plan = std::make_shared<BackwardPlan>();
   WorkspaceLayout ws;
   if (k.part & 2) {
-    const dnnl::convolution_backward_data::desc desc(kAlgorithm, any(d.src), any(d.wei), any(d.dst),
-                                                     d.strides, d.pad_l, d.pad_r);
+    const dnnl::convolution_backward_data::desc desc(
+        kAlgorithm, any(d.src), any(d.wei, operand_type(k)), any(d.dst, operand_type(k)), d.strides,
+        d.pad_l, d.pad_r);
     const dnnl::convolution_backward_data::primitive_desc pd(desc, user_scratchpad(), cpu_engine(),
                                                              hint);
     plan->data = dnnl::convolution_backward_data(pd);
@@ -220,9 +229,9 @@ std::shared_ptr<const BackwardPlan> create_backward(const Key& k) {
   }
   if (k.part & 4) {
     const dnnl::convolution_backward_weights::desc desc(
-        kAlgorithm, any(d.src), any(d.wei),
-        (k.part & 8) ? memory::desc(d.bias, kF32, Tag::x) : memory::desc(), any(d.dst), d.strides,
-        d.pad_l, d.pad_r);
+        kAlgorithm, any(d.src, operand_type(k)), any(d.wei),
+        (k.part & 8) ? memory::desc(d.bias, kF32, Tag::x) : memory::desc(),
+        any(d.dst, operand_type(k)), d.strides, d.pad_l, d.pad_r);
     const dnnl::convolution_backward_weights::primitive_desc pd(desc, user_scratchpad(),
                                                                 cpu_engine(), hint);
     plan->weights = dnnl::convolution_backward_weights(pd);
