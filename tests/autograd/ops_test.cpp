@@ -35,29 +35,32 @@ void expect_near_all(const Tensor& a, const Tensor& b, float tol, const char* wh
     ASSERT_NEAR(pa[i], pb[i], tol * (1.0f + std::fabs(pb[i]))) << what << " element " << i;
 }
 
-TEST(Attention, FusedEqualsUnfusedAcrossTiles) {
+// Both of the fused op's paths against the composed ops: 100 positions take the batched GEMMs over
+// materialized scores (a head's scores up to 64 KiB), 150 the tiles (two full 64-row tiles and a
+// partial one); 2 x 3 heads of 24.
+TEST(Attention, FusedEqualsUnfusedOnBothPaths) {
   Generator gen(3);
-  for (bool causal : {false, true}) {
-    SCOPED_TRACE(causal ? "causal" : "full");
-    // 150 positions: two full 64-row tiles and a partial one; 2 x 3 heads of 24.
-    Tensor q = Tensor::randn({2, 3, 150, 24}, gen), k = Tensor::randn({2, 3, 150, 24}, gen),
-           v = Tensor::randn({2, 3, 150, 24}, gen);
-    Tensor g = Tensor::randn({2, 3, 150, 24}, gen);
-    std::vector<Tensor> grads[2];
-    Tensor outs[2];
-    for (int fused = 0; fused < 2; ++fused) {
-      Tensor qq = q.clone().set_requires_grad(true), kk = k.clone().set_requires_grad(true),
-             vv = v.clone().set_requires_grad(true);
-      outs[fused] = fused ? scaled_dot_product_attention(qq, kk, vv, causal)
-                          : unfused_attention(qq, kk, vv, causal);
-      outs[fused].backward(g);
-      grads[fused] = {qq.grad(), kk.grad(), vv.grad()};
+  for (const std::int64_t t : {100, 150})
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(std::to_string(t) + (causal ? " causal" : " full"));
+      Tensor q = Tensor::randn({2, 3, t, 24}, gen), k = Tensor::randn({2, 3, t, 24}, gen),
+             v = Tensor::randn({2, 3, t, 24}, gen);
+      Tensor g = Tensor::randn({2, 3, t, 24}, gen);
+      std::vector<Tensor> grads[2];
+      Tensor outs[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        Tensor qq = q.clone().set_requires_grad(true), kk = k.clone().set_requires_grad(true),
+               vv = v.clone().set_requires_grad(true);
+        outs[fused] = fused ? scaled_dot_product_attention(qq, kk, vv, causal)
+                            : unfused_attention(qq, kk, vv, causal);
+        outs[fused].backward(g);
+        grads[fused] = {qq.grad(), kk.grad(), vv.grad()};
+      }
+      expect_near_all(outs[1], outs[0], 1e-5f, "output");
+      expect_near_all(grads[1][0], grads[0][0], 1e-4f, "grad q");
+      expect_near_all(grads[1][1], grads[0][1], 1e-4f, "grad k");
+      expect_near_all(grads[1][2], grads[0][2], 1e-4f, "grad v");
     }
-    expect_near_all(outs[1], outs[0], 1e-5f, "output");
-    expect_near_all(grads[1][0], grads[0][0], 1e-4f, "grad q");
-    expect_near_all(grads[1][1], grads[0][1], 1e-4f, "grad k");
-    expect_near_all(grads[1][2], grads[0][2], 1e-4f, "grad v");
-  }
 }
 
 TEST(Attention, CausalFirstRowCopiesTheFirstValue) {

@@ -1,26 +1,14 @@
 // bfloat16: conversions, and GEMMs with bf16 inputs accumulating in f32 on oneDNN's matmul
-// primitive (on AVX512_BF16, its brgemm kernels: vdpbf16ps, twice the f32 FMA rate per cycle).
-//
-// A primitive is created and JIT-compiled once per problem (shapes, transposes, leading
-// dimensions, alpha, beta, thread count: oneDNN fixes a primitive's thread split when it is
-// created) and cached; a GPT step has about a dozen. Each call brings its own scratchpad
-// (scratchpad_mode::user, a per-thread buffer), so replicas on several threads may run one
-// primitive at once.
-#include <omp.h>
-
+// primitive (matmul_primitive.h; on AVX512_BF16 its brgemm kernels: vdpbf16ps, twice the f32 FMA
+// rate per cycle).
 #include <bit>
-#include <compare>
 #include <cstring>
-#include <map>
-#include <memory>
-#include <mutex>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
-#include <vector>
+#include <string>
 
-#include "dnnl_context.h"
 #include "hpm/tensor/kernels.h"
 #include "linear_output.h"
+#include "matmul_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -28,7 +16,6 @@ namespace hpm::kernels {
 
 namespace {
 
-using dnnl::memory;
 
 // Round to nearest even, NaN kept a (quiet) NaN: what oneDNN, PyTorch and vcvtneps2bf16 do.
 HPM_SIMD_CLONES void f32_to_bf16_span(const float* x, std::uint16_t* y, std::int64_t n) {
@@ -44,59 +31,6 @@ HPM_SIMD_CLONES void f32_to_bf16_span(const float* x, std::uint16_t* y, std::int
 HPM_SIMD_CLONES void bf16_to_f32_span(const std::uint16_t* x, float* y, std::int64_t n) {
 #pragma omp simd
   for (std::int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(std::uint32_t{x[i]} << 16);
-}
-
-struct GemmKey {
-  bool trans_a, trans_b;
-  std::int64_t m, n, k, lda, ldb, ldc;
-  float alpha, beta;
-  int threads;
-  auto operator<=>(const GemmKey&) const = default;
-};
-
-struct GemmPlan {
-  dnnl::matmul::primitive_desc pd;
-  dnnl::matmul matmul;
-  memory::desc a, b, c;
-};
-
-std::shared_ptr<const GemmPlan> create_plan(const GemmKey& key) {
-  // Row-major operands as strided views: A (m, k), B (k, n), C (m, n).
-  const memory::desc a({key.m, key.k}, memory::data_type::bf16,
-                       key.trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
-  const memory::desc b({key.k, key.n}, memory::data_type::bf16,
-                       key.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
-  const memory::desc c({key.m, key.n}, memory::data_type::f32, memory::dims{key.ldc, 1});
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
-  if (key.beta != 0.0f) {
-    dnnl::post_ops ops;
-    ops.append_sum(key.beta);
-    attr.set_post_ops(ops);
-  }
-  auto plan = std::make_shared<GemmPlan>();
-  plan->pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  plan->matmul = dnnl::matmul(plan->pd);
-  plan->a = a;
-  plan->b = b;
-  plan->c = c;
-  return plan;
-}
-
-std::shared_ptr<const GemmPlan> plan_for(const GemmKey& key) {
-  static std::mutex mu;
-  static std::map<GemmKey, std::shared_ptr<const GemmPlan>> plans;
-  std::lock_guard<std::mutex> lock(mu);
-  auto& slot = plans[key];
-  if (!slot) slot = create_plan(key);
-  return slot;
-}
-
-void* scratchpad(std::size_t bytes) {
-  thread_local std::vector<std::byte> buffer;
-  if (buffer.size() < bytes) buffer.resize(bytes);
-  return buffer.data();
 }
 
 void check_bf16(const Tensor& t, const char* what) {
@@ -139,27 +73,40 @@ Tensor to_f32(const Tensor& x) {
   return y;
 }
 
+namespace {
+
+// One problem of batch 1.
+BatchedGemm single(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, std::int64_t lda, std::int64_t ldb, float beta, std::int64_t ldc) {
+  BatchedGemm g;
+  g.bf16 = true;
+  g.trans_a = trans_a;
+  g.trans_b = trans_b;
+  g.m = m;
+  g.n = n;
+  g.k = k;
+  g.lda = lda;
+  g.ldb = ldb;
+  g.ldc = ldc;
+  g.stride_a = (trans_a ? k : m) * lda;
+  g.stride_b = (trans_b ? n : k) * ldb;
+  g.stride_c = m * ldc;
+  g.alpha = alpha;
+  g.beta = beta;
+  return g;
+}
+
+}  // namespace
+
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                float alpha, const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b,
                std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
   if (m == 0 || n == 0) return;
-  const GemmKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, omp_get_max_threads()};
-  const auto plan = plan_for(key);
-  dnnl::engine& engine = cpu_engine();
-  const memory ma(plan->a, engine, const_cast<std::uint16_t*>(a));
-  const memory mb(plan->b, engine, const_cast<std::uint16_t*>(b));
-  const memory mc(plan->c, engine, c);
-  const memory::desc sd = plan->pd.scratchpad_desc();
-  const memory ms(sd, engine, scratchpad(sd.get_size()));
-  plan->matmul.execute(
-      thread_stream(),
-      {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {DNNL_ARG_SCRATCHPAD, ms}});
-  thread_stream().wait();
+  run_batched_gemm(single(trans_a, trans_b, m, n, k, alpha, lda, ldb, beta, ldc), a, b, c);
 }
 
 std::string gemm_bf16_implementation(std::int64_t m, std::int64_t n, std::int64_t k) {
-  const GemmKey key{false, false, m, n, k, k, n, n, 1.0f, 0.0f, omp_get_max_threads()};
-  return plan_for(key)->pd.impl_info_str();
+  return batched_gemm_implementation(single(false, false, m, n, k, 1.0f, k, n, 0.0f, n));
 }
 
 Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
