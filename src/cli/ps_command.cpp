@@ -82,6 +82,10 @@ ps::OptimizerSpec optimizer_of(const Config& cfg) {
 
 data::LabelledData training_set(const Config& cfg) {
   if (cfg.source != "idx") throw ConfigError(cfg.path + ": hpm ps reads [data] source = \"idx\"");
+  if (cfg.precision != "f32") {
+    throw ConfigError(cfg.path + ": [train] precision = \"" + cfg.precision +
+                      "\" does not reach parameter-server workers yet: they train in f32");
+  }
   data::LabelledData d = data::load_mnist_split(cfg.data_dir, "train");
   if (cfg.train_limit > 0 && cfg.train_limit < d.size()) {
     d.inputs = d.inputs.narrow(0, cfg.train_limit);

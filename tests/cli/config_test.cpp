@@ -209,6 +209,16 @@ blocks = [3, 3, 3]
 namespace hpm::cli {
 namespace {
 
+// Pipeline stages do not run the autocast scope yet: bf16 there is refused, not ignored.
+TEST(Config, Bf16IsRefusedWithPipelineStages) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  const std::string msg =
+      error_of(std::string(kValid) + "\n[train]\nprecision = \"bf16\"\n[pipeline]\nstages = 2\n");
+  EXPECT_NE(msg.find("[train] precision = \"bf16\" does not reach pipeline stages yet"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(Config, PrecisionIsF32OrBf16WhereNative) {
   const std::string msg = error_of(std::string(kValid) + "\n[train]\nprecision = \"fp16\"\n");
   EXPECT_NE(msg.find("run.toml:12:"), std::string::npos) << msg;
