@@ -227,7 +227,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   }
   const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
   if (steps_per_epoch == 0) {
-    throw TrainingError("the training data yields no batch (is it smaller than one batch?)");
+    throw InputError("the training data yields no batch (is it smaller than one batch?)");
   }
   // Fail before any work if checkpoints or backups could not be written.
   if (!options.checkpoint_dir.empty()) io::ensure_directory(options.checkpoint_dir);
@@ -262,6 +262,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     nn::Metrics epoch_metrics;
     std::int64_t correct = 0, seen = 0, batches = 0;
     bool epoch_done = false;
+    const bool from_start = state_.step_in_epoch == 0;
     const auto epoch_start = Clock::now();
     data::Element batch;
     while (!stop_) {
@@ -273,11 +274,17 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
         wait_seconds += since(w0);
       }
       if (!got) {
+        // A whole epoch without a batch (a source of unknown length that is empty or smaller
+        // than one batch) would "train" nothing and save the untrained model as a result.
+        if (from_start && batches == 0) {
+          throw InputError("the training data yields no batch in epoch " +
+                           std::to_string(state_.epoch + 1) +
+                           " (is it empty, or smaller than one batch?)");
+        }
         epoch_done = true;
         break;
       }
-      if (batch.size() < 2)
-        throw TrainingError("training batches need (inputs, labels) components");
+      if (batch.size() < 2) throw InputError("training batches need (inputs, labels) components");
       const Tensor& x = batch[0];
       const Tensor& y = batch[1];
       if (options.schedule_per_step) {

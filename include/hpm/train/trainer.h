@@ -26,6 +26,13 @@ class TrainingError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The input cannot train: it yields no batch, or its batches are not (inputs, labels). Bad
+// input, not a failed training.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct FitOptions {
   std::int64_t epochs = 1;
   // For fit(LabelledData): how to batch it.
