@@ -222,9 +222,23 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     manual_seed(options.seed);
   }
   if (!options.resume_from.empty() || !result.restored_from.empty()) {
+    // A position mid-epoch counts batches of the size it was saved with: with another size the
+    // restored iterator would skip or repeat data (or end the epoch at once).
+    if (state_.step_in_epoch > 0 && state_.batch_size > 0 && options.batch_size > 0 &&
+        state_.batch_size != options.batch_size) {
+      const std::string saved = !options.resume_from.empty()
+                                    ? "the checkpoint " + options.resume_from
+                                    : "the backup " + result.restored_from;
+      throw InputError(saved + " was saved at step " + std::to_string(state_.step_in_epoch) +
+                       " of epoch " + std::to_string(state_.epoch + 1) + " with batch size " +
+                       std::to_string(state_.batch_size) + ", but this run's batch size is " +
+                       std::to_string(options.batch_size) + ": continue it with batch size " +
+                       std::to_string(state_.batch_size) + ", or start afresh");
+    }
     default_generator().set_state(state_.rng);
     if (strategy_) strategy_->mirror_from_primary();
   }
+  state_.batch_size = options.batch_size;                    // what later saves record
   const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
   if (steps_per_epoch == 0) {
     throw InputError("the training data yields no batch (is it smaller than one batch?)");

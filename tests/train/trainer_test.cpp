@@ -153,6 +153,34 @@ TEST(Trainer, ProgressOfUnknownLengthShowsNoTotal) {
   EXPECT_EQ(shown.find("/-2"), std::string::npos) << shown;
 }
 
+TEST(Trainer, ResumingMidEpochWithAnotherBatchSizeIsRefused) {
+  TempDir dir;
+  auto train = blobs(200, 3);
+  Rig a = make();
+  a.trainer->add_callback(std::make_shared<StopAt>(7));
+  FitOptions o;
+  o.batch_size = 20;
+  o.checkpoint_dir = dir / "ckpt";
+  a.trainer->fit(train, nullptr, o);  // stopped at step 7 of 10: saved mid-epoch
+  Rig b = make();
+  FitOptions other = o;
+  other.batch_size = 40;
+  other.resume_from = dir / "ckpt";
+  try {
+    b.trainer->fit(train, nullptr, other);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("was saved at step 7 of epoch 1 with batch size 20, but "
+                                         "this run's batch size is 40"),
+              std::string::npos)
+        << e.what();
+  }
+  Rig c = make();
+  FitOptions same = o;
+  same.resume_from = dir / "ckpt";
+  EXPECT_EQ(c.trainer->fit(train, nullptr, same).steps, 3);
+}
+
 TEST(Trainer, UnwritableCheckpointDirectoryFailsBeforeTraining) {
   TempDir dir;
   std::ofstream(dir / "file") << "x";

@@ -167,6 +167,7 @@ train::FitOptions fit_options(const Config& c) {
   train::FitOptions fo;
   fo.epochs = c.epochs;
   fo.seed = c.seed;
+  fo.batch_size = c.batch_size;  // recorded with checkpoints and backups
   fo.label_smoothing = c.label_smoothing;
   fo.clip_grad_norm = c.clip_grad_norm;
   fo.schedule_per_step = c.schedule_unit == "step";
