@@ -21,6 +21,7 @@
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch.h"
+#include "hpm/cli/options.h"
 #include "hpm/cli/plan.h"
 #include "hpm/cli/ps_command.h"
 #include "hpm/cli/sample_command.h"
@@ -54,14 +55,14 @@ void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("--report", c.report, "write a JSON report to this file");
   cmd->add_option("--threads", c.threads, "intra-op threads (default: [train] threads, else 1)")
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")->check(seed_range());
 }
 
 Config configure(const Common& c) {
   Config cfg = load_config(c.config_path, c.overrides);
   if (c.threads > 0) cfg.threads = c.threads;
   if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
+  warn_if_oversubscribed(cfg.threads);
   set_num_threads(cfg.threads);
   Device::cpu().set_threads(cfg.threads);
   return cfg;
