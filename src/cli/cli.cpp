@@ -21,6 +21,7 @@
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch.h"
+#include "hpm/cli/options.h"
 #include "hpm/cli/plan.h"
 #include "hpm/cli/ps_command.h"
 #include "hpm/cli/sample_command.h"
@@ -54,14 +55,14 @@ void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("--report", c.report, "write a JSON report to this file");
   cmd->add_option("--threads", c.threads, "intra-op threads (default: [train] threads, else 1)")
       ->check(CLI::Range(1, 1024));
-  cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")
-      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")->check(seed_range());
 }
 
 Config configure(const Common& c) {
   Config cfg = load_config(c.config_path, c.overrides);
   if (c.threads > 0) cfg.threads = c.threads;
   if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
+  warn_if_oversubscribed(cfg.threads);
   set_num_threads(cfg.threads);
   Device::cpu().set_threads(cfg.threads);
   return cfg;
@@ -153,7 +154,13 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     }
     std::printf("\n");
   }
-  if (!cfg.timeline.empty()) trace::start();
+  std::string timeline = cfg.timeline;
+  if (!timeline.empty() && strategy && strategy->num_workers() > 1)
+    timeline += ".rank" + std::to_string(strategy->worker_rank());
+  if (!timeline.empty()) {
+    io::output_file_target(timeline);  // before training, not after it
+    trace::start();
+  }
   train::FitResult r;
   if (cfg.device_budget_mb > 0 && !cfg.pipeline.present)  // [memory]: what training may hold
     Device::cpu().set_budget(static_cast<std::size_t>(cfg.device_budget_mb * 1024.0 * 1024.0));
@@ -170,11 +177,9 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
         last.empty() ? "no checkpoint was written" : ("last good checkpoint: " + last).c_str());
     return 3;
   }
-  if (!cfg.timeline.empty()) {
+  if (!timeline.empty()) {
     trace::stop();
-    std::string path = cfg.timeline;
-    if (strategy && strategy->num_workers() > 1)
-      path += ".rank" + std::to_string(strategy->worker_rank());
+    const std::string& path = timeline;
     const bool svg = path.size() > 4 && path.compare(path.size() - 4, 4, ".svg") == 0;
     io::write_file_atomic(
         path,
@@ -418,6 +423,16 @@ int run_data_inspect(const std::string& file, const std::string& compression) {
   return 0;
 }
 
+// Every --report of the command line, checked before any work: a missing directory, or a path
+// that is a FIFO or a device, is an error now, not after the training.
+void check_report_paths(const CLI::App& app) {
+  for (const CLI::App* sub : app.get_subcommands()) {
+    if (const CLI::Option* o = sub->get_option_no_throw("--report"); o && o->count() > 0)
+      io::output_file_target(o->as<std::string>());
+    check_report_paths(*sub);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -507,6 +522,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    check_report_paths(app);
     if (*launch_cmd) return run_launch(launch);
     if (*train_cmd) return run_train(train_opts, resume, worker);
     if (*eval_cmd) return run_evaluate(eval_opts, checkpoint);

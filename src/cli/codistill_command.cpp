@@ -15,6 +15,7 @@
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
+#include "hpm/cli/options.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/local.h"
 #include "hpm/data/in_memory.h"
@@ -155,7 +156,7 @@ CLI::App* add_codistill_command(CLI::App& app, CodistillCommandOptions& o) {
   cmd->add_option("--threads", o.threads, "intra-op threads per copy (default: [train] threads)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--seed", o.seed, "copy 0's seed; copy r gets seed + r (overrides [train] seed)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(seed_range());
   return cmd;
 }
 
@@ -175,6 +176,7 @@ int run_codistill(const CodistillCommandOptions& o) {
   }
   const int copies = cfg.codistill.copies;
   const auto timeout = std::chrono::milliseconds(std::int64_t{cfg.timeout_s} * 1000);
+  warn_if_oversubscribed(cfg.threads);
   Device::cpu().set_threads(cfg.threads);
   const data::LabelledData train = training_rows(cfg, copies);
   const data::LabelledData test = test_set(cfg);

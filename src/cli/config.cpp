@@ -3,15 +3,35 @@
 // section with its builders, all through one reader, so every error says where and what).
 #include "hpm/cli/config.h"
 
+#include <sched.h>
 #include <toml++/toml.h>
 
+#include <cstdio>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
 
 namespace hpm::cli {
+
+int available_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  const unsigned n = std::thread::hardware_concurrency();
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+void warn_if_oversubscribed(int threads) {
+  const int cpus = available_cpus();
+  if (threads <= cpus) return;
+  std::fprintf(stderr,
+               "hpm: warning: %d threads on %d available CPU(s): threads beyond the CPUs wait for "
+               "one another and run slower; set [train] threads (or --threads) to at most %d\n",
+               threads, cpus, cpus);
+}
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   using namespace config;

@@ -1,6 +1,7 @@
 // The [data] section's training pipeline and evaluation set, shared by the subcommands.
 #include "hpm/cli/datasets.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
@@ -91,9 +92,16 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
     spec.batch_size = cfg.batch_size / strategy->num_workers();
   }
   if (cfg.source == "tfrecord") {
-    *examples = -1;
-    return data::build_tfrecord_pipeline(cfg.files, io::compression_from_name(cfg.compression),
-                                         spec);
+    // Counted first: the banner and the progress know the size, and an empty set is refused.
+    const io::Compression compression = io::compression_from_name(cfg.compression);
+    const std::int64_t records = data::count_tfrecords(cfg.files, compression);
+    *examples = cfg.train_limit > 0 ? std::min(records, cfg.train_limit) : records;
+    if (*examples == 0) {
+      throw ConfigError(cfg.path + ": [data] files = \"" + cfg.files +
+                        "\": no training example (the files hold no record)");
+    }
+    spec.limit = cfg.train_limit;
+    return data::build_tfrecord_pipeline(cfg.files, compression, spec);
   }
   const data::LabelledData train =
       limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);

@@ -10,6 +10,7 @@
 
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
+#include "hpm/cli/options.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distill/distiller.h"
 #include "hpm/io/atomic_file.h"
@@ -28,6 +29,7 @@ namespace {
 // ---- data, as hpm train reads it ----------------------------------------------------------------
 
 void set_threads(int threads) {
+  warn_if_oversubscribed(threads);
   set_num_threads(threads);
   Device::cpu().set_threads(threads);
 }
@@ -142,7 +144,7 @@ CLI::App* add_distill_command(CLI::App& app, DistillCommandOptions& o) {
   cmd->add_option("--threads", o.threads, "intra-op threads (default: [train] threads, else 1)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--seed", o.seed, "the student's random seed (overrides [train] seed)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(seed_range());
   return cmd;
 }
 

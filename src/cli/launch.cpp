@@ -18,14 +18,17 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <optional>
 #include <random>
+#include <thread>
 
 #include "hpm/comm/store.h"
 
@@ -46,7 +49,10 @@ const char* const kFooter =
     "a rank exits non-zero or is killed, the others get SIGTERM, then SIGKILL after --grace s.\n"
     "\n"
     "With --max-restarts K, a failure stops every rank and starts the group again (a fresh\n"
-    "rendezvous; HPM_RESTART counts the attempts), at most K times.\n"
+    "rendezvous; HPM_RESTART counts the attempts), at most K times, after --restart-delay s,\n"
+    "doubled each time (at most 60 s). Failures that would recur are not restarted: exit\n"
+    "status 1 (bad input), 2 (usage), 3 (a non-finite loss), 126 and 127 (the program cannot\n"
+    "be run or found).\n"
     "\n"
     "Exit status: 0 when every rank exits 0; else that of the first rank to fail (its exit\n"
     "status, or 128+N when killed by signal N); 128+N when the launcher itself got signal N;\n"
@@ -448,6 +454,9 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions& o) {
   cmd->add_option("--max-restarts", o.max_restarts,
                   "restart the whole group up to this many times when a rank fails (default 0)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--restart-delay", o.restart_delay_s,
+                  "seconds before the first restart, doubled before each next (default 1)")
+      ->check(CLI::Range(0.0, 3600.0));
   cmd->add_option("command", o.command, "PROGRAM ARGS... (after --; PROGRAM is looked up in PATH)")
       ->required();
   cmd->footer(kFooter);
@@ -514,6 +523,24 @@ int free_port() {
 
 }  // namespace
 
+// Why a restart would fail the same way, for the exit statuses that say so; else empty.
+std::string recurring_failure(int code) {
+  switch (code) {
+    case 1:
+      return "bad input (a config, data file or checkpoint)";
+    case 2:
+      return "a usage error";
+    case 3:
+      return "a non-finite loss, which the same seed meets again";
+    case 126:
+      return "the program cannot be run";
+    case 127:
+      return "the program was not found";
+    default:
+      return "";
+  }
+}
+
 int run_launch(const LaunchOptions& options) {
   LaunchOptions o = options;
   if (o.ps_workers > 0) {
@@ -542,18 +569,27 @@ int run_launch(const LaunchOptions& options) {
       if (attempt > 0) say("all ranks finished after " + std::to_string(attempt) + " restart(s)");
       return 0;
     }
-    // Usage errors, a launcher told to stop, or no restarts left: this is the answer.
-    if (code == 2 || interrupted || attempt >= o.max_restarts) {
+    // A launcher told to stop, no restarts left, or a failure that would recur: this is the
+    // answer.
+    const std::string recurs = recurring_failure(code);
+    if (interrupted || attempt >= o.max_restarts || !recurs.empty()) {
       if (o.max_restarts > 0 && !interrupted && code != 2) {
-        say("giving up after " + std::to_string(attempt) + " restart(s)");
+        say((recurs.empty() ? std::string()
+                            : "exit status " + std::to_string(code) + " means " + recurs +
+                                  ": a restart would fail the same way; ") +
+            "giving up after " + std::to_string(attempt) + " restart(s)");
       }
       return code;
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "restarting all %d ranks (restart %d of %d) after %.1f s",
-                  o.processes, attempt + 1, o.max_restarts, seconds);
+    const double delay = std::min(60.0, o.restart_delay_s * std::pow(2.0, attempt));
+    char buf[200];
+    std::snprintf(buf, sizeof buf,
+                  "restarting all %d ranks (restart %d of %d) in %.1f s; the attempt failed after "
+                  "%.1f s",
+                  o.processes, attempt + 1, o.max_restarts, delay, seconds);
     say(buf);
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   }
 }
 

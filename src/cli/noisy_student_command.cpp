@@ -24,6 +24,7 @@ int run_noisy_student(const Config& cfg, const std::string& report_path) {
                       "\"idx\"), got source \"" +
                       cfg.source + "\"");
   }
+  warn_if_oversubscribed(cfg.threads);
   set_num_threads(cfg.threads);
   Device::cpu().set_threads(cfg.threads);
 

@@ -82,6 +82,7 @@ int run_plan(const PlanCommandOptions& o) {
   Config cfg = load_config(o.config_path, o.overrides);
   const PipelineSection& p = cfg.pipeline;
   const int threads = o.threads > 0 ? o.threads : std::max(1, cfg.threads / p.stages);
+  warn_if_oversubscribed(threads);
   set_num_threads(threads);
   manual_seed(cfg.seed);
   std::shared_ptr<nn::Sequential> model = nn::as_sequential(build_model(cfg));

@@ -9,6 +9,7 @@
 
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
+#include "hpm/cli/options.h"
 #include "hpm/dist/ps/coordinator.h"
 #include "hpm/dist/ps/server.h"
 #include "hpm/dist/ps/worker.h"
@@ -307,8 +308,7 @@ CLI::App* add_ps_command(CLI::App& app, PsCommandOptions& o) {
         ->required();
     sub->add_option("--set", o.overrides, "override a config value: section.key=value");
     sub->add_option("--threads", o.threads, "intra-op threads")->check(CLI::Range(1, 1024));
-    sub->add_option("--seed", o.seed, "random seed (overrides [train] seed)")
-        ->check(CLI::NonNegativeNumber);
+    sub->add_option("--seed", o.seed, "random seed (overrides [train] seed)")->check(seed_range());
     if (task) sub->add_option("--task", o.task, "which task of the cluster (default HPM_PS_INDEX)");
     sub->callback([&o, role] { o.role = role; });
     return sub;
@@ -333,6 +333,7 @@ int run_ps_command(const PsCommandOptions& o) {
   Config cfg = load_config(o.config_path, o.overrides);
   if (o.threads > 0) cfg.threads = o.threads;
   if (o.seed >= 0) cfg.seed = static_cast<std::uint64_t>(o.seed);
+  warn_if_oversubscribed(cfg.threads);
   set_num_threads(cfg.threads);
   Device::cpu().set_threads(cfg.threads);
   std::string role = o.role;

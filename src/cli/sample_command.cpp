@@ -9,6 +9,7 @@
 
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/cli/config.h"
+#include "hpm/cli/options.h"
 #include "hpm/data/token_shard.h"
 #include "hpm/data/tokenizer.h"
 #include "hpm/io/atomic_file.h"
@@ -121,7 +122,7 @@ CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--top-k", o.top_k, "draw among the k likeliest tokens (0: all)")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seed", o.seed, "random seed (0)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--seed", o.seed, "random seed (0)")->check(seed_range());
   cmd->add_option("--threads", o.threads, "kernel threads (1)")->check(CLI::Range(1, 1024));
   cmd->add_flag("--no-cache", o.no_cache, "re-run the window for each token (for comparison)");
   cmd->add_option("--report", o.report, "write tokens/s and the text as JSON");
@@ -134,6 +135,7 @@ int run_sample(const SampleCommandOptions& o) {
     throw ConfigError(cfg.path + ": hpm sample draws from a [model] kind = \"gpt\", this is \"" +
                       cfg.model_kind + "\"");
   }
+  warn_if_oversubscribed(o.threads);
   set_num_threads(o.threads);
   nn::GPT model(cfg.gpt);
   train::load_checkpoint(o.checkpoint, model, nullptr);

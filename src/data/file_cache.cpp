@@ -1,6 +1,9 @@
 // cache(path): elements as TFRecord-framed records (each element's tensors serialized with the
 // iterator-state writer), so the file is checksummed record by record.
 #include <filesystem>
+#include <map>
+#include <sstream>
+#include <string_view>
 
 #include "hpm/data/dataset.h"
 #include "hpm/io/tfrecord.h"
@@ -9,10 +12,54 @@ namespace hpm::data {
 
 namespace {
 
+constexpr std::string_view kKeyMagic = "hpm-cache-key\n";
+
+// "name=value" lines into a map.
+std::map<std::string, std::string> key_lines(const std::string& key) {
+  std::map<std::string, std::string> out;
+  std::istringstream in(key);
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find('=');
+    out[line.substr(0, eq)] = eq == std::string::npos ? "" : line.substr(eq + 1);
+  }
+  return out;
+}
+
+// Reads the key record of a cache file and refuses one written for other data.
+void check_key(io::TfRecordReader& reader, const std::string& path, const std::string& key) {
+  std::string first;
+  bool got = false;
+  try {
+    got = reader.next(first);
+  } catch (const io::IoError& e) {
+    throw DataError("cache", e.what());
+  }
+  if (!got || first.compare(0, kKeyMagic.size(), kKeyMagic) != 0) {
+    throw DataError("cache", path +
+                                 ": not written for this pipeline (it holds no key of what "
+                                 "produced it); remove it, or give [data] cache another path");
+  }
+  const std::string cached = first.substr(kKeyMagic.size());
+  if (cached == key) return;
+  const auto was = key_lines(cached), now = key_lines(key);
+  std::string diff;
+  for (const auto& [name, value] : now) {
+    const auto it = was.find(name);
+    const std::string old = it == was.end() ? "(none)" : it->second;
+    if (old != value)
+      diff += (diff.empty() ? "" : "; ") + name + " " + old + " in the cache, " + value + " now";
+  }
+  for (const auto& [name, value] : was)
+    if (!now.count(name))
+      diff += (diff.empty() ? "" : "; ") + name + " " + value + " in the cache, (none) now";
+  throw DataError("cache", path + ": written for other data (" + diff +
+                               "); remove it, or give [data] cache another path");
+}
+
 class FileCacheNode : public DatasetNode {
  public:
-  FileCacheNode(Dataset input, std::string path)
-      : input_(std::move(input)), path_(std::move(path)) {}
+  FileCacheNode(Dataset input, std::string path, std::string key)
+      : input_(std::move(input)), path_(std::move(path)), key_(std::move(key)) {}
   std::int64_t cardinality() const override { return input_.cardinality(); }
   std::string name() const override { return "cache"; }
 
@@ -23,9 +70,11 @@ class FileCacheNode : public DatasetNode {
           : n_(std::move(n)), epoch_(epoch) {
         if (std::filesystem::exists(n_->path_)) {
           reader_ = std::make_unique<io::TfRecordReader>(n_->path_);
+          if (!n_->key_.empty()) check_key(*reader_, n_->path_, n_->key_);
         } else {
           input_ = n_->input_.make_iterator(epoch_);
           writer_ = std::make_unique<io::TfRecordWriter>(n_->path_);
+          if (!n_->key_.empty()) writer_->write(std::string(kKeyMagic) + n_->key_);
         }
       }
 
@@ -87,6 +136,7 @@ class FileCacheNode : public DatasetNode {
           input_.reset();
           writer_.reset();
           reader_ = std::make_unique<io::TfRecordReader>(n_->path_);
+          if (!n_->key_.empty()) check_key(*reader_, n_->path_, n_->key_);
           reader_->seek(r.u64());
           return;
         }
@@ -115,13 +165,14 @@ class FileCacheNode : public DatasetNode {
  private:
   Dataset input_;
   std::string path_;
+  std::string key_;
 };
 
 }  // namespace
 
-Dataset Dataset::cache(const std::string& path) const {
+Dataset Dataset::cache(const std::string& path, const std::string& key) const {
   if (path.empty()) return cache();
-  return Dataset(std::make_shared<FileCacheNode>(*this, path));
+  return Dataset(std::make_shared<FileCacheNode>(*this, path, key));
 }
 
 }  // namespace hpm::data

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <stdexcept>
 
 #include "hpm/data/file_sources.h"
 #include "hpm/data/image.h"
 #include "hpm/data/image_codec.h"
+#include "hpm/io/crc32c.h"
+#include "hpm/io/tfrecord.h"
 
 namespace hpm::data {
 
@@ -134,17 +137,39 @@ Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compre
                                 const PipelineSpec& spec) {
   check_augment(spec.augment);
   check_shards(spec);
-  Dataset listed = list_files(files, spec.shuffle_buffer != 0, spec.seed);
-  if (spec.num_shards > 1 && spec.shard_files)
-    listed = listed.shard(spec.num_shards, spec.shard_index);
+  if (spec.limit < 0) throw std::invalid_argument("the record limit must be >= 0");
+  // A limit takes the first records in file order: the same ones every epoch.
+  Dataset listed = list_files(files, spec.shuffle_buffer != 0 && spec.limit == 0, spec.seed);
+  const bool file_shards = spec.num_shards > 1 && spec.shard_files;
+  if (file_shards) listed = listed.shard(spec.num_shards, spec.shard_index);
   Dataset d =
       listed
           .interleave(
               [compression](const Element& path) { return tfrecord_from_path(path, compression); },
               4, 1, kAutotune)
           .map(decode_image_example, MapOptions{spec.parallel_calls, spec.deterministic});
+  if (spec.limit > 0) {
+    d = d.take(file_shards ? spec.limit / spec.num_shards +
+                                 (spec.shard_index < spec.limit % spec.num_shards ? 1 : 0)
+                           : spec.limit);
+  }
   if (spec.num_shards > 1 && !spec.shard_files) d = d.shard(spec.num_shards, spec.shard_index);
-  if (spec.cache) d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path);
+  if (spec.cache) {
+    // The cache file is keyed by what produced its elements: the files (sizes, times), how they
+    // were read, the limit and this worker's share.
+    std::string key =
+        "source=tfrecord\ncompression=" + std::string(io::compression_name(compression)) + "\n";
+    for (const std::string& f : glob_paths(files)) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(f, ec);
+      const auto time = std::filesystem::last_write_time(f, ec).time_since_epoch().count();
+      key += "file " + f + "=" + std::to_string(size) + " bytes, modified " + std::to_string(time) +
+             "\n";
+    }
+    key += "limit=" + std::to_string(spec.limit) + "\nshard=" + std::to_string(spec.shard_index) +
+           " of " + std::to_string(spec.num_shards) + (spec.shard_files ? " (files)" : "") + "\n";
+    d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path, key);
+  }
   if (spec.shuffle_buffer != 0)
     d = d.shuffle(spec.shuffle_buffer < 0 ? 10000 : spec.shuffle_buffer, spec.seed);
   if (!spec.augment.empty()) {
@@ -155,6 +180,18 @@ Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compre
   }
   d = d.batch(spec.batch_size, spec.drop_remainder);
   return spec.prefetch != 0 ? d.prefetch(spec.prefetch) : d;
+}
+
+std::int64_t count_tfrecords(const std::string& files, io::Compression compression) {
+  const std::vector<std::string> paths = glob_paths(files);
+  if (paths.empty()) throw std::invalid_argument("no file matches '" + files + "'");
+  std::int64_t n = 0;
+  std::string record;
+  for (const std::string& p : paths) {
+    io::TfRecordReader reader(p, compression);
+    while (reader.next(record)) ++n;
+  }
+  return n;
 }
 
 LabelledData load_tfrecord_examples(const std::string& files, io::Compression compression) {
@@ -173,6 +210,20 @@ LabelledData load_tfrecord_examples(const std::string& files, io::Compression co
   }
   return d;
 }
+
+namespace {
+
+// What a cache of in-memory rows is keyed by: their count, shapes and checksum.
+std::string key_of(const LabelledData& d) {
+  std::string key = "source=rows\nrows=" + std::to_string(d.size()) + "\n";
+  for (const auto& [name, t] : {std::pair{"inputs", d.inputs}, std::pair{"labels", d.labels}}) {
+    key += std::string(name) + " shape=" + t.shape().str() + "\n" + name +
+           " crc32c=" + std::to_string(io::crc32c(t.raw_data(), t.nbytes())) + "\n";
+  }
+  return key;
+}
+
+}  // namespace
 
 Dataset build_pipeline(const LabelledData& all, const PipelineSpec& spec) {
   check_augment(spec.augment);
@@ -195,7 +246,7 @@ Dataset build_pipeline(const LabelledData& all, const PipelineSpec& spec) {
     return spec.prefetch != 0 ? b.prefetch(spec.prefetch) : b;
   }
   Dataset d = Dataset::from_tensor_slices({data.inputs, data.labels});
-  if (spec.cache) d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path);
+  if (spec.cache) d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path, key_of(data));
   if (spec.shuffle_buffer != 0) {
     d = d.shuffle(
         spec.shuffle_buffer < 0 ? std::max<std::int64_t>(1, data.size()) : spec.shuffle_buffer,

@@ -46,10 +46,69 @@ class TempFile {
   bool released_ = false;
 };
 
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
 }  // namespace
 
-void write_file_atomic(const std::string& path, std::string_view data) {
-  if (path.empty()) throw IoError("write_file_atomic: empty path");
+std::string output_file_target(const std::string& path) {
+  if (path.empty()) throw IoError("cannot write a file of an empty path");
+  std::string target = path;
+  struct stat st {};
+  for (int hops = 0;; ++hops) {
+    if (::lstat(target.c_str(), &st) != 0) {
+      if (errno != ENOENT) {
+        const int err = errno;
+        throw IoError("cannot write " + path + ": " + target + ": " + errno_text(err));
+      }
+      break;  // a new file
+    }
+    if (!S_ISLNK(st.st_mode)) {
+      if (!S_ISREG(st.st_mode)) {
+        throw IoError("cannot write " + path + ": " +
+                      (target == path ? std::string() : "its target " + target + " ") + "is " +
+                      file_kind(st.st_mode) + ", not a regular file: refusing to replace it");
+      }
+      break;
+    }
+    if (hops >= 40) throw IoError("cannot write " + path + ": too many levels of symbolic links");
+    // Write through the link: the file it names is replaced, the link stays.
+    std::string link(4096, '\0');
+    const ssize_t n = ::readlink(target.c_str(), link.data(), link.size());
+    if (n < 0) {
+      const int err = errno;
+      throw IoError("cannot write " + path + ": readlink " + target + ": " + errno_text(err));
+    }
+    link.resize(static_cast<std::size_t>(n));
+    target = !link.empty() && link[0] == '/' ? link : parent_directory(target) + "/" + link;
+  }
+  const std::string dir = parent_directory(target);
+  struct stat dst {};
+  if (::stat(dir.c_str(), &dst) != 0) {
+    const int err = errno;
+    throw IoError("cannot write " + path + ": its directory " + dir +
+                  (err == ENOENT ? " does not exist: " : ": ") + errno_text(err));
+  }
+  if (!S_ISDIR(dst.st_mode))
+    throw IoError("cannot write " + path + ": " + dir + " is not a directory");
+  if (::access(dir.c_str(), W_OK) != 0) {
+    const int err = errno;
+    throw IoError("cannot write " + path + ": its directory " + dir +
+                  " is not writable: " + errno_text(err));
+  }
+  return target;
+}
+
+void write_file_atomic(const std::string& requested, std::string_view data) {
+  if (requested.empty()) throw IoError("write_file_atomic: empty path");
+  // A symbolic link is written through; anything but a regular file is refused.
+  const std::string path = output_file_target(requested);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const auto fail = [&](const std::string& what, int err) {
     throw IoError("cannot write " + path + ": " + what + " " + tmp + ": " + errno_text(err));

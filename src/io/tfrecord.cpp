@@ -21,6 +21,27 @@ constexpr std::size_t kFooterBytes = 4;   // data CRC
 
 std::string errno_text(int err) { return std::strerror(err); }
 
+// A compressed file read as uncompressed fails on its first header: say so when its first bytes
+// are gzip's magic number or a zlib header (CMF 78, FLG for each compression level).
+std::string compression_hint(Compression c, std::uint64_t start, const char* header,
+                             std::size_t n) {
+  if (c != Compression::None || start != 0 || n < 2) return "";
+  const auto b0 = static_cast<unsigned char>(header[0]);
+  const auto b1 = static_cast<unsigned char>(header[1]);
+  if (b0 == 0x1f && b1 == 0x8b) {
+    return "; the file starts with gzip's magic bytes 1f 8b: it is compressed, read it with "
+           "compression GZIP ([data] compression = \"gzip\", --compression gzip)";
+  }
+  if (b0 == 0x78 && (b1 == 0x01 || b1 == 0x5e || b1 == 0x9c || b1 == 0xda)) {
+    char bytes[8];
+    std::snprintf(bytes, sizeof bytes, "78 %02x", b1);
+    return std::string("; the file starts with the zlib header ") + bytes +
+           ": it is compressed, read it with compression ZLIB ([data] compression = \"zlib\", "
+           "--compression zlib)";
+  }
+  return "";
+}
+
 std::string hex32(std::uint32_t v) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "0x%08X", static_cast<unsigned>(v));
@@ -497,7 +518,8 @@ bool TfRecordReader::next(std::string& record) {
       done_ = true;
       throw IoError(path() + ": truncated record at byte " + std::to_string(start) +
                     ": expected a 12-byte record header, found " + std::to_string(got) +
-                    " bytes before the end of the file");
+                    " bytes before the end of the file" +
+                    compression_hint(in_.compression(), start, header, got));
     }
     const std::uint64_t length = get_u64(header);
     if (verify_crc_) {
@@ -508,7 +530,8 @@ bool TfRecordReader::next(std::string& record) {
         throw IoError(path() + ": corrupt record at byte " + std::to_string(start) +
                       ": length CRC mismatch (expected masked CRC " + hex32(actual) +
                       " of the length bytes, found " + hex32(stored) +
-                      "); the following records cannot be located");
+                      "); the following records cannot be located" +
+                      compression_hint(in_.compression(), start, header, sizeof header));
       }
     }
     const std::uint64_t total = kHeaderBytes + length + kFooterBytes;

@@ -76,10 +76,16 @@ void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
                  shown(b).c_str(), b.samples_per_s, eta(remaining).c_str());
     std::fflush(out_);
   } else if (every_ > 0 && b.step_in_epoch % every_ == 0) {
-    std::fprintf(out_, "epoch %lld step %lld/%lld %s samples/s %.0f eta %s\n",
-                 static_cast<long long>(b.epoch + 1), static_cast<long long>(b.step_in_epoch),
-                 static_cast<long long>(b.steps_per_epoch), shown(b).c_str(), b.samples_per_s,
-                 eta(remaining).c_str());
+    if (known) {
+      std::fprintf(out_, "epoch %lld step %lld/%lld %s samples/s %.0f eta %s\n",
+                   static_cast<long long>(b.epoch + 1), static_cast<long long>(b.step_in_epoch),
+                   static_cast<long long>(b.steps_per_epoch), shown(b).c_str(), b.samples_per_s,
+                   eta(remaining).c_str());
+    } else {  // a pipeline of unknown length: no total, no ETA
+      std::fprintf(out_, "epoch %lld step %lld %s samples/s %.0f\n",
+                   static_cast<long long>(b.epoch + 1), static_cast<long long>(b.step_in_epoch),
+                   shown(b).c_str(), b.samples_per_s);
+    }
     std::fflush(out_);
   }
 }

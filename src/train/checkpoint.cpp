@@ -59,16 +59,17 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   }
   json rng = json::array();
   for (auto w : state.rng.s) rng.push_back(std::to_string(w));
-  const json j = {{"format", kFormat},
-                  {"epoch", state.epoch},
-                  {"step_in_epoch", state.step_in_epoch},
-                  {"global_step", state.global_step},
-                  {"seed", std::to_string(state.seed)},
-                  {"rng", rng},
-                  {"rng_has_spare", state.rng.has_spare},
-                  {"rng_spare", state.rng.spare},
-                  {"optimizer", optimizer.name()},
-                  {"files", files}};
+  json j = {{"format", kFormat},
+            {"epoch", state.epoch},
+            {"step_in_epoch", state.step_in_epoch},
+            {"global_step", state.global_step},
+            {"seed", std::to_string(state.seed)},
+            {"rng", rng},
+            {"rng_has_spare", state.rng.has_spare},
+            {"rng_spare", state.rng.spare},
+            {"optimizer", optimizer.name()},
+            {"files", files}};
+  if (state.batch_size > 0) j["input_batch_size"] = state.batch_size;
   io::write_file_atomic(dir + "/trainer_state.json", j.dump(2) + "\n");
   io::write_file_atomic(root + "/latest", name + "\n");
 
@@ -151,6 +152,7 @@ static void read_state_fields(const nlohmann::json& j, TrainerState& s) {
   s.epoch = j.at("epoch").get<std::int64_t>();
   s.step_in_epoch = j.at("step_in_epoch").get<std::int64_t>();
   s.global_step = j.at("global_step").get<std::int64_t>();
+  s.batch_size = j.value("input_batch_size", std::int64_t{0});  // absent before it was recorded
   s.seed = std::stoull(j.at("seed").get<std::string>());
   for (std::size_t i = 0; i < 4; ++i)
     s.rng.s[i] = std::stoull(j.at("rng").at(i).get<std::string>());

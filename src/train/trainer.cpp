@@ -222,12 +222,26 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     manual_seed(options.seed);
   }
   if (!options.resume_from.empty() || !result.restored_from.empty()) {
+    // A position mid-epoch counts batches of the size it was saved with: with another size the
+    // restored iterator would skip or repeat data (or end the epoch at once).
+    if (state_.step_in_epoch > 0 && state_.batch_size > 0 && options.batch_size > 0 &&
+        state_.batch_size != options.batch_size) {
+      const std::string saved = !options.resume_from.empty()
+                                    ? "the checkpoint " + options.resume_from
+                                    : "the backup " + result.restored_from;
+      throw InputError(saved + " was saved at step " + std::to_string(state_.step_in_epoch) +
+                       " of epoch " + std::to_string(state_.epoch + 1) + " with batch size " +
+                       std::to_string(state_.batch_size) + ", but this run's batch size is " +
+                       std::to_string(options.batch_size) + ": continue it with batch size " +
+                       std::to_string(state_.batch_size) + ", or start afresh");
+    }
     default_generator().set_state(state_.rng);
     if (strategy_) strategy_->mirror_from_primary();
   }
+  state_.batch_size = options.batch_size;                    // what later saves record
   const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
   if (steps_per_epoch == 0) {
-    throw TrainingError("the training data yields no batch (is it smaller than one batch?)");
+    throw InputError("the training data yields no batch (is it smaller than one batch?)");
   }
   // Fail before any work if checkpoints or backups could not be written.
   if (!options.checkpoint_dir.empty()) io::ensure_directory(options.checkpoint_dir);
@@ -262,6 +276,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     nn::Metrics epoch_metrics;
     std::int64_t correct = 0, seen = 0, batches = 0;
     bool epoch_done = false;
+    const bool from_start = state_.step_in_epoch == 0;
     const auto epoch_start = Clock::now();
     data::Element batch;
     while (!stop_) {
@@ -273,11 +288,17 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
         wait_seconds += since(w0);
       }
       if (!got) {
+        // A whole epoch without a batch (a source of unknown length that is empty or smaller
+        // than one batch) would "train" nothing and save the untrained model as a result.
+        if (from_start && batches == 0) {
+          throw InputError("the training data yields no batch in epoch " +
+                           std::to_string(state_.epoch + 1) +
+                           " (is it empty, or smaller than one batch?)");
+        }
         epoch_done = true;
         break;
       }
-      if (batch.size() < 2)
-        throw TrainingError("training batches need (inputs, labels) components");
+      if (batch.size() < 2) throw InputError("training batches need (inputs, labels) components");
       const Tensor& x = batch[0];
       const Tensor& y = batch[1];
       if (options.schedule_per_step) {

@@ -139,6 +139,29 @@ TEST(Config, OverridesApplyAndAreChecked) {
       << type;
 }
 
+TEST(Config, NegativeLimitsAndSeedsAreRefusedWithTheirPlace) {
+  std::string msg = error_of(std::string(kValid) + "\n[data]\ntrain_limit = -5\n");
+  EXPECT_NE(msg.find("run.toml:12:15: [data] train_limit must be >= 0, got -5"), std::string::npos)
+      << msg;
+  msg = error_of(kValid, {"data.test_limit=-1"});
+  EXPECT_NE(msg.find("--set data.test_limit=-1: [data] test_limit must be >= 0, got -1"),
+            std::string::npos)
+      << msg;
+  msg = error_of(std::string(kValid) + "\n[train]\nseed = -3\n");
+  EXPECT_NE(msg.find("[train] seed must be >= 0, got -3"), std::string::npos) << msg;
+}
+
+TEST(Config, AnIntegerTooLargeIsOutOfRangeNotAString) {
+  std::string msg = error_of(kValid, {"data.train_limit=99999999999999999999"});
+  EXPECT_NE(msg.find("--set data.train_limit=99999999999999999999: 99999999999999999999 is out "
+                     "of range for a 64-bit integer (-2^63..2^63-1)"),
+            std::string::npos)
+      << msg;
+  EXPECT_EQ(msg.find("string"), std::string::npos) << msg;
+  msg = error_of(kValid, {"train.seed=-99999999999999999999"});
+  EXPECT_NE(msg.find("is out of range for a 64-bit integer"), std::string::npos) << msg;
+}
+
 TEST(Config, OutOfRangeValuesInTheFileAreQuotedWithTheirPlace) {
   const std::string msg = error_of(std::string(kValid) + "\n[memory]\nrecompute_every = -2\n");
   EXPECT_NE(msg.find("run.toml:"), std::string::npos) << msg;

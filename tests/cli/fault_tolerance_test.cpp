@@ -227,5 +227,30 @@ TEST(FaultTolerance, BackupKeysAreChecked) {
       << bad.output;
 }
 
+TEST(FaultTolerance, ABackupMidEpochIsNotContinuedWithAnotherBatchSize) {
+  Rig rig;
+  const std::string backup = rig.dir / "backup";
+  // Killed after step 12: the backup of step 10 is mid-epoch (step 10 of 40, batches of 16).
+  const CommandResult killed =
+      run_shell("HPM_FAULT_AT_STEP=0:12 " + rig.train("--set train.backup_dir=" + backup +
+                                                      " --set train.backup_every_steps=5"));
+  ASSERT_NE(killed.code, 0) << killed.output;
+  // Batches of 32 would restore an iterator whose position counts batches of 16.
+  const CommandResult r = run_shell(rig.train("--set train.backup_dir=" + backup +
+                                              " --set train.backup_every_steps=5"
+                                              " --set data.batch_size=32"));
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("was saved at step 10 of epoch 1 with batch size 16, but this run's "
+                          "batch size is 32: continue it with batch size 16, or start afresh"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("loss 0.0000"), std::string::npos) << r.output;
+  // The backup is untouched: the same batch size continues from it.
+  const CommandResult same = run_shell(
+      rig.train("--set train.backup_dir=" + backup + " --set train.backup_every_steps=5"));
+  EXPECT_EQ(same.code, 0) << same.output;
+  EXPECT_NE(same.output.find("step 10"), std::string::npos) << same.output;
+}
+
 }  // namespace
 }  // namespace hpm

@@ -221,5 +221,35 @@ TEST(HpmLaunch, ExitStatusesAndUsageErrors) {
   EXPECT_TRUE(contains(hpm({"--help"}).output, "launch"));
 }
 
+TEST(HpmLaunch, FailuresThatRecurAreNotRestarted) {
+  Outcome r = hpm({"launch", "-n", "2", "--max-restarts", "3", "--", "/nonexistent/program"});
+  EXPECT_EQ(r.code, 127) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "hpm launch: exit status 127 means the program was not found: a restart "
+                       "would fail the same way; giving up after 0 restart(s)"))
+      << r.output;
+  EXPECT_FALSE(contains(r.output, "restarting")) << r.output;
+  // Bad input (exit 1) fails the same way again.
+  r = hpm({"launch", "-n", "1", "--max-restarts", "3", "--", "sh", "-c",
+           "echo attempt $HPM_RESTART; exit 1"});
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "[0] attempt 0")) << r.output;
+  EXPECT_FALSE(contains(r.output, "[0] attempt 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "exit status 1 means bad input")) << r.output;
+}
+
+TEST(HpmLaunch, RestartsWaitLongerEachTime) {
+  // Killed twice, then it succeeds: restarts after 0.3 s, then 0.6 s.
+  const Outcome r = hpm({"launch", "-n", "1", "--max-restarts", "3", "--restart-delay", "0.3", "--",
+                         "sh", "-c", "[ \"$HPM_RESTART\" = 2 ] || kill -KILL $$"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "hpm launch: restarting all 1 ranks (restart 1 of 3) in 0.3 s"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "hpm launch: restarting all 1 ranks (restart 2 of 3) in 0.6 s"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "all ranks finished after 2 restart(s)")) << r.output;
+  EXPECT_GE(r.took, 900ms) << r.output;
+}
+
 }  // namespace
 }  // namespace hpm

@@ -168,5 +168,34 @@ TEST(PsCommand, TokensAndConfigMistakesGetClearErrors) {
       << r.output;
 }
 
+TEST(PsCommand, PortInUseIsRefusedAndAWrongTokenFailsFast) {
+  PsJob job(1, 1, 1);
+  const std::string port = std::to_string(20000 + (::getpid() % 2000) * 10 + 1);
+  // A second server on the port of a running one must not listen too (gRPC's SO_REUSEPORT).
+  const std::string script =
+      "export HPM_PS_TOKEN=right; " + job.hpm("ps serve --task 0", "ps0.log") + " & PS=$!; " +
+      wait_for(job.dir / "ps0.log", "listening") + "timeout 10 " + hpm_binary() + " ps serve " +
+      job.config + " --task 0; echo second=$?; " +
+      // The coordinator's token is not the server's: refused at once, not "unreachable" after
+      // ps_wait_s (20 s).
+      "S=$(date +%s); HPM_PS_TOKEN=wrong timeout 30 " + hpm_binary() + " ps coordinator " +
+      job.config + "; echo coordinator=$? after=$(( $(date +%s) - S )); kill $PS; wait";
+  const CommandResult r = run_shell(script);
+  EXPECT_NE(r.output.find("second=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("hpm: error: cannot listen on 127.0.0.1:" + port + ": port " + port +
+                          " is in use"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("coordinator=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("authentication failed: a parameter-server task refused the "
+                          "coordinator's token"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("UNAUTHENTICATED: wrong token"), std::string::npos) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("after=([0-9]+)"))) << r.output;
+  EXPECT_LT(std::stoi(m[1]), 10) << r.output;
+}
+
 }  // namespace
 }  // namespace hpm::testing

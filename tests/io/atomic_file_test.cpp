@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "io_test_util.h"
@@ -121,15 +122,33 @@ TEST_F(AtomicFile, MissingDirectoryIsAnError) {
   EXPECT_CONTAINS(msg, std::strerror(ENOENT));
 }
 
-// rename(2) cannot replace a non-empty directory: the target survives, the temporary is removed.
-TEST_F(AtomicFile, FailedRenameRemovesTemporary) {
+// Only a regular file is replaced: a directory (or a FIFO, a device) is refused before anything
+// is written, and left as it is.
+TEST_F(AtomicFile, ADirectoryOrAFifoIsRefusedAndKept) {
   const std::string p = path("target");
   ensure_directory(p + "/child");
-  const std::string msg = io_error_of([&] { write_file_atomic(p, "x"); });
-  EXPECT_CONTAINS(msg, p);
-  EXPECT_CONTAINS(msg, "rename");
+  std::string msg = io_error_of([&] { write_file_atomic(p, "x"); });
+  EXPECT_CONTAINS(msg, "cannot write " + p +
+                           ": is a directory, not a regular file: refusing to "
+                           "replace it");
   EXPECT_EQ(listing(), std::vector<std::string>({"target"}));
   EXPECT_EQ(std::filesystem::is_directory(p + "/child"), true);
+  const std::string fifo = path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  msg = io_error_of([&] { write_file_atomic(fifo, "x"); });
+  EXPECT_CONTAINS(msg, "cannot write " + fifo + ": is a FIFO, not a regular file");
+  EXPECT_TRUE(std::filesystem::is_fifo(fifo));
+}
+
+// A symbolic link is written through: the file it names gets the new contents, the link stays.
+TEST_F(AtomicFile, ASymlinkIsWrittenThrough) {
+  ensure_directory(path("sub"));
+  write_file_atomic(path("sub/real"), "old");
+  std::filesystem::create_symlink("sub/real", path("link"));
+  write_file_atomic(path("link"), "new");
+  EXPECT_TRUE(std::filesystem::is_symlink(path("link")));
+  EXPECT_EQ(read_file(path("sub/real")), "new");
+  EXPECT_EQ(output_file_target(path("link")), path("sub/real"));
 }
 
 TEST_F(AtomicFile, UnwritableDirectoryKeepsOldFile) {

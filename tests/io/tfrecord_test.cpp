@@ -363,6 +363,32 @@ TEST_F(TfRecordTest, TruncatedCompressedStream) {
                   "corrupt ZLIB data");
 }
 
+// A compressed file read as uncompressed: the error says which compression its header shows.
+TEST_F(TfRecordTest, CompressedFileReadAsUncompressedNamesTheSetting) {
+  const std::string gz = path("data.tfrecord.gz");
+  write_records(gz, sample_records(), Compression::Gzip);
+  std::string msg = io_error_of([&] { read_tfrecord_file(gz, Compression::None); });
+  EXPECT_CONTAINS(msg, gz + ": corrupt record at byte 0: length CRC mismatch");
+  EXPECT_CONTAINS(msg,
+                  "the file starts with gzip's magic bytes 1f 8b: it is compressed, read it "
+                  "with compression GZIP");
+  const std::string zl = path("data.tfrecord.zlib");
+  write_records(zl, sample_records(), Compression::Zlib);
+  msg = io_error_of([&] { read_tfrecord_file(zl, Compression::None); });
+  EXPECT_CONTAINS(msg,
+                  "the file starts with the zlib header 78 9c: it is compressed, read it "
+                  "with compression ZLIB");
+  // An uncompressed file with a bad length CRC gets no such hint.
+  const std::string plain = path("plain.tfrecord");
+  write_three(plain);
+  std::string bytes = read_raw(plain);
+  bytes[9] ^= 1;
+  write_raw(plain, bytes);
+  msg = io_error_of([&] { read_tfrecord_file(plain, Compression::None); });
+  EXPECT_CONTAINS(msg, "length CRC mismatch");
+  EXPECT_EQ(msg.find("compressed"), std::string::npos) << msg;
+}
+
 TEST_F(TfRecordTest, ConcatenatedGzipMembersReadAsOneStream) {
   write_records(path("a.gz"), {"one", "two"}, Compression::Gzip);
   write_records(path("b.gz"), {"three"}, Compression::Gzip);

@@ -118,6 +118,69 @@ TEST(Trainer, NonFiniteLossStopsAndNamesTheStep) {
   EXPECT_EQ(s.trainer->state().global_step, 2);
 }
 
+// (inputs, labels) batches of `rows` from a generator: a dataset of unknown length.
+data::Dataset unknown_length(const data::LabelledData& d, std::int64_t rows) {
+  return data::Dataset::from_generator([d, rows](std::int64_t i, data::Element& out) {
+    if ((i + 1) * rows > d.size()) return false;
+    out = {d.inputs.narrow(i * rows, rows), d.labels.narrow(i * rows, rows)};
+    return true;
+  });
+}
+
+TEST(Trainer, AnEpochWithoutABatchIsAnInputError) {
+  Rig s = make();
+  try {
+    s.trainer->fit(unknown_length(blobs(8, 4), 10), nullptr, FitOptions{});
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("the training data yields no batch in epoch 1"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(s.trainer->state().global_step, 0);
+}
+
+TEST(Trainer, ProgressOfUnknownLengthShowsNoTotal) {
+  Rig s = make();
+  std::FILE* progress = std::tmpfile();
+  s.trainer->add_callback(std::make_shared<ProgressCallback>(progress, false, 1, 2));
+  s.trainer->fit(unknown_length(blobs(40, 4), 10), nullptr, FitOptions{});
+  std::rewind(progress);
+  std::string shown(4096, '\0');
+  shown.resize(std::fread(shown.data(), 1, shown.size(), progress));
+  std::fclose(progress);
+  EXPECT_NE(shown.find("epoch 1 step 2 loss"), std::string::npos) << shown;
+  EXPECT_EQ(shown.find("/-2"), std::string::npos) << shown;
+}
+
+TEST(Trainer, ResumingMidEpochWithAnotherBatchSizeIsRefused) {
+  TempDir dir;
+  auto train = blobs(200, 3);
+  Rig a = make();
+  a.trainer->add_callback(std::make_shared<StopAt>(7));
+  FitOptions o;
+  o.batch_size = 20;
+  o.checkpoint_dir = dir / "ckpt";
+  a.trainer->fit(train, nullptr, o);  // stopped at step 7 of 10: saved mid-epoch
+  Rig b = make();
+  FitOptions other = o;
+  other.batch_size = 40;
+  other.resume_from = dir / "ckpt";
+  try {
+    b.trainer->fit(train, nullptr, other);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("was saved at step 7 of epoch 1 with batch size 20, but "
+                                         "this run's batch size is 40"),
+              std::string::npos)
+        << e.what();
+  }
+  Rig c = make();
+  FitOptions same = o;
+  same.resume_from = dir / "ckpt";
+  EXPECT_EQ(c.trainer->fit(train, nullptr, same).steps, 3);
+}
+
 TEST(Trainer, UnwritableCheckpointDirectoryFailsBeforeTraining) {
   TempDir dir;
   std::ofstream(dir / "file") << "x";

@@ -224,6 +224,12 @@ struct Config {
 // string).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// The CPUs this process may run on (sched_getaffinity; else std::thread::hardware_concurrency).
+int available_cpus();
+// Warns on stderr, naming both numbers, when `threads` exceed available_cpus(): threads beyond
+// the cores wait for one another at every parallel kernel, and run many times slower.
+void warn_if_oversubscribed(int threads);
+
 std::shared_ptr<nn::Module> build_model(const Config& config);
 // The model as [memory] trains it: `model` itself, or its blocks wrapped for recomputation or
 // offload (the same modules and parameters).

@@ -22,7 +22,11 @@ struct LaunchOptions {
   // When a rank fails, stop the rest and start the whole group again (a fresh rendezvous; every
   // rank gets HPM_RESTART = the attempt number), at most this many times: with a backup_dir the
   // restarted ranks continue from the last backup.
+  // A failure that would only recur is not restarted: bad input (exit 1), usage (2), a non-finite
+  // loss (3: the same seed meets it again), a program that cannot be run (126) or found (127).
   int max_restarts = 0;
+  // Seconds before the first restart, doubled before each next one (at most 60 s).
+  double restart_delay_s = 1;
   std::vector<std::string> command;
   // A parameter-server job (`--ps P --workers W`, instead of -n): rank 0 is the coordinator,
   // ranks 1..P the parameter-server tasks, the rest the workers. Each gets HPM_PS_ROLE

@@ -155,7 +155,10 @@ class Dataset {
   // On disk at `path`: the first complete pass writes `path.tmp.<pid>` and renames it into place
   // only at its end, so a crash leaves nothing a later run trusts; later passes (and later runs)
   // read the file, every record CRC-checked. A pass restored mid-way passes through uncached.
-  Dataset cache(const std::string& path) const;
+  // A non-empty `key` describes what produced the elements ("name=value" lines: the source, its
+  // size and checksum, the settings before the cache); it is the file's first record, and a file
+  // written for another key (or without one) is refused, naming the lines that differ.
+  Dataset cache(const std::string& path, const std::string& key = "") const;
   Dataset prefetch(std::int64_t buffer_size = kAutotune) const;
   Dataset ignore_errors() const;
 

@@ -36,6 +36,9 @@ struct PipelineSpec {
   // i % num_shards; with shard_files, TFRecord files are dealt out instead of elements.
   std::int64_t num_shards = 1, shard_index = 0;
   bool shard_files = false;
+  // build_tfrecord_pipeline: the first `limit` records (0: all), in file order (the files are
+  // then not shuffled), the same every epoch; with shard_files, this worker's share of them.
+  std::int64_t limit = 0;
 };
 
 // Throws std::invalid_argument naming a bad op or setting.
@@ -47,6 +50,9 @@ Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec);
 // [prefetch].
 Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression,
                                 const PipelineSpec& spec);
+// The records of the matching files (std::invalid_argument when none matches; IoErrors name a
+// corrupt or mis-compressed file and the byte).
+std::int64_t count_tfrecords(const std::string& files, io::Compression compression);
 // Every example of the matching files, in file order, as an in-memory set (for evaluation).
 LabelledData load_tfrecord_examples(const std::string& files, io::Compression compression);
 // (record bytes) -> (image (C,H,W) F32 in [0,1], label I64 scalar).

@@ -19,7 +19,15 @@ namespace hpm::io {
 // The limit is checked before writing, so a too-large file is reported as an EFBIG IoError without
 // the signal; if the signal is ignored (signal(SIGXFSZ, SIG_IGN)) a failing write is reported the
 // same way. Two threads of one process must not write the same path concurrently.
+//
+// A symbolic link at `path` is followed and the file it names replaced (the link stays); a path
+// that is (or links to) anything but a regular file (a directory, a FIFO, a device) is refused.
 void write_file_atomic(const std::string& path, std::string_view data);
+
+// Where write_file_atomic(path) would write: `path`, or the file its symbolic links lead to. An
+// IoError naming `path` when that is not a regular file or its directory is missing or not
+// writable, so outputs can be checked before the work that produces them.
+std::string output_file_target(const std::string& path);
 
 // The whole contents of a file. IoError "cannot open <path>: <strerror>" (or "cannot read ...").
 std::string read_file(const std::string& path);

@@ -21,7 +21,8 @@ struct TrainerState {
   std::int64_t step_in_epoch = 0;  // batches of `epoch` already trained
   std::int64_t global_step = 0;
   std::uint64_t seed = 0;
-  Generator::State rng;  // the default generator (dropout, init)
+  std::int64_t batch_size = 0;  // of the input whose batches step_in_epoch counts (0: unknown)
+  Generator::State rng;         // the default generator (dropout, init)
   std::string
       iterator_state;  // the input pipeline's Iterator state mid-epoch (empty at a boundary)
 };

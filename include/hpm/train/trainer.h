@@ -26,9 +26,18 @@ class TrainingError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The input cannot train: it yields no batch, its batches are not (inputs, labels), or a saved
+// position counts batches of another size. Bad input, not a failed training.
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 struct FitOptions {
   std::int64_t epochs = 1;
-  // For fit(LabelledData): how to batch it.
+  // For fit(LabelledData): how to batch it. For fit(Dataset): the batch size the dataset was
+  // built with. Either way it is recorded in checkpoints and backups, and continuing one saved
+  // mid-epoch with another batch size is an InputError (its position counts batches).
   std::int64_t batch_size = 64;
   bool shuffle = true;
   bool drop_last = true;  // as the peer scripts: every step sees a full batch

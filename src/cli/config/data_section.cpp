@@ -112,8 +112,8 @@ void read_data(const Source& s, Config& c) {
   data.get("compression", c.compression);
   data.get_positive("batch_size", c.batch_size);
   data.get("shuffle", c.shuffle);
-  data.get("train_limit", c.train_limit);
-  data.get("test_limit", c.test_limit);
+  data.get_non_negative("train_limit", c.train_limit);
+  data.get_non_negative("test_limit", c.test_limit);
   data.get("shuffle_buffer", c.shuffle_buffer);
   data.get("deterministic", c.deterministic);
   if (const toml::table* t = section(path, root, "data");

@@ -59,6 +59,12 @@ void apply_override(toml::table& root, const std::string& assignment) {
   try {
     parsed = toml::parse("v = " + value, origin);
   } catch (const toml::parse_error&) {
+    // Digits TOML cannot hold are a number out of range, not a bare word.
+    const std::size_t sign = !value.empty() && (value[0] == '-' || value[0] == '+') ? 1 : 0;
+    if (value.size() > sign && value.find_first_not_of("0123456789_", sign) == std::string::npos) {
+      throw ConfigError(origin + ": " + value +
+                        " is out of range for a 64-bit integer (-2^63..2^63-1)");
+    }
     // A bare word: take it as a string (parsed, so that it too remembers the override).
     std::string quoted;
     for (char ch : value) {

@@ -79,6 +79,12 @@ class TableReader {
     if (const toml::node* n = find(key); n && !(out > 0)) out_of_range(*n, key, "positive");
   }
 
+  template <typename T>
+  void get_non_negative(const std::string& key, T& out) {
+    get(key, out);
+    if (const toml::node* n = find(key); n && out < 0) out_of_range(*n, key, ">= 0");
+  }
+
   // A non-negative integer, or the string "autotune" (stored as data::kAutotune).
   template <typename T>
   void get_count_or_autotune(const std::string& key, T& out) {

@@ -16,7 +16,7 @@ void read_train(const Source& s, Config& c) {
   TableReader tr(path, "[train]", section(path, root, "train"));
   tr.get_positive("epochs", c.epochs);
   std::int64_t seed = 0;
-  tr.get("seed", seed);
+  tr.get_non_negative("seed", seed);
   c.seed = static_cast<std::uint64_t>(seed);
   tr.get_positive("threads", c.threads);
   tr.get("label_smoothing", c.label_smoothing);
@@ -167,6 +167,7 @@ train::FitOptions fit_options(const Config& c) {
   train::FitOptions fo;
   fo.epochs = c.epochs;
   fo.seed = c.seed;
+  fo.batch_size = c.batch_size;  // recorded with checkpoints and backups
   fo.label_smoothing = c.label_smoothing;
   fo.clip_grad_norm = c.clip_grad_norm;
   fo.schedule_per_step = c.schedule_unit == "step";

@@ -179,6 +179,7 @@ std::vector<ShardStatus> PsClient::status(std::chrono::milliseconds timeout) {
   for (std::size_t t = 0; t < st.size(); ++t) {
     if (!st[t].ok()) {
       out[t].error = describe("Status of", impl_->cluster.ps[t], st[t]);
+      out[t].refused = st[t].error_code() == grpc::StatusCode::UNAUTHENTICATED;
       continue;
     }
     out[t] = {true,

@@ -390,8 +390,18 @@ struct Coordinator::Impl {
     for (;;) {
       std::vector<ShardStatus> st = client->status(std::chrono::milliseconds(1000));
       std::string missing;
-      for (const auto& s : st)
+      for (const auto& s : st) {
+        // A refused token is refused again: waiting would only hide it as "unreachable".
+        if (s.refused) {
+          throw PsError(
+              "authentication failed: a parameter-server task refused the "
+              "coordinator's token (" +
+              s.error +
+              "); every process of the job needs the same token ([cluster] token_file "
+              "or HPM_PS_TOKEN)");
+        }
         if (!s.reachable) missing += (missing.empty() ? "" : "; ") + s.error;
+      }
       if (missing.empty()) return st;
       if (Clock::now() > deadline) {
         throw PsError("parameter-server tasks unreachable for " +

@@ -43,12 +43,20 @@ std::unique_ptr<grpc::Server> start_server(const Cluster& cluster, const std::st
     creds = grpc::InsecureServerCredentials();
   }
   grpc::ServerBuilder b;
+  // gRPC sets SO_REUSEPORT by default: a second server on a port in use would listen too, and
+  // clients would reach either. One server a port.
+  b.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   b.AddListeningPort(listen, creds, port);
   b.SetMaxReceiveMessageSize(static_cast<int>(cluster.max_message_bytes));
   b.SetMaxSendMessageSize(static_cast<int>(cluster.max_message_bytes));
   for (grpc::Service* s : services) b.RegisterService(s);
   std::unique_ptr<grpc::Server> server = b.BuildAndStart();
-  if (!server || *port == 0) throw PsError("cannot listen on " + listen + " (in use?)");
+  if (!server || *port == 0) {
+    const int wanted = port_of(address);
+    throw PsError("cannot listen on " + listen +
+                  (wanted > 0 ? ": port " + std::to_string(wanted) + " is in use (or not ours)"
+                              : std::string(": no free port")));
+  }
   return server;
 }
 

@@ -31,6 +31,7 @@ struct ShardStatus {
   std::string error;  // why not, when unreachable
   bool initialized = false;
   std::int64_t version = 0, incarnation = 0, pushes = 0, duplicates = 0;
+  bool refused = false;  // it answered, refusing the call's token (UNAUTHENTICATED): will recur
 };
 
 struct PushOutcome {
