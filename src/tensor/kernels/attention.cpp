@@ -98,20 +98,19 @@ void heads_gemm(bool ta, bool tb, std::int64_t heads, std::int64_t m, std::int64
                 std::int64_t kk, float alpha, const float* a, std::int64_t lda,
                 std::int64_t stride_a, const float* b, std::int64_t ldb, std::int64_t stride_b,
                 float* c, std::int64_t ldc, std::int64_t stride_c) {
-  BatchedGemm g;
-  g.trans_a = ta;
-  g.trans_b = tb;
-  g.batch = heads;
-  g.m = m;
-  g.n = nn;
-  g.k = kk;
-  g.lda = lda;
-  g.ldb = ldb;
-  g.ldc = ldc;
-  g.stride_a = stride_a;
-  g.stride_b = stride_b;
-  g.stride_c = stride_c;
-  g.alpha = alpha;
+  const BatchedGemm g{.trans_a = ta,
+                      .trans_b = tb,
+                      .batch = heads,
+                      .m = m,
+                      .n = nn,
+                      .k = kk,
+                      .lda = lda,
+                      .ldb = ldb,
+                      .ldc = ldc,
+                      .stride_a = stride_a,
+                      .stride_b = stride_b,
+                      .stride_c = stride_c,
+                      .alpha = alpha};
   run_batched_gemm(g, a, b, c);
 }
 

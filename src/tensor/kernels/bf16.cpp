@@ -16,7 +16,6 @@ namespace hpm::kernels {
 
 namespace {
 
-
 // Round to nearest even, NaN kept a (quiet) NaN: what oneDNN, PyTorch and vcvtneps2bf16 do.
 HPM_SIMD_CLONES void f32_to_bf16_span(const float* x, std::uint16_t* y, std::int64_t n) {
 #pragma omp simd
@@ -78,22 +77,20 @@ namespace {
 // One problem of batch 1.
 BatchedGemm single(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                    float alpha, std::int64_t lda, std::int64_t ldb, float beta, std::int64_t ldc) {
-  BatchedGemm g;
-  g.bf16 = true;
-  g.trans_a = trans_a;
-  g.trans_b = trans_b;
-  g.m = m;
-  g.n = n;
-  g.k = k;
-  g.lda = lda;
-  g.ldb = ldb;
-  g.ldc = ldc;
-  g.stride_a = (trans_a ? k : m) * lda;
-  g.stride_b = (trans_b ? n : k) * ldb;
-  g.stride_c = m * ldc;
-  g.alpha = alpha;
-  g.beta = beta;
-  return g;
+  return BatchedGemm{.bf16 = true,
+                     .trans_a = trans_a,
+                     .trans_b = trans_b,
+                     .m = m,
+                     .n = n,
+                     .k = k,
+                     .lda = lda,
+                     .ldb = ldb,
+                     .ldc = ldc,
+                     .stride_a = (trans_a ? k : m) * lda,
+                     .stride_b = (trans_b ? n : k) * ldb,
+                     .stride_c = m * ldc,
+                     .alpha = alpha,
+                     .beta = beta};
 }
 
 }  // namespace
