@@ -10,8 +10,15 @@
 #include <cstdint>
 #include <limits>
 
+#if defined(__SANITIZE_THREAD__)
+// The clones' ifunc resolvers run while the dynamic loader relocates, before ThreadSanitizer's
+// runtime is up, and its instrumentation of them crashes every binary at load. ThreadSanitizer
+// builds check threading, not speed: one baseline version there.
+#define HPM_SIMD_CLONES
+#else
 #define HPM_SIMD_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 namespace hpm::kernels::vec {
 
