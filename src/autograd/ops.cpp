@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 
@@ -289,6 +290,24 @@ Tensor linear_weight_gradient_bf16(const Tensor& gb, const Tensor& xb, const Ten
   return kernels::matmul_bf16(gb, xb, true, false);
 }
 
+// What a Linear's backward does after dx: dW (by `weight_gradient`) and db now, or, in a
+// zero-bubble pipeline's B pass, queued for its W pass. Shared by the f32 and bf16 Linears.
+Tensors linear_gradients(const Tensor& g, const Needs& n, Tensor gx, const Tensor& weight,
+                         const Tensor& bias, std::function<Tensor()> weight_gradient) {
+  autograd::DeferredWeightGradients* later = autograd::deferred_weight_gradients();
+  if (later != nullptr && (n[1] || n[2]) && (!n[1] || weight.is_leaf()) &&
+      (!n[2] || bias.is_leaf())) {
+    later->push(
+        [g, weight, bias, weight_gradient = std::move(weight_gradient), nw = n[1], nb = n[2]] {
+          if (nw) add_to_leaf(weight, weight_gradient());
+          if (nb) add_to_leaf(bias, kernels::sum_dim(g, 0, false));
+        });
+    return Tensors{std::move(gx), Tensor(), Tensor()};
+  }
+  return Tensors{std::move(gx), n[1] ? weight_gradient() : Tensor(),
+                 n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
+}
+
 // A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product and kept so
 // for backward, which rounds g too; bias, outputs and gradients f32.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -297,18 +316,9 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return record("LinearBF16", {x, weight, bias}, y,
                 [xb, wb, weight, bias](const Tensor& g, const Needs& n) {
                   const Tensor gb = kernels::to_bf16(g);
-                  Tensor gx = n[0] ? kernels::matmul_bf16(gb, wb) : Tensor();
-                  autograd::DeferredWeightGradients* later = autograd::deferred_weight_gradients();
-                  if (later != nullptr && (n[1] || n[2]) && (!n[1] || weight.is_leaf()) &&
-                      (!n[2] || bias.is_leaf())) {
-                    later->push([g, gb, xb, weight, bias, nw = n[1], nb = n[2]] {
-                      if (nw) add_to_leaf(weight, linear_weight_gradient_bf16(gb, xb, weight));
-                      if (nb) add_to_leaf(bias, kernels::sum_dim(g, 0, false));
-                    });
-                    return Tensors{gx, Tensor(), Tensor()};
-                  }
-                  return Tensors{gx, n[1] ? linear_weight_gradient_bf16(gb, xb, weight) : Tensor(),
-                                 n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
+                  return linear_gradients(
+                      g, n, n[0] ? kernels::matmul_bf16(gb, wb) : Tensor(), weight, bias,
+                      [gb, xb, weight] { return linear_weight_gradient_bf16(gb, xb, weight); });
                 });
 }
 
@@ -319,19 +329,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = kernels::linear(x, weight, bias);
   return record("Linear", {x, weight, bias}, y, [x, weight, bias](const Tensor& g, const Needs& n) {
     // g(N,OUT): dx = g W (N,IN), dW = g^T x (OUT,IN), db = sum_rows g (OUT)
-    Tensor gx = n[0] ? kernels::matmul(g, weight) : Tensor();
-    autograd::DeferredWeightGradients* later = autograd::deferred_weight_gradients();
-    if (later != nullptr && (n[1] || n[2]) && (!n[1] || weight.is_leaf()) &&
-        (!n[2] || bias.is_leaf())) {
-      // A zero-bubble pipeline's B pass: the weight gradients wait for its W pass.
-      later->push([g, x, weight, bias, nw = n[1], nb = n[2]] {
-        if (nw) add_to_leaf(weight, linear_weight_gradient(g, x, weight));
-        if (nb) add_to_leaf(bias, kernels::sum_dim(g, 0, false));
-      });
-      return Tensors{gx, Tensor(), Tensor()};
-    }
-    return Tensors{gx, n[1] ? linear_weight_gradient(g, x, weight) : Tensor(),
-                   n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
+    return linear_gradients(g, n, n[0] ? kernels::matmul(g, weight) : Tensor(), weight, bias,
+                            [g, x, weight] { return linear_weight_gradient(g, x, weight); });
   });
 }
 

@@ -52,15 +52,21 @@ TEST(ByteTokenizer, IdsAreTheBytes) {
             std::string::npos);
 }
 
+// The tests' models: 800 pieces, fast to train on three fortunes files.
+SentencePieceOptions small_model(const char* type) {
+  SentencePieceOptions o;
+  o.vocab_size = 800;
+  o.model_type = type;
+  return o;
+}
+
 TEST(SentencePiece, TrainedModelIsLosslessOnFortunesAndReproducible) {
   SKIP_WITHOUT_FORTUNES();
   TempDir dir;
   const std::string corpus = fortunes_subset(dir);
   for (const char* type : {"unigram", "bpe"}) {
     SCOPED_TRACE(type);
-    SentencePieceOptions o;
-    o.vocab_size = 800;
-    o.model_type = type;
+    const SentencePieceOptions o = small_model(type);
     const TrainedTokenizer a = train_sentencepiece(corpus, dir / (std::string(type) + "/a/m"), o);
     EXPECT_EQ(a.vocab_size, 800);
     EXPECT_EQ(a.files, 3);
@@ -96,9 +102,7 @@ TEST(SentencePiece, SameIdsAsSpmEncode) {
   const std::string corpus = fortunes_subset(dir);
   for (const char* type : {"unigram", "bpe"}) {
     SCOPED_TRACE(type);
-    SentencePieceOptions o;
-    o.vocab_size = 800;
-    o.model_type = type;
+    const SentencePieceOptions o = small_model(type);
     const TrainedTokenizer m = train_sentencepiece(corpus, dir / type, o);
     const auto tok = load_sentencepiece(m.model_path);
     const std::int64_t newline = tok->encode("\n")[0];
@@ -125,9 +129,8 @@ TEST(SentencePiece, CorpusSplitsAsTheByteCorpusAtCharacterBoundaries) {
   SKIP_WITHOUT_FORTUNES();
   TempDir dir;
   const std::string corpus = fortunes_subset(dir);
-  SentencePieceOptions o;
-  o.vocab_size = 800;
-  const auto tok = load_sentencepiece(train_sentencepiece(corpus, dir / "m", o).model_path);
+  const auto tok =
+      load_sentencepiece(train_sentencepiece(corpus, dir / "m", small_model("unigram")).model_path);
   const TextCorpus bytes = load_text_corpus(corpus), pieces = load_text_corpus(corpus, *tok);
   EXPECT_EQ(pieces.vocab_size, 800);
   EXPECT_EQ(pieces.files, bytes.files);
@@ -152,8 +155,7 @@ TEST(SentencePiece, DocumentedErrorsNameWhatAndWhere) {
   SKIP_WITHOUT_FORTUNES();
   TempDir dir;
   const std::string corpus = fortunes_subset(dir);
-  SentencePieceOptions o;
-  o.vocab_size = 800;
+  SentencePieceOptions o = small_model("unigram");
   o.byte_fallback = false;
   const auto strict = load_sentencepiece(train_sentencepiece(corpus, dir / "strict", o).model_path);
   // Characters the fortunes never use, without byte fallback: <unk>, refused with their places.

@@ -36,14 +36,13 @@ void read_train(const Source& s, Config& c) {
   tr.get("best_checkpoint_monitor", c.best_checkpoint_monitor);  // checked with [early_stopping]
   tr.get_positive("accumulation_steps", c.accumulation_steps);
   tr.get("precision", c.precision);
-  if (c.precision != "f32" && c.precision != "bf16")
-    tr.invalid("precision", "must be \"f32\" or \"bf16\", got \"" + c.precision + "\"");
-  if (c.precision == "bf16") {
-    try {
+  try {
+    if (autograd::parse_precision(c.precision) == autograd::Precision::BF16)
       autograd::require_native_bf16();
-    } catch (const std::runtime_error& e) {
-      throw ConfigError(tr.at("precision") + ": " + e.what());
-    }
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(tr.at("precision") + ": [train] " + e.what());
+  } catch (const std::runtime_error& e) {
+    throw ConfigError(tr.at("precision") + ": " + e.what());
   }
   tr.get_positive("max_steps", c.max_steps);
   tr.get_positive("eval_every", c.eval_every);

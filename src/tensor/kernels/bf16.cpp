@@ -32,6 +32,25 @@ HPM_SIMD_CLONES void bf16_to_f32_span(const std::uint16_t* x, float* y, std::int
   for (std::int64_t i = 0; i < n; ++i) y[i] = std::bit_cast<float>(std::uint32_t{x[i]} << 16);
 }
 
+// One problem of batch 1.
+BatchedGemm single(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                   float alpha, std::int64_t lda, std::int64_t ldb, float beta, std::int64_t ldc) {
+  return BatchedGemm{.bf16 = true,
+                     .trans_a = trans_a,
+                     .trans_b = trans_b,
+                     .m = m,
+                     .n = n,
+                     .k = k,
+                     .lda = lda,
+                     .ldb = ldb,
+                     .ldc = ldc,
+                     .stride_a = (trans_a ? k : m) * lda,
+                     .stride_b = (trans_b ? n : k) * ldb,
+                     .stride_c = m * ldc,
+                     .alpha = alpha,
+                     .beta = beta};
+}
+
 void check_bf16(const Tensor& t, const char* what) {
   if (t.dtype() != DType::BF16 || t.dim() != 2) {
     throw std::invalid_argument(std::string(what) + ": expected a 2-D BF16 tensor, got " +
@@ -71,29 +90,6 @@ Tensor to_f32(const Tensor& x) {
   });
   return y;
 }
-
-namespace {
-
-// One problem of batch 1.
-BatchedGemm single(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-                   float alpha, std::int64_t lda, std::int64_t ldb, float beta, std::int64_t ldc) {
-  return BatchedGemm{.bf16 = true,
-                     .trans_a = trans_a,
-                     .trans_b = trans_b,
-                     .m = m,
-                     .n = n,
-                     .k = k,
-                     .lda = lda,
-                     .ldb = ldb,
-                     .ldc = ldc,
-                     .stride_a = (trans_a ? k : m) * lda,
-                     .stride_b = (trans_b ? n : k) * ldb,
-                     .stride_c = m * ldc,
-                     .alpha = alpha,
-                     .beta = beta};
-}
-
-}  // namespace
 
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                float alpha, const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b,

@@ -40,6 +40,18 @@ HPM_SIMD_CLONES double sum_squares_span(const float* p, std::int64_t n) {
   return s;
 }
 
+// out = f(a, b) span by span across the kernel threads (a and b of out's size).
+template <typename Span>
+Tensor binary_spans(const Tensor& a, const Tensor& b, Span span) {
+  Tensor out = Tensor::empty(a.shape(), DType::F32, a.device());
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* po = out.data<float>();
+  parallel_for(out.numel(), kElementwiseGrain,
+               [&](std::int64_t lo, std::int64_t hi) { span(pa + lo, pb + lo, po + lo, hi - lo); });
+  return out;
+}
+
 // y = f(x) span by span across the kernel threads.
 template <typename Span>
 Tensor unary_spans(const Tensor& x, Span span) {
@@ -221,16 +233,8 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const T
       return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * (1 - v * v); });
     case UnaryOp::Sigmoid:
       return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * v * (1 - v); });
-    case UnaryOp::Gelu: {
-      Tensor out = Tensor::empty(grad_y.shape(), DType::F32, grad_y.device());
-      const float* pg = grad_y.data<float>();
-      const float* px = x.data<float>();
-      float* po = out.data<float>();
-      parallel_for(out.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
-        gelu_backward_span(pg + lo, px + lo, po + lo, hi - lo);
-      });
-      return out;
-    }
+    case UnaryOp::Gelu:
+      return binary_spans(grad_y, x, gelu_backward_span);
     case UnaryOp::GeluTanh:
       return ternary_impl(grad_y, x, y, [](float g, float u, float) {
         const float inner = kSqrt2OverPi * (u + 0.044715f * u * u * u);

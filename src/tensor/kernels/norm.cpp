@@ -133,8 +133,9 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
 namespace {
 
 // Layer norm rows [r0, r1) of width n: two passes (mean, then the centred variance, which does
-// not cancel), summed in double lanes (as cheap as float here, and the ten Adam steps of the
-// golden test showed float sums' rounding in the biases), vectorized across the row.
+// not cancel), summed in double lanes (the ten Adam steps of the golden test showed float sums'
+// rounding in the biases; layer norm was 1.9% of a GPT step after this change), vectorized across
+// the row.
 HPM_SIMD_CLONES void layer_norm_rows(const float* x, const float* w, const float* b, float* y,
                                      float* mean, float* rstd, std::int64_t r0, std::int64_t r1,
                                      std::int64_t n, float eps) {

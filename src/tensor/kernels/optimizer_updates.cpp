@@ -6,9 +6,7 @@
 
 namespace hpm::kernels {
 
-namespace {
-
-HPM_SIMD_CLONES void adam_span(const AdamStep& s, float* p, const float* g, float* m, float* v,
+HPM_SIMD_CLONES void adam_step(const AdamStep& s, float* p, const float* g, float* m, float* v,
                                float* vmax, std::int64_t n) {
   const float b1 = s.beta1, b2 = s.beta2, eps = s.eps, decay = s.decay, l2 = s.l2;
   const float step = s.step_size, bias2_sqrt = s.bias2_sqrt;
@@ -32,13 +30,6 @@ HPM_SIMD_CLONES void adam_span(const AdamStep& s, float* p, const float* g, floa
     vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
     p[k] = w - step * (m[k] / (std::sqrt(vmax[k]) / bias2_sqrt + eps));
   }
-}
-
-}  // namespace
-
-void adam_step(const AdamStep& s, float* p, const float* g, float* m, float* v, float* vmax,
-               std::int64_t n) {
-  adam_span(s, p, g, m, v, vmax, n);
 }
 
 }  // namespace hpm::kernels

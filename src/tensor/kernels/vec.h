@@ -1,5 +1,6 @@
 // Vector code for the element-wise hot loops of a transformer step (GELU, softmax's exp, layer
-// norm, AdamW), which libm's scalar erff/expf and double accumulators kept at one float a cycle.
+// norm, AdamW): as libm's scalar erff/expf and scalar loops, they were about half of a GPT step on
+// one core (`perf`, BENCHMARKS.md, issue 16 second part).
 //
 // The build targets baseline x86-64 (SSE2), so that one binary runs on every machine a job
 // lands on. HPM_SIMD_CLONES compiles a function three times (AVX-512, AVX2+FMA, baseline) and
