@@ -1,11 +1,13 @@
-// Step time and device peak of the repository's cnn and mlp (examples/fashion_{cnn,mlp}.toml)
-// trained plainly, with recomputation (every 1, 2 and sqrt(n) layers) and with offload; ratios
-// against plain measured side by side: each round times every variant once, in turn, and the ratio
-// reported is the median over rounds of (variant / plain) for that round.
+// Step time and device peak of the repository's cnn and mlp (examples/fashion_{cnn,mlp}.toml) and
+// of the GPT (examples/fortunes_gpt.toml at nanoGPT's shakespeare_char size, block 256 and 512)
+// trained plainly, with recomputation (every 1, 2 and sqrt(n) units; a GPT block is one unit) and
+// with offload; ratios against plain measured side by side: each round times every variant once,
+// in turn, and the ratio reported is the median over rounds of (variant / plain) for that round.
 //
-//   flock /tmp/hpm-cpu.lock build-mem/bench/memory_bench [rounds=7] [steps=5] [batch=256]
-//   [mlp|cnn|both]
-// (steps: per timing of the cnn; the mlp's are 10 times as many)
+//   flock /tmp/hpm-cpu.lock build/bench/memory_bench [rounds=7] [steps=5] [batch=256]
+//   [mlp|cnn|both|deep|gpt]
+// (steps: per timing of the cnn; the mlp's are 10 times as many, the GPT's a fifth; batch: images,
+// the GPT takes 16 windows, as torch_gpt.py's 10.8M configuration)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +19,7 @@
 
 #include "hpm/cli/config.h"
 #include "hpm/nn/layers.h"
+#include "hpm/nn/objective.h"
 #include "hpm/nn/offload.h"
 #include "hpm/nn/recompute.h"
 #include "hpm/optim/optimizer.h"
@@ -47,13 +50,40 @@ struct Variant {
 
 using Factory = std::function<std::shared_ptr<nn::Sequential>()>;
 
-int run(const std::string& config_path, const Factory& build, int rounds, int steps,
-        std::int64_t batch) {
+// One batch and the objective that scores the model's outputs on it.
+struct Workload {
+  Tensor x, y;
+  std::shared_ptr<const nn::Objective> objective;
+};
+
+Workload images(std::int64_t batch) {
   Generator gen(1);
   const Tensor x = Tensor::uniform({batch, 1, 28, 28}, gen, 0.0f, 1.0f);
   std::vector<std::int64_t> labels(static_cast<std::size_t>(batch));
   for (auto& l : labels) l = static_cast<std::int64_t>(gen.below(10));
-  const Tensor y = Tensor::from_i64(labels, {batch});
+  return {x, Tensor::from_i64(labels, {batch}), std::make_shared<nn::Classification>()};
+}
+
+// Random byte windows: next-token targets are the inputs shifted by one.
+Workload tokens(std::int64_t rows, std::int64_t block) {
+  Generator gen(1);
+  std::vector<std::int64_t> w(static_cast<std::size_t>(rows * (block + 1)));
+  for (auto& t : w) t = static_cast<std::int64_t>(gen.below(256));
+  std::vector<std::int64_t> x, y;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const auto row = w.begin() + r * (block + 1);
+    x.insert(x.end(), row, row + block);
+    y.insert(y.end(), row + 1, row + block + 1);
+  }
+  return {Tensor::from_i64(x, {rows, block}), Tensor::from_i64(y, {rows, block}),
+          std::make_shared<nn::LanguageModelling>()};
+}
+
+int run(const std::string& config_path, const Factory& build, int rounds, int steps,
+        const Workload& work) {
+  const Tensor& x = work.x;
+  const Tensor& y = work.y;
+  const std::int64_t batch = x.size(0);
 
   std::vector<Variant> variants;
   auto add = [&](std::string name, decltype(Variant::wrap) wrap) {
@@ -83,7 +113,7 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
     manual_seed(0);
     v.model = v.wrap(build());
     v.offloaded = std::dynamic_pointer_cast<nn::OffloadedSequential>(v.model);
-    v.x = Tensor::empty(x.shape(), DType::F32, *v.device);
+    v.x = Tensor::empty(x.shape(), x.dtype(), *v.device);
     v.x.copy_(x);
     v.y = Tensor::empty(y.shape(), DType::I64, *v.device);
     v.y.copy_(y);
@@ -92,7 +122,7 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
   }
   auto one_step = [&](Variant& v) {
     v.opt->zero_grad();
-    Tensor loss = cross_entropy(v.model->forward(v.x), v.y);
+    Tensor loss = work.objective->compute(v.model->forward(v.x), {v.x, v.y}).loss;
     loss.backward();
     v.opt->step();
   };
@@ -109,7 +139,7 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
     // trade for time. The step's peak may sit elsewhere (gradients, convolution workspaces).
     v.opt->zero_grad();
     {
-      Tensor loss = cross_entropy(v.model->forward(v.x), v.y);
+      Tensor loss = work.objective->compute(v.model->forward(v.x), {v.x, v.y}).loss;
       v.held_bytes = v.device->stats().current_bytes - v.resident_bytes;
       loss.backward();
     }
@@ -132,8 +162,10 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
     for (auto& v : variants)
       v.ratios.push_back(v.step_seconds.back() / variants[0].step_seconds.back());
   }
-  std::printf("\n%s, batch %lld, %d rounds x %d steps, %d thread(s)\n", config_path.c_str(),
-              static_cast<long long>(batch), rounds, steps, num_threads());
+  std::printf("\n%s, batch %lld%s, %d rounds x %d steps, %d thread(s)\n", config_path.c_str(),
+              static_cast<long long>(batch),
+              x.dim() == 2 ? (" x block " + std::to_string(x.size(1))).c_str() : "", rounds, steps,
+              num_threads());
   std::printf("%-30s %9s %8s %15s %8s %17s %8s\n", "variant", "step ms", "time x", "step peak MiB",
               "peak x", "held for bwd MiB", "held x");
   const double plain_need =
@@ -176,12 +208,30 @@ int main(int argc, char** argv) {
   const std::string root = HPM_SOURCE_DIR;
   // The mlp's step is ~20x shorter than the cnn's: more steps per timing, against timer noise.
   auto from_config = [](const std::string& path) {
-    return [cfg = hpm::cli::load_config(path)] { return hpm::nn::as_sequential(hpm::cli::build_model(cfg)); };
+    return [cfg = hpm::cli::load_config(path)] {
+      return hpm::nn::as_sequential(hpm::cli::build_model(cfg));
+    };
   };
   const std::string mlp = root + "/examples/fashion_mlp.toml",
                     cnn = root + "/examples/fashion_cnn.toml";
-  if (which == "mlp" || which == "both") hpm::run(mlp, from_config(mlp), rounds, 10 * steps, batch);
-  if (which == "cnn" || which == "both") hpm::run(cnn, from_config(cnn), rounds, steps, batch);
+  if (which == "mlp" || which == "both")
+    hpm::run(mlp, from_config(mlp), rounds, 10 * steps, hpm::images(batch));
+  if (which == "cnn" || which == "both")
+    hpm::run(cnn, from_config(cnn), rounds, steps, hpm::images(batch));
+  // The seeds' case: a transformer, whose attention and MLP activations grow with the block.
+  if (which == "gpt") {
+    for (const int block : {256, 512}) {
+      const std::string gpt = root + "/examples/fortunes_gpt.toml";
+      const std::vector<std::string> size = {"model.n_layer=6", "model.n_head=6",
+                                             "model.n_embd=384",
+                                             "model.block_size=" + std::to_string(block)};
+      auto build = [cfg = hpm::cli::load_config(gpt, size)] {
+        return hpm::nn::as_sequential(hpm::cli::build_model(cfg));
+      };
+      hpm::run(gpt + " (6 x 384, block " + std::to_string(block) + ")", build, rounds,
+               std::max(1, steps / 5), hpm::tokens(16, block));
+    }
+  }
   // Deep and narrow, where what forward keeps for backward, not one wide layer's backward or a
   // convolution's workspace, sets the peak: 12 x (Linear(512, 512), ReLU) after Flatten and a
   // Linear(784, 512), and a Linear(512, 10).
@@ -200,7 +250,7 @@ int main(int argc, char** argv) {
           m->push_back(std::make_shared<hpm::nn::Linear>(512, 10));
           return m;
         },
-        rounds, 2 * steps, batch);
+        rounds, 2 * steps, hpm::images(batch));
   }
   return 0;
 }

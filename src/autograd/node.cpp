@@ -1,6 +1,7 @@
 #include "hpm/autograd/node.h"
 
 #include <atomic>
+#include <mutex>
 #include <stdexcept>
 
 #include "hpm/autograd/grad_mode.h"
@@ -21,7 +22,7 @@ Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_order_relax
 Tensor accumulate_into(const Tensor& leaf) {
   if (!leaf.defined() || !leaf.requires_grad() || !leaf.is_leaf()) return Tensor();
   const AutogradMeta& meta = *leaf.impl()->autograd;
-  if (!meta.grad || !meta.post_accumulate_hooks.empty()) return Tensor();
+  if (!meta.grad || !meta.post_accumulate_hooks.empty() || meta.accumulate_lock) return Tensor();
   if (meta.grad.use_count() != 1 || meta.grad->storage.use_count() != 1 || meta.grad->offset != 0) {
     return Tensor();
   }
@@ -32,6 +33,8 @@ Tensors AccumulateGrad::apply(Tensors&& grad_outputs) {
   Tensor& g = grad_outputs.at(0);
   if (!g.defined()) return {};
   AutogradMeta& meta = *variable_->autograd;
+  std::unique_lock<std::mutex> lock;
+  if (meta.accumulate_lock) lock = std::unique_lock<std::mutex>(*meta.accumulate_lock);
   if (!meta.grad) {
     // Steal the incoming buffer when nothing else can see it; otherwise keep a private copy so
     // that accumulating into one leaf's grad never changes another's.

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
@@ -66,7 +67,8 @@ std::vector<std::shared_ptr<nn::Module>> cut(const nn::Sequential& model,
 // one mini-batch (micro-batch activations kept from forward to backward, messages in flight).
 class Pipeline::Stage {
  public:
-  Stage(int index, const PipelineOptions& o, const Schedule& s,
+  // `first_local_stage`: the lowest stage this process runs (0 when every stage is a thread).
+  Stage(int index, int first_local_stage, const PipelineOptions& o, const Schedule& s,
         const std::vector<std::shared_ptr<nn::Module>>& chunks, comm::CommunicatorPtr comm)
       : index_(index),
         options_(o),
@@ -75,9 +77,18 @@ class Pipeline::Stage {
         device_("stage" + std::to_string(index), o.device_budget, o.threads_per_stage),
         generator_(o.seed + 7919 * static_cast<std::uint64_t>(index + 1)),
         comm_(std::move(comm)) {
-    // A stage's variables live on its Device: the budget covers them, as a GPU's would.
+    // A stage's variables live on its Device: the budget covers them, as a GPU's would. A tied
+    // weight that an earlier stage of this process also uses stays on that stage's Device (one
+    // copy, one owner).
+    std::set<const TensorImpl*> earlier;
+    for (int c = 0; c < s.chunks(); ++c) {
+      if (s.device_of(c) >= index || s.device_of(c) < first_local_stage) continue;
+      for (const auto& [name, t] : chunks[static_cast<std::size_t>(c)]->state_dict())
+        earlier.insert(t.impl());
+    }
     for (int c = index; c < s.chunks(); c += s.devices) {
       for (auto& [name, t] : chunks[static_cast<std::size_t>(c)]->state_dict()) {
+        if (earlier.count(t.impl())) continue;
         home_ = &t.device();
         t.impl()->storage->move_to(device_);
         variables_.push_back(t);
@@ -383,7 +394,7 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> chunks, const Pipeli
   std::vector<comm::CommunicatorPtr> comms =
       comm::make_local_group(options_.stages, options_.timeout);
   for (int d = 0; d < options_.stages; ++d) {
-    stages_.push_back(std::make_unique<Stage>(d, options_, schedule_, chunks_,
+    stages_.push_back(std::make_unique<Stage>(d, 0, options_, schedule_, chunks_,
                                               comms[static_cast<std::size_t>(d)]));
   }
   start_threads();
@@ -403,7 +414,7 @@ Pipeline::Pipeline(std::vector<std::shared_ptr<nn::Module>> chunks, const Pipeli
   }
   stages_.resize(static_cast<std::size_t>(options_.stages));
   stages_[static_cast<std::size_t>(comm->rank())] =
-      std::make_unique<Stage>(comm->rank(), options_, schedule_, chunks_, comm);
+      std::make_unique<Stage>(comm->rank(), comm->rank(), options_, schedule_, chunks_, comm);
 }
 
 void Pipeline::start_threads() {

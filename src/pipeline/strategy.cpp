@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <stdexcept>
 
 #include "hpm/nn/layers.h"
@@ -83,6 +84,7 @@ class PipelineStrategy final : public dist::Strategy {
     r.finite = flags[0] == 0 && std::isfinite(r.loss);
     r.stop_requested = flags[1] > 0;
     if (!r.finite) return r;
+    sum_tied_gradients();
     if (clip > 0) clip_gradients(clip);
     if (workers_) {
       rep.optimizer->step();
@@ -146,7 +148,7 @@ class PipelineStrategy final : public dist::Strategy {
     }
     if (report_.partition.boundaries.empty()) report_.partition.boundaries = boundaries;
     chunks_ = cut(*sequential_, boundaries);
-    refuse_split_ties(po);
+    find_ties(po);
     pipeline_ = workers_ ? std::make_unique<Pipeline>(chunks_, po, workers_)
                          : std::make_unique<Pipeline>(chunks_, po);
     place_parameters();
@@ -156,30 +158,73 @@ class PipelineStrategy final : public dist::Strategy {
   }
 
   // A parameter used by chunks on two stages (a tied weight: GPT's token embedding and its head)
-  // would live on two Devices at once and get two partial gradients. Megatron keeps a copy per
-  // stage and sums their gradients; here it is refused, naming the weight, before anything moves.
-  void refuse_split_ties(const PipelineOptions& po) const {
-    // The model's own names for each tensor (a tied one has several, as in torch's state_dict).
-    std::map<const TensorImpl*, std::vector<std::string>> names;
-    for (const auto& [name, t] : replicas_[0].model->state_dict()) names[t.impl()].push_back(name);
-    const auto name_of = [&](const TensorImpl* t, std::size_t k) {
-      const auto& n = names[t];
-      return n.empty() ? std::string("?") : n[std::min(k, n.size() - 1)];
-    };
-    std::map<const TensorImpl*, int> first_stage;
+  // gets a partial gradient on each, as Megatron's copies of the embedding do. On threads the
+  // stages share the one tensor and add into its gradient under a lock (the values need no
+  // synchronizing); across processes each holds a copy, and their gradients are summed before
+  // clipping and the update (sum_tied_gradients), which every holder then applies alike.
+  struct Tie {
+    Tensor tensor;
+    std::vector<int> stages;  // ascending: the stages whose chunks use it
+  };
+  void find_ties(const PipelineOptions& po) {
+    ties_.clear();
+    std::map<const TensorImpl*, std::size_t> index;
     for (std::size_t c = 0; c < chunks_.size(); ++c) {
       const int stage = static_cast<int>(c) % po.stages;
       for (const Tensor& p : chunks_[c]->parameters()) {
-        const auto [it, fresh] = first_stage.try_emplace(p.impl(), stage);
-        if (!fresh && it->second != stage) {
-          throw std::invalid_argument(
-              "pipeline: '" + name_of(p.impl(), 0) + "' (stage " + std::to_string(it->second) +
-              ") and '" + name_of(p.impl(), 1) + "' (stage " + std::to_string(stage) +
-              ") are one tensor, a tied weight such as GPT's token embedding and head: untie it "
-              "([model] tie_weights = false) or cut so that both uses share a stage");
-        }
+        const auto [it, fresh] = index.try_emplace(p.impl(), ties_.size());
+        if (fresh) ties_.push_back({p, {}});
+        auto& stages = ties_[it->second].stages;
+        if (std::find(stages.begin(), stages.end(), stage) == stages.end()) stages.push_back(stage);
       }
     }
+    std::erase_if(ties_, [](const Tie& t) { return t.stages.size() < 2; });
+    for (Tie& t : ties_) {
+      std::sort(t.stages.begin(), t.stages.end());
+      if (!workers_) t.tensor.autograd_meta().accumulate_lock = std::make_shared<std::mutex>();
+    }
+  }
+
+  bool uses(const Tie& t, int stage) const {
+    return std::find(t.stages.begin(), t.stages.end(), stage) != t.stages.end();
+  }
+
+  // Across processes: every stage that uses a tied weight gets the sum of all their gradients
+  // (one all-reduce for all ties; a stage that does not use one adds zeros).
+  void sum_tied_gradients() {
+    if (!workers_ || ties_.empty()) return;
+    const int me = workers_->rank();
+    std::int64_t n = 0;
+    for (const Tie& t : ties_) n += t.tensor.numel();
+    Tensor flat = Tensor::zeros({n});
+    std::int64_t at = 0;
+    for (const Tie& t : ties_) {
+      const Tensor g = t.tensor.grad();
+      if (g.defined()) std::memcpy(flat.data<float>() + at, g.data<float>(), g.nbytes());
+      at += t.tensor.numel();
+    }
+    workers_->allreduce(flat, comm::ReduceOp::kSum)->wait();
+    at = 0;
+    for (Tie& t : ties_) {
+      if (uses(t, me)) {
+        Tensor g = t.tensor.grad();
+        if (!g.defined()) {
+          g = Tensor::empty(t.tensor.shape());
+          t.tensor.set_grad(g);
+        }
+        std::memcpy(g.data<float>(), flat.data<float>() + at, g.nbytes());
+      }
+      at += t.tensor.numel();
+    }
+  }
+
+  // Whether this process counts `p`'s gradient in the global norm: a tied weight's summed
+  // gradient is on every stage that uses it, and only the first of them counts it.
+  bool counts_in_norm(const Tensor& p) const {
+    for (const Tie& t : ties_) {
+      if (t.tensor.impl() == p.impl()) return t.stages.front() == workers_->rank();
+    }
+    return true;
   }
 
   // Which of the optimizer's parameters each stage updates: those of its chunks.
@@ -212,7 +257,7 @@ class PipelineStrategy final : public dist::Strategy {
     }
     double local = 0;
     for (const Tensor& p : rep.model->parameters()) {
-      if (p.grad().defined()) local += kernels::sum_squares(p.grad());
+      if (p.grad().defined() && counts_in_norm(p)) local += kernels::sum_squares(p.grad());
     }
     Tensor t = Tensor::from({static_cast<float>(local)}, {1});
     workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
@@ -264,6 +309,7 @@ class PipelineStrategy final : public dist::Strategy {
   std::vector<nn::BatchNorm*> batch_norms_;             // deferred: committed once per mini-batch
   std::vector<std::vector<std::size_t>> stage_params_;  // optimizer indices, per stage
   std::vector<std::size_t> unplaced_params_;  // in no chunk: updated by the calling thread
+  std::vector<Tie> ties_;                     // parameters used on more than one stage
 };
 
 }  // namespace

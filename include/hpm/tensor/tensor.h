@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
@@ -76,6 +77,10 @@ struct AutogradMeta {
   int output_nr = 0;
   // Called after a leaf's gradient is accumulated (the gradient reducer starts all-reduce here).
   std::vector<std::function<void(Tensor&)>> post_accumulate_hooks;
+  // Set for a leaf whose gradient several threads accumulate into at once (a tied weight used by
+  // two pipeline stages): every accumulation then goes through the leaf's accumulator under this
+  // lock, never straight into .grad from a kernel.
+  std::shared_ptr<std::mutex> accumulate_lock;
 };
 
 struct TensorImpl {
