@@ -6,7 +6,9 @@
 # What it checks (behaviour, not speed: bench/netns_overlap_bench.sh measures what overlapping
 # buys): with the all-reduce overlapped with backward and without, both runs finish within a time
 # limit, reach the same test accuracy (the same arithmetic), and the gradients really crossed the
-# link (the shaped qdisc sent at least the bytes a ring all-reduce of them must send).
+# link (the shaped qdisc sent at least the bytes a ring all-reduce of them must send). Then a GPT
+# (examples/fortunes_gpt.toml, 2 layers, 40 steps) trained across the two namespaces reaches the
+# validation loss of the same training on one device.
 #
 # Usage: netns_test.sh /path/to/hpm
 # Needs root (or CAP_NET_ADMIN + CAP_SYS_ADMIN), iproute2 with tc, python3 and the
@@ -55,5 +57,26 @@ for name, s in zip(("overlap", "no overlap"), sent):
         print(f"FAIL: {name}: the gradients did not cross the shaped link")
         ok = False
 sys.exit(0 if ok else 1)
+PY
+
+# The GPT: both ranks take the same global batch of windows and train on their halves of it, so
+# the run is one device's arithmetic up to the order of float additions.
+GPT_SETTINGS=(--set model.n_layer=2 --set train.max_steps=40 --set train.eval_every=40
+  --set train.eval_iters=10 --set train.seed=3)
+"$HPM" train "$(dirname "$0")/../../examples/fortunes_gpt.toml" "${GPT_SETTINGS[@]}" \
+  --report "$NETNS_WORK/gpt_one_device.json" >"$NETNS_WORK/gpt_one_device.log" 2>&1
+netns_train_pair "$(dirname "$0")/../../examples/fortunes_gpt.toml" "${GPT_SETTINGS[@]}" \
+  --set 'strategy.kind="multi_worker_mirrored"'
+python3 - "$NETNS_WORK/gpt_one_device.json" "$NETNS_WORK/run$NETNS_RUN.json" <<'PY'
+import json, sys
+one, two = (json.load(open(f)) for f in sys.argv[1:3])
+print(f"gpt: val loss {two['val_loss']:.5f} across the namespaces ({two['replicas_in_sync']} replicas), "
+      f"{one['val_loss']:.5f} on one device")
+if two["replicas_in_sync"] != 2 or two["steps"] != 40:
+    sys.exit(f"FAIL: gpt: {two['replicas_in_sync']} replicas, {two['steps']} steps")
+if abs(two["val_loss"] - one["val_loss"]) > 1e-3 * one["val_loss"]:
+    sys.exit("FAIL: gpt: the validation losses differ by more than float reassociation")
+if not one["val_loss"] < 5.0:
+    sys.exit(f"FAIL: gpt: did not learn (val loss {one['val_loss']})")
 PY
 echo "PASS"
