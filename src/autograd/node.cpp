@@ -22,7 +22,10 @@ Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_order_relax
 Tensor accumulate_into(const Tensor& leaf) {
   if (!leaf.defined() || !leaf.requires_grad() || !leaf.is_leaf()) return Tensor();
   const AutogradMeta& meta = *leaf.impl()->autograd;
-  if (!meta.grad || !meta.post_accumulate_hooks.empty() || meta.accumulate_lock) return Tensor();
+  if (!meta.grad || !meta.post_accumulate_hooks.empty() || meta.accumulate_lock ||
+      meta.grad_is_stale) {
+    return Tensor();
+  }
   if (meta.grad.use_count() != 1 || meta.grad->storage.use_count() != 1 || meta.grad->offset != 0) {
     return Tensor();
   }
@@ -44,6 +47,9 @@ Tensors AccumulateGrad::apply(Tensors&& grad_outputs) {
     owned.impl()->autograd.reset();
     owned = owned.reshape(variable_->shape);
     meta.grad = owned.impl_ptr();
+  } else if (meta.grad_is_stale) {
+    Tensor(meta.grad).copy_(g.reshape(variable_->shape));
+    meta.grad_is_stale = false;
   } else {
     Tensor acc(meta.grad);
     kernels::axpy_(acc, 1.0f, g);

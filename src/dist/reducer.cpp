@@ -109,7 +109,8 @@ struct Reducer::State {
   comm::CommunicatorPtr comm;
   ReducerOptions options;
   std::vector<Tensor> params;
-  std::vector<std::size_t> bucket_of;  // per parameter
+  std::vector<std::size_t> bucket_of;   // per parameter
+  std::vector<std::int64_t> offset_of;  // per parameter: elements into its bucket
   std::vector<Bucket> buckets;
   std::size_t next_launch = 0;
   bool sync = true;
@@ -131,18 +132,39 @@ struct Reducer::State {
       launch(buckets[next_launch++]);
   }
 
+  // The slot of bucket memory that parameter i's gradient lives in while the reducer runs
+  // (PyTorch's gradient_as_bucket_view): backward writes there, the all-reduce averages in place,
+  // and the optimizer reads the result, with no copy in or out.
+  Tensor slot(std::size_t i) const {
+    const Bucket& b = buckets[bucket_of[i]];
+    return b.flat.narrow(offset_of[i], params[i].numel()).reshape(params[i].shape());
+  }
+
+  bool in_slot(std::size_t i) {
+    const Tensor g = params[i].grad();
+    return g.defined() &&
+           g.data<float>() == buckets[bucket_of[i]].flat.data<float>() + offset_of[i];
+  }
+
   void launch(Bucket& b) {
-    trace::Span span("bucket copy", "comm");
-    float* dst = b.flat.data<float>();
     for (std::size_t i : b.params) {
       Tensor& p = params[i];
-      Tensor g = p.grad();
-      const auto n = static_cast<std::size_t>(p.numel());
-      if (g.defined())
-        std::memcpy(dst, g.data<float>(), n * sizeof(float));
-      else
-        std::memset(dst, 0, n * sizeof(float));
-      dst += n;
+      AutogradMeta& meta = p.autograd_meta();
+      if (!in_slot(i)) {
+        // A gradient from elsewhere (accumulated before the reducer took over): into the slot.
+        Tensor s = slot(i);
+        if (p.grad().defined()) {
+          s.copy_(p.grad());
+        } else {
+          s.fill_(0.0f);
+        }
+        p.set_grad(s);
+        meta.grad_is_stale = false;
+      } else if (meta.grad_is_stale) {
+        // No gradient arrived (a parameter this step did not use): it contributes zeros.
+        p.grad().fill_(0.0f);
+        meta.grad_is_stale = false;
+      }
     }
     b.launched = true;
     ++stats.allreduces;
@@ -170,9 +192,13 @@ Reducer::Reducer(const nn::Module& model, comm::CommunicatorPtr comm, ReducerOpt
     s.bucket_of[k] = s.buckets.size() - 1;
     bytes += nbytes;
   }
+  s.offset_of.resize(s.params.size());
   for (auto& b : s.buckets) {
     std::int64_t n = 0;
-    for (std::size_t i : b.params) n += s.params[i].numel();
+    for (std::size_t i : b.params) {
+      s.offset_of[i] = n;
+      n += s.params[i].numel();
+    }
     b.flat = Tensor::empty({n});
     s.stats.bytes += static_cast<std::size_t>(n) * sizeof(float);
   }
@@ -205,6 +231,17 @@ void Reducer::prepare_for_backward() {
     b.launched = false;
     b.work.reset();
   }
+  // Gradients start in their slots: the first accumulation copies in (the slot's old contents are
+  // stale), later ones add. A gradient already accumulated (micro-batches under NoSync) stays
+  // where it is until its bucket launches.
+  if (s.sync) {
+    for (std::size_t i = 0; i < s.params.size(); ++i) {
+      Tensor& p = s.params[i];
+      if (p.grad().defined()) continue;
+      p.set_grad(s.slot(i));
+      p.autograd_meta().grad_is_stale = true;
+    }
+  }
   s.next_launch = 0;
   s.armed = true;
 }
@@ -226,19 +263,6 @@ void Reducer::finalize() {
   }
   s.stats.finalize_wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  for (auto& b : s.buckets) {
-    const float* src = b.flat.data<float>();
-    for (std::size_t i : b.params) {
-      Tensor& p = s.params[i];
-      Tensor g = p.grad();
-      if (!g.defined()) {
-        g = Tensor::empty(p.shape());
-        p.set_grad(g);
-      }
-      std::memcpy(g.data<float>(), src, p.nbytes());
-      src += p.numel();
-    }
-  }
 }
 
 void Reducer::set_sync(bool on) {

@@ -279,7 +279,11 @@ TEST(Reducer, NoSyncAccumulatesLocallyThenReducesTheSum) {
   }
   std::vector<std::vector<float>> accumulated(2), synced(2);
   on_ranks(2, [&](int r) {
-    Reducer reducer(*models[r], comms[r]);
+    // Without overlap: gradients live in the buckets, which an overlapped all-reduce averages in
+    // place while backward still runs, and this test reads each rank's own sum before that.
+    ReducerOptions serial;
+    serial.overlap = false;
+    Reducer reducer(*models[r], comms[r], serial);
     const Batch a = batch(6, 10 + static_cast<std::uint64_t>(r)),
                 b = batch(6, 20 + static_cast<std::uint64_t>(r));
     models[r]->zero_grad();

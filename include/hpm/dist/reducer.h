@@ -1,10 +1,12 @@
 // Reducer: keeps data-parallel replicas' gradients in sync, as PyTorch's DDP reducer does.
 // Parameters are grouped, in reverse registration order (roughly the order backward produces
-// their gradients), into flat buckets of at most `bucket_bytes`. A hook on each parameter marks
-// its gradient ready; when every gradient of a bucket is ready the bucket is copied into its flat
-// buffer and its all-reduce (average) starts at once, so communication overlaps the rest of
-// backward. Buckets start in index order on every rank, so all ranks issue the same collectives in
-// the same order. finalize() waits for them and writes the averaged gradients back.
+// their gradients), into flat buckets of at most `bucket_bytes`. Each parameter's .grad is a view
+// of its slot in a bucket (DDP's gradient_as_bucket_view: no copies in or out, and no second
+// copy of the gradients in memory). A hook on each parameter marks its gradient ready; when every
+// gradient of a bucket is ready the bucket's all-reduce (average) starts at once, in place, so
+// communication overlaps the rest of backward: between backward and finalize() the gradients are
+// being averaged and must not be read. Buckets start in index order on every rank, so all ranks
+// issue the same collectives in the same order. finalize() waits for them.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -38,10 +40,11 @@ class Reducer {
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
 
-  // Call before each backward that should synchronize.
+  // Call before each backward that should synchronize: gradients not yet accumulated start in
+  // their bucket slots.
   void prepare_for_backward();
-  // Starts what is not started yet (parameters that got no gradient count as zero), waits for
-  // every bucket and writes the averaged gradients into the parameters' .grad.
+  // Starts what is not started yet (parameters that got no gradient count as zero) and waits for
+  // every bucket: each parameter's .grad then holds the average, in its bucket slot.
   void finalize();
 
   // While off, backward accumulates gradients locally and nothing is communicated (DDP's

@@ -81,6 +81,9 @@ struct AutogradMeta {
   // two pipeline stages): every accumulation then goes through the leaf's accumulator under this
   // lock, never straight into .grad from a kernel.
   std::shared_ptr<std::mutex> accumulate_lock;
+  // .grad is a reused buffer (a slot of the gradient reducer's bucket) whose contents are stale:
+  // the next accumulation copies into it instead of adding, and clears this.
+  bool grad_is_stale = false;
 };
 
 struct TensorImpl {
