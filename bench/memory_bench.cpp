@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/cli/config.h"
 #include "hpm/nn/layers.h"
 #include "hpm/nn/objective.h"
@@ -24,6 +25,7 @@
 #include "hpm/nn/recompute.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/tensor/device.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm {
@@ -38,6 +40,7 @@ double median(std::vector<double> v) {
 struct Variant {
   std::string name;
   std::function<std::shared_ptr<nn::Module>(std::shared_ptr<nn::Sequential>)> wrap;
+  autograd::Precision precision = autograd::Precision::F32;
   // State, kept across rounds.
   std::unique_ptr<Device> device;
   std::shared_ptr<nn::Module> model;
@@ -107,6 +110,11 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
   });
   add("offload >= 64 KiB",
       [](auto m) { return std::shared_ptr<nn::Module>(nn::with_offload(m, {64 << 10})); });
+  // Mixed precision ([train] precision = "bf16"): products in bf16, activations saved in bf16.
+  if (kernels::native_bf16()) {
+    add("plain bf16", [](auto m) { return std::shared_ptr<nn::Module>(m); });
+    variants.back().precision = autograd::Precision::BF16;
+  }
   for (auto& v : variants) {
     v.device = std::make_unique<Device>(v.name);
     DeviceGuard guard(*v.device);
@@ -121,6 +129,7 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
         std::make_unique<optim::SGD>(v.model->named_parameters(), optim::SgdOptions{0.01f, 0.9f});
   }
   auto one_step = [&](Variant& v) {
+    autograd::AutocastScope precision(v.precision);
     v.opt->zero_grad();
     Tensor loss = work.objective->compute(v.model->forward(v.x), {v.x, v.y}).loss;
     loss.backward();
@@ -139,6 +148,7 @@ int run(const std::string& config_path, const Factory& build, int rounds, int st
     // trade for time. The step's peak may sit elsewhere (gradients, convolution workspaces).
     v.opt->zero_grad();
     {
+      autograd::AutocastScope precision(v.precision);
       Tensor loss = work.objective->compute(v.model->forward(v.x), {v.x, v.y}).loss;
       v.held_bytes = v.device->stats().current_bytes - v.resident_bytes;
       loss.backward();

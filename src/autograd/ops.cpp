@@ -80,8 +80,28 @@ Tensor mul(const Tensor& a, float s) {
 // ---- element-wise functions ------------------------------------------------------------------
 
 namespace {
+// An activation kept for backward, as autocast.h's rule says: under bf16 a bf16 copy (half the
+// bytes), widened back to f32 when backward needs it; otherwise the tensor itself.
+class SavedActivation {
+ public:
+  explicit SavedActivation(const Tensor& x)
+      : rounded_(autocast_precision() == Precision::BF16 && x.dtype() == DType::F32),
+        t_(rounded_ ? kernels::to_bf16(x) : x) {}
+  Tensor get() const { return rounded_ ? kernels::to_f32(t_) : t_; }
+
+ private:
+  bool rounded_;
+  Tensor t_;
+};
+
 Tensor unary_op(const char* name, UnaryOp op, const Tensor& x) {
   Tensor y = kernels::unary(op, x);
+  if (op == UnaryOp::Gelu) {
+    // Its backward needs the input alone: the output (as wide as the input) is not kept.
+    return record(name, {x}, y, [op, xs = SavedActivation(x)](const Tensor& g, const Needs&) {
+      return Tensors{kernels::unary_backward(op, g, xs.get(), Tensor())};
+    });
+  }
   Tensor yd = y.detach();
   return record(name, {x}, y, [op, x, yd](const Tensor& g, const Needs&) {
     return Tensors{kernels::unary_backward(op, g, x, yd)};
@@ -308,18 +328,19 @@ Tensors linear_gradients(const Tensor& g, const Needs& n, Tensor gx, const Tenso
                  n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
 }
 
-// A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product and kept so
-// for backward, which rounds g too; bias, outputs and gradients f32.
+// A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product, x kept so
+// for backward, which rounds g too and W again (a weight is not an activation: rounding it twice
+// costs less than keeping a copy per use); bias, outputs and gradients f32.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  const Tensor xb = kernels::to_bf16(x), wb = kernels::to_bf16(weight);
-  Tensor y = kernels::linear_bf16(xb, wb, bias);
-  return record("LinearBF16", {x, weight, bias}, y,
-                [xb, wb, weight, bias](const Tensor& g, const Needs& n) {
-                  const Tensor gb = kernels::to_bf16(g);
-                  return linear_gradients(
-                      g, n, n[0] ? kernels::matmul_bf16(gb, wb) : Tensor(), weight, bias,
-                      [gb, xb, weight] { return linear_weight_gradient_bf16(gb, xb, weight); });
-                });
+  const Tensor xb = kernels::to_bf16(x);
+  Tensor y = kernels::linear_bf16(xb, kernels::to_bf16(weight), bias);
+  return record(
+      "LinearBF16", {x, weight, bias}, y, [xb, weight, bias](const Tensor& g, const Needs& n) {
+        const Tensor gb = kernels::to_bf16(g);
+        return linear_gradients(
+            g, n, n[0] ? kernels::matmul_bf16(gb, kernels::to_bf16(weight)) : Tensor(), weight,
+            bias, [gb, xb, weight] { return linear_weight_gradient_bf16(gb, xb, weight); });
+      });
 }
 
 }  // namespace
@@ -406,15 +427,16 @@ Tensor layer_norm(const Tensor& x, std::int64_t normalized, const Tensor& weight
                   const Tensor& bias, float eps) {
   Tensor mean, rstd;
   Tensor y = kernels::layer_norm_forward(x, normalized, weight, bias, eps, mean, rstd);
-  return record("LayerNorm", {x, weight, bias}, y,
-                [x, normalized, weight, mean, rstd](const Tensor& g, const Needs& n) {
-                  Tensor gx, gw, gb;
-                  kernels::layer_norm_backward(g, x, normalized, weight, mean, rstd,
-                                               n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
-                                               n[2] ? &gb : nullptr);
-                  return Tensors{gx, gw.defined() ? gw.reshape(weight.shape()) : gw,
-                                 gb.defined() ? gb.reshape(weight.shape()) : gb};
-                });
+  return record(
+      "LayerNorm", {x, weight, bias}, y,
+      [xs = SavedActivation(x), normalized, weight, mean, rstd](const Tensor& g, const Needs& n) {
+        Tensor gx, gw, gb;
+        kernels::layer_norm_backward(g, xs.get(), normalized, weight, mean, rstd,
+                                     n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                                     n[2] ? &gb : nullptr);
+        return Tensors{gx, gw.defined() ? gw.reshape(weight.shape()) : gw,
+                       gb.defined() ? gb.reshape(weight.shape()) : gb};
+      });
 }
 
 Tensor embedding(const Tensor& table, const Tensor& indices) {
@@ -536,15 +558,16 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
   Tensor lse;
   Tensor y = kernels::attention_forward(q, k, v, causal, scale, lse);
-  Tensor yd = y.detach();
-  return record("Attention", {q, k, v}, y,
-                [q, k, v, yd, lse, causal, scale](const Tensor& g, const Needs& n) {
-                  Tensor gq, gk, gv;
-                  kernels::attention_backward(g, q, k, v, yd, lse, causal, scale,
-                                              n[0] ? &gq : nullptr, n[1] ? &gk : nullptr,
-                                              n[2] ? &gv : nullptr);
-                  return Tensors{gq, gk, gv};
-                });
+  return record(
+      "Attention", {q, k, v}, y,
+      [qs = SavedActivation(q), ks = SavedActivation(k), vs = SavedActivation(v),
+       ys = SavedActivation(y.detach()), lse, causal, scale](const Tensor& g, const Needs& n) {
+        Tensor gq, gk, gv;
+        kernels::attention_backward(g, qs.get(), ks.get(), vs.get(), ys.get(), lse, causal, scale,
+                                    n[0] ? &gq : nullptr, n[1] ? &gk : nullptr,
+                                    n[2] ? &gv : nullptr);
+        return Tensors{gq, gk, gv};
+      });
 }
 
 }  // namespace hpm

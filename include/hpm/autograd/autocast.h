@@ -12,7 +12,10 @@
 //     they keep their inputs for backward in bf16 (half the bytes of the activations they save);
 //   - convolutions take bf16 operands and accumulate in f32 (oneDNN), keeping f32 inputs;
 //   - everything else computes in f32: softmax, normalizations, losses, reductions, element-wise
-//     ops, and (in this version) the fused attention and batched matmuls;
+//     ops, and (in this version) the fused attention and batched matmuls; of those, layer norm,
+//     GELU and attention keep what their backward needs (inputs, attention's output) as bf16
+//     copies, widened again in backward: with the products' inputs, a transformer's saved
+//     activations are bf16;
 //   - parameters, their gradients and the optimizer state stay f32 (the master weights): a
 //     product converts its weight when it runs.
 // Outputs are f32 tensors either way, so nothing outside the products sees a bf16 tensor.
