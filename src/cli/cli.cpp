@@ -19,6 +19,7 @@
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
 #include "hpm/cli/distributed.h"
+#include "hpm/cli/export_command.h"
 #include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch.h"
 #include "hpm/cli/options.h"
@@ -270,10 +271,17 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   return 0;
 }
 
-int run_evaluate(const Common& c, const std::string& checkpoint) {
+int run_evaluate(const Common& c, const std::string& checkpoint, const std::string& weights) {
   Config cfg = configure(c);
+  if (checkpoint.empty() == weights.empty()) {
+    throw ConfigError("hpm evaluate: give --checkpoint DIR or --weights FILE.safetensors (one)");
+  }
+  if (!weights.empty()) {
+    cfg.init_from = weights;  // strict: every weight of the model, each of the right shape
+    cfg.init_strict = true;
+  }
   auto model = build_model(cfg);
-  train::load_checkpoint(checkpoint, *model, nullptr);
+  if (!checkpoint.empty()) train::load_checkpoint(checkpoint, *model, nullptr);
   auto optimizer = build_optimizer(cfg, *model);
   const data::LabelledData test = test_set(cfg);
   train::Trainer trainer(model, optimizer);
@@ -283,7 +291,8 @@ int run_evaluate(const Common& c, const std::string& checkpoint) {
   write_report(c.report, {{"test_accuracy", ev.accuracy},
                           {"test_loss", ev.loss},
                           {"examples", ev.samples},
-                          {"checkpoint", checkpoint}});
+                          {"checkpoint", checkpoint},
+                          {"weights", weights}});
   return 0;
 }
 
@@ -455,9 +464,13 @@ int main(int argc, char** argv) {
       "HOST:PORT of rank 0's store (rank 0 hosts it), or a directory all workers share");
   train_cmd->add_option("--hostname", worker.hostname,
                         "address this worker's collectives bind to (default 127.0.0.1)");
-  CLI::App* eval_cmd = app.add_subcommand("evaluate", "evaluate a checkpoint on the test set");
+  CLI::App* eval_cmd =
+      app.add_subcommand("evaluate", "evaluate a checkpoint or a weights file on the test set");
   add_common(eval_cmd, eval_opts);
-  eval_cmd->add_option("--checkpoint", checkpoint, "checkpoint directory")->required();
+  std::string weights;
+  eval_cmd->add_option("--checkpoint", checkpoint, "checkpoint directory");
+  eval_cmd->add_option("--weights", weights,
+                       "a safetensors file of the model's weights (F32, F16, BF16 or F64)");
   CLI::App* data_cmd = app.add_subcommand("data", "input pipeline tools");
   data_cmd->require_subcommand(1);
   Common bench_opts;
@@ -516,6 +529,8 @@ int main(int argc, char** argv) {
   CLI::App* ps_cmd = add_ps_command(app, ps_opts);
   SampleCommandOptions sample_opts;
   CLI::App* sample_cmd = add_sample_command(app, sample_opts);
+  ExportCommandOptions export_opts;
+  CLI::App* export_cmd = add_export_command(app, export_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -525,7 +540,8 @@ int main(int argc, char** argv) {
     check_report_paths(app);
     if (*launch_cmd) return run_launch(launch);
     if (*train_cmd) return run_train(train_opts, resume, worker);
-    if (*eval_cmd) return run_evaluate(eval_opts, checkpoint);
+    if (*eval_cmd) return run_evaluate(eval_opts, checkpoint, weights);
+    if (*export_cmd) return run_export(export_opts);
     if (*bench_cmd) return run_data_bench(bench_opts, bench_epochs);
     if (*convert_cmd) return run_data_convert(convert);
     if (*inspect_cmd) return run_data_inspect(inspect_file, inspect_compression);

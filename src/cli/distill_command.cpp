@@ -100,6 +100,23 @@ LoadedTeacher load_or_train_teacher(const TeacherSpec& spec, int threads,
   const bool has_checkpoint =
       !spec.checkpoint.empty() && (std::filesystem::exists(ckpt / "latest") ||
                                    std::filesystem::exists(ckpt / "trainer_state.json"));
+  // Weights alone: a .safetensors file, or a directory holding model.safetensors and no trainer
+  // state (an export, a PyTorch state dict). Loaded strictly, never retrained over.
+  std::string weights;
+  if (!spec.checkpoint.empty() && !has_checkpoint) {
+    if (std::filesystem::is_regular_file(ckpt)) {
+      weights = spec.checkpoint;
+    } else if (std::filesystem::is_regular_file(ckpt / "model.safetensors")) {
+      weights = (ckpt / "model.safetensors").string();
+    }
+  }
+  if (!weights.empty()) {
+    tcfg.init_from = weights;
+    tcfg.init_strict = true;
+    out.model = build_model(tcfg);
+    std::printf("teacher %d: %s, weights from %s\n", index, tcfg.path.c_str(), weights.c_str());
+    return out;
+  }
   if (has_checkpoint) {
     auto model = build_model(tcfg);
     train::load_checkpoint(spec.checkpoint, *model, nullptr);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "hpm/nn/fusion.h"
+#include "hpm/tensor/kernels.h"
 
 namespace hpm::nn {
 
@@ -98,6 +99,53 @@ void Module::load_state_dict(const NamedTensors& state) {
       }
   }
   for (auto& [name, t] : mine) t.copy_(*given[name]);
+}
+
+Module::LoadReport Module::load_weights(const NamedTensors& state, bool strict) {
+  LoadReport report;
+  NamedTensors mine = state_dict();
+  std::map<std::string, Tensor> expected;
+  for (const auto& [name, t] : mine) expected[name] = t;
+  NamedTensors cast;
+  for (const auto& [name, t] : state) {
+    const auto it = expected.find(name);
+    const bool widen =
+        it != expected.end() && it->second.dtype() == DType::F32 &&
+        (t.dtype() == DType::F16 || t.dtype() == DType::BF16 || t.dtype() == DType::F64);
+    if (widen) ++report.cast;
+    cast.emplace_back(name, widen ? kernels::to_f32(t) : t);
+  }
+  if (strict) {
+    load_state_dict(cast);
+    report.loaded = mine.size();
+    return report;
+  }
+  std::map<std::string, const Tensor*> given;
+  for (const auto& [name, t] : cast) given[name] = &t;
+  NamedTensors present;
+  for (const auto& [name, t] : mine) {
+    const auto it = given.find(name);
+    if (it == given.end()) {
+      report.missing.push_back(name);
+      continue;
+    }
+    if (it->second->shape() != t.shape() || it->second->dtype() != t.dtype()) {
+      throw std::invalid_argument("load_weights: '" + name + "' has shape " +
+                                  it->second->shape().str() + " " +
+                                  dtype_name(it->second->dtype()) + ", the model expects " +
+                                  t.shape().str() + " " + dtype_name(t.dtype()));
+    }
+    present.emplace_back(name, *it->second);
+  }
+  for (const auto& [name, t] : cast)
+    if (!expected.count(name)) report.unexpected.push_back(name);
+  std::map<std::string, Tensor> values(present.begin(), present.end());
+  for (auto& [name, t] : mine) {
+    const auto it = values.find(name);
+    if (it != values.end()) t.copy_(it->second);
+  }
+  report.loaded = present.size();
+  return report;
 }
 
 void Module::train(bool on) {

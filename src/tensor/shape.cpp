@@ -47,6 +47,8 @@ const char* dtype_name(DType t) {
     case DType::I32: return "I32";
     case DType::BF16: return "BF16";
     case DType::I8: return "I8";
+    case DType::F16: return "F16";
+    case DType::F64: return "F64";
   }
   return "?";
 }
@@ -57,7 +59,10 @@ DType dtype_from_name(const std::string& name) {
   if (name == "I32") return DType::I32;
   if (name == "BF16") return DType::BF16;
   if (name == "I8") return DType::I8;
-  throw std::invalid_argument("unsupported dtype '" + name + "' (hpm reads F32, I64, I32, BF16, I8)");
+  if (name == "F16") return DType::F16;
+  if (name == "F64") return DType::F64;
+  throw std::invalid_argument("unsupported dtype '" + name +
+                              "' (hpm reads F32, F16, BF16, F64, I64, I32, I8)");
 }
 
 }  // namespace hpm

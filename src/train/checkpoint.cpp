@@ -95,21 +95,27 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
 // The fields of trainer_state.json (json::exception names only the key; the caller adds the file).
 static void read_state_fields(const nlohmann::json& j, TrainerState& s);
 
-TrainerState load_checkpoint(const std::string& path, nn::Module& model,
-                             optim::Optimizer* optimizer) {
-  const std::string dir = resolve(path);
-  const std::string state_path = dir + "/trainer_state.json";
+namespace {
+
+// A checkpoint directory's trainer_state.json, parsed, and its files read with their checksums
+// verified before anyone uses them.
+struct OpenedCheckpoint {
+  std::string dir, state_path;
   json j;
-  try {
-    j = json::parse(io::read_file(state_path));
-  } catch (const json::exception& e) {
-    throw CheckpointError(state_path + ": not valid JSON: " + e.what());
+
+  explicit OpenedCheckpoint(const std::string& path)
+      : dir(resolve(path)), state_path(dir + "/trainer_state.json") {
+    try {
+      j = json::parse(io::read_file(state_path));
+    } catch (const json::exception& e) {
+      throw CheckpointError(state_path + ": not valid JSON: " + e.what());
+    }
+    if (j.value("format", "") != kFormat) {
+      throw CheckpointError(state_path + ": unknown format (expected " + kFormat + ")");
+    }
   }
-  if (j.value("format", "") != kFormat) {
-    throw CheckpointError(state_path + ": unknown format (expected " + kFormat + ")");
-  }
-  // Every file is read and checked before anything is modified.
-  auto verified = [&](const std::string& file) {
+
+  std::string verified(const std::string& file) const {
     const std::string p = dir + "/" + file;
     const std::string bytes = io::read_file(p);
     std::string expected;
@@ -124,16 +130,38 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
                             "): the file is corrupt or was modified");
     }
     return bytes;
-  };
+  }
+};
+
+}  // namespace
+
+std::string resolve_checkpoint_dir(const std::string& path) { return resolve(path); }
+
+io::NamedTensors load_checkpoint_weights(const std::string& path) {
+  const OpenedCheckpoint c(path);
+  return io::decode_safetensors(c.verified("model.safetensors"), c.dir + "/model.safetensors")
+      .tensors;
+}
+
+TrainerState load_checkpoint(const std::string& path, nn::Module& model,
+                             optim::Optimizer* optimizer) {
+  const OpenedCheckpoint c(path);
+  const std::string& dir = c.dir;
+  const std::string& state_path = c.state_path;
+  const json& j = c.j;
+  // Every file is read and checked before anything is modified; without an optimizer to restore,
+  // its file is neither needed nor read.
+  auto verified = [&](const std::string& file) { return c.verified(file); };
   std::map<std::string, io::SafetensorsFile> loaded;
   for (const char* file : {"model.safetensors", "optimizer.safetensors"}) {
+    if (optimizer == nullptr && std::string(file) == "optimizer.safetensors") continue;
     loaded.emplace(file, io::decode_safetensors(verified(file), dir + "/" + file));
   }
   std::string iterator_state;
   if (j.contains("files") && j["files"].contains("iterator.bin"))
     iterator_state = verified("iterator.bin");
   try {
-    model.load_state_dict(loaded.at("model.safetensors").tensors);
+    model.load_weights(loaded.at("model.safetensors").tensors);
     if (optimizer) optimizer->load_state(loaded.at("optimizer.safetensors").tensors);
   } catch (const std::invalid_argument& e) {
     throw CheckpointError(dir + ": checkpoint does not match the model: " + e.what());

@@ -128,5 +128,64 @@ TEST(Bf16, RunsOneDnnsNativeKernels) {
   EXPECT_TRUE(native) << impl;
 }
 
+// IEEE half, for weight files: every one of the 65536 bit patterns widens exactly and narrows
+// back to itself (NaN to a NaN), and narrowing rounds to nearest even, overflowing to infinity.
+TEST(Float16, EveryHalfWidensExactlyAndNarrowsBack) {
+  Tensor h = Tensor::empty({65536}, DType::F16);
+  for (int i = 0; i < 65536; ++i) h.data<Float16Bits>()[i].bits = static_cast<std::uint16_t>(i);
+  const Tensor f = kernels::to_f32(h);
+  const Tensor back = kernels::to_f16(f);
+  for (int i = 0; i < 65536; ++i) {
+    const bool nan = (i & 0x7c00) == 0x7c00 && (i & 0x3ff) != 0;
+    if (nan) {
+      ASSERT_TRUE(std::isnan(f.data<float>()[i])) << i;
+      ASSERT_EQ(back.data<Float16Bits>()[i].bits & 0x7c00, 0x7c00) << i;
+      ASSERT_NE(back.data<Float16Bits>()[i].bits & 0x3ff, 0) << i;
+    } else {
+      ASSERT_EQ(back.data<Float16Bits>()[i].bits, i) << i;
+    }
+  }
+  // Known values (IEEE 754 binary16).
+  const auto half_of = [&](std::uint16_t bits) { return f.data<float>()[bits]; };
+  EXPECT_EQ(half_of(0x3c00), 1.0f);
+  EXPECT_EQ(half_of(0xc000), -2.0f);
+  EXPECT_EQ(half_of(0x7bff), 65504.0f);
+  EXPECT_EQ(half_of(0x0001), 0x1p-24f);  // the smallest subnormal
+  EXPECT_EQ(half_of(0x0400), 0x1p-14f);  // the smallest normal
+  EXPECT_TRUE(std::isinf(half_of(0x7c00)) && half_of(0x7c00) > 0);
+  EXPECT_TRUE(std::signbit(half_of(0x8000)) && half_of(0x8000) == 0.0f);
+}
+
+TEST(Float16, NarrowingRoundsToNearestEven) {
+  const std::vector<std::pair<float, std::uint16_t>> cases = {
+      {0.1f, 0x2e66},                 // 0.0999755859375
+      {1.0f / 3.0f, 0x3555},          // 0.333251953125
+      {1.0f + 0x1p-11f, 0x3c00},      // halfway between 1 and the next half: to even (1)
+      {1.0f + 3 * 0x1p-11f, 0x3c02},  // halfway, odd below: up to even
+      {65519.0f, 0x7bff},             // below the halfway point to 65536: stays finite
+      {65520.0f, 0x7c00},             // halfway, ties to even: infinity
+      {1e6f, 0x7c00},                 // overflow
+      {-1e6f, 0xfc00},                //
+      {0x1p-25f, 0x0000},             // halfway between 0 and the smallest subnormal: to 0
+      {0x1p-25f + 0x1p-30f, 0x0001},  // just above: up
+      {3 * 0x1p-25f, 0x0002},         // 1.5 subnormal units: to even (2)
+      {0x1p-14f - 0x1p-25f, 0x0400},  // rounds up into the smallest normal
+      {-0.0f, 0x8000},
+  };
+  Tensor f = Tensor::empty({static_cast<std::int64_t>(cases.size())});
+  for (std::size_t i = 0; i < cases.size(); ++i) f.data<float>()[i] = cases[i].first;
+  const Tensor h = kernels::to_f16(f);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    EXPECT_EQ(h.data<Float16Bits>()[i].bits, cases[i].second) << cases[i].first;
+  }
+  Tensor d = Tensor::empty({2}, DType::F64);
+  d.data<double>()[0] = 1.0 / 3.0;
+  d.data<double>()[1] = -1e300;
+  const Tensor df = kernels::to_f32(d);
+  EXPECT_EQ(df.data<float>()[0], 1.0f / 3.0f);
+  EXPECT_TRUE(std::isinf(df.data<float>()[1]));
+  EXPECT_THROW(kernels::to_f32(Tensor::zeros({2}, DType::I64)), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace hpm

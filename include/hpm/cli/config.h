@@ -121,6 +121,10 @@ struct Config {
   std::vector<LayerSpec> layers;
   nn::GPTConfig gpt;
   nn::ResNetConfig resnet;
+  // Weights to start from (a safetensors file, e.g. a PyTorch state dict; F16, BF16 and F64
+  // tensors are cast): every entry must match unless init_strict = false.
+  std::string init_from;
+  bool init_strict = true;
 
   // [data]
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
@@ -230,6 +234,8 @@ int available_cpus();
 // the cores wait for one another at every parallel kernel, and run many times slower.
 void warn_if_oversubscribed(int threads);
 
+// The model [model] describes; with init_from, holding those weights (the first load in this
+// process prints what was loaded, missing or unexpected).
 std::shared_ptr<nn::Module> build_model(const Config& config);
 // The model as [memory] trains it: `model` itself, or its blocks wrapped for recomputation or
 // offload (the same modules and parameters).

@@ -52,6 +52,16 @@ class Module {
   // Copies values in by name; throws std::invalid_argument naming a missing, unexpected or
   // wrongly-shaped entry (and changes nothing in that case).
   void load_state_dict(const NamedTensors& state);
+  // load_state_dict for weights from elsewhere (a file from PyTorch, an export): floating tensors
+  // in F16, BF16 or F64 are cast to the model's f32 first. strict: as load_state_dict. Not
+  // strict: the model's entries absent from `state` keep their values and are reported as
+  // missing, entries the model lacks are reported as unexpected; a shape or a non-floating dtype
+  // that does not match is an error either way (std::invalid_argument naming the entry).
+  struct LoadReport {
+    std::vector<std::string> missing, unexpected;
+    std::size_t loaded = 0, cast = 0;  // entries copied in; of those, cast from another precision
+  };
+  LoadReport load_weights(const NamedTensors& state, bool strict = true);
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const {
     return children_;
   }

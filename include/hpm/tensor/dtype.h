@@ -1,5 +1,6 @@
-// Element types. float32 is the only type kernels compute in today; the enum and the size table are
-// where bf16 and int8 slot in later. int64 holds labels and indices.
+// Element types. Kernels compute in float32 (bf16 operands for the mixed-precision products);
+// int64 holds labels and indices; F16 and F64 exist so that weight files in those types can be
+// read (and cast to f32) and written.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -7,7 +8,7 @@
 
 namespace hpm {
 
-enum class DType : std::uint8_t { F32, I64, I32, BF16, I8 };
+enum class DType : std::uint8_t { F32, I64, I32, BF16, I8, F16, F64 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -21,6 +22,10 @@ constexpr std::size_t dtype_size(DType t) {
       return 2;
     case DType::I8:
       return 1;
+    case DType::F16:
+      return 2;
+    case DType::F64:
+      return 8;
   }
   return 0;
 }
@@ -51,6 +56,18 @@ struct dtype_of<std::int32_t> {
 template <>
 struct dtype_of<std::uint16_t> {
   static constexpr DType value = DType::BF16;
+};
+// IEEE 754 half precision, as its bits (a type of its own, so it is not taken for bf16).
+struct Float16Bits {
+  std::uint16_t bits;
+};
+template <>
+struct dtype_of<Float16Bits> {
+  static constexpr DType value = DType::F16;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::F64;
 };
 
 }  // namespace hpm

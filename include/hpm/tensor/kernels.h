@@ -31,7 +31,10 @@ bool native_bf16();
 // F32 -> BF16 rounding to nearest even (NaN stays NaN), and back (exact). Identity on a tensor
 // already of the target dtype.
 Tensor to_bf16(const Tensor& x);
+// To f32 from BF16, F16 or F64 (exact from the 16-bit types; F64 rounds to nearest); F32 as is.
 Tensor to_f32(const Tensor& x);
+// To IEEE half from any floating type: round to nearest even, overflow to infinity.
+Tensor to_f16(const Tensor& x);
 // C(M,N) = alpha * op(A) op(B) + beta * C with bf16 A and B (as bits), f32 C and accumulation.
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                float alpha, const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "hpm/io/safetensors.h"
 #include "hpm/nn/module.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/tensor/random.h"
@@ -38,9 +39,16 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
                             int keep = 2);
 
 // `path` is a checkpoint root (follows `latest`) or one ckpt-* directory. The model and optimizer
-// are touched only after every file is present and its checksum matches.
+// are touched only after every file is present and its checksum matches. Without an optimizer
+// (evaluation, teachers) optimizer.safetensors is not needed. The model's weights may be F16,
+// BF16 or F64 (cast to f32).
 TrainerState load_checkpoint(const std::string& path, nn::Module& model,
                              optim::Optimizer* optimizer);
+
+// The ckpt-* directory `path` names (following `latest` from a root); CheckpointError if none.
+std::string resolve_checkpoint_dir(const std::string& path);
+// The model weights of the checkpoint at `path`, their checksum verified, as stored.
+io::NamedTensors load_checkpoint_weights(const std::string& path);
 
 struct RestoredCheckpoint {
   TrainerState state;

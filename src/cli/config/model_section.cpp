@@ -1,11 +1,15 @@
 // [model]: a stack of layers (layers = [...]), or a model of the library by kind: "gpt"
 // (nn::GPT, torch_gpt.py's model) or "resnet" (nn::ResNet of BasicBlocks).
+#include <cstdio>
+#include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
+#include "hpm/io/safetensors.h"
 #include "hpm/nn/gpt.h"
 #include "hpm/nn/layers.h"
 #include "hpm/nn/resnet.h"
@@ -147,6 +151,11 @@ void read_model(const Source& s, Config& c) {
   } else {
     r.invalid("kind", "must be \"layers\", \"gpt\" or \"resnet\", got \"" + c.model_kind + "\"");
   }
+  r.get("init_from", c.init_from);
+  r.get("init_strict", c.init_strict);
+  if (!c.init_from.empty() && !std::filesystem::is_regular_file(c.init_from)) {
+    r.invalid("init_from", "no such file: " + c.init_from);
+  }
   r.finish();
 }
 
@@ -254,7 +263,9 @@ std::shared_ptr<nn::Module> make_layer(const LayerSpec& s) {
 }
 }  // namespace
 
-std::shared_ptr<nn::Module> build_model(const Config& config) {
+namespace {
+
+std::shared_ptr<nn::Module> build_architecture(const Config& config) {
   try {
     if (config.model_kind == "gpt") return std::make_shared<nn::GPT>(config.gpt);
     if (config.model_kind == "resnet") return std::make_shared<nn::ResNet>(config.resnet);
@@ -263,6 +274,46 @@ std::shared_ptr<nn::Module> build_model(const Config& config) {
   }
   auto model = std::make_shared<nn::Sequential>();
   for (const auto& spec : config.layers) model->push_back(make_layer(spec));
+  return model;
+}
+
+std::string name_list(const std::vector<std::string>& names) {
+  std::string s;
+  for (std::size_t i = 0; i < names.size() && i < 8; ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > 8) s += ", ... (" + std::to_string(names.size()) + ")";
+  return s;
+}
+
+}  // namespace
+
+std::shared_ptr<nn::Module> build_model(const Config& config) {
+  auto model = build_architecture(config);
+  if (config.init_from.empty()) return model;
+  const io::SafetensorsFile file = io::load_safetensors(config.init_from);
+  nn::Module::LoadReport r;
+  try {
+    r = model->load_weights(file.tensors, config.init_strict);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(config.path + ": [model] init_from = \"" + config.init_from +
+                      "\": " + e.what() +
+                      (config.init_strict ? " (init_strict = false loads what matches)" : ""));
+  }
+  // Replicas and teachers build the model again: say it once per process and file.
+  static std::mutex mu;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mu);
+  if (said.insert(config.init_from).second) {
+    std::fprintf(stderr, "init_from %s: %zu tensors loaded%s\n", config.init_from.c_str(), r.loaded,
+                 r.cast ? (", " + std::to_string(r.cast) + " cast to f32").c_str() : "");
+    if (!r.missing.empty()) {
+      std::fprintf(stderr, "init_from %s: missing (left as initialized): %s\n",
+                   config.init_from.c_str(), name_list(r.missing).c_str());
+    }
+    if (!r.unexpected.empty()) {
+      std::fprintf(stderr, "init_from %s: unexpected (ignored): %s\n", config.init_from.c_str(),
+                   name_list(r.unexpected).c_str());
+    }
+  }
   return model;
 }
 

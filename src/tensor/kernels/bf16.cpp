@@ -76,18 +76,91 @@ Tensor to_bf16(const Tensor& x) {
   return y;
 }
 
+namespace {
+
+// IEEE 754 binary16 <-> binary32, exactly (subnormals, infinities and NaN included); narrowing
+// rounds to nearest, ties to even, and overflows to infinity.
+float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);  // inf, NaN (payload kept)
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: mant * 2^-24, exact in f32
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    std::memcpy(&bits, &v, sizeof bits);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+std::uint16_t float_to_half(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t abs = x & 0x7fffffffu;
+  if (abs >= 0x7f800000u) {  // inf or NaN (a quiet NaN stays a NaN)
+    return static_cast<std::uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  }
+  if (abs >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (abs < 0x38800000u) {
+    // Below the smallest normal half (2^-14): a multiple of 2^-24, rounded to nearest even by
+    // the float addition itself.
+    float a;
+    std::memcpy(&a, &abs, sizeof a);
+    const float r = a + 0.5f;  // 0.5 = 2^23 * 2^-24: the sum's last bit is the 2^-24 unit
+    std::uint32_t rb;
+    std::memcpy(&rb, &r, sizeof rb);
+    return static_cast<std::uint16_t>(sign | (rb - 0x3f000000u));
+  }
+  const std::uint32_t mant_odd = (abs >> 13) & 1u;
+  const std::uint32_t rounded = abs + 0xfffu + mant_odd;  // to nearest, ties to even
+  return static_cast<std::uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+}  // namespace
+
 Tensor to_f32(const Tensor& x) {
   if (x.dtype() == DType::F32) return x;
-  if (x.dtype() != DType::BF16) {
-    throw std::invalid_argument(std::string("to_f32: expected BF16 or F32, got ") +
-                                dtype_name(x.dtype()));
-  }
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
-  const auto* px = x.data<std::uint16_t>();
   float* py = y.data<float>();
-  parallel_for(x.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
-    bf16_to_f32_span(px + lo, py + lo, hi - lo);
-  });
+  switch (x.dtype()) {
+    case DType::BF16: {
+      const auto* px = x.data<std::uint16_t>();
+      parallel_for(x.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+        bf16_to_f32_span(px + lo, py + lo, hi - lo);
+      });
+      return y;
+    }
+    case DType::F16: {
+      const auto* px = x.data<Float16Bits>();
+      for (std::int64_t i = 0; i < x.numel(); ++i) py[i] = half_to_float(px[i].bits);
+      return y;
+    }
+    case DType::F64: {
+      const double* px = x.data<double>();
+      for (std::int64_t i = 0; i < x.numel(); ++i) py[i] = static_cast<float>(px[i]);
+      return y;
+    }
+    default:
+      throw std::invalid_argument(std::string("to_f32: expected a floating-point tensor, got ") +
+                                  dtype_name(x.dtype()));
+  }
+}
+
+Tensor to_f16(const Tensor& x) {
+  if (x.dtype() == DType::F16) return x;
+  const Tensor f = to_f32(x);
+  Tensor y = Tensor::empty(x.shape(), DType::F16, x.device());
+  const float* pf = f.data<float>();
+  auto* py = y.data<Float16Bits>();
+  for (std::int64_t i = 0; i < x.numel(); ++i) py[i].bits = float_to_half(pf[i]);
   return y;
 }
 

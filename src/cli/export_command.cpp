@@ -1,0 +1,40 @@
+#include "hpm/cli/export_command.h"
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <stdexcept>
+
+#include "hpm/io/safetensors.h"
+#include "hpm/tensor/kernels.h"
+#include "hpm/train/checkpoint.h"
+
+namespace hpm::cli {
+
+CLI::App* add_export_command(CLI::App& app, ExportCommandOptions& o) {
+  CLI::App* cmd =
+      app.add_subcommand("export", "a checkpoint's model weights as one safetensors file");
+  cmd->add_option("checkpoint", o.checkpoint, "checkpoint root (follows latest) or ckpt-* dir")
+      ->required();
+  cmd->add_option("-o,--output", o.output, "the .safetensors file to write")->required();
+  cmd->add_option("--dtype", o.dtype, "f32 (default), bf16 or f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  return cmd;
+}
+
+int run_export(const ExportCommandOptions& o) {
+  const std::string dir = train::resolve_checkpoint_dir(o.checkpoint);
+  io::NamedTensors out;
+  for (const auto& [name, t] : train::load_checkpoint_weights(dir)) {
+    if (t.dtype() != DType::F32 || o.dtype == "f32") {
+      out.emplace_back(name, t);
+    } else {
+      out.emplace_back(name, o.dtype == "bf16" ? kernels::to_bf16(t) : kernels::to_f16(t));
+    }
+  }
+  io::save_safetensors(o.output, out, {{"format", "pt"}});
+  std::printf("exported %zu tensors of %s to %s (%s)\n", out.size(), dir.c_str(), o.output.c_str(),
+              o.dtype.c_str());
+  return 0;
+}
+
+}  // namespace hpm::cli
