@@ -18,6 +18,7 @@ PACKAGES=(
   zlib1g-dev             # gzip'd IDX, TFRecord compression
   libsentencepiece-dev   # subword tokenizers (hpm data tokenizer, [data] tokenizer)
   sentencepiece          # spm_encode: the tests compare hpm's token ids with it
+  python3-protobuf       # the tests' independent reader of TensorBoard event files
   libpng-dev libjpeg62-turbo-dev  # image decoding in the input pipeline
   libgtest-dev libgmock-dev libbenchmark-dev
   dataset-fashion-mnist  # the embedded default data set

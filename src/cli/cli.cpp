@@ -36,6 +36,7 @@
 #include "hpm/tensor/device.h"
 #include "hpm/trace/trace.h"
 #include "hpm/train/callbacks.h"
+#include "hpm/train/tensorboard.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::cli {
@@ -108,6 +109,8 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     trainer.add_callback(std::make_shared<train::ProgressCallback>(stdout, tty, cfg.epochs));
   if (!cfg.metrics_csv.empty() && chief)
     trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
+  if (!cfg.tensorboard_dir.empty() && chief)
+    trainer.add_callback(std::make_shared<train::TensorBoardLogger>(cfg.tensorboard_dir));
   // Early stopping runs on every worker, not only the chief: each sees the same metrics (losses
   // are all-reduced, replicas identical), so all stop after the same epoch; a chief stopping
   // alone would leave the others waiting in a collective.

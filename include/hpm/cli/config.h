@@ -175,6 +175,7 @@ struct Config {
   std::string checkpoint_dir;
   std::int64_t checkpoint_every = 1;
   std::string metrics_csv;
+  std::string tensorboard_dir;  // TensorBoard event files (train/, validation/) under this run dir
   std::string backup_dir;               // BackupAndRestore (empty: off)
   std::int64_t backup_every_steps = 0;  // 0: at each epoch end
   bool keep_backup = false;             // keep it after a successful finish

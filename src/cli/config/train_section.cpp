@@ -24,6 +24,7 @@ void read_train(const Source& s, Config& c) {
   tr.get("checkpoint_dir", c.checkpoint_dir);
   tr.get_positive("checkpoint_every", c.checkpoint_every);
   tr.get("metrics_csv", c.metrics_csv);
+  tr.get("tensorboard_dir", c.tensorboard_dir);
   tr.get("backup_dir", c.backup_dir);
   tr.get("backup_every_steps", c.backup_every_steps);
   tr.get("keep_backup", c.keep_backup);
