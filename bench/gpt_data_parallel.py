@@ -16,7 +16,7 @@ import argparse, json, os, statistics, subprocess, sys, tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import peers  # noqa: E402
-from gpt_vs_torch import SIZES  # noqa: E402
+from gpt_vs_torch import SIZES, torch  # noqa: E402
 
 HPM = os.path.join(ROOT, "build", "hpm")
 PIPELINE = {"pipeline.stages": 2, "pipeline.micro_batches": 8, "pipeline.schedule": '"1f1b"',
@@ -54,14 +54,6 @@ def hpm(s, steps, threads, extra=None, world=1):
         return json.load(open(report))["train_tokens_per_s"]
 
 
-def torch(s, steps, threads, world=1):
-    out = subprocess.run(["/usr/bin/python3", os.path.join(peers.PEERS, "torch_gpt.py"), "--timing-only",
-                          "--iters", str(steps), "--threads", str(threads), "--world", str(world)] +
-                         sum([[f"--{k}", str(v)] for k, v in s.items()], []),
-                         env=peers.env("blas"), check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["train_tokens_per_s"]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--size", default="shakespeare", choices=SIZES)
@@ -79,8 +71,8 @@ def main():
         "multi_worker": lambda: hpm(s, a.steps, 1, {"strategy.kind": '"multi_worker_mirrored"'}, world=2),
         "pipeline": lambda: hpm(s, a.steps, 2, PIPELINE),
         "pipeline_processes": lambda: hpm(s, a.steps, 1, PIPELINE, world=2),
-        "torch_ddp": lambda: torch(s, a.steps, 1, world=2),
-        "torch_1": lambda: torch(s, a.steps, 1),
+        "torch_ddp": lambda: torch(s, 1, a.steps, world=2),
+        "torch_1": lambda: torch(s, 1, a.steps),
     }
     chosen = [k for k in runs if not a.only or k in a.only.split(",")]
     print(f"size {a.size} {s}, {a.steps} steps, medians of {a.repeats} (alternating)", flush=True)

@@ -19,6 +19,18 @@ const std::string kFixtures = std::string(HPM_SOURCE_DIR) + "/tests/io/fixtures/
 
 double test_loss(const std::string& report) { return report_number(report, "test_loss"); }
 
+// The small mlp trained one epoch on synthetic data, its checkpoint in dir/ckpt; returns the
+// config.
+std::string train_one_epoch(const TempDir& dir) {
+  write_synthetic_mnist(dir.path(), 200, 64);
+  const std::string cfg = small_mlp_config(dir, dir.path());
+  const CommandResult r =
+      run_hpm("train " + cfg + " --set train.epochs=1 --set train.checkpoint_dir='\"" +
+              dir / "ckpt" + "\"'");
+  EXPECT_EQ(r.code, 0) << r.output;
+  return cfg;
+}
+
 TEST(WeightsCommand, TorchBf16StateDictStartsTrainingAndEvaluates) {
   TempDir dir;
   write_synthetic_mnist(dir.path(), 200, 64);
@@ -44,12 +56,7 @@ TEST(WeightsCommand, TorchBf16StateDictStartsTrainingAndEvaluates) {
 
 TEST(WeightsCommand, ExportToBf16AndF16EvaluatesLikeTheCheckpoint) {
   TempDir dir;
-  write_synthetic_mnist(dir.path(), 200, 64);
-  const std::string cfg = small_mlp_config(dir, dir.path());
-  ASSERT_EQ(run_hpm("train " + cfg + " --set train.epochs=1" + " --set train.checkpoint_dir='\"" +
-                    dir / "ckpt" + "\"'")
-                .code,
-            0);
+  const std::string cfg = train_one_epoch(dir);
   ASSERT_EQ(
       run_hpm("evaluate " + cfg + " --checkpoint " + dir / "ckpt" + " --report " + dir / "ref.json")
           .code,
@@ -181,12 +188,7 @@ TEST(WeightsCommand, Bf16ExportLoadsInPyTorch) {
                     "hpm is covered by the committed fixtures";
   }
   TempDir dir;
-  write_synthetic_mnist(dir.path(), 200, 64);
-  const std::string cfg = small_mlp_config(dir, dir.path());
-  ASSERT_EQ(run_hpm("train " + cfg + " --set train.epochs=1" + " --set train.checkpoint_dir='\"" +
-                    dir / "ckpt" + "\"'")
-                .code,
-            0);
+  const std::string cfg = train_one_epoch(dir);
   const std::string file = dir / "w.safetensors";
   ASSERT_EQ(run_hpm("export " + dir / "ckpt" + " -o " + file + " --dtype bf16").code, 0);
   ASSERT_EQ(run_hpm("evaluate " + cfg + " --weights " + file + " --report " + dir / "ev.json").code,
