@@ -88,7 +88,10 @@ class Pipeline::Stage {
     }
     for (int c = index; c < s.chunks(); c += s.devices) {
       for (auto& [name, t] : chunks[static_cast<std::size_t>(c)]->state_dict()) {
-        if (earlier.count(t.impl())) continue;
+        if (earlier.count(t.impl())) {
+          tied_.push_back(t);
+          continue;
+        }
         home_ = &t.device();
         t.impl()->storage->move_to(device_);
         variables_.push_back(t);
@@ -97,8 +100,15 @@ class Pipeline::Stage {
   }
 
   // The model outlives its pipeline: its variables and their gradients go back where they came
-  // from before this Device goes away.
+  // from before this Device goes away. A tied weight's gradient may have been allocated here
+  // (backward reaches the last stage first), though the weight lives on an earlier stage: it
+  // follows the weight, wherever that is by now.
   ~Stage() {
+    for (Tensor& t : tied_) {
+      if (t.requires_grad() && t.grad().defined() && &t.grad().device() == &device_) {
+        t.grad().impl()->storage->move_to(t.device());
+      }
+    }
     if (home_ == nullptr) return;
     for (Tensor& t : variables_) {
       t.impl()->storage->move_to(*home_);
@@ -347,6 +357,7 @@ class Pipeline::Stage {
   Device device_;
   Device* home_ = nullptr;         // where the variables were before they moved here
   std::vector<Tensor> variables_;  // this stage's parameters and buffers
+  std::vector<Tensor> tied_;       // used here, owned by an earlier stage of this process
   Generator generator_;
   comm::CommunicatorPtr comm_;
 
