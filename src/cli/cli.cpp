@@ -24,6 +24,7 @@
 #include "hpm/cli/launch.h"
 #include "hpm/cli/options.h"
 #include "hpm/cli/plan.h"
+#include "hpm/cli/plot.h"
 #include "hpm/cli/ps_command.h"
 #include "hpm/cli/sample_command.h"
 #include "hpm/cli/tokenizer_command.h"
@@ -534,6 +535,8 @@ int main(int argc, char** argv) {
   CLI::App* sample_cmd = add_sample_command(app, sample_opts);
   ExportCommandOptions export_opts;
   CLI::App* export_cmd = add_export_command(app, export_opts);
+  PlotCommandOptions plot_opts;
+  CLI::App* plot_cmd = add_plot_command(app, plot_opts);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -545,6 +548,7 @@ int main(int argc, char** argv) {
     if (*train_cmd) return run_train(train_opts, resume, worker);
     if (*eval_cmd) return run_evaluate(eval_opts, checkpoint, weights);
     if (*export_cmd) return run_export(export_opts);
+    if (*plot_cmd) return run_plot(plot_opts);
     if (*bench_cmd) return run_data_bench(bench_opts, bench_epochs);
     if (*convert_cmd) return run_data_convert(convert);
     if (*inspect_cmd) return run_data_inspect(inspect_file, inspect_compression);

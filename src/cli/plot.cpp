@@ -1,0 +1,387 @@
+#include "hpm/cli/plot.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "hpm/io/atomic_file.h"
+#include "hpm/io/csv.h"
+
+namespace hpm::cli {
+
+namespace {
+
+// Colours that stay apart for people with the common colour-vision deficiencies (Okabe-Ito).
+constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
+                                    "#E69F00", "#56B4E9", "#000000", "#F0E442"};
+
+std::string escape_xml(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// Tick labels: short, and no "0.30000000000000004".
+std::string tick_text(double v) {
+  if (std::abs(v) < 1e-12) return "0";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string px(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", v);
+  return buf;
+}
+
+// Where data goes on one panel: the plot box and the data ranges it shows.
+struct Frame {
+  double left, top, width, height;
+  double x0, x1, y0, y1;  // y in log10 when log_y
+  bool log_y;
+  double sx(double x) const { return left + (x - x0) / (x1 - x0) * width; }
+  double sy(double y) const {
+    const double v = log_y ? std::log10(y) : y;
+    return top + height - (v - y0) / (y1 - y0) * height;
+  }
+};
+
+void widen_if_flat(double& lo, double& hi) {
+  if (hi > lo) return;
+  const double pad = lo == 0 ? 1.0 : std::abs(lo) * 0.05;
+  lo -= pad;
+  hi += pad;
+}
+
+void render_panel(std::ostringstream& svg, const PlotPanel& panel, const PlotStyle& style,
+                  double top) {
+  std::vector<std::vector<Aggregate>> series;
+  double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin;
+  double ymin = xmin, ymax = -xmin;
+  for (const PlotSeries& s : panel.series) {
+    series.push_back(aggregate_runs(s.runs));
+    for (const Aggregate& a : series.back()) {
+      if (style.log_y && a.lo <= 0) {
+        throw std::invalid_argument("plot '" + panel.title + "': series '" + s.label + "' has " +
+                                    tick_text(a.lo) + " at x = " + tick_text(a.x) +
+                                    ", which a logarithmic axis cannot show");
+      }
+      xmin = std::min(xmin, a.x);
+      xmax = std::max(xmax, a.x);
+      ymin = std::min(ymin, a.lo);
+      ymax = std::max(ymax, a.hi);
+    }
+  }
+  if (!std::isfinite(xmin)) {
+    throw std::invalid_argument("plot '" + panel.title + "': nothing to draw (no finite values)");
+  }
+  Frame f{
+      72, top + 40,   style.width - 72.0 - 24.0, style.panel_height - 40.0 - 56.0, xmin, xmax, 0,
+      0,  style.log_y};
+  widen_if_flat(f.x0, f.x1);
+  double ylo = style.log_y ? std::log10(ymin) : ymin, yhi = style.log_y ? std::log10(ymax) : ymax;
+  widen_if_flat(ylo, yhi);
+  const double pad = (yhi - ylo) * 0.05;
+  f.y0 = ylo - pad;
+  f.y1 = yhi + pad;
+
+  svg << "<g class=\"panel\">\n";
+  svg << "<text x=\"" << px(style.width / 2.0) << "\" y=\"" << px(top + 24)
+      << "\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">"
+      << escape_xml(panel.title) << "</text>\n";
+  svg << "<rect x=\"" << px(f.left) << "\" y=\"" << px(f.top) << "\" width=\"" << px(f.width)
+      << "\" height=\"" << px(f.height) << "\" fill=\"none\" stroke=\"#444\"/>\n";
+  // Grid and ticks.
+  for (double t : nice_ticks(f.x0, f.x1, 8)) {
+    const double x = f.sx(t);
+    svg << "<line x1=\"" << px(x) << "\" y1=\"" << px(f.top) << "\" x2=\"" << px(x) << "\" y2=\""
+        << px(f.top + f.height) << "\" stroke=\"#e5e5e5\"/>\n";
+    svg << "<text x=\"" << px(x) << "\" y=\"" << px(f.top + f.height + 18)
+        << "\" text-anchor=\"middle\" font-size=\"12\">" << tick_text(t) << "</text>\n";
+  }
+  std::vector<double> yticks;
+  if (style.log_y && f.y1 - f.y0 >= 1) {
+    for (double k = std::ceil(f.y0); k <= f.y1; ++k) yticks.push_back(std::pow(10.0, k));
+  } else {
+    const double lo = style.log_y ? std::pow(10.0, f.y0) : f.y0;
+    const double hi = style.log_y ? std::pow(10.0, f.y1) : f.y1;
+    for (double t : nice_ticks(lo, hi, 6))
+      if (!style.log_y || t > 0) yticks.push_back(t);
+  }
+  for (double t : yticks) {
+    const double y = f.sy(t);
+    svg << "<line x1=\"" << px(f.left) << "\" y1=\"" << px(y) << "\" x2=\"" << px(f.left + f.width)
+        << "\" y2=\"" << px(y) << "\" stroke=\"#e5e5e5\"/>\n";
+    svg << "<text x=\"" << px(f.left - 6) << "\" y=\"" << px(y + 4)
+        << "\" text-anchor=\"end\" font-size=\"12\">" << tick_text(t) << "</text>\n";
+  }
+  svg << "<text x=\"" << px(f.left + f.width / 2) << "\" y=\"" << px(f.top + f.height + 40)
+      << "\" text-anchor=\"middle\" font-size=\"13\">" << escape_xml(panel.x_label) << "</text>\n";
+  svg << "<text transform=\"translate(" << px(18) << "," << px(f.top + f.height / 2)
+      << ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">"
+      << escape_xml(panel.y_label + (style.log_y ? " (log scale)" : "")) << "</text>\n";
+
+  // Bands first, so every line stays visible on top of them.
+  for (std::size_t i = 0; i < series.size(); ++i) {
+    const char* colour = kPalette[i % std::size(kPalette)];
+    if (panel.series[i].runs.size() < 2) continue;
+    svg << "<polygon class=\"spread\" data-series=\"" << escape_xml(panel.series[i].label)
+        << "\" fill=\"" << colour << "\" fill-opacity=\"0.18\" stroke=\"none\" points=\"";
+    for (const Aggregate& a : series[i]) svg << px(f.sx(a.x)) << ',' << px(f.sy(a.hi)) << ' ';
+    for (auto it = series[i].rbegin(); it != series[i].rend(); ++it)
+      svg << px(f.sx(it->x)) << ',' << px(f.sy(it->lo)) << ' ';
+    svg << "\"/>\n";
+  }
+  for (std::size_t i = 0; i < series.size(); ++i) {
+    const char* colour = kPalette[i % std::size(kPalette)];
+    svg << "<polyline class=\"mean\" data-series=\"" << escape_xml(panel.series[i].label)
+        << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\" points=\"";
+    for (const Aggregate& a : series[i]) svg << px(f.sx(a.x)) << ',' << px(f.sy(a.mean)) << ' ';
+    svg << "\"/>\n";
+    if (series[i].size() <= 40) {
+      for (const Aggregate& a : series[i]) {
+        svg << "<circle cx=\"" << px(f.sx(a.x)) << "\" cy=\"" << px(f.sy(a.mean))
+            << "\" r=\"2.5\" fill=\"" << colour << "\"/>\n";
+      }
+    }
+  }
+  // Legend, top right inside the box.
+  double longest = 0;
+  for (const PlotSeries& s : panel.series) {
+    const std::string text =
+        s.label + (s.runs.size() > 1 ? " (mean of " + std::to_string(s.runs.size()) + ")" : "");
+    longest = std::max(longest, static_cast<double>(text.size()));
+  }
+  const double lw = 40 + longest * 7, lh = 8 + 18.0 * static_cast<double>(panel.series.size());
+  const double lx = f.left + f.width - lw - 8, ly = f.top + 8;
+  svg << "<rect x=\"" << px(lx) << "\" y=\"" << px(ly) << "\" width=\"" << px(lw) << "\" height=\""
+      << px(lh) << "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#bbb\"/>\n";
+  for (std::size_t i = 0; i < panel.series.size(); ++i) {
+    const PlotSeries& s = panel.series[i];
+    const double y = ly + 16 + 18.0 * static_cast<double>(i);
+    svg << "<line x1=\"" << px(lx + 8) << "\" y1=\"" << px(y - 4) << "\" x2=\"" << px(lx + 30)
+        << "\" y2=\"" << px(y - 4) << "\" stroke=\"" << kPalette[i % std::size(kPalette)]
+        << "\" stroke-width=\"3\"/>\n";
+    svg << "<text class=\"legend\" x=\"" << px(lx + 36) << "\" y=\"" << px(y)
+        << "\" font-size=\"12\">" << escape_xml(s.label)
+        << (s.runs.size() > 1 ? " (mean of " + std::to_string(s.runs.size()) + ", band: min-max)"
+                              : "")
+        << "</text>\n";
+  }
+  svg << "</g>\n";
+}
+
+// ---- reading metrics CSVs -------------------------------------------------------------------
+
+struct Table {
+  std::string path;
+  std::vector<std::string> names;
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::uint64_t> lines;
+
+  std::size_t column(const std::string& name) const {
+    const auto it = std::find(names.begin(), names.end(), name);
+    if (it != names.end()) return static_cast<std::size_t>(it - names.begin());
+    std::string known;
+    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+    throw std::invalid_argument(path + " has no column '" + name + "' (it has: " + known + ")");
+  }
+  // Empty cells: nullopt. Anything else must be a number.
+  std::optional<double> number(std::size_t row, std::size_t col) const {
+    const std::string& text = rows[row][col];
+    if (text.find_first_not_of(" \t") == std::string::npos) return std::nullopt;
+    char* end = nullptr;
+    const double v = std::strtod(text.c_str(), &end);
+    if (end == text.c_str() || std::string(end).find_first_not_of(" \t") != std::string::npos) {
+      throw std::invalid_argument(path + ": line " + std::to_string(lines[row]) + ", column '" +
+                                  names[col] + "': expected a number, got '" + text + "'");
+    }
+    return v;
+  }
+};
+
+Table read_table(const std::string& path) {
+  if (!std::filesystem::is_regular_file(path)) {
+    throw std::invalid_argument(
+        "cannot read metrics file " + path +
+        (std::filesystem::exists(path) ? ": not a regular file" : ": no such file"));
+  }
+  Table t;
+  t.path = path;
+  io::CsvReader reader(path);
+  t.names = reader.column_names();
+  std::vector<std::string> fields;
+  while (reader.next_fields(fields)) {
+    t.rows.push_back(fields);
+    t.lines.push_back(reader.line());
+  }
+  return t;
+}
+
+std::vector<std::pair<double, double>> points(const Table& t, const std::string& y,
+                                              const std::string& x, double x_scale) {
+  const std::size_t ycol = t.column(y);
+  const bool wall_clock = x == "seconds";
+  const std::size_t xcol = t.column(wall_clock ? "seconds" : x);
+  std::vector<std::pair<double, double>> out;
+  double elapsed = 0;
+  for (std::size_t r = 0; r < t.rows.size(); ++r) {
+    const std::optional<double> xv = t.number(r, xcol);
+    if (wall_clock && xv) elapsed += *xv;
+    const std::optional<double> yv = t.number(r, ycol);
+    if (!xv || !yv || !std::isfinite(*yv)) continue;
+    out.emplace_back((wall_clock ? elapsed : *xv) * x_scale, *yv);
+  }
+  return out;
+}
+
+std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
+
+}  // namespace
+
+std::vector<double> nice_ticks(double lo, double hi, int count) {
+  if (!(hi > lo) || count < 1) return {lo};
+  const double raw = (hi - lo) / count;
+  const double exponent = std::floor(std::log10(raw));
+  const double mag = std::pow(10.0, exponent);
+  double m = 1;
+  for (double candidate : {1.0, 2.0, 5.0, 10.0}) {
+    m = candidate;
+    if (m * mag >= raw) break;
+  }
+  // k * m / 10^-e rather than a running sum, so that 0.3 prints as 0.3.
+  const double inverse = exponent < 0 ? std::pow(10.0, -exponent) : 0;
+  const auto value = [&](double k) { return inverse > 0 ? k * m / inverse : k * m * mag; };
+  std::vector<double> out;
+  for (double k = std::ceil(lo / (m * mag)); value(k) <= hi * (1 + 1e-12) + 1e-300; ++k) {
+    out.push_back(value(k) == 0 ? 0.0 : value(k));
+  }
+  return out;
+}
+
+std::vector<Aggregate> aggregate_runs(
+    const std::vector<std::vector<std::pair<double, double>>>& runs) {
+  std::map<double, std::vector<double>> at;
+  for (const auto& run : runs)
+    for (const auto& [x, y] : run) at[x].push_back(y);
+  std::vector<Aggregate> out;
+  for (const auto& [x, ys] : at) {
+    double sum = 0;
+    for (double y : ys) sum += y;
+    out.push_back({x, sum / static_cast<double>(ys.size()), *std::min_element(ys.begin(), ys.end()),
+                   *std::max_element(ys.begin(), ys.end())});
+  }
+  return out;
+}
+
+std::string render_svg(const std::vector<PlotPanel>& panels, const PlotStyle& style) {
+  std::ostringstream svg;
+  const int height = style.panel_height * static_cast<int>(panels.size());
+  svg << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << style.width << "\" height=\""
+      << height << "\" viewBox=\"0 0 " << style.width << ' ' << height
+      << "\" font-family=\"sans-serif\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  for (std::size_t i = 0; i < panels.size(); ++i) {
+    render_panel(svg, panels[i], style, static_cast<double>(style.panel_height) * i);
+  }
+  svg << "</svg>\n";
+  return svg.str();
+}
+
+CLI::App* add_plot_command(CLI::App& app, PlotCommandOptions& o) {
+  CLI::App* cmd = app.add_subcommand(
+      "plot", "draw loss curves from metrics CSVs ([train] metrics_csv) as an SVG file");
+  cmd->add_option("files", o.files, "metrics CSV files, one per run")->required();
+  cmd->add_option("-o,--output", o.output, "the .svg file to write")->required();
+  cmd->add_option("-y,--column", o.columns,
+                  "a column to plot, one chart each (default: test_loss, else train_loss)");
+  cmd->add_option("--label", o.labels,
+                  "one label per file (runs sharing a label: mean and min-max band), or one")
+      ->delimiter(',');
+  cmd->add_option("--x", o.x, "epoch (default), seconds (wall clock) or a column");
+  cmd->add_option("--x-scale", o.x_scale, "multiplies x (eval_every: steps from evaluations)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--title", o.title, "the charts' title");
+  cmd->add_flag("--log-y", o.log_y, "logarithmic y axis");
+  return cmd;
+}
+
+int run_plot(const PlotCommandOptions& o) {
+  if (!o.labels.empty() && o.labels.size() != 1 && o.labels.size() != o.files.size()) {
+    throw std::invalid_argument("plot: " + std::to_string(o.labels.size()) + " labels for " +
+                                std::to_string(o.files.size()) +
+                                " files (give one per file, or one for all)");
+  }
+  std::vector<Table> tables;
+  for (const auto& f : o.files) tables.push_back(read_table(f));
+  std::vector<std::string> columns = o.columns;
+  if (columns.empty()) {
+    const Table& t = tables.front();
+    const bool has_test = std::find(t.names.begin(), t.names.end(), "test_loss") != t.names.end() &&
+                          !points(t, "test_loss", o.x, o.x_scale).empty();
+    columns.push_back(has_test ? "test_loss" : "train_loss");
+  }
+  std::vector<std::string> order;  // labels in first-seen order
+  std::map<std::string, std::vector<std::size_t>> files_of;
+  for (std::size_t i = 0; i < tables.size(); ++i) {
+    const std::string label =
+        o.labels.empty() ? stem(o.files[i]) : o.labels[o.labels.size() == 1 ? 0 : i];
+    if (!files_of.count(label)) order.push_back(label);
+    files_of[label].push_back(i);
+  }
+  std::vector<PlotPanel> panels;
+  for (const auto& column : columns) {
+    PlotPanel panel;
+    panel.title = o.title.empty() ? column : o.title + ": " + column;
+    panel.y_label = column;
+    panel.x_label = o.x == "seconds" ? "wall-clock seconds" : o.x;
+    if (o.x_scale != 1.0) panel.x_label += " x " + tick_text(o.x_scale);
+    for (const auto& label : order) {
+      PlotSeries s;
+      s.label = label;
+      for (std::size_t i : files_of[label]) {
+        s.runs.push_back(points(tables[i], column, o.x, o.x_scale));
+        if (s.runs.back().empty()) {
+          throw std::invalid_argument(o.files[i] + ": column '" + column +
+                                      "' holds no value to plot");
+        }
+      }
+      panel.series.push_back(std::move(s));
+    }
+    panels.push_back(std::move(panel));
+  }
+  PlotStyle style;
+  style.log_y = o.log_y;
+  io::write_file_atomic(o.output, render_svg(panels, style));
+  std::printf("plotted %zu run(s) in %zu series, %zu chart(s): %s\n", o.files.size(), order.size(),
+              panels.size(), o.output.c_str());
+  return 0;
+}
+
+}  // namespace hpm::cli
