@@ -9,9 +9,11 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "hpm/autograd/grad_mode.h"
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
@@ -19,11 +21,14 @@
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/local.h"
 #include "hpm/data/in_memory.h"
+#include "hpm/data/text_corpus.h"
 #include "hpm/distill/codistill.h"
 #include "hpm/distill/distiller.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/nn/losses.h"
+#include "hpm/nn/objective.h"
 #include "hpm/tensor/device.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/callbacks.h"
 #include "hpm/train/trainer.h"
@@ -33,10 +38,34 @@ namespace hpm::cli {
 namespace {
 
 struct CopyResult {
-  double test_accuracy = 0, seconds = 0;
+  double test_accuracy = 0, test_loss = 0, seconds = 0;
   std::int64_t exchanges = 0, steps = 0;
-  Tensor all_logits;  // (K, N, C): every copy's test logits (allgathered)
+  Tensor all_logits;  // (K, N, C): every copy's test logits (allgathered); a language model's
+                      // positions are its rows
 };
+
+// `model`'s logits on `inputs` as rows (N, C): a language model's (B, T, V) become (B*T, V).
+Tensor prediction_rows(nn::Module& model, const Tensor& inputs, bool language_model) {
+  if (!language_model) return distill::predict_logits(model, inputs);
+  NoGradGuard no_grad;
+  model.eval();
+  std::vector<Tensor> parts;
+  for (std::int64_t begin = 0; begin < inputs.size(0); begin += 16) {
+    const Tensor out =
+        model.forward(inputs.narrow(begin, std::min<std::int64_t>(16, inputs.size(0) - begin)));
+    parts.push_back(out.reshape({out.size(0) * out.size(1), out.size(2)}).clone());
+  }
+  model.train();
+  return kernels::concat(parts, 0);
+}
+
+// The metrics CSV of copy r: "runs/m.csv" -> "runs/m-copy-1.csv".
+std::string copy_path(const std::string& path, int rank) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() /
+          (p.stem().string() + "-copy-" + std::to_string(rank) + p.extension().string()))
+      .string();
+}
 
 // Trains copy `comm->rank()` of cfg's model; a collective at the end gathers all copies' logits.
 CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
@@ -49,6 +78,7 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
   Generator gen(ccfg.seed);
   ThreadGeneratorGuard guard(gen);
 
+  const bool lm = cfg.token_source();
   auto model = build_model(ccfg);
   train::Trainer trainer(model, build_optimizer(ccfg, *model), build_schedule(ccfg));
   const distill::CodistillOptions options{cfg.codistill.exchange_every, cfg.codistill.burn_in,
@@ -56,27 +86,46 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
   auto codistiller = std::make_shared<distill::Codistiller>(
       std::move(comm), model, [&] { return std::shared_ptr<nn::Module>(build_model(ccfg)); },
       options);
-  distill::attach(trainer, codistiller);
+  distill::attach(trainer, codistiller, lm ? std::make_shared<nn::LanguageModelling>() : nullptr);
   if (rank == 0) {
     trainer.add_callback(std::make_shared<train::ProgressCallback>(
         stdout, isatty(fileno(stdout)) != 0, ccfg.epochs));
   }
-  data::PipelineSpec spec = pipeline_spec(ccfg);
-  if (cfg.codistill.shards == "disjoint") {
-    spec.num_shards = copies;
-    spec.shard_index = rank;
+  if (!cfg.metrics_csv.empty()) {
+    trainer.add_callback(std::make_shared<train::CsvLogger>(copy_path(cfg.metrics_csv, rank)));
   }
   train::FitOptions fo = fit_options(ccfg);
   if (!fo.checkpoint_dir.empty()) fo.checkpoint_dir += "/copy-" + std::to_string(rank);
   fo.backup_dir.clear();
-  const train::FitResult fit = trainer.fit(data::build_pipeline(train, spec), nullptr, fo);
+  train::FitResult fit;
+  if (lm) {
+    // Windows of this copy's part of the corpus (disjoint: half r of the training tokens), drawn
+    // from the copy's own seed; the validation split is evaluated every eval_every steps.
+    data::TokenSequence tokens = training_tokens(cfg);
+    if (cfg.codistill.shards == "disjoint") {
+      const std::int64_t part = tokens.size() / copies;
+      tokens = data::TokenSequence(tokens.to_tensor().narrow(rank * part, part).clone());
+    }
+    fit = trainer.fit(
+        data::random_windows(tokens, cfg.gpt.block_size, cfg.batch_size, ccfg.seed, cfg.eval_every),
+        &test, fo);
+  } else {
+    data::PipelineSpec spec = pipeline_spec(ccfg);
+    if (cfg.codistill.shards == "disjoint") {
+      spec.num_shards = copies;
+      spec.shard_index = rank;
+    }
+    fit = trainer.fit(data::build_pipeline(train, spec), nullptr, fo);
+  }
 
   CopyResult out;
   out.seconds = fit.seconds;
   out.steps = fit.steps;
   out.exchanges = codistiller->exchanges();
-  out.test_accuracy = trainer.evaluate(test).accuracy;
-  const Tensor logits = distill::predict_logits(*model, test.inputs);
+  const train::EvalResult eval = trainer.evaluate(test);
+  out.test_accuracy = eval.accuracy;
+  out.test_loss = eval.loss;
+  const Tensor logits = prediction_rows(*model, test.inputs, lm);
   out.all_logits = Tensor::empty({copies, logits.size(0), logits.size(1)});
   codistiller->communicator()
       .allgather(logits.reshape({logits.numel()}), out.all_logits.reshape({out.all_logits.numel()}))
@@ -94,23 +143,30 @@ data::LabelledData training_rows(const Config& cfg, int copies) {
   return {d.inputs.narrow(0, n), d.labels.narrow(0, n)};
 }
 
-nlohmann::json report_of(const Config& cfg, const std::vector<CopyResult>& results,
-                         const CopyResult& gathered, const data::LabelledData& test) {
+// Every copy's accuracy, loss and the churn between each pair, from the gathered logits rows and
+// their labels (a language model's next tokens, flattened alike).
+nlohmann::json report_of(const Config& cfg, const CopyResult& gathered, const Tensor& labels) {
   const int copies = static_cast<int>(gathered.all_logits.size(0));
-  nlohmann::json accuracies = nlohmann::json::array(), pairs = nlohmann::json::array();
-  double acc_sum = 0, churn_sum = 0;
+  nlohmann::json accuracies = nlohmann::json::array(), losses = nlohmann::json::array(),
+                 pairs = nlohmann::json::array();
+  double acc_sum = 0, loss_sum = 0, churn_sum = 0;
   std::vector<Tensor> logits;
+  const auto rows = static_cast<double>(labels.numel());
   for (int r = 0; r < copies; ++r) {
     logits.push_back(gathered.all_logits.narrow(r, 1).reshape(
         {gathered.all_logits.size(1), gathered.all_logits.size(2)}));
-  }
-  for (const CopyResult& r : results) {
-    accuracies.push_back(r.test_accuracy);
-    acc_sum += r.test_accuracy;
+    const double acc =
+        rows > 0 ? static_cast<double>(nn::top1_correct(logits[r], labels)) / rows : 0.0;
+    const double loss =
+        rows > 0 ? static_cast<double>(cross_entropy(logits[r], labels).item()) : 0.0;
+    accuracies.push_back(acc);
+    losses.push_back(loss);
+    acc_sum += acc;
+    loss_sum += loss;
   }
   for (int a = 0; a < copies; ++a) {
     for (int b = a + 1; b < copies; ++b) {
-      const distill::Churn c = distill::churn(logits[a], logits[b], test.labels);
+      const distill::Churn c = distill::churn(logits[a], logits[b], labels);
       pairs.push_back({{"a", a},
                        {"b", b},
                        {"churn", c.churn},
@@ -121,7 +177,9 @@ nlohmann::json report_of(const Config& cfg, const std::vector<CopyResult>& resul
   }
   const int n_pairs = copies * (copies - 1) / 2;
   std::printf("codistill: %d copies, test accuracy", copies);
-  for (const CopyResult& r : results) std::printf(" %.4f", r.test_accuracy);
+  for (const auto& acc : accuracies) std::printf(" %.4f", acc.get<double>());
+  std::printf(", test loss");
+  for (const auto& loss : losses) std::printf(" %.4f", loss.get<double>());
   std::printf("; mean churn between copies %.4f (alpha %g, exchange every %lld, burn-in %lld)\n",
               n_pairs ? churn_sum / n_pairs : 0.0, cfg.codistill.alpha,
               static_cast<long long>(cfg.codistill.exchange_every),
@@ -139,7 +197,10 @@ nlohmann::json report_of(const Config& cfg, const std::vector<CopyResult>& resul
           {"exchanges", gathered.exchanges},
           {"seconds", gathered.seconds},
           {"copy_test_accuracies", accuracies},
-          {"mean_test_accuracy", results.empty() ? 0.0 : acc_sum / results.size()},
+          {"max_steps", cfg.max_steps},
+          {"mean_test_accuracy", acc_sum / copies},
+          {"copy_test_losses", losses},
+          {"mean_test_loss", loss_sum / copies},
           {"pairwise_churn", pairs},
           {"mean_churn", n_pairs ? churn_sum / n_pairs : 0.0}};
 }
@@ -169,20 +230,31 @@ int run_codistill(const CodistillCommandOptions& o) {
                       ": hpm codistill needs a [codistill] section (copies, "
                       "exchange_every, burn_in, alpha, temperature, shards)");
   }
-  if (cfg.strategy != "one_device" || cfg.source != "idx") {
+  if (cfg.strategy != "one_device" || (cfg.source != "idx" && !cfg.token_source())) {
     throw ConfigError(cfg.path +
                       ": hpm codistill trains each copy on one device from the [data] "
-                      "dir's IDX files ([strategy] kind one_device, source \"idx\")");
+                      "dir's IDX files or a language model's text or token shards ([strategy] "
+                      "kind one_device, source \"idx\", \"text\" or \"tokens\")");
   }
   const int copies = cfg.codistill.copies;
   const auto timeout = std::chrono::milliseconds(std::int64_t{cfg.timeout_s} * 1000);
   warn_if_oversubscribed(cfg.threads);
   Device::cpu().set_threads(cfg.threads);
-  const data::LabelledData train = training_rows(cfg, copies);
+  const bool lm = cfg.token_source();
+  const data::LabelledData train = lm ? data::LabelledData{} : training_rows(cfg, copies);
   const data::LabelledData test = test_set(cfg);
-  std::printf("codistill (%s): %d copies, %lld training rows (%s shards), %lld epoch(s)\n",
-              cfg.path.c_str(), copies, static_cast<long long>(train.size()),
-              cfg.codistill.shards.c_str(), static_cast<long long>(cfg.epochs));
+  // Churn and accuracy are per row: a language model's per position (the next token).
+  const Tensor labels = lm ? test.labels.reshape({test.labels.numel()}) : test.labels;
+  if (lm) {
+    std::printf(
+        "codistill (%s): %d copies of a GPT, %lld training tokens (%s shards), %lld steps\n",
+        cfg.path.c_str(), copies, static_cast<long long>(training_tokens(cfg).size()),
+        cfg.codistill.shards.c_str(), static_cast<long long>(cfg.max_steps));
+  } else {
+    std::printf("codistill (%s): %d copies, %lld training rows (%s shards), %lld epoch(s)\n",
+                cfg.path.c_str(), copies, static_cast<long long>(train.size()),
+                cfg.codistill.shards.c_str(), static_cast<long long>(cfg.epochs));
+  }
   std::fflush(stdout);
   try {
     if (auto env = comm::gloo_options_from_env(); env && env->world_size > 1) {
@@ -195,19 +267,10 @@ int run_codistill(const CodistillCommandOptions& o) {
       env->timeout = timeout;
       comm::CommunicatorPtr comm = comm::make_gloo_communicator(*env);
       const int rank = comm->rank();
-      std::vector<CopyResult> results(1);
-      results[0] = train_copy(cfg, std::move(comm), train, test);
-      // Every copy's accuracy can be read from the gathered logits.
-      std::vector<CopyResult> all(static_cast<std::size_t>(copies));
-      for (int r = 0; r < copies; ++r) {
-        const Tensor l = results[0].all_logits.narrow(r, 1).reshape(
-            {results[0].all_logits.size(1), results[0].all_logits.size(2)});
-        all[r].test_accuracy = test.size() ? static_cast<double>(nn::top1_correct(l, test.labels)) /
-                                                 static_cast<double>(test.size())
-                                           : 0.0;
-      }
+      const CopyResult mine = train_copy(cfg, std::move(comm), train, test);
+      // Every copy's accuracy and loss are read from the gathered logits.
       if (rank == 0) {
-        const nlohmann::json report = report_of(cfg, all, results[0], test);
+        const nlohmann::json report = report_of(cfg, mine, labels);
         if (!o.report.empty()) io::write_file_atomic(o.report, report.dump(2) + "\n");
       }
       return 0;
@@ -240,7 +303,7 @@ int run_codistill(const CodistillCommandOptions& o) {
     }
     for (const auto& e : errors)
       if (e) std::rethrow_exception(e);
-    const nlohmann::json report = report_of(cfg, results, results[0], test);
+    const nlohmann::json report = report_of(cfg, results[0], labels);
     if (!o.report.empty()) io::write_file_atomic(o.report, report.dump(2) + "\n");
   } catch (const train::TrainingError& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());

@@ -109,6 +109,8 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
   return data::build_pipeline(train, spec);
 }
 
+data::TokenSequence training_tokens(const Config& cfg) { return language_model_tokens(cfg).train; }
+
 data::LabelledData test_set(const Config& cfg) {
   if (cfg.token_source()) {
     // The validation split's sweep, eval_iters batches of it (all of it for 0).

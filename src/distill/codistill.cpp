@@ -6,6 +6,7 @@
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/autograd/ops.h"
 #include "hpm/distill/distiller.h"
+#include "hpm/nn/objective.h"
 #include "hpm/trace/trace.h"
 
 namespace hpm::distill {
@@ -102,6 +103,21 @@ Tensor Codistiller::peer_targets(const Tensor& inputs) const {
   return mul(sum_p, 1.0f / static_cast<float>(peers_.size()));
 }
 
+namespace {
+// (..., C) -> (rows, C): a language model's positions are rows of the distillation term.
+Tensor rows_of(const Tensor& t) {
+  const std::int64_t c = t.size(t.dim() - 1);
+  return reshape(t, Shape{t.numel() / c, c});
+}
+}  // namespace
+
+Tensor Codistiller::distillation_term(const Tensor& inputs, const Tensor& logits) const {
+  if (last_exchange_step_ < 0) {
+    throw std::logic_error("Codistiller: distillation term needed before any exchange");
+  }
+  return soft_target_kl(rows_of(logits), rows_of(peer_targets(inputs)), options_.temperature);
+}
+
 Tensor Codistiller::loss(const Tensor& inputs, const Tensor& logits, const Tensor& labels,
                          std::int64_t step) const {
   // Before the burn-in ends (or without peers): exactly what independent training computes.
@@ -131,12 +147,33 @@ class ExchangeCallback : public train::Callback {
 
 }  // namespace
 
-void attach(train::Trainer& trainer, std::shared_ptr<Codistiller> codistiller) {
+CodistillObjective::CodistillObjective(std::shared_ptr<const nn::Objective> base,
+                                       std::shared_ptr<const Codistiller> codistiller,
+                                       std::function<std::int64_t()> step)
+    : base_(std::move(base)), codistiller_(std::move(codistiller)), step_(std::move(step)) {
+  if (!base_ || !codistiller_ || !step_) {
+    throw std::invalid_argument("CodistillObjective: null objective, codistiller or step");
+  }
+}
+
+nn::ObjectiveResult CodistillObjective::compute(const Tensor& outputs,
+                                                const nn::Batch& batch) const {
+  nn::ObjectiveResult r = base_->compute(outputs, batch);
+  const Codistiller& c = *codistiller_;
+  if (!c.exchanges_enabled() || !c.model().is_training() || step_() < c.options().burn_in) {
+    return r;
+  }
+  const float alpha = c.options().alpha;
+  r.loss = add(mul(r.loss, 1.0f - alpha), mul(c.distillation_term(batch.inputs, outputs), alpha));
+  return r;
+}
+
+void attach(train::Trainer& trainer, std::shared_ptr<Codistiller> codistiller,
+            std::shared_ptr<const nn::Objective> base) {
+  if (!base) base = std::make_shared<nn::Classification>();
   train::Trainer* t = &trainer;
-  trainer.set_input_loss(
-      [t, c = codistiller](const Tensor& x, const Tensor& logits, const Tensor& y) {
-        return c->loss(x, logits, y, t->state().global_step);
-      });
+  trainer.set_objective(std::make_shared<CodistillObjective>(
+      std::move(base), codistiller, [t] { return t->state().global_step; }));
   if (codistiller->exchanges_enabled()) {
     trainer.add_callback(std::make_shared<ExchangeCallback>(std::move(codistiller)));
   }

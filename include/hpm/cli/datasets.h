@@ -6,6 +6,7 @@
 #include "hpm/cli/config.h"
 #include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
+#include "hpm/data/token_shard.h"
 #include "hpm/dist/strategy.h"
 
 namespace hpm::cli {
@@ -14,6 +15,8 @@ namespace hpm::cli {
 // With a `strategy` spanning workers and [strategy] shard other than "batch", this worker's shard.
 data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
                                 const dist::Strategy* strategy = nullptr);
+// A language model's training tokens (source "text" or "tokens"), as training_pipeline reads them.
+data::TokenSequence training_tokens(const Config& cfg);
 // The evaluation set ([data] test_limit applied).
 data::LabelledData test_set(const Config& cfg);
 

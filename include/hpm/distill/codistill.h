@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "hpm/comm/communicator.h"
@@ -53,8 +54,11 @@ class Codistiller {
   // The loss of this copy's `logits` for batch `inputs` before its step number `step` (0-based).
   Tensor loss(const Tensor& inputs, const Tensor& logits, const Tensor& labels,
               std::int64_t step) const;
-  // mean over peers of softmax(peer(inputs) / T), (N, C), without gradients.
+  // mean over peers of softmax(peer(inputs) / T), (N, C) (a language model's: (B, T, V)), without
+  // gradients.
   Tensor peer_targets(const Tensor& inputs) const;
+  // T^2 KL(p_peers^T || softmax(logits / T)), a mean over rows (a language model's positions).
+  Tensor distillation_term(const Tensor& inputs, const Tensor& logits) const;
 
   bool exchanges_enabled() const { return options_.alpha > 0.0f && comm_->size() > 1; }
   int rank() const { return comm_->rank(); }
@@ -65,6 +69,7 @@ class Codistiller {
   std::int64_t last_exchange_step() const { return last_exchange_step_; }  // -1: none yet
   std::int64_t exchanges() const { return exchanges_; }
   const CodistillOptions& options() const { return options_; }
+  const nn::Module& model() const { return *model_; }
 
  private:
   comm::CommunicatorPtr comm_;
@@ -74,10 +79,38 @@ class Codistiller {
   std::int64_t last_exchange_step_ = -1, exchanges_ = 0;
 };
 
-// Installs the codistillation loss on `trainer` (a one-device Trainer of the codistiller's
-// model) and a callback that exchanges when training begins and after every N-th global step.
-// With alpha 0 nothing is exchanged and the loss is plain cross-entropy.
-void attach(train::Trainer& trainer, std::shared_ptr<Codistiller> codistiller);
+// Codistillation around the run's own objective (classification; language modelling, whose
+// positions are the rows): training steps from the burn-in on minimize
+//   (1 - alpha) base loss + alpha T^2 KL(p_peers^T || softmax(logits / T)),
+// while the metrics stay the base objective's (its loss among them: the curves compare with
+// independent training directly), and evaluation, the model in eval mode, measures the base alone.
+class CodistillObjective : public nn::Objective {
+ public:
+  // `step`: the optimizer steps taken so far (the trainer's global step).
+  CodistillObjective(std::shared_ptr<const nn::Objective> base,
+                     std::shared_ptr<const Codistiller> codistiller,
+                     std::function<std::int64_t()> step);
+  nn::ObjectiveResult compute(const Tensor& outputs, const nn::Batch& batch) const override;
+  double weight(const nn::Batch& batch) const override { return base_->weight(batch); }
+  std::vector<std::string> metric_names(const nn::Batch& batch) const override {
+    return base_->metric_names(batch);
+  }
+  void derive(nn::Metrics& m) const override { base_->derive(m); }
+  bool evaluates_itself() const override { return base_->evaluates_itself(); }
+  std::string name() const override { return "codistill(" + base_->name() + ")"; }
+
+ private:
+  std::shared_ptr<const nn::Objective> base_;
+  std::shared_ptr<const Codistiller> codistiller_;
+  std::function<std::int64_t()> step_;
+};
+
+// Installs a CodistillObjective around `base` (classification when null) on `trainer` (a
+// one-device Trainer of the codistiller's model) and a callback that exchanges when training
+// begins and after every N-th global step. With alpha 0 nothing is exchanged and the loss is the
+// base objective's.
+void attach(train::Trainer& trainer, std::shared_ptr<Codistiller> codistiller,
+            std::shared_ptr<const nn::Objective> base = nullptr);
 
 // The flattened float parameters and buffers of `model`, in state_dict order, and back.
 Tensor flatten_state(const nn::Module& model);
