@@ -403,7 +403,12 @@ struct TcpStoreServer::Impl {
             return;
           }
         }
-        value += delta;
+        const std::int64_t held = value;
+        if (__builtin_add_overflow(held, delta, &value)) {
+          reply_error(c, "add: key '" + key + "' would overflow a 64-bit integer (" +
+                             std::to_string(held) + " + " + std::to_string(delta) + ")");
+          return;
+        }
         const std::string text = std::to_string(value);
         const std::size_t before = c.out.size();
         put(c, key, std::vector<char>(text.begin(), text.end()));

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <thread>
 
@@ -122,6 +123,14 @@ TEST(TcpStoreTest, AddIsAtomicAcrossClients) {
   EXPECT_EQ(store.add("negative", -5), -5);
   store.set("word", bytes("abc"));
   EXPECT_TRUE(contains(error_of([&] { store.add("word", 1); }), "does not hold an integer"));
+  // Found by fuzz/tcp_store_fuzz.cpp: a sum past 2^63 - 1 was signed overflow in the server. It is
+  // refused, the value is kept, and the server goes on serving.
+  store.set("big", bytes("9223372036854775800"));
+  EXPECT_TRUE(contains(error_of([&] { store.add("big", 8); }),
+                       "add: key 'big' would overflow a 64-bit integer (9223372036854775800 + 8)"));
+  EXPECT_TRUE(contains(error_of([&] { store.add("negative", INT64_MIN); }), "would overflow"));
+  EXPECT_EQ(store.add("big", 7), INT64_MAX);
+  EXPECT_EQ(store.add("negative", 0), -5);
 }
 
 TEST(TcpStoreTest, ClientRetriesUntilTheServerStarts) {

@@ -1,0 +1,48 @@
+// The TCP store's server (rendezvous of every multi-process job) fed arbitrary bytes by a client:
+// each input is sent on a new connection, which is then half-closed; the target reads what the
+// server answers until the server closes the connection. The server runs in this process, so a
+// memory error in its event loop is caught here; a server that stops answering is a hang.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "hpm/comm/store.h"
+
+using namespace hpm;
+
+namespace {
+
+int connect_to(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) std::abort();
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) std::abort();
+  return fd;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static comm::TcpStoreServer server("127.0.0.1", 0);
+  const int fd = connect_to(server.port());
+  std::size_t sent = 0;
+  while (sent < size) {
+    const ssize_t n = ::send(fd, data + sent, size - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;  // the server dropped a malformed stream: fine
+    sent += static_cast<std::size_t>(n);
+  }
+  ::shutdown(fd, SHUT_WR);
+  // The server must answer what it can and close: parked requests (GET, WAIT) of a client that
+  // has gone are dropped, not kept until their timeout.
+  char buf[4096];
+  while (::recv(fd, buf, sizeof buf, 0) > 0) {
+  }
+  ::close(fd);
+  return 0;
+}
