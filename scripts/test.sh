@@ -2,7 +2,8 @@
 # Does whatever set-up is missing, builds, and runs every test with CTest. Then the unit tests
 # again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), and the threaded input
 # pipeline's, the local collectives', offload's, the optimizer's and the pipeline stages' tests
-# under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those passes.
+# under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those passes. Last, every libFuzzer
+# target for FUZZ_SECONDS (20) each (scripts/fuzz.sh, build-fuzz/); SKIP_FUZZ=1 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,5 +32,10 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # Pipeline stages on threads exchanging activations by send/recv, stage Devices, the stage pool.
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -L pipeline
+fi
+# The parsers of outside bytes under libFuzzer (clang, ASan + UBSan): a bounded run of each target
+# from its committed seed corpus. Longer runs by hand: FUZZ_SECONDS=600 scripts/fuzz.sh TARGET.
+if [ "${SKIP_FUZZ:-0}" != "1" ]; then
+  FUZZ_SECONDS=${FUZZ_SECONDS:-20} ./scripts/fuzz.sh
 fi
 echo "test.sh: all tests passed"
