@@ -44,11 +44,17 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", default=os.path.join(ROOT, "docs", "codistillation"))
+    p.add_argument("--plot-only", action="store_true",
+                   help="draw and tabulate the runs already in --out")
     a = p.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
     os.makedirs(a.out, exist_ok=True)
     results = {k: [] for k in ("codistill", "independent", "alone", "mirrored")}
-    for s in seeds:
+    for s in seeds if a.plot_only else []:
+        for kind in results:
+            with open(os.path.join(a.out, f"{kind}-s{s}.json")) as f:
+                results[kind].append(json.load(f))
+    for s in [] if a.plot_only else seeds:
         seed = ["--seed", str(s)]
         results["codistill"].append(run(["codistill", CFG] + seed, a.out, f"codistill-s{s}"))
         results["independent"].append(run(
@@ -71,26 +77,24 @@ def main():
             return [os.path.join(a.out, f"{kind}-s{s}-copy-{c}.csv") for s in seeds for c in (0, 1)]
         return [os.path.join(a.out, f"{kind}-s{s}.csv") for s in seeds]
 
-    for x, scale_pair, scale_alone, suffix in (("epoch", 50, 50, "steps"),
-                                               ("seconds", 1, 1, "seconds")):
-        # Pairs and mirrored evaluate every 50 of their steps; alone every 100 of its (= 50 compute
-        # steps): each CSV row is 50 compute steps apart.
-        series = [("codistill (2 copies, disjoint halves)", files("codistill", True), scale_pair),
-                  ("independent pair (alpha 0)", files("independent", True), scale_pair),
-                  ("one model alone, 2x steps", files("alone", False), scale_alone),
-                  ("mirrored, 2 replicas", files("mirrored", False), scale_pair)]
-        for column in ("test_loss",):
-            args, labels = [], []
-            for label, fs, scale in series:
-                args += fs
-                labels += [label] * len(fs)
-            out = os.path.join(a.out, f"{column}-vs-{suffix}.svg")
-            cmd = [HPM, "plot"] + args + ["-o", out, "-y", column, "--x", x,
-                                          "--label", ",".join(labels),
-                                          "--title", "fortunes GPT, same compute"]
-            if x == "epoch":
-                cmd += ["--x-scale", str(scale_pair)]
-            subprocess.run(cmd, check=True)
+    # Each CSV row is 50 compute steps further: pairs and mirrored evaluate every 50 of their
+    # steps, alone every 100 of its own (each half a compute step).
+    series = [("codistilled copies (disjoint halves)", files("codistill", True)),
+              ("independent copies (alpha 0)", files("independent", True)),
+              ("one model alone (2x steps)", files("alone", False)),
+              ("mirrored (2 replicas)", files("mirrored", False))]
+    args, labels = [], []
+    for label, fs in series:
+        args += fs
+        labels += [label] * len(fs)
+    for x, extra, suffix in (("epoch", ["--x-scale", "50", "--x-label",
+                                        "compute steps (24 windows of 64 tokens each)"], "steps"),
+                             ("seconds", [], "seconds")):
+        out = os.path.join(a.out, f"validation-loss-vs-{suffix}.svg")
+        subprocess.run([HPM, "plot"] + args + ["-o", out, "-y", "test_loss", "--x", x,
+                                               "--label", ",".join(labels), "--title",
+                                               "fortunes GPT, the same compute"] + extra,
+                       check=True)
 
     def stat(values):
         return (f"{statistics.mean(values):.4f} (min {min(values):.4f}, max {max(values):.4f})"

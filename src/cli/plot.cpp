@@ -328,6 +328,7 @@ CLI::App* add_plot_command(CLI::App& app, PlotCommandOptions& o) {
   cmd->add_option("--x-scale", o.x_scale, "multiplies x (eval_every: steps from evaluations)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--title", o.title, "the charts' title");
+  cmd->add_option("--x-label", o.x_label, "the x axis' name (default: from --x)");
   cmd->add_flag("--log-y", o.log_y, "logarithmic y axis");
   return cmd;
 }
@@ -362,6 +363,7 @@ int run_plot(const PlotCommandOptions& o) {
     panel.y_label = column;
     panel.x_label = o.x == "seconds" ? "wall-clock seconds" : o.x;
     if (o.x_scale != 1.0) panel.x_label += " x " + tick_text(o.x_scale);
+    if (!o.x_label.empty()) panel.x_label = o.x_label;
     for (const auto& label : order) {
       PlotSeries s;
       s.label = label;

@@ -65,6 +65,7 @@ struct PlotCommandOptions {
   std::string x = "epoch";
   double x_scale = 1.0;
   std::string title;
+  std::string x_label;  // empty: named after --x
   bool log_y = false;
 };
 
