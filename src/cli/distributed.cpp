@@ -77,6 +77,7 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
   so.seed = cfg.seed;
   so.reducer.bucket_bytes = static_cast<std::size_t>(cfg.bucket_mb * 1024.0 * 1024.0);
   so.reducer.overlap = cfg.overlap;
+  so.reducer.allreduce_dtype = cfg.allreduce_dtype == "bf16" ? DType::BF16 : DType::F32;
   so.algorithm = comm::algorithm_from_name(cfg.algorithm);
   so.timeout = std::chrono::seconds(cfg.timeout_s);
   if (cfg.strategy == "mirrored") return dist::make_mirrored(so);

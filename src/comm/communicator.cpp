@@ -86,4 +86,12 @@ void Communicator::check_buffer(const Tensor& t, const char* what) {
   }
 }
 
+void Communicator::check_allreduce_buffer(const Tensor& t, const char* what) {
+  if (!t.defined()) throw std::invalid_argument(std::string(what) + ": undefined tensor");
+  if (t.dtype() != DType::F32 && t.dtype() != DType::BF16) {
+    throw std::invalid_argument(std::string(what) +
+                                ": only float32 and bfloat16 tensors are supported");
+  }
+}
+
 }  // namespace hpm::comm

@@ -6,6 +6,7 @@
 
 #include "comm/work_queue.h"
 #include "hpm/comm/local.h"
+#include "hpm/tensor/kernels.h"
 
 namespace hpm::comm {
 
@@ -32,11 +33,24 @@ class HierarchicalCommunicator final : public Communicator {
   }
 
   WorkPtr allreduce(Tensor data, ReduceOp op) override {
-    check_buffer(data, "allreduce");
+    check_allreduce_buffer(data, "allreduce");
     return submit("allreduce", [this, data, op] {
       const ReduceOp step = op == ReduceOp::kMax ? ReduceOp::kMax : ReduceOp::kSum;
       local_->allreduce(data, step)->wait();
       if (leader()) processes_->allreduce(data, step)->wait();
+      if (data.dtype() == DType::BF16) {
+        // Broadcast is f32: the bf16 values travel as f32 between threads (exact), and averaging
+        // rounds once.
+        Tensor f = kernels::to_f32(data);
+        local_->broadcast(f, 0)->wait();
+        if (op == ReduceOp::kAverage) {
+          float* p = f.data<float>();
+          const float s = 1.0f / static_cast<float>(size());
+          for (std::int64_t i = 0; i < f.numel(); ++i) p[i] *= s;
+        }
+        kernels::f32_to_bf16(f.data<float>(), data.data<std::uint16_t>(), f.numel());
+        return;
+      }
       local_->broadcast(data, 0)->wait();
       if (op == ReduceOp::kAverage) {
         const float s = 1.0f / static_cast<float>(size());

@@ -6,6 +6,7 @@
 #include "comm/local_group.h"
 #include "comm/work_queue.h"
 #include "hpm/comm/local.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/trace/trace.h"
 
 namespace hpm::comm {
@@ -30,14 +31,23 @@ class LocalCommunicator final : public Communicator {
   std::string backend() const override { return "local"; }
 
   WorkPtr allreduce(Tensor data, ReduceOp op) override {
-    check_buffer(data, "allreduce");
+    check_allreduce_buffer(data, "allreduce");
     Algorithm a = algorithm_;
     if (a == Algorithm::kAuto) {
       a = data.nbytes() < small_message_bytes_ ? Algorithm::kRecursiveDoubling : Algorithm::kDirect;
     }
     return submit("allreduce", data.numel(), [this, data, op, a](Clock::time_point deadline) {
       trace::Span span("allreduce", "comm");
-      group_->allreduce(rank_, data.data<float>(), data.numel(), op, a, deadline);
+      if (data.dtype() == DType::F32) {
+        group_->allreduce(rank_, data.data<float>(), data.numel(), op, a, deadline);
+        return;
+      }
+      // Threads share memory: bf16 would save no bytes. Reduce the bf16 values in f32 and round
+      // the result once.
+      std::vector<float> f(static_cast<std::size_t>(data.numel()));
+      kernels::bf16_to_f32(data.data<std::uint16_t>(), f.data(), data.numel());
+      group_->allreduce(rank_, f.data(), data.numel(), op, a, deadline);
+      kernels::f32_to_bf16(f.data(), data.data<std::uint16_t>(), data.numel());
     });
   }
 

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "hpm/tensor/kernels.h"
 #include "hpm/trace/trace.h"
 
 namespace hpm::dist {
@@ -101,6 +102,7 @@ struct Reducer::State {
   struct Bucket {
     std::vector<std::size_t> params;  // indices into State::params
     Tensor flat;
+    Tensor wire;  // the bf16 message, when the buckets travel compressed
     std::size_t pending = 0;
     bool launched = false;
     comm::WorkPtr work;
@@ -168,7 +170,20 @@ struct Reducer::State {
     }
     b.launched = true;
     ++stats.allreduces;
-    b.work = comm->allreduce(b.flat, comm::ReduceOp::kAverage);
+    if (options.allreduce_dtype == DType::BF16) {
+      kernels::f32_to_bf16(b.flat.data<float>(), b.wire.data<std::uint16_t>(), b.flat.numel());
+      b.work = comm->allreduce(b.wire, comm::ReduceOp::kSum);
+    } else {
+      b.work = comm->allreduce(b.flat, comm::ReduceOp::kAverage);
+    }
+  }
+
+  // A compressed bucket's sum back into its f32 slots, divided by the replicas.
+  void decompress(Bucket& b) const {
+    const float scale = 1.0f / static_cast<float>(comm->size());
+    float* out = b.flat.data<float>();
+    kernels::bf16_to_f32(b.wire.data<std::uint16_t>(), out, b.flat.numel());
+    for (std::int64_t i = 0; i < b.flat.numel(); ++i) out[i] *= scale;
   }
 };
 
@@ -177,6 +192,11 @@ Reducer::Reducer(const nn::Module& model, comm::CommunicatorPtr comm, ReducerOpt
   State& s = *state_;
   s.comm = std::move(comm);
   s.options = options;
+  if (options.allreduce_dtype != DType::F32 && options.allreduce_dtype != DType::BF16) {
+    throw std::invalid_argument(
+        std::string("Reducer: gradients are all-reduced in f32 or bf16, not ") +
+        dtype_name(options.allreduce_dtype));
+  }
   verify_same_model(model, *s.comm);
   broadcast_state(model, *s.comm);
   for (const auto& [name, t] : model.named_parameters()) s.params.push_back(t);
@@ -200,7 +220,8 @@ Reducer::Reducer(const nn::Module& model, comm::CommunicatorPtr comm, ReducerOpt
       n += s.params[i].numel();
     }
     b.flat = Tensor::empty({n});
-    s.stats.bytes += static_cast<std::size_t>(n) * sizeof(float);
+    if (options.allreduce_dtype == DType::BF16) b.wire = Tensor::empty({n}, DType::BF16);
+    s.stats.bytes += static_cast<std::size_t>(n) * dtype_size(options.allreduce_dtype);
   }
   s.stats.buckets = s.buckets.size();
   std::weak_ptr<State> weak = state_;
@@ -259,7 +280,10 @@ void Reducer::finalize() {
   const auto t0 = std::chrono::steady_clock::now();
   {
     trace::Span span("wait for all-reduce", "comm");
-    for (auto& b : s.buckets) b.work->wait();
+    for (auto& b : s.buckets) {
+      b.work->wait();
+      if (s.options.allreduce_dtype == DType::BF16) s.decompress(b);
+    }
   }
   s.stats.finalize_wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -228,16 +228,21 @@ IdxArray read_idx(const std::string& path) {
          std::to_string(4 * rank) + " bytes) at offset 4, found " +
          std::to_string(bytes.size() - 4) + " bytes");
   }
-  std::uint64_t need = es;
+  // The product of the nonzero dimensions must fit too, not only the byte count: with a zero
+  // dimension the array is empty, but a shape's element count over the other dimensions (found by
+  // fuzz/idx_fuzz.cpp) would overflow.
+  std::uint64_t need = es, nonzero = es;
   for (std::size_t i = 0; i < rank; ++i) {
     const std::size_t o = 4 + 4 * i;
     const std::uint32_t d = static_cast<std::uint32_t>(byte(o)) << 24 |
                             static_cast<std::uint32_t>(byte(o + 1)) << 16 |
                             static_cast<std::uint32_t>(byte(o + 2)) << 8 | byte(o + 3);
     a.dims.push_back(d);
-    if (d != 0 && need > std::numeric_limits<std::uint64_t>::max() / d) {
+    if (d != 0 &&
+        nonzero > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) / d) {
       fail("dimensions " + Shape(a.dims).str() + " are too large");
     }
+    if (d != 0) nonzero *= d;
     need *= d;
   }
   const std::size_t found = bytes.size() - header;

@@ -235,6 +235,20 @@ TEST(HpmStrategy, ConfigErrorsNameTheKey) {
   EXPECT_EQ(algo.code, 1);
   EXPECT_NE(algo.output.find("unknown all-reduce algorithm 'butterfly'"), std::string::npos)
       << algo.output;
+  Result dtype =
+      run("train " + cfg + " --set strategy.kind=mirrored --set strategy.allreduce_dtype=fp8");
+  EXPECT_EQ(dtype.code, 1);
+  EXPECT_NE(
+      dtype.output.find("[strategy] allreduce_dtype must be \"f32\" or \"bf16\", got \"fp8\""),
+      std::string::npos)
+      << dtype.output;
+  // bf16 buckets train (mirrored replicas: summed in f32 between threads, rounded to bf16).
+  Result bf16 = run("train " + cfg +
+                    " --set strategy.kind=mirrored --set strategy.replicas=2 --set "
+                    "strategy.allreduce_dtype=bf16 --report " +
+                    dir / "bf16.json");
+  ASSERT_EQ(bf16.code, 0) << bf16.output;
+  EXPECT_GT(report_number(dir / "bf16.json", "test_accuracy"), 0.3);
   Result one = run("train " + cfg + " --set strategy.replicas=2");
   EXPECT_EQ(one.code, 1);
   EXPECT_NE(one.output.find("one_device has exactly one replica"), std::string::npos) << one.output;

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "common/temp_dir.h"
+#include "hpm/tensor/kernels.h"
 
 namespace hpm::comm {
 namespace {
@@ -310,6 +311,57 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(info.param.store == StoreKind::kFile ? "FileStore" : "TcpStore") +
              std::to_string(info.param.world);
     });
+
+// bf16 all-reduces (what [strategy] allreduce_dtype = "bf16" sends): sums, averages and maxima of
+// values whose partial sums are exact in bf16 equal the closed form exactly, under every
+// algorithm; a sum that must round rounds to nearest even; other dtypes are refused.
+TEST(GlooTest, Bf16AllReducesMatchClosedForms) {
+  const Group g(StoreKind::kFile, 3, 20s);
+  const auto results = run_ranks(g.all_ranks(), [&](int rank) {
+    auto c = g.connect(rank);
+    for (Algorithm a :
+         {Algorithm::kAuto, Algorithm::kRing, Algorithm::kRecursiveDoubling, Algorithm::kDirect}) {
+      c->set_algorithm(a);
+      for (std::int64_t n : {1, 7, 5000}) {
+        // Rank r contributes (r + 1) * (i % 8): integers, exact in bf16 up to 256.
+        std::vector<float> mine(static_cast<std::size_t>(n));
+        for (std::int64_t i = 0; i < n; ++i) mine[i] = static_cast<float>((rank + 1) * (i % 8));
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage, ReduceOp::kMax}) {
+          Tensor t = kernels::to_bf16(Tensor::from(mine, Shape{n}));
+          c->allreduce(t, op)->wait();
+          const std::vector<float> got = kernels::to_f32(t).to_vector();
+          for (std::int64_t i = 0; i < n; ++i) {
+            const float k = static_cast<float>(i % 8);
+            const float want =
+                op == ReduceOp::kSum ? 6 * k : (op == ReduceOp::kAverage ? 2 * k : 3 * k);
+            if (got[i] != want) {
+              return "algorithm " + std::string(algorithm_name(a)) + ", n " + std::to_string(n) +
+                     ", " + reduce_op_name(op) + ": element " + std::to_string(i) + " is " +
+                     std::to_string(got[i]) + ", want " + std::to_string(want);
+            }
+          }
+        }
+      }
+    }
+    // 256 + 1 + 0 in any order: 257 is not a bf16 value (the spacing there is 2) and rounds to
+    // even, 256; f32 would keep 257.
+    Tensor t = kernels::to_bf16(Tensor::full({1}, rank == 0 ? 256.0f : (rank == 1 ? 1.0f : 0.0f)));
+    c->allreduce(t, ReduceOp::kSum)->wait();
+    if (kernels::to_f32(t).to_vector()[0] != 256.0f) return std::string("rounding");
+    try {
+      c->allreduce(Tensor::zeros({2}, DType::I64), ReduceOp::kSum);
+      return std::string("an I64 all-reduce was accepted");
+    } catch (const std::invalid_argument& e) {
+      if (std::string(e.what()).find("only float32 and bfloat16") == std::string::npos)
+        return std::string(e.what());
+    }
+    return std::string("ok");
+  });
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << results[r].report;
+    EXPECT_EQ(results[r].report, "ok") << "rank " << r;
+  }
+}
 
 // Rank 0 issues an all-reduce that cannot finish until rank 1 joins, then a send; rank 1 joins only
 // after receiving it. Were sends queued behind collectives, this would deadlock.

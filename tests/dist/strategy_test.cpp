@@ -270,6 +270,64 @@ TEST(Reducer, AveragesGradientsAcrossRanksInBucketsAndBroadcastsRankZero) {
   }
 }
 
+// allreduce_dtype = BF16: every gradient is the average within bf16's precision (each replica's
+// gradient rounded to bf16, the sum rounded once more), the same on every rank, not the f32
+// average bit for bit (so bf16 did travel), and half the bytes.
+TEST(Reducer, Bf16BucketsAverageWithinBf16Precision) {
+  const int n = 3;
+  auto comms = comm::make_local_group(n, 20s);
+  std::vector<std::shared_ptr<nn::Module>> models(n);
+  std::vector<std::vector<float>> local_grads(n), reduced(n);
+  std::vector<std::size_t> bytes(n);
+  for (int r = 0; r < n; ++r) {
+    manual_seed(3);
+    models[r] = small_model();
+  }
+  on_ranks(n, [&](int r) {
+    ReducerOptions o{600, true};
+    o.allreduce_dtype = DType::BF16;
+    Reducer reducer(*models[r], comms[r], o);
+    bytes[r] = reducer.stats().bytes;
+    const Batch b = batch(10, 70 + static_cast<std::uint64_t>(r));
+    {
+      NoSync off(reducer);
+      models[r]->zero_grad();
+      cross_entropy(models[r]->forward(b.x), b.y).backward();
+      local_grads[r] = gradients(*models[r]);
+    }
+    models[r]->zero_grad();
+    reducer.prepare_for_backward();
+    cross_entropy(models[r]->forward(b.x), b.y).backward();
+    reducer.finalize();
+    reduced[r] = gradients(*models[r]);
+  });
+  std::size_t params = 0;
+  for (const auto& p : models[0]->parameters()) params += static_cast<std::size_t>(p.numel());
+  EXPECT_EQ(bytes[0], params * 2);
+  std::size_t inexact = 0;
+  for (std::size_t i = 0; i < reduced[0].size(); ++i) {
+    const float mean = (local_grads[0][i] + local_grads[1][i] + local_grads[2][i]) / 3.0f;
+    const float scale =
+        (std::abs(local_grads[0][i]) + std::abs(local_grads[1][i]) + std::abs(local_grads[2][i])) /
+        3.0f;
+    ASSERT_NEAR(reduced[0][i], mean, 1e-2f * scale + 1e-9f) << "element " << i;
+    ASSERT_EQ(reduced[0][i], reduced[1][i]);
+    ASSERT_EQ(reduced[0][i], reduced[2][i]);
+    inexact += reduced[0][i] != mean;
+  }
+  EXPECT_GT(inexact, reduced[0].size() / 4);
+
+  ReducerOptions bad;
+  bad.allreduce_dtype = DType::I64;
+  auto one = comm::make_local_group(1, 20s);
+  try {
+    Reducer r(*models[0], one[0], bad);
+    ADD_FAILURE() << "an I64 all-reduce dtype was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("f32 or bf16, not I64"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Reducer, NoSyncAccumulatesLocallyThenReducesTheSum) {
   auto comms = comm::make_local_group(2, 20s);
   std::vector<std::shared_ptr<nn::Module>> models(2);

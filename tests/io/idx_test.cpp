@@ -138,6 +138,17 @@ TEST_F(Idx, ErrorZeroDimensions) {
   read_error(std::string("\0\0\x08\x00", 4), "dimension count at offset 3 is 0");
 }
 
+// Found by fuzz/idx_fuzz.cpp: a zero dimension made the byte count 0, so huge other dimensions
+// passed, and the shape's element count overflowed (undefined behaviour) when the array was used.
+TEST_F(Idx, ErrorHugeDimensionsBesideAZeroOne) {
+  read_error(std::string("\0\0\x08\x03\xff\xff\xff\xff\0\0\0\0\xff\xff\xff\xff", 16),
+             "dimensions [4294967295, 0, 4294967295] are too large");
+  // A zero dimension among reasonable ones is an empty array, as before.
+  const std::string p = path("empty-idx1-ubyte");
+  write_raw(p, std::string("\0\0\x08\x02\0\0\0\x03\0\0\0\0", 12));
+  EXPECT_EQ(read_idx(p).dims, (std::vector<std::int64_t>{3, 0}));
+}
+
 TEST_F(Idx, ErrorTruncatedDimensions) {
   read_error(std::string("\0\0\x08\x03\0\0\0\x01\0\0", 10),
              "truncated header: expected 3 dimensions (12 bytes) at offset 4, found 6 bytes");

@@ -176,7 +176,7 @@ struct Config {
   std::int64_t checkpoint_every = 1;
   std::string metrics_csv;
   std::string tensorboard_dir;  // TensorBoard event files (train/, validation/) under this run dir
-  std::string backup_dir;               // BackupAndRestore (empty: off)
+  std::string backup_dir;       // BackupAndRestore (empty: off)
   std::int64_t backup_every_steps = 0;  // 0: at each epoch end
   bool keep_backup = false;             // keep it after a successful finish
   std::string best_checkpoint_dir;      // empty = off; else the best epoch's checkpoint, kept alone
@@ -203,8 +203,9 @@ struct Config {
   int replicas = 1;         // local replicas (per process for multi_worker_mirrored)
   double bucket_mb = 25.0;  // gradient bucket cap
   bool overlap = true;      // all-reduce buckets during backward (false: after it)
-  std::string algorithm = "auto";  // auto | direct | ring | recursive_doubling
-  int timeout_s = 60;              // collectives fail after this long
+  std::string allreduce_dtype = "f32";  // f32 | bf16: what gradient buckets travel as
+  std::string algorithm = "auto";       // auto | direct | ring | recursive_doubling
+  int timeout_s = 60;                   // collectives fail after this long
   std::string timeline;  // Chrome trace JSON of the run (per rank: compute and all-reduce)
   // How workers share the data: "batch" (each reads every global batch and trains on its slice of
   // the rows: the single-device arithmetic), "elements" or "files" (each reads only its shard,

@@ -89,7 +89,10 @@ class Communicator {
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "local", "gloo", "hierarchical"
 
-  // In place: every rank's `data` becomes the reduction over all ranks.
+  // In place: every rank's `data` becomes the reduction over all ranks. F32, or BF16 (half the
+  // bytes on the wire: gradients compressed as PyTorch's bf16_compress_hook does); a BF16
+  // reduction adds in f32 and rounds each partial sum to bf16 (to nearest even), so the result
+  // depends on the order of the additions, which is the same on every rank.
   virtual WorkPtr allreduce(Tensor data, ReduceOp op = ReduceOp::kSum) = 0;
   // `input` holds size() equal blocks; rank r's `output` (one block) becomes the reduction of
   // block r over all ranks.
@@ -116,6 +119,8 @@ class Communicator {
   Communicator() = default;
   // Checks a buffer argument: defined, float32; throws std::invalid_argument naming `what`.
   static void check_buffer(const Tensor& t, const char* what);
+  // F32 or BF16.
+  static void check_allreduce_buffer(const Tensor& t, const char* what);
 
   Milliseconds timeout_{std::chrono::seconds(60)};
   Algorithm algorithm_ = Algorithm::kAuto;

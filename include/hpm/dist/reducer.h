@@ -22,11 +22,15 @@ struct ReducerOptions {
   // false: every bucket's all-reduce waits for finalize(), i.e. runs after backward (for
   // measuring what overlap buys).
   bool overlap = true;
+  // What the buckets travel as: F32, or BF16 (half the bytes; each bucket is rounded to bf16 when
+  // its all-reduce starts, summed in bf16 messages, and turned back into the f32 average when
+  // finalize() waits for it, as PyTorch's bf16_compress_hook does).
+  DType allreduce_dtype = DType::F32;
 };
 
 struct ReducerStats {
   std::size_t buckets = 0;
-  std::size_t bytes = 0;             // gradient bytes all-reduced per step
+  std::size_t bytes = 0;             // gradient bytes all-reduced per step (on the wire)
   double finalize_wait_seconds = 0;  // time finalize() waited for all-reduces, summed over steps
   std::uint64_t allreduces = 0;      // bucket all-reduces started, over all steps
 };

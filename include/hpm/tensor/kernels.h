@@ -31,6 +31,10 @@ bool native_bf16();
 // F32 -> BF16 rounding to nearest even (NaN stays NaN), and back (exact). Identity on a tensor
 // already of the target dtype.
 Tensor to_bf16(const Tensor& x);
+// The same on raw spans, one thread (callers that convert inside another loop: a collective's
+// reduction of bf16 messages).
+void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n);
+void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n);
 // To f32 from BF16, F16 or F64 (exact from the 16-bit types; F64 rounds to nearest); F32 as is.
 Tensor to_f32(const Tensor& x);
 // To IEEE half from any floating type: round to nearest even, overflow to infinity.

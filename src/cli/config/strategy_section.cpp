@@ -17,6 +17,7 @@ void read_strategy(const Source& s, Config& c) {
   st.get_positive("replicas", c.replicas);
   st.get("bucket_mb", c.bucket_mb);
   st.get("overlap", c.overlap);
+  st.get("allreduce_dtype", c.allreduce_dtype);
   st.get("algorithm", c.algorithm);
   st.get_positive("timeout_s", c.timeout_s);
   st.get("timeline", c.timeline);
@@ -38,6 +39,11 @@ void read_strategy(const Source& s, Config& c) {
                       ": [strategy] kind must be one_device, mirrored, multi_worker_mirrored or "
                       "central_storage, got \"" +
                       c.strategy + "\"");
+  }
+  if (c.allreduce_dtype != "f32" && c.allreduce_dtype != "bf16") {
+    throw ConfigError(st.at("allreduce_dtype") +
+                      ": [strategy] allreduce_dtype must be \"f32\" or \"bf16\", got \"" +
+                      c.allreduce_dtype + "\"");
   }
   if (c.bucket_mb <= 0) st.out_of_range(*st.find("bucket_mb"), "bucket_mb", "positive");
   try {

@@ -60,6 +60,9 @@ void check_bf16(const Tensor& t, const char* what) {
 
 }  // namespace
 
+void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n) { f32_to_bf16_span(x, y, n); }
+void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n) { bf16_to_f32_span(x, y, n); }
+
 bool native_bf16() {
   static const bool has = __builtin_cpu_supports("avx512bf16");
   return has;
