@@ -107,10 +107,11 @@ TEST(Plot, ALabelSharedBySeedsDrawsTheMeanAndTheMinMaxBand) {
   }
   const CommandResult r = run_hpm("plot" + args + " -o " + dir / "p.svg" +
                                   " --label 'codistilled 2x,codistilled 2x,codistilled 2x'" +
-                                  " --x-scale 100 --title 'GPT & co'");
+                                  " --x-scale 100 --title 'GPT & co' --x-label 'compute steps'");
   ASSERT_EQ(r.code, 0) << r.output;
   const std::string svg = read_text(dir / "p.svg");
   EXPECT_NE(svg.find("GPT &amp; co: test_loss"), std::string::npos);
+  EXPECT_NE(svg.find(">compute steps</text>"), std::string::npos);
   EXPECT_NE(svg.find("codistilled 2x (mean of 3, band: min-max)"), std::string::npos);
   expect_affine({{100, 3.0}, {200, 2.2}, {300, 1.5}}, shape_points(svg, "mean", "codistilled 2x"));
   // The band: the maxima left to right, then the minima right to left, on the same map.
