@@ -7,17 +7,7 @@ set -euo pipefail
 
 PACKAGES=(python3-torch python3-numpy libopenblas0-pthread openmpi-bin libopenmpi-dev fortunes
           dataset-fashion-mnist)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup_peers: installing ${missing[*]}" >&2
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-fi
+"$(dirname "$0")/install_packages.sh" "${PACKAGES[@]}"
 blas=$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3)
 case $blas in
   *openblas*) ;;

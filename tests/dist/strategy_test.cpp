@@ -229,38 +229,52 @@ std::vector<float> gradients(const nn::Module& m) {
   return out;
 }
 
+// Each rank's gradient of its own batch (batch_seed + rank) computed locally (synchronization
+// off), then again through the reducer: what each rank holds after finalize().
+struct Reduced {
+  std::vector<std::vector<float>> local, reduced;
+  std::vector<ReducerStats> stats;
+};
+Reduced reduce_on_ranks(const std::vector<std::shared_ptr<nn::Module>>& models,
+                        const ReducerOptions& options, std::uint64_t batch_seed) {
+  const int n = static_cast<int>(models.size());
+  auto comms = comm::make_local_group(n, 20s);
+  Reduced out{std::vector<std::vector<float>>(n), std::vector<std::vector<float>>(n),
+              std::vector<ReducerStats>(n)};
+  on_ranks(n, [&](int r) {
+    Reducer reducer(*models[r], comms[r], options);
+    out.stats[r] = reducer.stats();
+    const Batch b = batch(10, batch_seed + static_cast<std::uint64_t>(r));
+    {
+      NoSync off(reducer);
+      models[r]->zero_grad();
+      cross_entropy(models[r]->forward(b.x), b.y).backward();
+      out.local[r] = gradients(*models[r]);
+    }
+    models[r]->zero_grad();
+    reducer.prepare_for_backward();
+    cross_entropy(models[r]->forward(b.x), b.y).backward();
+    reducer.finalize();
+    out.reduced[r] = gradients(*models[r]);
+  });
+  return out;
+}
+
 TEST(Reducer, AveragesGradientsAcrossRanksInBucketsAndBroadcastsRankZero) {
   for (bool overlap : {true, false}) {
     const int n = 3;
-    auto comms = comm::make_local_group(n, 20s);
     std::vector<std::shared_ptr<nn::Module>> models(n);
-    std::vector<std::vector<float>> local_grads(n), reduced(n);
     for (int r = 0; r < n; ++r) {
       manual_seed(
           static_cast<std::uint64_t>(r));  // different initial values: the reducer must align them
       models[r] = small_model();
     }
     const auto rank0_init = flat_parameters(*models[0]);
-    std::vector<std::size_t> buckets(n);
-    on_ranks(n, [&](int r) {
-      Reducer reducer(*models[r], comms[r], ReducerOptions{600, overlap});
-      buckets[r] = reducer.stats().buckets;
-      const Batch b = batch(10, 50 + static_cast<std::uint64_t>(r));
-      // Local gradient first, with synchronization off.
-      {
-        NoSync off(reducer);
-        models[r]->zero_grad();
-        cross_entropy(models[r]->forward(b.x), b.y).backward();
-        local_grads[r] = gradients(*models[r]);
-      }
-      models[r]->zero_grad();
-      reducer.prepare_for_backward();
-      cross_entropy(models[r]->forward(b.x), b.y).backward();
-      reducer.finalize();
-      reduced[r] = gradients(*models[r]);
-    });
+    const Reduced g = reduce_on_ranks(models, ReducerOptions{600, overlap}, 50);
+    const auto& local_grads = g.local;
+    const auto& reduced = g.reduced;
     EXPECT_EQ(flat_parameters(*models[2]), rank0_init);
-    EXPECT_GT(buckets[0], 3u);  // 600-byte cap: several buckets
+    EXPECT_GT(g.stats[0].buckets, 3u);  // 600-byte cap: several buckets
     for (std::size_t i = 0; i < reduced[0].size(); ++i) {
       const float mean = (local_grads[0][i] + local_grads[1][i] + local_grads[2][i]) / 3.0f;
       ASSERT_NEAR(reduced[0][i], mean, 1e-6f + 1e-5f * std::abs(mean)) << "element " << i;
@@ -275,35 +289,19 @@ TEST(Reducer, AveragesGradientsAcrossRanksInBucketsAndBroadcastsRankZero) {
 // average bit for bit (so bf16 did travel), and half the bytes.
 TEST(Reducer, Bf16BucketsAverageWithinBf16Precision) {
   const int n = 3;
-  auto comms = comm::make_local_group(n, 20s);
   std::vector<std::shared_ptr<nn::Module>> models(n);
-  std::vector<std::vector<float>> local_grads(n), reduced(n);
-  std::vector<std::size_t> bytes(n);
   for (int r = 0; r < n; ++r) {
     manual_seed(3);
     models[r] = small_model();
   }
-  on_ranks(n, [&](int r) {
-    ReducerOptions o{600, true};
-    o.allreduce_dtype = DType::BF16;
-    Reducer reducer(*models[r], comms[r], o);
-    bytes[r] = reducer.stats().bytes;
-    const Batch b = batch(10, 70 + static_cast<std::uint64_t>(r));
-    {
-      NoSync off(reducer);
-      models[r]->zero_grad();
-      cross_entropy(models[r]->forward(b.x), b.y).backward();
-      local_grads[r] = gradients(*models[r]);
-    }
-    models[r]->zero_grad();
-    reducer.prepare_for_backward();
-    cross_entropy(models[r]->forward(b.x), b.y).backward();
-    reducer.finalize();
-    reduced[r] = gradients(*models[r]);
-  });
+  ReducerOptions o{600, true};
+  o.allreduce_dtype = DType::BF16;
+  const Reduced g = reduce_on_ranks(models, o, 70);
+  const auto& local_grads = g.local;
+  const auto& reduced = g.reduced;
   std::size_t params = 0;
   for (const auto& p : models[0]->parameters()) params += static_cast<std::size_t>(p.numel());
-  EXPECT_EQ(bytes[0], params * 2);
+  EXPECT_EQ(g.stats[0].bytes, params * 2);
   std::size_t inexact = 0;
   for (std::size_t i = 0; i < reduced[0].size(); ++i) {
     const float mean = (local_grads[0][i] + local_grads[1][i] + local_grads[2][i]) / 3.0f;
