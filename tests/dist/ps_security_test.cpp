@@ -137,6 +137,34 @@ TEST(PsSecurity, MalformedPushesAreRefusedNamingWhatIsWrong) {
   s.expect_serving();
 }
 
+// Found by fuzz/ps_fuzz.cpp: an Init whose optimizer state held a step count no integer can
+// hold (1e34, NaN, -1, 2.5) was cast to int64 regardless (undefined behaviour).
+TEST(PsSecurity, AnInitWithAnImpossibleStepCountIsRefused) {
+  OneServer s;
+  auto stub = rpc::ParameterServer::NewStub(s.channel());
+  for (const float step : {1.2499e34f, NAN, -1.0f, 2.5f}) {
+    rpc::InitRequest req;
+    const auto add = [](rpc::TensorData* d, const std::string& name, const Tensor& t) {
+      d->set_name(name);
+      for (std::int64_t k : t.shape().dims()) d->add_shape(k);
+      d->set_data(t.data<float>(), t.nbytes());
+    };
+    for (const auto& [n, t] : s.vars) add(req.add_vars(), n, t);
+    req.mutable_optimizer()->set_kind("adamw");
+    req.mutable_optimizer()->set_lr(0.01f);
+    add(req.add_optimizer_state(), "step", Tensor::full({}, step));
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("x-hpm-token", s.cluster.security.token);
+    rpc::InitReply reply;
+    const grpc::Status st = stub->Init(&ctx, req, &reply);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << step;
+    EXPECT_NE(st.error_message().find("Init optimizer state: 'step' must be one whole number"),
+              std::string::npos)
+        << st.error_message();
+  }
+  s.expect_serving();
+}
+
 TEST(PsSecurity, OversizedMessagesAreRefusedAndTheServerServesOn) {
   OneServer s(64 << 10);  // 64 KiB
   grpc::GenericStub stub(s.channel());

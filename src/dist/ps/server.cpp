@@ -56,9 +56,21 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
         for (const auto& t : req->optimizer_state()) {
           Tensor v;
           if (grpc::Status s = from_proto(t, "Init optimizer state", &v); !s.ok()) return refuse(s);
-          if (t.name() == "step")
-            v = Tensor::from_i64(
-                std::vector<std::int64_t>{static_cast<std::int64_t>(v.to_vector().at(0))}, Shape{});
+          if (t.name() == "step") {
+            // Saved as a float (exact to 2^24); anything else is not a step count (and casting
+            // it, found by fuzz/ps_fuzz.cpp, was undefined behaviour).
+            const std::vector<float> count = v.to_vector();
+            if (count.size() != 1 || !(count[0] >= 0.0f && count[0] <= 16777216.0f) ||
+                count[0] != std::floor(count[0])) {
+              return refuse({StatusCode::INVALID_ARGUMENT,
+                             "Init optimizer state: 'step' must be one whole number in [0, 2^24], "
+                             "got " +
+                                 (count.size() == 1 ? std::to_string(count[0])
+                                                    : std::to_string(count.size()) + " values")});
+            }
+            v = Tensor::from_i64(std::vector<std::int64_t>{static_cast<std::int64_t>(count[0])},
+                                 Shape{});
+          }
           state.emplace_back(t.name(), v);
         }
         opt->load_state(state);
