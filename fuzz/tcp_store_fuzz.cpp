@@ -7,7 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "hpm/comm/store.h"
 
@@ -17,21 +20,31 @@ namespace {
 
 // Each connection from another loopback source address (127.0.0.2 to 127.0.0.251): the server
 // closes first, so every connection leaves a TIME_WAIT behind for a minute, and at ten thousand
-// connections a second one source address runs out of ports.
+// connections a second one source address runs out of ports. A port the kernel hands out at bind
+// can still collide with one of those (EADDRNOTAVAIL at connect): the next address is tried. Only
+// a server that refuses every attempt is a finding.
 int connect_to(int port) {
   static unsigned next = 0;
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) std::abort();
-  sockaddr_in source{};
-  source.sin_family = AF_INET;
-  source.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + (next++ % 250));
-  if (::bind(fd, reinterpret_cast<const sockaddr*>(&source), sizeof source) != 0) std::abort();
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) std::abort();
-  return fd;
+  int error = 0;
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) std::abort();
+    sockaddr_in source{};
+    source.sin_family = AF_INET;
+    source.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + (next++ % 250));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<std::uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&source), sizeof source) == 0 &&
+        ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0) {
+      return fd;
+    }
+    error = errno;
+    ::close(fd);
+  }
+  std::fprintf(stderr, "tcp_store_fuzz: cannot connect to the store: %s\n", std::strerror(error));
+  std::abort();
 }
 
 }  // namespace
