@@ -44,21 +44,6 @@ struct CopyResult {
                       // positions are its rows
 };
 
-// `model`'s logits on `inputs` as rows (N, C): a language model's (B, T, V) become (B*T, V).
-Tensor prediction_rows(nn::Module& model, const Tensor& inputs, bool language_model) {
-  if (!language_model) return distill::predict_logits(model, inputs);
-  NoGradGuard no_grad;
-  model.eval();
-  std::vector<Tensor> parts;
-  for (std::int64_t begin = 0; begin < inputs.size(0); begin += 16) {
-    const Tensor out =
-        model.forward(inputs.narrow(begin, std::min<std::int64_t>(16, inputs.size(0) - begin)));
-    parts.push_back(out.reshape({out.size(0) * out.size(1), out.size(2)}).clone());
-  }
-  model.train();
-  return kernels::concat(parts, 0);
-}
-
 // The metrics CSV of copy r: "runs/m.csv" -> "runs/m-copy-1.csv".
 std::string copy_path(const std::string& path, int rank) {
   const std::filesystem::path p(path);
@@ -125,7 +110,7 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
   const train::EvalResult eval = trainer.evaluate(test);
   out.test_accuracy = eval.accuracy;
   out.test_loss = eval.loss;
-  const Tensor logits = prediction_rows(*model, test.inputs, lm);
+  const Tensor logits = distill::predict_logits(*model, test.inputs, lm ? 16 : 1000);
   out.all_logits = Tensor::empty({copies, logits.size(0), logits.size(1)});
   codistiller->communicator()
       .allgather(logits.reshape({logits.numel()}), out.all_logits.reshape({out.all_logits.numel()}))

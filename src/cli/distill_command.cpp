@@ -4,18 +4,22 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
+#include "hpm/cli/distributed.h"
 #include "hpm/cli/options.h"
+#include "hpm/comm/gloo.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distill/distiller.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/tfrecord.h"
 #include "hpm/nn/losses.h"
+#include "hpm/nn/objective.h"
 #include "hpm/tensor/device.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/callbacks.h"
@@ -34,13 +38,10 @@ void set_threads(int threads) {
   Device::cpu().set_threads(threads);
 }
 
-// Distillation trains on one device: the teachers run on each batch's inputs, which a strategy's
-// replicas do not hand to the loss.
-void require_one_device(const Config& cfg) {
-  if (cfg.strategy != "one_device") {
-    throw ConfigError(cfg.path + ": [strategy] kind must be one_device for hpm distill, got \"" +
-                      cfg.strategy + "\"");
-  }
+// A path beside `path` for another run of the same command: "runs/m.csv" -> "runs/m-baseline.csv".
+std::string suffixed_path(const std::string& path, const std::string& suffix) {
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + "-" + suffix + p.extension().string())).string();
 }
 
 // ---- training -----------------------------------------------------------------------------------
@@ -51,37 +52,141 @@ struct Trained {
   train::TrainerState state;
   train::EvalResult test;
   double seconds = 0;
+  bool chief = true;  // this process reports (worker 0 of a multi-worker job)
 };
 
-// Builds cfg's model from cfg's seed and trains it as hpm train would (one device), with the
-// distiller's loss when one is given; evaluates it on `test`.
+// Builds cfg's model from cfg's seed and trains it as hpm train would: on one device or under
+// cfg's [strategy] (replicas as threads, or this process's share of `hpm launch`'s workers), a
+// language model by steps with validation every eval_every. With a distiller, the loss is the
+// distiller's around the run's own objective. Evaluates the result on `test`; `csv_suffix` names
+// this run's metrics CSV beside [train] metrics_csv ("" = that file itself).
 Trained train_model(const Config& cfg, const char* what,
                     std::shared_ptr<const distill::Distiller> distiller,
-                    const data::LabelledData& test, bool write_checkpoints) {
-  require_one_device(cfg);
+                    const data::LabelledData& test, bool write_checkpoints,
+                    const std::string& csv_suffix = "") {
   manual_seed(cfg.seed);  // model initialization draws from the default generator
   Trained t;
-  t.model = build_model(cfg);
-  t.optimizer = build_optimizer(cfg, *t.model);
-  train::Trainer trainer(t.model, t.optimizer, build_schedule(cfg));
-  if (distiller) distill::attach(trainer, std::move(distiller));
+  const std::shared_ptr<dist::Strategy> strategy = build_strategy(cfg, WorkerFlags{});
+  std::unique_ptr<train::Trainer> trainer;
+  if (strategy) {
+    strategy->scope([&] { return std::shared_ptr<nn::Module>(build_model(cfg)); },
+                    [&](nn::Module& m) { return build_optimizer(cfg, m); });
+    t.model = strategy->model();
+    t.optimizer = strategy->optimizer();
+    trainer = std::make_unique<train::Trainer>(strategy, build_schedule(cfg));
+    t.chief = strategy->worker_rank() == 0;
+  } else {
+    t.model = build_model(cfg);
+    t.optimizer = build_optimizer(cfg, *t.model);
+    trainer = std::make_unique<train::Trainer>(t.model, t.optimizer, build_schedule(cfg));
+  }
+  const bool lm = cfg.token_source();
+  std::shared_ptr<const nn::Objective> base;
+  if (lm) base = std::make_shared<nn::LanguageModelling>();
+  if (distiller) {
+    distill::attach(*trainer, std::move(distiller), base);
+  } else if (base) {
+    trainer->set_objective(base);
+  }
   std::int64_t examples = 0;
-  const data::Dataset pipeline = training_pipeline(cfg, &examples);
-  trainer.add_callback(
-      std::make_shared<train::ProgressCallback>(stdout, isatty(fileno(stdout)) != 0, cfg.epochs));
+  const data::Dataset pipeline = training_pipeline(cfg, &examples, strategy.get());
+  if (t.chief) {
+    trainer->add_callback(
+        std::make_shared<train::ProgressCallback>(stdout, isatty(fileno(stdout)) != 0, cfg.epochs));
+    if (!cfg.metrics_csv.empty()) {
+      trainer->add_callback(std::make_shared<train::CsvLogger>(
+          csv_suffix.empty() ? cfg.metrics_csv : suffixed_path(cfg.metrics_csv, csv_suffix)));
+    }
+  }
   train::FitOptions fo = fit_options(cfg);
+  fo.per_worker_input = strategy && strategy->num_workers() > 1 && cfg.shard != "batch";
   if (!write_checkpoints) fo.checkpoint_dir.clear();
-  std::printf("%s (%s): %lld parameters, %lld training examples, batch %lld, %lld epoch(s)\n", what,
-              cfg.path.c_str(), static_cast<long long>(t.model->num_parameters()),
-              static_cast<long long>(examples), static_cast<long long>(cfg.batch_size),
-              static_cast<long long>(cfg.epochs));
-  const train::FitResult r = trainer.fit(pipeline, nullptr, fo);
-  t.state = trainer.state();
-  t.test = trainer.evaluate(test);
+  if (t.chief) {
+    std::printf("%s (%s): %lld parameters, ", what, cfg.path.c_str(),
+                static_cast<long long>(t.model->num_parameters()));
+    if (lm) {
+      std::printf("%lld steps of batch %lld x %lld tokens", static_cast<long long>(cfg.max_steps),
+                  static_cast<long long>(cfg.batch_size),
+                  static_cast<long long>(cfg.gpt.block_size));
+    } else {
+      std::printf("%lld training examples, batch %lld, %lld epoch(s)",
+                  static_cast<long long>(examples), static_cast<long long>(cfg.batch_size),
+                  static_cast<long long>(cfg.epochs));
+    }
+    if (strategy) {
+      std::printf(", strategy %s: %d replica(s) in sync", strategy->name().c_str(),
+                  strategy->num_replicas_in_sync());
+    }
+    std::printf("\n");
+  }
+  const train::FitResult r = trainer->fit(pipeline, &test, fo);
+  t.state = trainer->state();
+  t.test = trainer->evaluate(test);
   t.seconds = r.seconds;
-  std::printf("%s: test accuracy %.4f, test loss %.4f, %.1f s\n", what, t.test.accuracy,
-              t.test.loss, r.seconds);
+  if (t.chief) {
+    if (lm) {
+      std::printf("%s: val loss %.4f, val token accuracy %.4f, %.1f s\n", what, t.test.loss,
+                  t.test.accuracy, r.seconds);
+    } else {
+      std::printf("%s: test accuracy %.4f, test loss %.4f, %.1f s\n", what, t.test.accuracy,
+                  t.test.loss, r.seconds);
+    }
+  }
   return t;
+}
+
+// The teachers' averaged probabilities at temperature 1 on `test`: their loss (negative log
+// likelihood of the labels) and top-1 accuracy, per row (a language model's per position).
+struct EnsembleEval {
+  double loss = 0, accuracy = 0;
+};
+
+EnsembleEval evaluate_ensemble(const std::vector<distill::Teacher>& teachers,
+                               const data::LabelledData& test) {
+  const distill::Distiller ensemble(teachers, {0.5f, 1.0f, false});
+  const std::int64_t batch = test.inputs.dim() > 1 && test.labels.dim() > 1 ? 16 : 1000;
+  double nll = 0;
+  std::int64_t correct = 0, rows = 0;
+  for (std::int64_t begin = 0; begin < test.size(); begin += batch) {
+    const std::int64_t n = std::min<std::int64_t>(batch, test.size() - begin);
+    const Tensor p = distill::rows_of(ensemble.soft_targets(test.inputs.narrow(begin, n)));
+    const Tensor y = test.labels.narrow(begin, n).reshape({p.size(0)});
+    const float* pd = p.data<float>();
+    const std::int64_t* yd = y.data<std::int64_t>();
+    const std::int64_t c = p.size(1);
+    for (std::int64_t i = 0; i < p.size(0); ++i)
+      nll -= std::log(std::max(pd[i * c + yd[i]], 1e-30f));
+    correct += nn::top1_correct(p, y);
+    rows += p.size(0);
+  }
+  if (rows == 0) return {};
+  return {nll / static_cast<double>(rows),
+          static_cast<double>(correct) / static_cast<double>(rows)};
+}
+
+// A teacher must answer the student's inputs with predictions over the student's outputs: a GPT
+// for a GPT (the same vocabulary, a context at least the student's block), a classifier for a
+// classifier.
+void check_teacher(const Config& student, const Config& teacher, const TeacherSpec& spec) {
+  const bool lm = student.model_kind == "gpt";
+  const std::string at = spec.where + ": teacher " + spec.config;
+  if (lm != (teacher.model_kind == "gpt")) {
+    throw ConfigError(at + " is a " + teacher.model_kind + " model, the student (" + student.path +
+                      ") a " + student.model_kind +
+                      ": a language model learns from language models, a classifier from "
+                      "classifiers");
+  }
+  if (!lm) return;
+  if (teacher.gpt.vocab_size != student.gpt.vocab_size) {
+    throw ConfigError(at + " has vocab_size " + std::to_string(teacher.gpt.vocab_size) +
+                      ", the student " + std::to_string(student.gpt.vocab_size) +
+                      ": soft targets need the same vocabulary");
+  }
+  if (teacher.gpt.block_size < student.gpt.block_size) {
+    throw ConfigError(at + " has block_size " + std::to_string(teacher.gpt.block_size) +
+                      ", shorter than the student's " + std::to_string(student.gpt.block_size) +
+                      ": the teacher must read the student's whole window");
+  }
 }
 
 struct LoadedTeacher {
@@ -91,10 +196,11 @@ struct LoadedTeacher {
 
 // A teacher from its checkpoint, or trained from its own config when there is none (and then
 // saved where the checkpoint was expected, so the next run loads it).
-LoadedTeacher load_or_train_teacher(const TeacherSpec& spec, int threads,
+LoadedTeacher load_or_train_teacher(const TeacherSpec& spec, const Config& student,
                                     const data::LabelledData& test, int index) {
   Config tcfg = load_config(spec.config);
-  tcfg.threads = threads;
+  tcfg.threads = student.threads;
+  check_teacher(student, tcfg, spec);
   LoadedTeacher out;
   const std::filesystem::path ckpt(spec.checkpoint);
   const bool has_checkpoint =
@@ -125,8 +231,16 @@ LoadedTeacher load_or_train_teacher(const TeacherSpec& spec, int threads,
     out.model = model;
     return out;
   }
+  // Every worker of a multi-worker job would train its own copy and race to save it.
+  if (const auto env = comm::gloo_options_from_env(); env && env->world_size > 1) {
+    throw ConfigError(spec.where + ": teacher " + std::to_string(index) + " (" + spec.config +
+                      ") has no checkpoint at \"" + spec.checkpoint +
+                      "\": under several workers a teacher must be trained first (hpm train " +
+                      spec.config + ") and given by its checkpoint or weights");
+  }
   const std::string what = "teacher " + std::to_string(index);
-  Trained t = train_model(tcfg, what.c_str(), nullptr, test, true);
+  Trained t =
+      train_model(tcfg, what.c_str(), nullptr, test, true, "teacher-" + std::to_string(index));
   if (!spec.checkpoint.empty()) {
     const std::string dir =
         train::save_checkpoint(spec.checkpoint, *t.model, *t.optimizer, t.state);
@@ -196,9 +310,12 @@ int run_distill(const DistillCommandOptions& o) {
                       ": hpm distill needs a [distill] section with teacher_config (and "
                       "teacher_checkpoint) or teachers = [{config, checkpoint, weight}, ...]");
   }
-  require_one_device(cfg);
   set_threads(cfg.threads);
   const data::LabelledData test = test_set(cfg);
+  const bool lm = cfg.token_source();
+  // Printing and the report are worker 0's in a multi-worker job.
+  const auto env = comm::gloo_options_from_env();
+  const bool chief = !env || env->rank == 0;
 
   try {
     // Teachers first: each trained from its own config when it has no checkpoint yet.
@@ -206,39 +323,41 @@ int run_distill(const DistillCommandOptions& o) {
     nlohmann::json teacher_reports = nlohmann::json::array();
     for (std::size_t i = 0; i < cfg.distill.teachers.size(); ++i) {
       const TeacherSpec& spec = cfg.distill.teachers[i];
-      LoadedTeacher t = load_or_train_teacher(spec, cfg.threads, test, static_cast<int>(i));
-      const double acc = distill::ensemble_accuracy({t.model}, test);
-      std::printf("teacher %zu: test accuracy %.4f\n", i, acc);
+      LoadedTeacher t = load_or_train_teacher(spec, cfg, test, static_cast<int>(i));
+      const EnsembleEval e = evaluate_ensemble({{t.model, 1.0f}}, test);
+      if (chief) {
+        std::printf("teacher %zu: %s %.4f, %s %.4f, %lld parameters\n", i,
+                    lm ? "val loss" : "test loss", e.loss, lm ? "token accuracy" : "accuracy",
+                    e.accuracy, static_cast<long long>(t.model->num_parameters()));
+      }
       teacher_reports.push_back({{"config", spec.config},
                                  {"checkpoint", spec.checkpoint},
                                  {"weight", spec.weight},
                                  {"trained", t.trained},
-                                 {"test_accuracy", acc}});
+                                 {"parameters", t.model->num_parameters()},
+                                 {"test_loss", e.loss},
+                                 {"test_accuracy", e.accuracy}});
       teachers.push_back({t.model, spec.weight});
     }
-    // Augmented inputs never repeat: caching their targets would only fill memory.
+    // Augmented inputs never repeat: caching their targets would only fill memory. Nor do a
+    // language model's windows at random starts.
     const distill::DistillOptions options{cfg.distill.alpha, cfg.distill.temperature,
-                                          cfg.distill.cache_teacher && cfg.augment.empty()};
+                                          cfg.distill.cache_teacher && cfg.augment.empty() && !lm};
     auto distiller = std::make_shared<const distill::Distiller>(teachers, options);
-    // What the student learns from: the weighted average of the teachers' probabilities (by a
-    // distiller without the cache, which is for training rows only).
-    double teacher_acc = 0;
-    {
-      const distill::Distiller ensemble(teachers, {options.alpha, options.temperature, false});
-      std::int64_t correct = 0;
-      for (std::int64_t begin = 0; begin < test.size(); begin += 1000) {
-        const std::int64_t n = std::min<std::int64_t>(1000, test.size() - begin);
-        correct += nn::top1_correct(ensemble.soft_targets(test.inputs.narrow(begin, n)),
-                                    test.labels.narrow(begin, n));
-      }
-      if (test.size() > 0) teacher_acc = static_cast<double>(correct) / test.size();
-    }
+    // What the student learns from: the weighted average of the teachers' probabilities.
+    const EnsembleEval ensemble = evaluate_ensemble(teachers, test);
+    const double teacher_acc = ensemble.accuracy;
+    const Tensor labels = test.labels.reshape({test.labels.numel()});  // one per row (position)
 
     char what[96];
     std::snprintf(what, sizeof what, "student (alpha %g, T %g)", cfg.distill.alpha,
                   cfg.distill.temperature);
     const Trained student = train_model(cfg, what, distiller, test, true);
     nlohmann::json report = {{"teacher_test_accuracy", teacher_acc},
+                             {"teacher_test_loss", ensemble.loss},
+                             {"language_model", lm},
+                             {"strategy", cfg.strategy},
+                             {"max_steps", lm ? nlohmann::json(cfg.max_steps) : nlohmann::json()},
                              {"teachers", teacher_reports},
                              {"student_test_accuracy", student.test.accuracy},
                              {"student_test_loss", student.test.loss},
@@ -251,7 +370,7 @@ int run_distill(const DistillCommandOptions& o) {
                              {"teacher_cache", options.cache_targets},
                              {"teacher_cache_hits", distiller->cache_hits()},
                              {"teacher_cache_misses", distiller->cache_misses()}};
-    if (options.cache_targets) {
+    if (options.cache_targets && chief) {
       std::printf("teacher cache: %lld rows answered from it, %lld run through the teachers\n",
                   static_cast<long long>(distiller->cache_hits()),
                   static_cast<long long>(distiller->cache_misses()));
@@ -270,33 +389,43 @@ int run_distill(const DistillCommandOptions& o) {
         Trained t = train_model(scfg, what.c_str(),
                                 std::make_shared<const distill::Distiller>(
                                     std::vector<distill::Teacher>{{teachers[i].model, 1.0f}}, one),
-                                test, false);
+                                test, false, "m-on-m-" + std::to_string(i));
         accuracies.push_back(t.test.accuracy);
         students.push_back(t.model);
       }
       const double acc = distill::ensemble_accuracy(students, test);
-      std::printf("M on M: ensemble of %zu students, test accuracy %.4f\n", students.size(), acc);
+      if (chief) {
+        std::printf("M on M: ensemble of %zu students, test accuracy %.4f\n", students.size(), acc);
+      }
       report["m_on_m_test_accuracy"] = acc;
       report["m_on_m_student_test_accuracies"] = accuracies;
     }
     if (cfg.distill.baseline) {
       // Same seed: same initial weights and the same batches; only the loss differs.
-      const Trained base = train_model(cfg, "baseline student (labels only)", nullptr, test, false);
+      const Trained base =
+          train_model(cfg, "baseline student (labels only)", nullptr, test, false, "baseline");
+      const std::int64_t batch = lm ? 16 : 1000;
       const distill::Churn c =
-          distill::churn(distill::predict_logits(*base.model, test.inputs),
-                         distill::predict_logits(*student.model, test.inputs), test.labels);
-      std::printf(
-          "teacher %.4f, distilled student %.4f, baseline student %.4f; churn baseline -> "
-          "distilled %.4f (good %.4f, bad %.4f)\n",
-          teacher_acc, student.test.accuracy, base.test.accuracy, c.churn, c.good_churn,
-          c.bad_churn);
+          distill::churn(distill::predict_logits(*base.model, test.inputs, batch),
+                         distill::predict_logits(*student.model, test.inputs, batch), labels);
+      if (chief) {
+        std::printf(
+            "teacher %.4f, distilled student %.4f, baseline student %.4f%s; churn baseline -> "
+            "distilled %.4f (good %.4f, bad %.4f)\n",
+            teacher_acc, student.test.accuracy, base.test.accuracy, lm ? " (token accuracy)" : "",
+            c.churn, c.good_churn, c.bad_churn);
+        if (lm) {
+          std::printf("val loss: teachers %.4f, distilled student %.4f, baseline student %.4f\n",
+                      ensemble.loss, student.test.loss, base.test.loss);
+        }
+      }
       report["baseline_student_test_accuracy"] = base.test.accuracy;
       report["baseline_student_test_loss"] = base.test.loss;
       report["baseline_to_student_churn"] = churn_json(c);
-    } else {
+    } else if (chief) {
       std::printf("teacher %.4f, distilled student %.4f\n", teacher_acc, student.test.accuracy);
     }
-    write_report(o.report, report);
+    if (chief) write_report(o.report, report);
   } catch (const train::TrainingError& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 3;

@@ -103,14 +103,6 @@ Tensor Codistiller::peer_targets(const Tensor& inputs) const {
   return mul(sum_p, 1.0f / static_cast<float>(peers_.size()));
 }
 
-namespace {
-// (..., C) -> (rows, C): a language model's positions are rows of the distillation term.
-Tensor rows_of(const Tensor& t) {
-  const std::int64_t c = t.size(t.dim() - 1);
-  return reshape(t, Shape{t.numel() / c, c});
-}
-}  // namespace
-
 Tensor Codistiller::distillation_term(const Tensor& inputs, const Tensor& logits) const {
   if (last_exchange_step_ < 0) {
     throw std::logic_error("Codistiller: distillation term needed before any exchange");
@@ -163,8 +155,11 @@ nn::ObjectiveResult CodistillObjective::compute(const Tensor& outputs,
   if (!c.exchanges_enabled() || !c.model().is_training() || step_() < c.options().burn_in) {
     return r;
   }
-  const float alpha = c.options().alpha;
-  r.loss = add(mul(r.loss, 1.0f - alpha), mul(c.distillation_term(batch.inputs, outputs), alpha));
+  if (c.last_exchange_step() < 0) {
+    throw std::logic_error("Codistiller: distillation term needed before any exchange");
+  }
+  r.loss = blend_with_soft_targets(r.loss, outputs, c.peer_targets(batch.inputs), c.options().alpha,
+                                   c.options().temperature);
   return r;
 }
 

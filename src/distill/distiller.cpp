@@ -42,6 +42,18 @@ Tensor soft_target_kl(const Tensor& student_logits, const Tensor& target_probs, 
   return mul(kl_div(log_student, target_probs.detach()), temperature * temperature);
 }
 
+Tensor rows_of(const Tensor& t) {
+  const std::int64_t c = t.size(t.dim() - 1);
+  return reshape(t, Shape{t.numel() / c, c});
+}
+
+Tensor blend_with_soft_targets(const Tensor& base_loss, const Tensor& student_logits,
+                               const Tensor& target_probs, float alpha, float temperature) {
+  check_alpha(alpha);
+  const Tensor soft = soft_target_kl(rows_of(student_logits), rows_of(target_probs), temperature);
+  return add(mul(base_loss, 1.0f - alpha), mul(soft, alpha));
+}
+
 Tensor soft_target_loss(const Tensor& student_logits, const Tensor& target_probs,
                         const Tensor& labels, float alpha, float temperature) {
   check_alpha(alpha);
@@ -102,7 +114,8 @@ Tensor Distiller::cached_targets(const Tensor& inputs) const {
                   row_bytes);
     }
     const Tensor t = teacher_targets(batch);
-    const std::size_t c = static_cast<std::size_t>(t.size(1));
+    if (target_shape_.rank() == 0) target_shape_ = t.shape();
+    const std::size_t c = static_cast<std::size_t>(t.numel()) / missing.size();
     for (std::size_t j = 0; j < missing.size(); ++j) {
       // A row repeated within the batch is stored once.
       if (cache_index_.emplace(keys[missing[j]], cache_values_.size()).second) {
@@ -114,7 +127,9 @@ Tensor Distiller::cached_targets(const Tensor& inputs) const {
   misses_ += static_cast<std::int64_t>(missing.size());
   hits_ += n - static_cast<std::int64_t>(missing.size());
   const std::size_t c = cache_values_.size() / cache_index_.size();
-  Tensor out = Tensor::empty({n, static_cast<std::int64_t>(c)});
+  Shape shape = target_shape_;
+  shape.dims()[0] = n;
+  Tensor out = Tensor::empty(shape);
   for (std::int64_t i = 0; i < n; ++i) {
     std::memcpy(out.data<float>() + static_cast<std::size_t>(i) * c,
                 cache_values_.data() + cache_index_.at(keys[i]), c * sizeof(float));
@@ -149,23 +164,28 @@ train::InputLossFn Distiller::loss_fn() const {
       [this](const Tensor& x, const Tensor& logits, const Tensor& y) { return loss(x, logits, y); };
 }
 
-DistillationObjective::DistillationObjective(std::shared_ptr<const Distiller> distiller)
-    : distiller_(std::move(distiller)) {
+DistillationObjective::DistillationObjective(std::shared_ptr<const Distiller> distiller,
+                                             std::shared_ptr<const nn::Objective> base)
+    : distiller_(std::move(distiller)),
+      base_(base ? std::move(base) : std::make_shared<nn::Classification>()) {
   if (!distiller_) throw std::invalid_argument("DistillationObjective: no distiller");
 }
 
 nn::ObjectiveResult DistillationObjective::compute(const Tensor& outputs,
                                                    const nn::Batch& batch) const {
-  nn::ObjectiveResult r;
-  r.loss = distiller_->loss(batch.inputs, outputs, batch.targets);
-  const auto rows = static_cast<double>(batch.rows());
-  r.metrics.add("loss", static_cast<double>(r.loss.item()) * rows, rows);
-  r.metrics.add("accuracy", static_cast<double>(nn::top1_hits(outputs, batch.targets).first), rows);
+  nn::ObjectiveResult r = base_->compute(outputs, batch);
+  const DistillOptions& o = distiller_->options();
+  // alpha = 0 is training on the base objective alone: no need to run the teachers.
+  if (o.alpha == 0.0f) return r;
+  r.loss = blend_with_soft_targets(r.loss, outputs, distiller_->soft_targets(batch.inputs), o.alpha,
+                                   o.temperature);
   return r;
 }
 
-void attach(train::Trainer& trainer, std::shared_ptr<const Distiller> distiller) {
-  trainer.set_objective(std::make_shared<DistillationObjective>(std::move(distiller)));
+void attach(train::Trainer& trainer, std::shared_ptr<const Distiller> distiller,
+            std::shared_ptr<const nn::Objective> base) {
+  trainer.set_objective(
+      std::make_shared<DistillationObjective>(std::move(distiller), std::move(base)));
 }
 
 // ---- evaluation ---------------------------------------------------------------------------------
@@ -174,15 +194,14 @@ Tensor predict_logits(nn::Module& model, const Tensor& inputs, std::int64_t batc
   NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
-  Tensor out;
+  std::vector<Tensor> parts;
   for (std::int64_t begin = 0; begin < inputs.size(0); begin += batch_size) {
     const std::int64_t n = std::min(batch_size, inputs.size(0) - begin);
-    Tensor part = model.forward(inputs.narrow(begin, n));
-    if (!out.defined()) out = Tensor::empty({inputs.size(0), part.size(1)});
-    out.narrow(begin, n).copy_(part);
+    parts.push_back(rows_of(model.forward(inputs.narrow(begin, n))).clone());
   }
   model.train(was_training);
-  return out;
+  if (parts.size() == 1) return parts.front();
+  return kernels::concat(parts, 0);
 }
 
 Tensor ensemble_probabilities(const std::vector<std::shared_ptr<nn::Module>>& models,
@@ -202,7 +221,8 @@ double ensemble_accuracy(const std::vector<std::shared_ptr<nn::Module>>& models,
   if (data.size() == 0) return 0.0;
   // top-1 of the averaged probabilities: top1_correct only needs an argmax per row.
   const Tensor p = ensemble_probabilities(models, data.inputs, batch_size);
-  return static_cast<double>(nn::top1_correct(p, data.labels)) / static_cast<double>(data.size());
+  return static_cast<double>(nn::top1_correct(p, data.labels.reshape({p.size(0)}))) /
+         static_cast<double>(p.size(0));
 }
 
 // ---- M on M -------------------------------------------------------------------------------------

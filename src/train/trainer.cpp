@@ -390,8 +390,8 @@ EvalResult Trainer::evaluate(const data::LabelledData& data, std::int64_t batch_
   const bool was_training = model_->is_training();
   model_->eval();
   const nn::Classification labels_alone;
-  const nn::Objective& objective =
-      objective_ && objective_->evaluates_itself() ? *objective_ : labels_alone;
+  const nn::Objective* own = objective_ ? objective_->evaluation() : nullptr;
+  const nn::Objective& objective = own ? *own : labels_alone;
   EvalResult r;
   for (std::int64_t begin = 0; begin < data.size(); begin += batch_size) {
     const std::int64_t n = std::min(batch_size, data.size() - begin);

@@ -96,7 +96,7 @@ class CodistillObjective : public nn::Objective {
     return base_->metric_names(batch);
   }
   void derive(nn::Metrics& m) const override { base_->derive(m); }
-  bool evaluates_itself() const override { return base_->evaluates_itself(); }
+  const nn::Objective* evaluation() const override { return base_->evaluation(); }
   std::string name() const override { return "codistill(" + base_->name() + ")"; }
 
  private:

@@ -7,7 +7,8 @@
 // targets). Also here: "M on M" (one student per teacher, then the students' ensemble) and
 // prediction churn between two models.
 //
-// Shapes: N = batch, C = classes; logits and probabilities are (N, C), labels (N) I64.
+// Shapes: N = batch, C = classes; logits and probabilities are (N, C), labels (N) I64. A language
+// model's (B, T, V) logits count each position as a row: the KL term is a mean over B*T rows.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -19,6 +20,7 @@
 #include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/nn/module.h"
+#include "hpm/nn/objective.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/tensor/tensor.h"
 #include "hpm/train/trainer.h"
@@ -31,6 +33,14 @@ namespace hpm::distill {
 // (rows sum to 1) and get no gradient. With targets = softmax(teacher / T) this equals
 // nn::distillation_kl; taking probabilities lets several teachers be averaged first.
 Tensor soft_target_kl(const Tensor& student_logits, const Tensor& target_probs, float temperature);
+
+// (..., C) -> (rows, C): a language model's positions are rows of a distillation term.
+Tensor rows_of(const Tensor& t);
+
+// (1 - alpha) base_loss + alpha soft_target_kl(rows_of(student), rows_of(targets), T): a run's own
+// objective (classification, language modelling) blended with the distillation term.
+Tensor blend_with_soft_targets(const Tensor& base_loss, const Tensor& student_logits,
+                               const Tensor& target_probs, float alpha, float temperature);
 
 // (1 - alpha) CE(student, labels) + alpha soft_target_kl(student, targets, T).
 Tensor soft_target_loss(const Tensor& student_logits, const Tensor& target_probs,
@@ -61,7 +71,8 @@ class Distiller {
   // alpha outside [0, 1] or T <= 0.
   Distiller(std::vector<Teacher> teachers, DistillOptions options);
 
-  // The soft targets of `inputs`: sum_i w_i softmax(teacher_i(inputs) / T) / sum_i w_i, (N, C).
+  // The soft targets of `inputs`: sum_i w_i softmax(teacher_i(inputs) / T) / sum_i w_i, (N, C)
+  // (a language model's (B, T, V)). Throws std::invalid_argument when teachers disagree on it.
   // Probabilities, not logits, are averaged: each teacher's distribution counts as a whole,
   // whatever the scale of its logits (the usual ensemble / TMKD choice).
   Tensor soft_targets(const Tensor& inputs) const;
@@ -89,32 +100,44 @@ class Distiller {
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::uint64_t, std::size_t> cache_index_;
   mutable std::vector<float> cache_values_;
+  mutable Shape target_shape_;  // of the first batch the teachers answered
   mutable std::int64_t hits_ = 0, misses_ = 0;
 };
 
-// The Distiller as an Objective: the loss of the student's outputs on batch.inputs (the teachers
-// run on the same rows) against batch.targets, with "loss" and "accuracy". It runs wherever an
-// objective does: on one device, and under every strategy, each replica's teachers on its rows.
+// The Distiller around a run's own objective (classification by default; language modelling,
+// whose positions are the rows): training minimizes
+//   (1 - alpha) base loss + alpha T^2 KL(p_teachers^T || softmax(outputs / T)),
+// the teachers run on the same batch.inputs. The metrics are the base objective's (its loss among
+// them, so curves compare with the student trained alone), and evaluation measures the base
+// alone. It runs wherever an objective does: on one device, and under every strategy, each
+// replica's teachers on its rows.
 class DistillationObjective : public nn::Objective {
  public:
-  explicit DistillationObjective(std::shared_ptr<const Distiller> distiller);
+  explicit DistillationObjective(std::shared_ptr<const Distiller> distiller,
+                                 std::shared_ptr<const nn::Objective> base = nullptr);
   nn::ObjectiveResult compute(const Tensor& outputs, const nn::Batch& batch) const override;
-  std::vector<std::string> metric_names(const nn::Batch&) const override {
-    return {"loss", "accuracy"};
+  double weight(const nn::Batch& batch) const override { return base_->weight(batch); }
+  std::vector<std::string> metric_names(const nn::Batch& batch) const override {
+    return base_->metric_names(batch);
   }
-  std::string name() const override { return "distillation"; }
+  void derive(nn::Metrics& m) const override { base_->derive(m); }
+  const nn::Objective* evaluation() const override { return base_->evaluation(); }
+  std::string name() const override { return "distillation(" + base_->name() + ")"; }
 
  private:
   std::shared_ptr<const Distiller> distiller_;
+  std::shared_ptr<const nn::Objective> base_;
 };
 
-// Installs `distiller` as the objective of `trainer` (the student's; one device or a strategy).
-void attach(train::Trainer& trainer, std::shared_ptr<const Distiller> distiller);
+// Installs `distiller` around `base` (classification when null) as the objective of `trainer`
+// (the student's; one device or a strategy).
+void attach(train::Trainer& trainer, std::shared_ptr<const Distiller> distiller,
+            std::shared_ptr<const nn::Objective> base = nullptr);
 
 // ---- evaluation ---------------------------------------------------------------------------------
 
-// Logits of `model` on `inputs` in evaluation mode, without gradients, in batches; the model's
-// training mode is restored afterwards.
+// Logits of `model` on `inputs` in evaluation mode, without gradients, in batches, as rows: (N, C),
+// a language model's (B, T, V) as (B*T, V). The model's training mode is restored afterwards.
 Tensor predict_logits(nn::Module& model, const Tensor& inputs, std::int64_t batch_size = 1000);
 
 // The ensemble's class probabilities: the mean of the models' softmax(logits), (N, C).

@@ -68,9 +68,10 @@ class Objective {
   virtual std::vector<std::string> metric_names(const Batch& batch) const = 0;
   // Metrics derived from the reduced ones for display ("perplexity" = exp(loss)); appended.
   virtual void derive(Metrics&) const {}
-  // Whether evaluation (Trainer::evaluate) measures with this objective; false: with plain
-  // classification (a distillation or label-smoothed run is evaluated on its labels alone).
-  virtual bool evaluates_itself() const { return false; }
+  // The objective evaluation (Trainer::evaluate) measures with; null: plain classification (a
+  // label-smoothed run is evaluated on its labels alone, a distilled or codistilled one by its
+  // base objective, without the teachers' term).
+  virtual const Objective* evaluation() const { return nullptr; }
   virtual std::string name() const = 0;
 };
 
@@ -99,7 +100,7 @@ class LanguageModelling : public Objective {
     return {"loss", "token_accuracy"};
   }
   void derive(Metrics& m) const override;
-  bool evaluates_itself() const override { return true; }
+  const Objective* evaluation() const override { return this; }
   std::string name() const override { return "language_modelling"; }
 
  private:
