@@ -441,13 +441,16 @@ int run_churn(const ChurnCommandOptions& o) {
   train::load_checkpoint(o.checkpoint_a, *a, nullptr);
   train::load_checkpoint(o.checkpoint_b, *b, nullptr);
   const data::LabelledData test = test_set(cfg);
-  const Tensor la = distill::predict_logits(*a, test.inputs);
-  const Tensor lb = distill::predict_logits(*b, test.inputs);
-  const distill::Churn c = distill::churn(la, lb, test.labels);
+  // Rows: a language model's next-token predictions, one per position.
+  const std::int64_t batch = cfg.token_source() ? 16 : 1000;
+  const Tensor la = distill::predict_logits(*a, test.inputs, batch);
+  const Tensor lb = distill::predict_logits(*b, test.inputs, batch);
+  const Tensor labels = test.labels.reshape({test.labels.numel()});
+  const distill::Churn c = distill::churn(la, lb, labels);
   const auto accuracy = [&](const Tensor& logits) {
-    return test.size() ? static_cast<double>(nn::top1_correct(logits, test.labels)) /
-                             static_cast<double>(test.size())
-                       : 0.0;
+    return labels.numel() ? static_cast<double>(nn::top1_correct(logits, labels)) /
+                                static_cast<double>(labels.numel())
+                          : 0.0;
   };
   const double acc_a = accuracy(la), acc_b = accuracy(lb);
   std::printf(

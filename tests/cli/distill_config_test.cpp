@@ -29,6 +29,14 @@ TEST(DistillConfig, CommittedExamplesParse) {
   ASSERT_EQ(st.distill.teachers.size(), 1u);
   EXPECT_FALSE(st.noisy_student.present);
   EXPECT_FALSE(st.codistill.present);
+  // The GPT student and its teacher: the teacher config resolves beside the student's.
+  const Config gpt = load_config(source("examples/fortunes_distill.toml"));
+  ASSERT_EQ(gpt.distill.teachers.size(), 1u);
+  EXPECT_EQ(gpt.strategy, "mirrored");
+  EXPECT_EQ(gpt.distill.teachers[0].config, source("examples/fortunes_gpt_teacher.toml"));
+  const Config teacher = load_config(gpt.distill.teachers[0].config);
+  EXPECT_EQ(teacher.gpt.vocab_size, gpt.gpt.vocab_size);
+  EXPECT_GT(teacher.gpt.n_embd, gpt.gpt.n_embd);
 }
 
 std::string error_of(const std::string& sections) {
