@@ -22,10 +22,10 @@ Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_order_relax
 Tensor accumulate_into(const Tensor& leaf) {
   if (!leaf.defined() || !leaf.requires_grad() || !leaf.is_leaf()) return Tensor();
   const AutogradMeta& meta = *leaf.impl()->autograd;
-  if (!meta.grad || !meta.post_accumulate_hooks.empty() || meta.accumulate_lock ||
-      meta.grad_is_stale) {
-    return Tensor();
-  }
+  // A leaf with an accumulation lock (a weight tied across pipeline stages on threads) has its
+  // gradient written by another thread under that lock: not even its presence may be read here.
+  if (meta.accumulate_lock) return Tensor();
+  if (!meta.grad || !meta.post_accumulate_hooks.empty() || meta.grad_is_stale) return Tensor();
   if (meta.grad.use_count() != 1 || meta.grad->storage.use_count() != 1 || meta.grad->offset != 0) {
     return Tensor();
   }
