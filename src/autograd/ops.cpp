@@ -357,10 +357,21 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 // ---- convolution and pooling ---------------------------------------------------------------
 
+// autocast.h's rule for convolutions: bf16 only where each output sums at least 32 products
+// (C_in x KH x KW). Below that (a first layer over one image channel: 9) vdpbf16ps has almost
+// nothing to pair, and the bf16 conversion of the output gradient, on oneDNN's slower generic
+// reorder, costs more than the convolution saves (cnn: conv1 65 + 62 ms either way per 200
+// steps, its gradient's reorder 150 ms in bf16 against 77 in f32; ONEDNN_VERBOSE).
+namespace {
+bool bf16_pays_for_convolution(const Tensor& weight) {
+  return weight.dim() == 4 && weight.size(1) * weight.size(2) * weight.size(3) >= 32;
+}
+}  // namespace
+
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const kernels::Conv2dParams& params) {
   kernels::Conv2dParams p = params;
-  p.bf16 = autocast_precision() == Precision::BF16;
+  p.bf16 = autocast_precision() == Precision::BF16 && bf16_pays_for_convolution(weight);
   Tensor y = kernels::conv2d_forward(x, weight, bias, p);
   if (p.relu) {
     // relu(conv(x)): the gradient passes where the output is positive, then through the conv.

@@ -82,6 +82,34 @@ TEST(Autocast, LinearComputesOnRoundedOperands) {
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], exp[i], 1e-5f) << i;
 }
 
+// A convolution runs in bf16 only where each output sums at least 32 products: a 3x3 over one
+// channel (9) computes exactly what f32 does, a 3x3 over 4 channels (36) on rounded operands.
+TEST(Autocast, ConvolutionsInBf16OnlyWhereTheyPay) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  Generator gen(2);
+  kernels::Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  for (const std::int64_t channels : {1, 4}) {
+    const Tensor x = Tensor::randn({2, channels, 6, 6}, gen);
+    const Tensor w = Tensor::randn({8, channels, 3, 3}, gen), b = Tensor::randn({8}, gen);
+    Tensor y;
+    {
+      AutocastScope bf16(Precision::BF16);
+      y = conv2d(x, w, b, p);
+    }
+    const auto got = y.to_vector();
+    if (channels == 1) {
+      EXPECT_EQ(got, kernels::conv2d_forward(x, w, b, p).to_vector());
+      continue;
+    }
+    const auto rounded = [](const Tensor& t) { return kernels::to_f32(kernels::to_bf16(t)); };
+    const auto want = kernels::conv2d_forward(rounded(x), rounded(w), b, p).to_vector();
+    const auto exact = kernels::conv2d_forward(x, w, b, p).to_vector();
+    EXPECT_NE(got, exact) << "36 products per output: bf16";
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4f) << i;
+  }
+}
+
 // Every parameter gradient of `model` on `batch` under bf16 within `tolerance` (normwise
 // relative) of f32's, and not equal (the products did round).
 void expect_bf16_gradients_near_f32(nn::Module& model, const nn::Objective& objective,

@@ -10,7 +10,9 @@
 // The rule under BF16:
 //   - products (linear, 2-D matmul) take bf16 operands and accumulate in f32, through oneDNN;
 //     they keep their inputs for backward in bf16 (half the bytes of the activations they save);
-//   - convolutions take bf16 operands and accumulate in f32 (oneDNN), keeping f32 inputs;
+//   - convolutions take bf16 operands and accumulate in f32 (oneDNN), keeping f32 inputs, where
+//     each output sums at least 32 products (C_in x KH x KW; a 3x3 over one channel stays f32:
+//     bf16 saves it nothing and its conversions cost);
 //   - everything else computes in f32: softmax, normalizations, losses, reductions, element-wise
 //     ops, and (in this version) the fused attention and batched matmuls; of those, layer norm,
 //     GELU and attention keep what their backward needs (inputs, attention's output) as bf16
