@@ -16,16 +16,6 @@ namespace {
 
 using namespace hpm::testing;
 
-void write_text_files(const TempDir& dir) {
-  const char* words[] = {"the ", "cat ", "sat ", "on ",  "a ",
-                         "mat ", "and ", "dog ", "ran ", "far. "};
-  for (int f = 0; f < 3; ++f) {
-    std::string text;
-    for (int i = 0; i < 600; ++i) text += words[(i * 7 + f * 3 + i / 5) % 10];
-    std::ofstream(dir / ("text" + std::to_string(f) + ".txt")) << text;
-  }
-}
-
 std::string gpt_config(const TempDir& dir, const std::string& name, const std::string& model,
                        const std::string& rest) {
   const std::string path = dir / name;
@@ -46,7 +36,7 @@ nlohmann::json run_report(const std::string& command, const std::string& report)
 
 TEST(DistillLanguageModel, GptStudentUnderMirroredAndProcessesEqualsOneDevice) {
   TempDir dir;
-  write_text_files(dir);
+  write_word_files(dir);
   const std::string teacher =
       gpt_config(dir, "teacher.toml", "n_layer = 2\nn_head = 2\nn_embd = 48\nblock_size = 16\n",
                  "max_steps = 100\n");
@@ -118,7 +108,7 @@ TEST(DistillLanguageModel, GptStudentUnderMirroredAndProcessesEqualsOneDevice) {
 
 TEST(DistillLanguageModel, TeachersThatCannotTeachTheStudentAreNamed) {
   TempDir dir;
-  write_text_files(dir);
+  write_word_files(dir);
   const auto student_with = [&](const std::string& teacher) {
     return gpt_config(dir, "student.toml",
                       "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\n",

@@ -69,6 +69,18 @@ inline std::string small_mlp_config(const TempDir& dir, const std::string& data_
   return path;
 }
 
+// Three small text files text0.txt .. text2.txt in `dir` for byte-level language models: 600
+// words each from a vocabulary of ten, in a pattern a tiny GPT learns within a hundred steps.
+inline void write_word_files(const TempDir& dir) {
+  const char* words[] = {"the ", "cat ", "sat ", "on ",  "a ",
+                         "mat ", "and ", "dog ", "ran ", "far. "};
+  for (int f = 0; f < 3; ++f) {
+    std::string text;
+    for (int i = 0; i < 600; ++i) text += words[(i * 7 + f * 3 + i / 5) % 10];
+    std::ofstream(dir / ("text" + std::to_string(f) + ".txt")) << text;
+  }
+}
+
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), {});

@@ -210,13 +210,7 @@ TEST(CodistillCommand, ThreadsAndProcessesReportAccuracyAndChurn) {
 // CSV, and the report holds every copy's validation loss and the churn of next-token predictions.
 TEST(CodistillCommand, LanguageModelCopiesAreIndependentRunsUntilTheBurnInEnds) {
   testing::TempDir dir;
-  const char* words[] = {"the ", "cat ", "sat ", "on ",  "a ",
-                         "mat ", "and ", "dog ", "ran ", "far. "};
-  for (int f = 0; f < 3; ++f) {
-    std::string text;
-    for (int i = 0; i < 600; ++i) text += words[(i * 7 + f * 3 + i / 5) % 10];
-    std::ofstream(dir / ("text" + std::to_string(f) + ".txt")) << text;
-  }
+  testing::write_word_files(dir);
   const std::string cfg = dir / "gpt.toml";
   std::ofstream(cfg) << "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
                         "block_size = 16\nvocab_size = 256\ndropout = 0.0\n"
