@@ -19,7 +19,7 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # ThreadSanitizer for the layers that run their own threads (not OpenMP's, whose runtime TSan
   # cannot see into).
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHPM_TSAN=ON -DHPM_BUILD_BENCH=OFF
-  cmake --build build-tsan --target test_data test_comm test_nn test_optim test_pipeline -j "${JOBS:-$(nproc)}"
+  cmake --build build-tsan --target test_data test_comm test_nn test_optim test_pipeline test_distill -j "${JOBS:-$(nproc)}"
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L data
   # The local collectives (threads sharing buffers, progress counters, the group barrier).
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L comm -R Local
@@ -32,6 +32,10 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # Pipeline stages on threads exchanging activations by send/recv, stage Devices, the stage pool.
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -L pipeline
+  # Distillation under strategies: replicas running one shared teacher's forward at once (the
+  # command tests need the hpm binary, which this build does not make).
+  OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
+    ctest --test-dir build-tsan --output-on-failure -L distill -E Command
 fi
 # The parsers of outside bytes under libFuzzer (clang, ASan + UBSan): a bounded run of each target
 # from its committed seed corpus. Longer runs by hand: FUZZ_SECONDS=600 scripts/fuzz.sh TARGET.

@@ -142,8 +142,13 @@ Tensor Distiller::teacher_targets(const Tensor& inputs) const {
   Tensor targets;
   for (const Teacher& t : teachers_) {
     if (t.weight == 0.0f) continue;
-    // Someone may have switched the shared model back to training mode since construction.
-    t.model->eval();
+    // Someone may have switched the shared model back to training mode since construction. Only
+    // then is the mode written, under a lock: replicas of a strategy run this concurrently, and
+    // an unconditional eval() would write the flag while another replica's forward reads it.
+    if (t.model->is_training()) {
+      std::lock_guard<std::mutex> lock(mode_mutex_);
+      if (t.model->is_training()) t.model->eval();
+    }
     Tensor p =
         mul(softmax(mul(t.model->forward(inputs), 1.0f / options_.temperature), -1), t.weight);
     targets = targets.defined() ? add(targets, p) : p;

@@ -73,7 +73,8 @@ std::vector<Tensor> TransformerBlock::heads(const Tensor& x) {
 }
 
 Tensor TransformerBlock::finish(const Tensor& x, const Tensor& y) {
-  drop_->train(is_training());
+  // Written on a change of mode only: concurrent forwards of a shared model just read it.
+  if (drop_->is_training() != is_training()) drop_->train(is_training());
   // (B, H, T, D) -> (B, T, E)
   const Tensor merged = reshape(permute(y, {0, 2, 1, 3}), x.shape());
   Tensor h = add(x, drop_->forward(proj->forward(merged)));
@@ -119,7 +120,8 @@ Tensor GPTEmbedding::embed(const Tensor& idx, std::int64_t offset) {
   std::vector<std::int64_t> positions(static_cast<std::size_t>(t));
   for (std::int64_t i = 0; i < t; ++i) positions[static_cast<std::size_t>(i)] = offset + i;
   const Tensor where = Tensor::from_i64(positions, Shape{t}, idx.device());
-  drop_->train(is_training());
+  // Written on a change of mode only: concurrent forwards of a shared model just read it.
+  if (drop_->is_training() != is_training()) drop_->train(is_training());
   return drop_->forward(add(tok_->forward(idx), pos_->forward(where)));
 }
 

@@ -206,10 +206,21 @@ Tensor Module::forward_inputs(const std::vector<Tensor>& inputs) {
   return forward(inputs[0]);
 }
 
+namespace {
+bool whole_module_in_mode(const Module& m, bool training) {
+  if (m.is_training() != training) return false;
+  for (const auto& [name, child] : m.children())
+    if (!whole_module_in_mode(*child, training)) return false;
+  return true;
+}
+}  // namespace
+
 Tensor Module::forward_blocks(const Tensor& x) const {
   Tensor h = x;
   for (const auto& b : blocks()) {
-    b->train(training_);
+    // Written only when it differs: forwards of one model on several threads at once (a teacher
+    // shared by a strategy's replicas) then only read the flags.
+    if (!whole_module_in_mode(*b, training_)) b->train(training_);
     h = b->forward(h);
   }
   return h;

@@ -100,7 +100,8 @@ class Distiller {
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::uint64_t, std::size_t> cache_index_;
   mutable std::vector<float> cache_values_;
-  mutable Shape target_shape_;  // of the first batch the teachers answered
+  mutable Shape target_shape_;     // of the first batch the teachers answered
+  mutable std::mutex mode_mutex_;  // puts a teacher back in eval mode
   mutable std::int64_t hits_ = 0, misses_ = 0;
 };
 
