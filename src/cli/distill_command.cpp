@@ -38,6 +38,13 @@ void set_threads(int threads) {
   Device::cpu().set_threads(threads);
 }
 
+// Worker 0 of a multi-worker job (`hpm launch`), or a process on its own: the one that prints and
+// writes the report.
+bool chief_process() {
+  const auto env = comm::gloo_options_from_env();
+  return !env || env->rank == 0;
+}
+
 // A path beside `path` for another run of the same command: "runs/m.csv" -> "runs/m-baseline.csv".
 std::string suffixed_path(const std::string& path, const std::string& suffix) {
   const std::filesystem::path p(path);
@@ -220,14 +227,18 @@ LoadedTeacher load_or_train_teacher(const TeacherSpec& spec, const Config& stude
     tcfg.init_from = weights;
     tcfg.init_strict = true;
     out.model = build_model(tcfg);
-    std::printf("teacher %d: %s, weights from %s\n", index, tcfg.path.c_str(), weights.c_str());
+    if (chief_process()) {
+      std::printf("teacher %d: %s, weights from %s\n", index, tcfg.path.c_str(), weights.c_str());
+    }
     return out;
   }
   if (has_checkpoint) {
     auto model = build_model(tcfg);
     train::load_checkpoint(spec.checkpoint, *model, nullptr);
-    std::printf("teacher %d: %s loaded from %s\n", index, tcfg.path.c_str(),
-                spec.checkpoint.c_str());
+    if (chief_process()) {
+      std::printf("teacher %d: %s loaded from %s\n", index, tcfg.path.c_str(),
+                  spec.checkpoint.c_str());
+    }
     out.model = model;
     return out;
   }
@@ -313,9 +324,7 @@ int run_distill(const DistillCommandOptions& o) {
   set_threads(cfg.threads);
   const data::LabelledData test = test_set(cfg);
   const bool lm = cfg.token_source();
-  // Printing and the report are worker 0's in a multi-worker job.
-  const auto env = comm::gloo_options_from_env();
-  const bool chief = !env || env->rank == 0;
+  const bool chief = chief_process();
 
   try {
     // Teachers first: each trained from its own config when it has no checkpoint yet.
