@@ -205,7 +205,7 @@ Tensor predict_logits(nn::Module& model, const Tensor& inputs, std::int64_t batc
     parts.push_back(rows_of(model.forward(inputs.narrow(begin, n))).clone());
   }
   model.train(was_training);
-  if (parts.size() == 1) return parts.front();
+  if (parts.size() <= 1) return parts.empty() ? Tensor() : parts.front();
   return kernels::concat(parts, 0);
 }
 
