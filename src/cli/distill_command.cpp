@@ -149,9 +149,9 @@ struct EnsembleEval {
 };
 
 EnsembleEval evaluate_ensemble(const std::vector<distill::Teacher>& teachers,
-                               const data::LabelledData& test) {
+                               const data::LabelledData& test, bool language_model) {
   const distill::Distiller ensemble(teachers, {0.5f, 1.0f, false});
-  const std::int64_t batch = test.inputs.dim() > 1 && test.labels.dim() > 1 ? 16 : 1000;
+  const std::int64_t batch = language_model ? 16 : 1000;
   double nll = 0;
   std::int64_t correct = 0, rows = 0;
   for (std::int64_t begin = 0; begin < test.size(); begin += batch) {
@@ -333,7 +333,7 @@ int run_distill(const DistillCommandOptions& o) {
     for (std::size_t i = 0; i < cfg.distill.teachers.size(); ++i) {
       const TeacherSpec& spec = cfg.distill.teachers[i];
       LoadedTeacher t = load_or_train_teacher(spec, cfg, test, static_cast<int>(i));
-      const EnsembleEval e = evaluate_ensemble({{t.model, 1.0f}}, test);
+      const EnsembleEval e = evaluate_ensemble({{t.model, 1.0f}}, test, lm);
       if (chief) {
         std::printf("teacher %zu: %s %.4f, %s %.4f, %lld parameters\n", i,
                     lm ? "val loss" : "test loss", e.loss, lm ? "token accuracy" : "accuracy",
@@ -354,7 +354,7 @@ int run_distill(const DistillCommandOptions& o) {
                                           cfg.distill.cache_teacher && cfg.augment.empty() && !lm};
     auto distiller = std::make_shared<const distill::Distiller>(teachers, options);
     // What the student learns from: the weighted average of the teachers' probabilities.
-    const EnsembleEval ensemble = evaluate_ensemble(teachers, test);
+    const EnsembleEval ensemble = evaluate_ensemble(teachers, test, lm);
     const double teacher_acc = ensemble.accuracy;
     const Tensor labels = test.labels.reshape({test.labels.numel()});  // one per row (position)
 

@@ -93,6 +93,9 @@ void Codistiller::exchange(std::int64_t step) {
 }
 
 Tensor Codistiller::peer_targets(const Tensor& inputs) const {
+  if (last_exchange_step_ < 0) {
+    throw std::logic_error("Codistiller: the peers' predictions needed before any exchange");
+  }
   NoGradGuard no_grad;
   Tensor sum_p;
   for (const auto& peer : peers_) {
@@ -103,20 +106,10 @@ Tensor Codistiller::peer_targets(const Tensor& inputs) const {
   return mul(sum_p, 1.0f / static_cast<float>(peers_.size()));
 }
 
-Tensor Codistiller::distillation_term(const Tensor& inputs, const Tensor& logits) const {
-  if (last_exchange_step_ < 0) {
-    throw std::logic_error("Codistiller: distillation term needed before any exchange");
-  }
-  return soft_target_kl(rows_of(logits), rows_of(peer_targets(inputs)), options_.temperature);
-}
-
 Tensor Codistiller::loss(const Tensor& inputs, const Tensor& logits, const Tensor& labels,
                          std::int64_t step) const {
   // Before the burn-in ends (or without peers): exactly what independent training computes.
   if (!exchanges_enabled() || step < options_.burn_in) return cross_entropy(logits, labels);
-  if (last_exchange_step_ < 0) {
-    throw std::logic_error("Codistiller: distillation term needed before any exchange");
-  }
   return soft_target_loss(logits, peer_targets(inputs), labels, options_.alpha,
                           options_.temperature);
 }
@@ -154,9 +147,6 @@ nn::ObjectiveResult CodistillObjective::compute(const Tensor& outputs,
   const Codistiller& c = *codistiller_;
   if (!c.exchanges_enabled() || !c.model().is_training() || step_() < c.options().burn_in) {
     return r;
-  }
-  if (c.last_exchange_step() < 0) {
-    throw std::logic_error("Codistiller: distillation term needed before any exchange");
   }
   r.loss = blend_with_soft_targets(r.loss, outputs, c.peer_targets(batch.inputs), c.options().alpha,
                                    c.options().temperature);

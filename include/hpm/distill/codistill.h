@@ -55,10 +55,8 @@ class Codistiller {
   Tensor loss(const Tensor& inputs, const Tensor& logits, const Tensor& labels,
               std::int64_t step) const;
   // mean over peers of softmax(peer(inputs) / T), (N, C) (a language model's: (B, T, V)), without
-  // gradients.
+  // gradients. Throws std::logic_error before the first exchange.
   Tensor peer_targets(const Tensor& inputs) const;
-  // T^2 KL(p_peers^T || softmax(logits / T)), a mean over rows (a language model's positions).
-  Tensor distillation_term(const Tensor& inputs, const Tensor& logits) const;
 
   bool exchanges_enabled() const { return options_.alpha > 0.0f && comm_->size() > 1; }
   int rank() const { return comm_->rank(); }
