@@ -54,9 +54,19 @@ float* Optimizer::buffer(std::size_t i, const std::string& name) {
 }
 
 bool Optimizer::has_buffer(std::size_t i, const std::string& name) const {
-  for (auto& [n, t] : buffers_[i])
-    if (n == name) return true;
-  return false;
+  return find_buffer(i, name).defined();
+}
+
+Tensor Optimizer::find_buffer(std::size_t i, const std::string& name) const {
+  for (const auto& [n, t] : buffers_.at(i))
+    if (n == name) return t;
+  return {};
+}
+
+Tensor Optimizer::make_buffer(std::size_t i, const std::string& name) {
+  if (Tensor t = find_buffer(i, name); t.defined()) return t;
+  buffer(i, name);
+  return buffers_[i].back().second;
 }
 
 NamedTensors Optimizer::state() const {
@@ -102,6 +112,11 @@ SGD::SGD(NamedTensors params, const SgdOptions& o) : Optimizer(std::move(params)
   }
 }
 
+std::vector<std::string> SGD::buffer_names(std::size_t) const {
+  if (o_.momentum == 0.0f) return {};
+  return {"momentum_buffer"};
+}
+
 void SGD::update(std::size_t i, float* p, const float* g, std::int64_t n) {
   const float lr = lr_, wd = o_.weight_decay, mom = o_.momentum, damp = 1.0f - o_.dampening;
   if (mom == 0.0f) {
@@ -127,6 +142,11 @@ Adam::Adam(NamedTensors params, const AdamOptions& o) : Optimizer(std::move(para
   if (o.beta1 < 0.0f || o.beta1 >= 1.0f || o.beta2 < 0.0f || o.beta2 >= 1.0f) {
     throw std::invalid_argument("Adam: betas must be in [0, 1)");
   }
+}
+
+std::vector<std::string> Adam::buffer_names(std::size_t) const {
+  if (o_.amsgrad) return {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+  return {"exp_avg", "exp_avg_sq"};
 }
 
 void Adam::update(std::size_t i, float* p, const float* g, std::int64_t n) {

@@ -87,8 +87,10 @@ class PipelineStrategy final : public dist::Strategy {
     sum_tied_gradients();
     if (clip > 0) clip_gradients(clip);
     if (workers_) {
+      // Each process updates what it computed (its stage, and tied weights it holds); the other
+      // stages' new values reach it in synchronize(), when something reads the whole model.
       rep.optimizer->step();
-      share_stages();
+      stale_ = true;
     } else {
       // Each stage updates its own parameters on its own thread, as the stages computed them:
       // the update is a pass over every weight, its gradient and the optimizer's state, which
@@ -269,35 +271,80 @@ class PipelineStrategy final : public dist::Strategy {
     }
   }
 
-  // Each process updated only its stage; every process gets every stage's new values, so that
-  // any of them can evaluate, checkpoint or back up the whole model, as with the other
-  // strategies. Costs one broadcast of the model per step.
-  void share_stages() {
+  // Every process gets every stage's new values, so that any of them can evaluate, checkpoint
+  // or back up the whole model, as with the other strategies: the weights and buffers of the
+  // stage's chunks and the optimizer's state of its parameters, in one broadcast per stage from
+  // the process that updated it. Integer buffers (BatchNorm's batch count) travel as floats:
+  // exact below 2^24.
+  void synchronize() override {
+    if (!workers_ || !stale_) return;
+    stale_ = false;
+    optim::Optimizer& opt = *replicas_[0].optimizer;
+    const nn::NamedTensors& params = opt.params();
     for (int d = 0; d < workers_->size(); ++d) {
       std::vector<Tensor> state;
-      for (std::size_t c = static_cast<std::size_t>(d); c < chunks_.size();
-           c += static_cast<std::size_t>(workers_->size())) {
+      for (std::size_t c = 0; c < chunks_.size(); ++c) {
+        if (pipeline_->schedule().device_of(static_cast<int>(c)) != d) continue;
         for (const auto& [name, t] : chunks_[c]->state_dict()) {
-          if (t.dtype() == DType::F32) state.push_back(t);
+          if (t.dtype() == DType::F32 || t.dtype() == DType::I64) state.push_back(t);
         }
       }
-      std::int64_t n = 0;
+      // The optimizer's buffers, each behind a flag: whether the owner has it yet (a parameter
+      // that never had a gradient has none, and must not get zeros that change its first update).
+      std::vector<std::pair<std::size_t, std::string>> buffers;
+      for (std::size_t i : stage_params_[static_cast<std::size_t>(d)]) {
+        for (const std::string& b : opt.buffer_names(i)) buffers.emplace_back(i, b);
+      }
+      std::int64_t n = static_cast<std::int64_t>(buffers.size());
       for (const Tensor& t : state) n += t.numel();
-      Tensor flat = Tensor::empty({std::max<std::int64_t>(n, 1)});
+      for (const auto& b : buffers) n += params[b.first].second.numel();
+      Tensor flat = Tensor::zeros({std::max<std::int64_t>(n, 1)});
+      float* f = flat.data<float>();
       const bool mine = d == workers_->rank();
-      std::int64_t at = 0;
-      for (const Tensor& t : state) {
-        if (mine) std::memcpy(flat.data<float>() + at, t.data<float>(), t.nbytes());
-        at += t.numel();
+      if (mine) {
+        for (const Tensor& t : state) f = put(t, f);
+        for (const auto& [i, name] : buffers) {
+          const Tensor buf = opt.find_buffer(i, name);
+          *f++ = buf.defined() ? 1.0f : 0.0f;
+          if (buf.defined())
+            f = put(buf, f);
+          else
+            f += params[i].second.numel();
+        }
       }
       workers_->broadcast(flat, d)->wait();
       if (mine) continue;
-      at = 0;
-      for (const Tensor& t : state) {
-        std::memcpy(t.data<float>(), flat.data<float>() + at, t.nbytes());
-        at += t.numel();
+      f = flat.data<float>();
+      for (Tensor& t : state) f = take(f, t);
+      for (const auto& [i, name] : buffers) {
+        const bool present = *f++ != 0.0f;
+        if (present) {
+          Tensor buf = opt.make_buffer(i, name);
+          f = take(f, buf);
+        } else {
+          f += params[i].second.numel();
+        }
       }
     }
+  }
+
+  static float* put(const Tensor& t, float* to) {
+    if (t.dtype() == DType::I64) {
+      const std::int64_t* v = t.data<std::int64_t>();
+      for (std::int64_t k = 0; k < t.numel(); ++k) to[k] = static_cast<float>(v[k]);
+    } else {
+      std::memcpy(to, t.data<float>(), t.nbytes());
+    }
+    return to + t.numel();
+  }
+  static float* take(float* from, Tensor& t) {
+    if (t.dtype() == DType::I64) {
+      std::int64_t* v = t.data<std::int64_t>();
+      for (std::int64_t k = 0; k < t.numel(); ++k) v[k] = static_cast<std::int64_t>(from[k]);
+    } else {
+      std::memcpy(t.data<float>(), from, t.nbytes());
+    }
+    return from + t.numel();
   }
 
   PipelineStrategyOptions options_;
@@ -310,6 +357,7 @@ class PipelineStrategy final : public dist::Strategy {
   std::vector<std::vector<std::size_t>> stage_params_;  // optimizer indices, per stage
   std::vector<std::size_t> unplaced_params_;  // in no chunk: updated by the calling thread
   std::vector<Tie> ties_;                     // parameters used on more than one stage
+  bool stale_ = false;  // across processes: other stages were updated since synchronize()
 };
 
 }  // namespace

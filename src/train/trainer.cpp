@@ -179,7 +179,9 @@ bool Trainer::stop_signalled() const {
 bool Trainer::is_chief() const { return !strategy_ || strategy_->worker_rank() == 0; }
 
 void Trainer::write_backup(data::Iterator* it, bool epoch_done, FitResult& result) {
-  if (options_.backup_dir.empty() || !is_chief()) return;
+  if (options_.backup_dir.empty()) return;
+  if (strategy_) strategy_->synchronize();  // every worker, though only the chief writes
+  if (!is_chief()) return;
   trace::Span span("backup", "train");
   const auto t0 = Clock::now();
   const std::string dir =
@@ -344,6 +346,9 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
         write_backup(it.get(), false, result);
       }
     }
+    // What follows reads the whole model (evaluation, callbacks, backups, checkpoints, the caller
+    // after the last epoch).
+    if (strategy_) strategy_->synchronize();
     result.train_seconds += epoch_seconds;
     result.train_samples += seen;
     result.input_wait_seconds += wait_seconds;

@@ -35,6 +35,7 @@ std::vector<float> train(dist::Strategy& s, const dist::ModelFactory& model, int
     EXPECT_TRUE(r.finite);
     EXPECT_EQ(r.metrics.count("loss"), 64.0) << "every token counted once, on the last stage";
   }
+  s.synchronize();
   return testing::flat_parameters(*s.model());
 }
 
@@ -105,6 +106,7 @@ TEST(PipelineModels, ATiedWeightOnTwoStagesIsClippedOnce) {
                                objective, 0.05f)
                       .finite);
     }
+    s.synchronize();
     return testing::flat_parameters(*s.model());
   };
   const auto ref = run(*dist::make_one_device());

@@ -108,7 +108,22 @@ std::vector<float> train(dist::Strategy& s, int steps) {
     const Batch b = batch(16, 50 + static_cast<std::uint64_t>(k));
     EXPECT_TRUE(s.train_step(b.x, b.y, loss_fn, 1.0f).finite);
   }
+  s.synchronize();
   return testing::flat_parameters(*s.model());
+}
+
+// The optimizer's state, every buffer flattened in its order, then the step count.
+std::vector<float> flat_optimizer_state(const optim::Optimizer& o) {
+  std::vector<float> out;
+  for (const auto& [name, t] : o.state()) {
+    if (t.dtype() == DType::I64) {
+      out.push_back(static_cast<float>(t.to_vector_i64().at(0)));
+    } else {
+      const std::vector<float> v = t.to_vector();
+      out.insert(out.end(), v.begin(), v.end());
+    }
+  }
+  return out;
 }
 
 TEST(PipelineStrategy, NStepsMatchOneDeviceForEverySchedule) {
@@ -333,6 +348,47 @@ TEST(PipelineStrategy, OneProcessPerStageMatchesOneDeviceAndSharesTheModel) {
   for (auto& t : threads) t.join();
   expect_close(reference, got[0], "rank 0", 1e-4f);
   EXPECT_EQ(got[0], got[1]);
+}
+
+// A step updates only the process's own stage (no broadcast of the model per step); synchronize()
+// brings the other stages' weights and their optimizer state (Adam's moments), so that a backup
+// written by process 0 continues the run exactly.
+TEST(PipelineStrategy, SynchronizeSharesTheOtherStagesWeightsAndOptimizerState) {
+  auto one = dist::make_one_device();
+  const std::vector<float> reference = train(*one, 3);
+  const std::vector<float> reference_state = flat_optimizer_state(*one->optimizer());
+  auto comms = comm::make_local_group(2);
+  std::vector<std::vector<float>> before(2), after(2), state(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Generator own(100 + static_cast<std::uint64_t>(r));
+      ThreadGeneratorGuard with_own(own);
+      PipelineStrategyOptions o;
+      o.pipeline.micro_batches = 4;
+      o.partition = PartitionMethod::kUniform;
+      auto s = make_pipeline(o, comms[static_cast<std::size_t>(r)]);
+      s->scope([] { return mlp(9); },
+               [](nn::Module& m) {
+                 return std::make_shared<optim::Adam>(m.named_parameters(), optim::AdamOptions{});
+               });
+      for (int k = 0; k < 3; ++k) {
+        const Batch b = batch(16, 50 + static_cast<std::uint64_t>(k));
+        EXPECT_TRUE(s->train_step(b.x, b.y, loss_fn, 1.0f).finite);
+      }
+      const auto i = static_cast<std::size_t>(r);
+      before[i] = testing::flat_parameters(*s->model());
+      s->synchronize();
+      after[i] = testing::flat_parameters(*s->model());
+      state[i] = flat_optimizer_state(*s->optimizer());
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NE(before[0], before[1]) << "each process updated only its own stage";
+  expect_close(reference, after[0], "rank 0", 1e-4f);
+  EXPECT_EQ(after[0], after[1]);
+  expect_close(reference_state, state[0], "rank 0's optimizer state", 1e-4f);
+  EXPECT_EQ(state[0], state[1]);
 }
 
 }  // namespace

@@ -107,6 +107,12 @@ class Strategy {
   // After the primary copy was changed from outside (a checkpoint restored): copies its
   // parameters, buffers and optimizer state to every replica.
   virtual void mirror_from_primary();
+  // Brings this worker's copy of the whole model (parameters, buffers, optimizer state) up to
+  // date, for strategies whose workers' copies drift between steps: the pipeline across processes
+  // updates each stage only in the process that runs it. Collective: every worker calls it at the
+  // same point. The Trainer does at the end of every epoch (before it evaluates, calls back or
+  // saves) and before every backup; a custom loop calls it before reading model() or optimizer().
+  virtual void synchronize() {}
   virtual void set_lr(float lr);
   // Micro-batches per step from now on (StrategyOptions::accumulation_steps); k >= 1.
   void set_accumulation_steps(int k);

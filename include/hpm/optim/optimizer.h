@@ -38,6 +38,14 @@ class Optimizer {
   const NamedTensors& params() const { return params_; }
   virtual std::string name() const = 0;
 
+  // The buffers update() keeps for parameter i, by name: what state() holds for it once it was
+  // updated. With find_buffer (undefined until the first update makes it) and make_buffer, state
+  // moves between copies of one optimizer that updated different parameters (pipeline stages in
+  // separate processes).
+  virtual std::vector<std::string> buffer_names(std::size_t i) const = 0;
+  Tensor find_buffer(std::size_t i, const std::string& name) const;
+  Tensor make_buffer(std::size_t i, const std::string& name);
+
  protected:
   // Updates parameter i (data p, gradient g, n elements).
   virtual void update(std::size_t i, float* p, const float* g, std::int64_t n) = 0;
@@ -63,6 +71,7 @@ class SGD : public Optimizer {
  public:
   SGD(NamedTensors params, const SgdOptions& o);
   std::string name() const override { return "SGD"; }
+  std::vector<std::string> buffer_names(std::size_t i) const override;
 
  protected:
   void update(std::size_t i, float* p, const float* g, std::int64_t n) override;
@@ -85,6 +94,7 @@ class Adam : public Optimizer {
  public:
   Adam(NamedTensors params, const AdamOptions& o);
   std::string name() const override { return o_.decoupled_weight_decay ? "AdamW" : "Adam"; }
+  std::vector<std::string> buffer_names(std::size_t i) const override;
 
  protected:
   void update(std::size_t i, float* p, const float* g, std::int64_t n) override;

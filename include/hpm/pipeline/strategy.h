@@ -21,8 +21,9 @@ struct PipelineStrategyOptions {
 };
 
 // All stages as threads of this process; or, given `workers` (one process per stage, e.g. gloo
-// under `hpm launch`), stage workers->rank() here. Every process passes the same batches; after
-// each step every process holds the whole updated model.
+// under `hpm launch`), stage workers->rank() here. Every process passes the same batches and
+// updates its own stage; after synchronize() (which the Trainer calls before it evaluates, saves
+// or backs up) every process holds the whole updated model and optimizer state.
 std::shared_ptr<dist::Strategy> make_pipeline(const PipelineStrategyOptions& options,
                                               comm::CommunicatorPtr workers = nullptr);
 
