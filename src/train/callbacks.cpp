@@ -122,7 +122,11 @@ void CsvLogger::on_epoch_end(Trainer&, const EpochLogs& e) {
     out_ << '\n';
     header_written_ = true;
   }
-  out_ << e.epoch + 1 << ',' << e.train_loss << ',' << e.train_accuracy << ',';
+  // An objective without a per-row accuracy (a language model's) leaves its cell empty.
+  const bool has_accuracy = e.train_metrics.entries().empty() || e.train_metrics.has("accuracy");
+  out_ << e.epoch + 1 << ',' << e.train_loss << ',';
+  if (has_accuracy) out_ << e.train_accuracy;
+  out_ << ',';
   if (e.test_accuracy >= 0)
     out_ << e.test_loss << ',' << e.test_accuracy;
   else
