@@ -293,6 +293,7 @@ struct TcpStoreServer::Impl {
     bool parked = false;
     Parked wait;
     bool closing = false;  // drop once `out` is flushed
+    bool hung_up = false;  // the peer sent all it will (EOF): serve what it sent, then drop it
   };
 
   int listen_fd = -1;
@@ -445,7 +446,9 @@ struct TcpStoreServer::Impl {
     c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(pos));
   }
 
-  // False when the connection is gone.
+  // False when the connection failed. At the end of the peer's stream (it closed, or shut down
+  // its sending side) the requests it sent before are still served: a worker that sets a key and
+  // exits at once must not lose the key.
   bool read_from(int fd, Client& c) {
     char buf[64 * 1024];
     for (;;) {
@@ -455,7 +458,10 @@ struct TcpStoreServer::Impl {
         if (c.in.size() > kStoreMaxMessageBytes + 64) c.closing = true;  // a peer that never frames
         continue;
       }
-      if (rv == 0) return false;
+      if (rv == 0) {
+        c.hung_up = true;
+        return true;
+      }
       if (errno == EINTR) continue;
       return errno == EAGAIN || errno == EWOULDBLOCK;
     }
@@ -509,6 +515,9 @@ struct TcpStoreServer::Impl {
           continue;
         }
         process(c);
+        // Its replies go out as far as the socket takes them (a half-closed peer still reads);
+        // a wait it left parked has nobody to answer.
+        if (c.hung_up) c.closing = true;
       }
       const auto now = Clock::now();
       for (auto& [fd, c] : clients) {

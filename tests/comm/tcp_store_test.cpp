@@ -214,6 +214,50 @@ TEST(TcpStoreTest, LimitsAndMalformedRequests) {
   EXPECT_EQ(text(store.get("still")), "serving");
 }
 
+// A client that sends its requests and closes its side at once (a worker that publishes a key
+// and exits): the server serves what arrived before the end of the stream, and still replies.
+TEST(TcpStoreTest, RequestsSentJustBeforeAHangUpAreServed) {
+  TcpStoreServer server("127.0.0.1", 0);
+  TcpStore store("127.0.0.1", server.port(), 2s);
+  const auto set_frame = [](const std::string& key, const std::string& value) {
+    // Little-endian lengths, as the store's client writes them on x86.
+    const auto length = [](std::size_t n) {
+      std::string le(4, '\0');
+      for (int b = 0; b < 4; ++b) le[static_cast<std::size_t>(b)] = static_cast<char>(n >> (8 * b));
+      return le;
+    };
+    const std::string body =
+        std::string(1, '\1') + length(key.size()) + key + length(value.size()) + value;  // set
+    const std::string frame = length(body.size()) + body;
+    return std::vector<char>(frame.begin(), frame.end());
+  };
+  for (const bool half : {true, false}) {
+    SCOPED_TRACE(half ? "shutdown(SHUT_WR)" : "close");
+    const std::string key = half ? "half" : "closed";
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(server.port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    std::vector<char> frames = set_frame(key + "1", "a");
+    const std::vector<char> second = set_frame(key + "2", "b");
+    frames.insert(frames.end(), second.begin(), second.end());
+    ASSERT_EQ(::send(fd, frames.data(), frames.size(), 0), static_cast<ssize_t>(frames.size()));
+    if (half) {
+      ::shutdown(fd, SHUT_WR);
+      std::string reply;
+      char buf[256];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+        reply.append(buf, static_cast<std::size_t>(n));
+      EXPECT_EQ(reply.size(), 10u) << "two replies of a length and a status byte each";
+    }
+    ::close(fd);
+    EXPECT_EQ(text(store.get(key + "1")), "a");
+    EXPECT_EQ(text(store.get(key + "2")), "b");
+  }
+}
+
 TEST(TcpStoreTest, WorksUnderGlooPrefixStore) {
   TcpStoreServer server("127.0.0.1", 0);
   TcpStore store("127.0.0.1", server.port(), 2s);
