@@ -41,6 +41,29 @@ bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
 
+// A client that speaks the wire format by hand (-1 if it cannot connect).
+int connect_raw(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Everything the server sends until it closes the connection.
+std::string read_until_closed(int fd) {
+  std::string reply;
+  char buf[256];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
+    reply.append(buf, static_cast<std::size_t>(n));
+  return reply;
+}
+
 TEST(TcpStoreTest, SetGetCheckAndBinaryValues) {
   TcpStoreServer server("127.0.0.1", 0);
   ASSERT_GT(server.port(), 0);
@@ -195,17 +218,10 @@ TEST(TcpStoreTest, LimitsAndMalformedRequests) {
   // reply and is dropped; the server keeps serving everyone else.
   for (const std::vector<char>& frame : {std::vector<char>{'\xff', '\xff', '\xff', '\x7f'},
                                          std::vector<char>{3, 0, 0, 0, 99, 1, 2}}) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(server.port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const int fd = connect_raw(server.port());
+    ASSERT_GE(fd, 0);
     ASSERT_EQ(::send(fd, frame.data(), frame.size(), 0), static_cast<ssize_t>(frame.size()));
-    std::string reply;
-    char buf[256];
-    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
-      reply.append(buf, static_cast<std::size_t>(n));
+    const std::string reply = read_until_closed(fd);
     ::close(fd);
     ASSERT_GT(reply.size(), 5u);
     EXPECT_EQ(reply[4], 2) << "an error status";
@@ -234,23 +250,16 @@ TEST(TcpStoreTest, RequestsSentJustBeforeAHangUpAreServed) {
   for (const bool half : {true, false}) {
     SCOPED_TRACE(half ? "shutdown(SHUT_WR)" : "close");
     const std::string key = half ? "half" : "closed";
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<std::uint16_t>(server.port()));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+    const int fd = connect_raw(server.port());
+    ASSERT_GE(fd, 0);
     std::vector<char> frames = set_frame(key + "1", "a");
     const std::vector<char> second = set_frame(key + "2", "b");
     frames.insert(frames.end(), second.begin(), second.end());
     ASSERT_EQ(::send(fd, frames.data(), frames.size(), 0), static_cast<ssize_t>(frames.size()));
     if (half) {
       ::shutdown(fd, SHUT_WR);
-      std::string reply;
-      char buf[256];
-      for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;)
-        reply.append(buf, static_cast<std::size_t>(n));
-      EXPECT_EQ(reply.size(), 10u) << "two replies of a length and a status byte each";
+      EXPECT_EQ(read_until_closed(fd).size(), 10u)
+          << "two replies of a length and a status byte each";
     }
     ::close(fd);
     EXPECT_EQ(text(store.get(key + "1")), "a");
