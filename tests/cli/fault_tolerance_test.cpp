@@ -123,6 +123,29 @@ TEST(FaultTolerance, PreemptingOneWorkerStopsAllAtTheSameStep) {
   EXPECT_EQ(final_model(rig.dir / "ckpt"), final_model(rig.dir / "two"));
 }
 
+// A pipeline with one process per stage, the second preempted: process 0's backup holds every
+// stage's weights and the optimizer's state of both (SGD's momentum), though each process
+// updated only its own stage, so the relaunch ends where the uninterrupted pipeline does.
+TEST(FaultTolerance, PipelineOnProcessesResumesExactly) {
+  Rig rig(
+      "[pipeline]\nstages = 2\nmicro_batches = 4\npartition = \"uniform\"\n"
+      "[strategy]\ntimeout_s = 20\n");
+  CommandResult base = run_shell(hpm_binary() + " launch -n 2 -- " +
+                                 rig.train("--set train.checkpoint_dir=" + rig.dir / "two"));
+  ASSERT_EQ(base.code, 0) << base.output;
+  const std::string launch = hpm_binary() + " launch -n 2 -- " +
+                             rig.train("--set train.checkpoint_dir=" + rig.dir / "ckpt" +
+                                       " --set train.backup_dir=" + rig.dir / "backup");
+  const CommandResult first = run_shell("HPM_FAULT_AT_STEP=1:30:TERM " + launch);
+  EXPECT_EQ(first.code, 4) << first.output;
+  EXPECT_NE(first.output.find("[0] hpm: preempted after global step 31"), std::string::npos)
+      << first.output;
+  const CommandResult second = run_shell(launch);
+  ASSERT_EQ(second.code, 0) << second.output;
+  EXPECT_TRUE(final_model(rig.dir / "ckpt") == final_model(rig.dir / "two"))
+      << "parameters differ from the uninterrupted pipeline's";
+}
+
 // Leaves two backups (steps 20 and 26) by preempting a run that keeps them.
 void two_backups(const Rig& rig, const std::string& args) {
   const CommandResult r = run_shell("HPM_FAULT_AT_STEP=0:25:TERM " + rig.train(args));
