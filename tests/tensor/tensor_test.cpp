@@ -248,5 +248,43 @@ TEST(Kernels, MaxPoolTiesAndNaNFollowPyTorch) {
   }
 }
 
+// The vectorized 2x2/2 path against a plain loop over every window, on planes of odd and even
+// sizes (a trailing row or column no window covers) with many ties and a few NaNs: the same
+// maxima and the same winners (the first NaN, else the first maximum in row-major order).
+TEST(Kernels, MaxPool2x2MatchesAPlainLoopOverEveryWindow) {
+  Generator gen(4);
+  for (const auto& [h, w] : std::vector<std::pair<int, int>>{{28, 28}, {7, 9}, {2, 2}, {5, 34}}) {
+    SCOPED_TRACE(std::to_string(h) + "x" + std::to_string(w));
+    Tensor x = Tensor::randn({3, 2, h, w}, gen);
+    float* v = x.data<float>();
+    for (std::int64_t i = 0; i < x.numel(); ++i) {
+      v[i] = std::round(v[i] * 2.0f);  // few distinct values: ties everywhere
+      if (i % 37 == 5) v[i] = std::nanf("");
+    }
+    Tensor arg;
+    const Tensor y = kernels::max_pool2d_forward(x, kernels::Pool2dParams{}, arg);
+    const int oh = h / 2, ow = w / 2;
+    ASSERT_EQ(y.shape(), (Shape{3, 2, oh, ow}));
+    for (int pl = 0; pl < 6; ++pl) {
+      const float* src = v + pl * h * w;
+      for (int r = 0; r < oh; ++r) {
+        for (int c = 0; c < ow; ++c) {
+          int best = -1;
+          for (int i : {2 * r * w + 2 * c, 2 * r * w + 2 * c + 1, (2 * r + 1) * w + 2 * c,
+                        (2 * r + 1) * w + 2 * c + 1}) {
+            const bool nan_seen = best >= 0 && std::isnan(src[best]);
+            if (best < 0 || (!nan_seen && (std::isnan(src[i]) || src[i] > src[best]))) best = i;
+          }
+          const int o = (pl * oh + r) * ow + c;
+          ASSERT_EQ(arg.data<std::int32_t>()[o], best)
+              << "plane " << pl << " window " << r << "," << c;
+          const float got = y.data<float>()[o];
+          EXPECT_TRUE(got == src[best] || (std::isnan(got) && std::isnan(src[best])));
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace hpm

@@ -1,10 +1,12 @@
 // Max and average pooling over NCHW planes; each (n, c) plane is independent.
+#include <algorithm>
 #include <limits>
 #include <stdexcept>
 #include <vector>
 
 #include "hpm/tensor/kernels.h"
 #include "parallel.h"
+#include "vec.h"
 
 namespace hpm::kernels {
 
@@ -30,6 +32,56 @@ PoolGeometry pool_geometry(const Shape& x, const Pool2dParams& p) {
 
 Shape pooled_shape(const Shape& x, const PoolGeometry& g) { return Shape{x[0], x[1], g.oh, g.ow}; }
 
+constexpr std::int64_t kPoolVector = 16;  // floats in the widest vector (AVX-512)
+
+// The common 2x2/2 window over `planes` consecutive planes (h x w each; oh x ow windows, a
+// trailing odd row or column left out) in two branch-free passes: the max of each vertical pair
+// into `vmax` (with the winner's index in its plane in `vidx`), row by row, then of each
+// horizontal pair, flat over all the planes. The winner is data-dependent: branches would be
+// mispredicted half the time. NaN wins, and among equals the first in row-major order (the smaller
+// index), as in PyTorch. Compiled per instruction set (vec.h).
+//
+// Rows are short (28 and 14 columns in the cnn), and a loop's remainder after its last full
+// vector runs scalar: that was half of the time. So each row's pass runs to a multiple of the
+// vector width where `readable` (the floats from `src` to the end of the input) allows, and
+// its surplus lands in the next row's place in `vmax` and `vidx`, which that row overwrites
+// (the scratch holds kPoolVector more than the planes need).
+HPM_SIMD_CLONES void max_pool_2x2_planes(const float* src, std::int64_t readable, float* dst,
+                                         std::int32_t* arg, std::int64_t planes, std::int64_t h,
+                                         std::int64_t w, std::int64_t oh, std::int64_t ow,
+                                         float* vmax, std::int32_t* vidx) {
+  const std::int64_t pairs = 2 * ow;  // columns that windows cover
+  const std::int64_t padded = (pairs + kPoolVector - 1) / kPoolVector * kPoolVector;
+  for (std::int64_t pl = 0; pl < planes; ++pl) {
+    for (std::int64_t r = 0; r < oh; ++r) {
+      const std::int64_t at = pl * h * w + 2 * r * w;
+      const float* r0 = src + at;
+      const float* r1 = r0 + w;
+      float* vm = vmax + (pl * oh + r) * pairs;
+      std::int32_t* vi = vidx + (pl * oh + r) * pairs;
+      const auto top = static_cast<std::int32_t>(2 * r * w);
+      const auto bottom = static_cast<std::int32_t>(top + w);
+      const std::int64_t n = at + w + padded <= readable ? padded : pairs;
+#pragma omp simd
+      for (std::int64_t k = 0; k < n; ++k) {
+        const float a = r0[k], b = r1[k];
+        const bool take_b = (b > a) | ((b != b) & (a == a));
+        vm[k] = take_b ? b : a;
+        vi[k] = (take_b ? bottom : top) + static_cast<std::int32_t>(k);
+      }
+    }
+  }
+  const std::int64_t windows = planes * oh * ow;
+#pragma omp simd
+  for (std::int64_t f = 0; f < windows; ++f) {
+    const float a = vmax[2 * f], b = vmax[2 * f + 1];
+    const std::int32_t ia = vidx[2 * f], ib = vidx[2 * f + 1];
+    const bool take_b = (b > a) | ((b != b) & (a == a)) | ((b == a) & (ib < ia));
+    dst[f] = take_b ? b : a;
+    arg[f] = take_b ? ib : ia;
+  }
+}
+
 }  // namespace
 
 Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) {
@@ -41,43 +93,17 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax
   auto* pa = argmax.data<std::int32_t>();
   if (p.kernel_h == 2 && p.kernel_w == 2 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 0 &&
       p.pad_w == 0) {
-    // The common 2x2/2 window in two branch-free passes that vectorize: the max of each vertical
-    // pair, then of each horizontal pair. The winner is data-dependent, so branches would be
-    // mispredicted half the time. NaN wins, and among equals the first in row-major order, as in
-    // PyTorch.
+    constexpr std::int64_t kBlock = 16;  // planes a pass covers: the scratch stays in L1/L2
+    const std::int64_t total = x.numel();
     parallel_for(g.planes, 8, [&](std::int64_t lo, std::int64_t hi) {
-      std::vector<float> vmax(static_cast<std::size_t>(g.w));
-      std::vector<std::int32_t> vrow(static_cast<std::size_t>(g.w));
-      for (std::int64_t pl = lo; pl < hi; ++pl) {
-        const float* src = px + pl * g.h * g.w;
-        float* dst = py + pl * g.oh * g.ow;
-        std::int32_t* arg = pa + pl * g.oh * g.ow;
-        for (std::int64_t oh = 0; oh < g.oh; ++oh) {
-          const float* r0 = src + 2 * oh * g.w;
-          const float* r1 = r0 + g.w;
-          float* vm = vmax.data();
-          std::int32_t* vr = vrow.data();
-          const auto w = static_cast<std::int32_t>(g.w);
-#pragma omp simd
-          for (std::int64_t k = 0; k < 2 * g.ow; ++k) {
-            const float a = r0[k], b = r1[k];
-            const bool take_b = (b > a) | ((b != b) & (a == a));
-            vm[k] = take_b ? b : a;
-            vr[k] = take_b ? w : 0;
-          }
-          const auto base = static_cast<std::int32_t>(2 * oh * g.w);
-#pragma omp simd
-          for (std::int64_t ow = 0; ow < g.ow; ++ow) {
-            const float a = vm[2 * ow], b = vm[2 * ow + 1];
-            // On a tie the earlier element in row-major order wins: the right column's if its
-            // winner is in the top row and the left column's is not.
-            const bool take_b =
-                (b > a) | ((b != b) & (a == a)) | ((b == a) & (vr[2 * ow + 1] < vr[2 * ow]));
-            dst[oh * g.ow + ow] = take_b ? b : a;
-            arg[oh * g.ow + ow] = base + static_cast<std::int32_t>(2 * ow) +
-                                  (take_b ? vr[2 * ow + 1] + 1 : vr[2 * ow]);
-          }
-        }
+      const auto n =
+          static_cast<std::size_t>(std::min(kBlock, hi - lo) * g.oh * 2 * g.ow + 2 * kPoolVector);
+      std::vector<float> vmax(n);
+      std::vector<std::int32_t> vidx(n);
+      for (std::int64_t b = lo; b < hi; b += kBlock) {
+        const std::int64_t count = std::min(kBlock, hi - b), first = b * g.h * g.w;
+        max_pool_2x2_planes(px + first, total - first, py + b * g.oh * g.ow, pa + b * g.oh * g.ow,
+                            count, g.h, g.w, g.oh, g.ow, vmax.data(), vidx.data());
       }
     });
     return y;
