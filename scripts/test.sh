@@ -7,17 +7,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Each phase says when it starts (seconds since the script began): where CI's time goes.
+phase() { echo "test.sh: $1 at ${SECONDS} s"; }
+
+phase "set-up and Release build"
 ./scripts/setup.sh
+phase "Release tests"
 ctest --test-dir build --output-on-failure -j "${JOBS:-$(nproc)}"
 
 if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
+  phase "ASan/UBSan build"
   BUILD_DIR=build-asan CMAKE_ARGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DHPM_SANITIZE=ON -DHPM_BUILD_BENCH=OFF" \
     ./scripts/setup.sh
+  phase "ASan/UBSan tests"
   # OpenMP's runtime keeps thread pools alive at exit; leak checks would only report those.
   ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1 \
     ctest --test-dir build-asan --output-on-failure -j "${JOBS:-$(nproc)}" -LE slow
   # ThreadSanitizer for the layers that run their own threads (not OpenMP's, whose runtime TSan
   # cannot see into).
+  phase "TSan build and tests"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHPM_TSAN=ON -DHPM_BUILD_BENCH=OFF
   cmake --build build-tsan --target test_data test_comm test_nn test_optim test_pipeline test_distill -j "${JOBS:-$(nproc)}"
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L data
@@ -40,6 +48,7 @@ fi
 # The parsers of outside bytes under libFuzzer (clang, ASan + UBSan): a bounded run of each target
 # from its committed seed corpus. Longer runs by hand: FUZZ_SECONDS=600 scripts/fuzz.sh TARGET.
 if [ "${SKIP_FUZZ:-0}" != "1" ]; then
+  phase "fuzz build and runs"
   FUZZ_SECONDS=${FUZZ_SECONDS:-20} ./scripts/fuzz.sh
 fi
-echo "test.sh: all tests passed"
+echo "test.sh: all tests passed in ${SECONDS} s"
