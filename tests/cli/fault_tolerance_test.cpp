@@ -105,31 +105,9 @@ TEST(FaultTolerance, PreemptedRunResumesExactly) {
   EXPECT_EQ(final_model(rig.dir / "ckpt"), reference);
 }
 
-// Two workers, one preempted: both stop after the same step, and the relaunch finishes exactly.
-TEST(FaultTolerance, PreemptingOneWorkerStopsAllAtTheSameStep) {
-  Rig rig("[strategy]\nkind = \"multi_worker_mirrored\"\ntimeout_s = 20\n");
-  CommandResult base = run_shell(hpm_binary() + " launch -n 2 -- " +
-                                 rig.train("--set train.checkpoint_dir=" + rig.dir / "two"));
-  ASSERT_EQ(base.code, 0) << base.output;
-  const std::string launch = hpm_binary() + " launch -n 2 -- " +
-                             rig.train("--set train.checkpoint_dir=" + rig.dir / "ckpt" +
-                                       " --set train.backup_dir=" + rig.dir / "backup");
-  const CommandResult first = run_shell("HPM_FAULT_AT_STEP=1:30:TERM " + launch);
-  EXPECT_EQ(first.code, 4) << first.output;
-  EXPECT_NE(first.output.find("[0] hpm: preempted after global step 31"), std::string::npos)
-      << first.output;
-  const CommandResult second = run_shell(launch);
-  ASSERT_EQ(second.code, 0) << second.output;
-  EXPECT_EQ(final_model(rig.dir / "ckpt"), final_model(rig.dir / "two"));
-}
-
-// A pipeline with one process per stage, the second preempted: process 0's backup holds every
-// stage's weights and the optimizer's state of both (SGD's momentum), though each process
-// updated only its own stage, so the relaunch ends where the uninterrupted pipeline does.
-TEST(FaultTolerance, PipelineOnProcessesResumesExactly) {
-  Rig rig(
-      "[pipeline]\nstages = 2\nmicro_batches = 4\npartition = \"uniform\"\n"
-      "[strategy]\ntimeout_s = 20\n");
+// Two processes under `hpm launch`, the second preempted after global step 30: both stop after
+// the same step, and the relaunch ends with the bytes of an uninterrupted run.
+void preempt_one_of_two_and_relaunch(const Rig& rig) {
   CommandResult base = run_shell(hpm_binary() + " launch -n 2 -- " +
                                  rig.train("--set train.checkpoint_dir=" + rig.dir / "two"));
   ASSERT_EQ(base.code, 0) << base.output;
@@ -143,7 +121,20 @@ TEST(FaultTolerance, PipelineOnProcessesResumesExactly) {
   const CommandResult second = run_shell(launch);
   ASSERT_EQ(second.code, 0) << second.output;
   EXPECT_TRUE(final_model(rig.dir / "ckpt") == final_model(rig.dir / "two"))
-      << "parameters differ from the uninterrupted pipeline's";
+      << "parameters differ from the uninterrupted run's";
+}
+
+TEST(FaultTolerance, PreemptingOneWorkerStopsAllAtTheSameStep) {
+  preempt_one_of_two_and_relaunch(
+      Rig("[strategy]\nkind = \"multi_worker_mirrored\"\ntimeout_s = 20\n"));
+}
+
+// A pipeline with one process per stage: process 0's backup holds every stage's weights and the
+// optimizer's state of both (SGD's momentum), though each process updated only its own stage.
+TEST(FaultTolerance, PipelineOnProcessesResumesExactly) {
+  preempt_one_of_two_and_relaunch(
+      Rig("[pipeline]\nstages = 2\nmicro_batches = 4\npartition = \"uniform\"\n"
+          "[strategy]\ntimeout_s = 20\n"));
 }
 
 // Leaves two backups (steps 20 and 26) by preempting a run that keeps them.
