@@ -402,6 +402,30 @@ Tensor max_pool2d(const Tensor& x, const kernels::Pool2dParams& p) {
   });
 }
 
+Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              const kernels::Conv2dParams& params,
+                              const kernels::Pool2dParams& pool) {
+  kernels::Conv2dParams p = params;
+  p.relu = true;
+  p.bf16 = autocast_precision() == Precision::BF16 && bf16_pays_for_convolution(weight);
+  const Tensor y = kernels::conv2d_forward(x, weight, bias, p);
+  Tensor argmax;
+  Tensor pooled = kernels::max_pool2d_forward(y, pool, argmax);
+  // A window's winner passed the ReLU exactly when the window's maximum is positive (at 0, ReLU's
+  // gradient is 0 too, as in PyTorch), so the ReLU's mask is applied to the pooled gradient, a
+  // quarter of the elements for a 2x2 window, and y need not be kept.
+  const Tensor pd = pooled.detach();
+  return record("Conv2dReluMaxPool2d", {x, weight, bias}, pooled,
+                [x, weight, p, pd, argmax, ys = y.shape()](const Tensor& g, const Needs& n) {
+                  const Tensor gr = kernels::max_pool2d_backward(
+                      kernels::unary_backward(UnaryOp::Relu, g, Tensor(), pd), argmax, ys);
+                  Tensor gx, gw, gb;
+                  kernels::conv2d_backward(gr, x, weight, p, n[0] ? &gx : nullptr,
+                                           n[1] ? &gw : nullptr, n[2] ? &gb : nullptr);
+                  return Tensors{gx, gw, gb};
+                });
+}
+
 Tensor avg_pool2d(const Tensor& x, const kernels::Pool2dParams& p) {
   const Shape s = x.shape();
   return record("AvgPool2d", {x}, kernels::avg_pool2d_forward(x, p),

@@ -73,6 +73,12 @@ Tensor Conv2d::forward_relu(const Tensor& x) {
   return conv2d(x, weight, bias, p);
 }
 
+Tensor Conv2d::forward_relu_max_pool(const Tensor& x, const kernels::Pool2dParams& pool) {
+  if (x.dim() != 4 || x.size(1) != o_.in_channels) return max_pool2d(forward_relu(x), pool);
+  kernels::Conv2dParams p{o_.stride, o_.stride, o_.padding, o_.padding, true};
+  return conv2d_relu_max_pool2d(x, weight, bias, p, pool);
+}
+
 std::string Conv2d::extra_repr() const {
   std::ostringstream os;
   os << o_.in_channels << ", " << o_.out_channels << ", kernel_size=" << o_.kernel_size

@@ -72,6 +72,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);  // x 
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               const kernels::Conv2dParams& p);
 Tensor max_pool2d(const Tensor& x, const kernels::Pool2dParams& p);
+// max_pool2d(relu(conv2d(x))) as one op (p.relu is implied): the same values and gradients, no
+// pass of its own for the ReLU's backward, and the convolution's full-size output not kept.
+Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              const kernels::Conv2dParams& p, const kernels::Pool2dParams& pool);
 Tensor avg_pool2d(const Tensor& x, const kernels::Pool2dParams& p);
 Tensor global_avg_pool2d(const Tensor& x);  // (N,C,H,W) -> (N,C)
 

@@ -36,6 +36,8 @@ class Conv2d : public Module {
   Tensor forward(const Tensor& x) override;
   // relu(forward(x)) in one pass: the fusion pass (fusion.h) runs a Conv2d followed by a ReLU so.
   Tensor forward_relu(const Tensor& x);
+  // max_pool2d(relu(forward(x))) in one op: likewise for a Conv2d, a ReLU and a MaxPool2d.
+  Tensor forward_relu_max_pool(const Tensor& x, const kernels::Pool2dParams& pool);
   std::string type_name() const override { return "Conv2d"; }
   std::string extra_repr() const override;
   Tensor weight, bias;
@@ -49,6 +51,7 @@ class MaxPool2d : public Module {
   // stride 0 means stride = kernel_size, as in PyTorch.
   explicit MaxPool2d(int kernel_size, int stride = 0, int padding = 0);
   Tensor forward(const Tensor& x) override { return max_pool2d(x, p_); }
+  const kernels::Pool2dParams& params() const { return p_; }
   std::string type_name() const override { return "MaxPool2d"; }
   std::string extra_repr() const override;
 
