@@ -408,20 +408,18 @@ Tensor conv2d_relu_max_pool2d(const Tensor& x, const Tensor& weight, const Tenso
   kernels::Conv2dParams p = params;
   p.relu = true;
   p.bf16 = autocast_precision() == Precision::BF16 && bf16_pays_for_convolution(weight);
-  const Tensor y = kernels::conv2d_forward(x, weight, bias, p);
   Tensor argmax;
-  Tensor pooled = kernels::max_pool2d_forward(y, pool, argmax);
+  Tensor pooled = kernels::conv2d_relu_max_pool2d_forward(x, weight, bias, p, pool, argmax);
   // A window's winner passed the ReLU exactly when the window's maximum is positive (at 0, ReLU's
   // gradient is 0 too, as in PyTorch), so the ReLU's mask is applied to the pooled gradient, a
-  // quarter of the elements for a 2x2 window, and y need not be kept.
+  // quarter of the elements for a 2x2 window, and the convolution's output need not be kept.
   const Tensor pd = pooled.detach();
   return record("Conv2dReluMaxPool2d", {x, weight, bias}, pooled,
-                [x, weight, p, pd, argmax, ys = y.shape()](const Tensor& g, const Needs& n) {
-                  const Tensor gr = kernels::max_pool2d_backward(
-                      kernels::unary_backward(UnaryOp::Relu, g, Tensor(), pd), argmax, ys);
+                [x, weight, p, pool, pd, argmax](const Tensor& g, const Needs& n) {
                   Tensor gx, gw, gb;
-                  kernels::conv2d_backward(gr, x, weight, p, n[0] ? &gx : nullptr,
-                                           n[1] ? &gw : nullptr, n[2] ? &gb : nullptr);
+                  kernels::conv2d_relu_max_pool2d_backward(
+                      kernels::unary_backward(UnaryOp::Relu, g, Tensor(), pd), argmax, x, weight, p,
+                      pool, n[0] ? &gx : nullptr, n[1] ? &gw : nullptr, n[2] ? &gb : nullptr);
                   return Tensors{gx, gw, gb};
                 });
 }

@@ -127,6 +127,61 @@ TEST(ConvDnnl, DispatchMatchesIm2col) {
   expect_close(gb, rb, c.str() + " grad_bias");
 }
 
+// Conv2d + ReLU + MaxPool2d fused (the convolution's output kept in oneDNN's channel-blocked
+// layout, pooled from it, the gradient unpooled into it) against the three ops apart: the same
+// pooled values, winners and gradients, bit for bit, in f32 and bf16. The shapes take the blocked
+// path on AVX-512 (16 and more output channels), with channels that pad the last block (20) and
+// odd heights and widths that leave a row and a column to no window; the negative bias cuts
+// whole windows to 0, where the first element wins.
+TEST(ConvDnnl, FusedReluMaxPoolMatchesTheOpsApart) {
+  Generator gen(16);
+  struct Case {
+    std::int64_t n, c, h, w, oc;
+  };
+  const Case shapes[] = {{2, 3, 9, 7, 20}, {3, 16, 8, 8, 32}, {64, 32, 14, 14, 64}};
+  std::vector<bool> precisions = {false};
+  if (kernels::native_bf16()) precisions.push_back(true);
+  for (const Case& c : shapes) {
+    for (const bool bf16 : precisions) {
+      const std::string what = "x(" + std::to_string(c.n) + "," + std::to_string(c.c) + "," +
+                               std::to_string(c.h) + "," + std::to_string(c.w) + ") oc " +
+                               std::to_string(c.oc) + (bf16 ? " bf16" : " f32");
+      Conv2dParams p{1, 1, 1, 1, true, bf16};
+      const kernels::Pool2dParams pool;
+      Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
+      Tensor w = Tensor::randn({c.oc, c.c, 3, 3}, gen);
+      Tensor b = Tensor::full({c.oc}, -1.0f);
+      Tensor argmax, ref_argmax;
+      const Tensor pooled = kernels::conv2d_relu_max_pool2d_forward(x, w, b, p, pool, argmax);
+      const Tensor y = kernels::conv2d_forward(x, w, b, p);
+      const Tensor ref = kernels::max_pool2d_forward(y, pool, ref_argmax);
+      EXPECT_EQ(pooled.to_vector(), ref.to_vector()) << what;
+      const auto winners = [](const Tensor& t) {
+        const auto* p = t.data<std::int32_t>();
+        return std::vector<std::int32_t>(p, p + t.numel());
+      };
+      EXPECT_EQ(winners(argmax), winners(ref_argmax)) << what;
+      const std::vector<float> v = pooled.to_vector();
+      EXPECT_GT(std::count(v.begin(), v.end(), 0.0f), 0) << what << ": no window cut to 0";
+
+      const Tensor gp = Tensor::randn(pooled.shape(), gen);
+      Tensor gx, gw, gb, rx, rw, rb;
+      kernels::conv2d_relu_max_pool2d_backward(gp, argmax, x, w, p, pool, &gx, &gw, &gb);
+      kernels::conv2d_backward(kernels::max_pool2d_backward(gp, argmax, y.shape()), x, w, p, &rx,
+                               &rw, &rb);
+      EXPECT_EQ(gx.to_vector(), rx.to_vector()) << what << " grad_x";
+      EXPECT_EQ(gw.to_vector(), rw.to_vector()) << what << " grad_w";
+      EXPECT_EQ(gb.to_vector(), rb.to_vector()) << what << " grad_bias";
+      Tensor gw_alone, rw_alone;  // a first layer: no grad_x
+      kernels::conv2d_relu_max_pool2d_backward(gp, argmax, x, w, p, pool, nullptr, &gw_alone,
+                                               nullptr);
+      kernels::conv2d_backward(kernels::max_pool2d_backward(gp, argmax, y.shape()), x, w, p,
+                               nullptr, &rw_alone, nullptr);
+      EXPECT_EQ(gw_alone.to_vector(), rw_alone.to_vector()) << what << " grad_w alone";
+    }
+  }
+}
+
 TEST(ConvDnnl, RejectsMismatchedShapes) {
   Tensor x = Tensor::zeros({1, 3, 5, 5}), w = Tensor::zeros({4, 2, 3, 3});
   EXPECT_THROW(kernels::conv2d_forward_dnnl(x, w, Tensor(), {}), std::invalid_argument);

@@ -158,6 +158,25 @@ struct Pool2dParams {
 // x(N,C,H,W) -> (N,C,OH,OW); `argmax` receives the flat input index (within H*W) of each max (I32).
 Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax);
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Shape& x_shape);
+
+// max_pool2d(relu(conv2d(x))) (p.relu implied) and its gradients from the pooled gradient, in one
+// op: the same values and gradients as the three apart. With oneDNN, when its convolutions take a
+// channel-blocked layout, the convolution's output stays in it: pooled from it forward, and the
+// unpooled gradient written into it backward (in bf16 for a bf16 convolution), with no reorders.
+Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      const Conv2dParams& p, const Pool2dParams& pool,
+                                      Tensor& argmax);
+void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax,
+                                     const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                                     const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
+                                     Tensor* grad_bias);
+Tensor conv2d_relu_max_pool2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                           const Conv2dParams& p, const Pool2dParams& pool,
+                                           Tensor& argmax);
+void conv2d_relu_max_pool2d_backward_dnnl(const Tensor& grad_pooled, const Tensor& argmax,
+                                          const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                                          const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
+                                          Tensor* grad_bias);
 Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p);
 

@@ -245,4 +245,35 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, con
   conv2d_backward_im2col(grad_y, x, w, p, grad_x, grad_w, grad_bias);
 }
 
+Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      const Conv2dParams& p, const Pool2dParams& pool,
+                                      Tensor& argmax) {
+  if (use_dnnl() && x.numel() > 0) {
+    try {
+      return conv2d_relu_max_pool2d_forward_dnnl(x, w, bias, p, pool, argmax);
+    } catch (const dnnl::error&) {
+    }
+  }
+  Conv2dParams relu = p;
+  relu.relu = true;
+  return max_pool2d_forward(conv2d_forward_im2col(x, w, bias, relu), pool, argmax);
+}
+
+void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax,
+                                     const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                                     const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
+                                     Tensor* grad_bias) {
+  if (use_dnnl() && x.numel() > 0) {
+    try {
+      conv2d_relu_max_pool2d_backward_dnnl(grad_pooled, argmax, x, w, p, pool, grad_x, grad_w,
+                                           grad_bias);
+      return;
+    } catch (const dnnl::error&) {
+    }
+  }
+  const Geometry g = geometry(x.shape(), w.shape(), p);
+  conv2d_backward_im2col(max_pool2d_backward(grad_pooled, argmax, Shape{g.n, g.oc, g.oh, g.ow}), x,
+                         w, p, grad_x, grad_w, grad_bias);
+}
+
 }  // namespace hpm::kernels

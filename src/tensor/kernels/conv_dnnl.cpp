@@ -5,7 +5,9 @@
 // GEMM path writes and reads again (9x the input for a 3x3 kernel). Our tensors stay NCHW/OIHW:
 // each primitive is created with format_tag::any so oneDNN picks its preferred layout, and we
 // reorder at the boundary (cheap next to the convolution; skipped when oneDNN takes the plain
-// layout as is, e.g. a 1-channel input).
+// layout as is, e.g. a 1-channel input). The fused Conv2d + ReLU + MaxPool2d op skips the two
+// reorders of the convolution's output and its gradient: it pools from the blocked output and
+// unpools into the blocked gradient (pool_blocked.h).
 //
 // Creating a primitive descriptor and JIT-compiling its kernel costs far more than one small
 // convolution, so each plan (primitives plus reorders) is created once per shape and cached. The
@@ -30,6 +32,7 @@
 
 #include "dnnl_context.h"
 #include "hpm/tensor/kernels.h"
+#include "pool_blocked.h"
 
 namespace hpm::kernels {
 
@@ -335,6 +338,36 @@ Tensor workspace(std::size_t bytes, Device& device) {
 
 }  // namespace
 
+namespace {
+
+// The forward convolution into `dst`, the primitive-layout output (the workspace's, or y itself).
+void execute_forward(const ForwardPlan& plan, const Tensor& x, const Tensor& w, const Tensor& bias,
+                     char* base, const memory& dst, dnnl::stream& s) {
+  std::unordered_map<int, memory> args;
+  args[DNNL_ARG_SRC] = input(plan.src, x.data<float>(), base, s);
+  args[DNNL_ARG_WEIGHTS] = input(plan.wei, w.data<float>(), base, s);
+  if (bias.defined())
+    args[DNNL_ARG_BIAS] = memory(plan.bias, cpu_engine(), handle(bias.data<float>()));
+  args[DNNL_ARG_DST] = dst;
+  add_scratch(args, plan.scratch, base);
+  plan.conv.execute(s, args);
+}
+
+// aBcd16b: the channel-blocked layout pool_blocked.h reads and writes.
+memory::desc channel_blocks(const memory::dims& dims, memory::data_type type) {
+  return memory::desc(dims, type, Tag::aBcd16b);
+}
+
+// Whether pool_blocked.h's kernels run this pooling of this convolution's output (they gather
+// with 32-bit offsets across 16 planes).
+bool pools_blocks(const Pool2dParams& p, const Key& k) {
+  return p.kernel_h == 2 && p.kernel_w == 2 && p.stride_h == 2 && p.stride_w == 2 && p.pad_h == 0 &&
+         p.pad_w == 0 && out_h(k) >= 2 && out_w(k) >= 2 &&
+         out_h(k) * out_w(k) * 16 < (std::int64_t{1} << 28) && channel_block_pooling_available();
+}
+
+}  // namespace
+
 Tensor conv2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
                            const Conv2dParams& p) {
   const Key k = make_key(x, w, p, p.relu ? 16 : 0, bias.defined());
@@ -344,28 +377,92 @@ Tensor conv2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
   Tensor ws = workspace(plan->workspace_bytes, x.device());
   char* base = static_cast<char*>(ws.raw_data());
   dnnl::stream& s = thread_stream();
-
-  std::unordered_map<int, memory> args;
-  args[DNNL_ARG_SRC] = input(plan->src, x.data<float>(), base, s);
-  args[DNNL_ARG_WEIGHTS] = input(plan->wei, w.data<float>(), base, s);
-  if (bias.defined())
-    args[DNNL_ARG_BIAS] = memory(plan->bias, cpu_engine(), handle(bias.data<float>()));
   const memory dst = output(plan->dst, y.data<float>(), base);
-  args[DNNL_ARG_DST] = dst;
-  add_scratch(args, plan->scratch, base);
-  plan->conv.execute(s, args);
+  execute_forward(*plan, x, w, bias, base, dst, s);
   finish_output(plan->dst, dst, y.data<float>(), s);
   s.wait();
   return y;
 }
+
+Tensor conv2d_relu_max_pool2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                           const Conv2dParams& params, const Pool2dParams& pool,
+                                           Tensor& argmax) {
+  Conv2dParams p = params;
+  p.relu = true;
+  const Key k = make_key(x, w, p, 16, bias.defined());
+  if (bias.defined()) check_shape(bias, Shape{k.oc}, "conv2d bias");
+  const auto plan = forward_cache().get(k, create_forward);
+  if (!pools_blocks(pool, k) || plan->dst.prim != channel_blocks(descs(k).dst, kF32) ||
+      !plan->dst.converted()) {
+    return max_pool2d_forward(conv2d_forward_dnnl(x, w, bias, p), pool, argmax);
+  }
+  Tensor ws = workspace(plan->workspace_bytes, x.device());
+  char* base = static_cast<char*>(ws.raw_data());
+  dnnl::stream& s = thread_stream();
+  execute_forward(*plan, x, w, bias, base,
+                  memory(plan->dst.prim, cpu_engine(), base + plan->dst.offset), s);
+  s.wait();
+  Tensor pooled = Tensor::empty({k.n, k.oc, out_h(k) / 2, out_w(k) / 2}, DType::F32, x.device());
+  argmax = Tensor::empty(pooled.shape(), DType::I32, x.device());
+  max_pool_2x2_from_channel_blocks(reinterpret_cast<const float*>(base + plan->dst.offset), k.n,
+                                   k.oc, out_h(k), out_w(k), pooled.data<float>(),
+                                   argmax.data<std::int32_t>());
+  return pooled;
+}
+
+namespace {
+
+// grad_x and grad_w (with grad_bias) from grad_y: `given`, already in the primitives' layout, or
+// the user's plain `grad_y` converted here.
+void execute_backward(const BackwardPlan& plan, const Key& k, const memory* given,
+                      const Tensor& grad_y, const Tensor& x, const Tensor& w, Tensor* grad_x,
+                      Tensor* grad_w, Tensor* grad_bias, char* base, dnnl::stream& s) {
+  memory gy_data;  // grad_y in the data primitive's layout, reused by the weights primitive
+  if (grad_x) {
+    *grad_x = Tensor::empty(x.shape(), DType::F32, x.device());
+    gy_data = given ? *given : input(plan.data_dst, grad_y.data<float>(), base, s);
+    const memory dx = output(plan.data_src, grad_x->data<float>(), base);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_DIFF_DST, gy_data},
+        {DNNL_ARG_WEIGHTS, input(plan.data_wei, w.data<float>(), base, s)},
+        {DNNL_ARG_DIFF_SRC, dx}};
+    add_scratch(args, plan.data_scratch, base);
+    plan.data.execute(s, args);
+    finish_output(plan.data_src, dx, grad_x->data<float>(), s);
+  }
+  if (grad_w) {
+    *grad_w = Tensor::empty(w.shape(), DType::F32, x.device());
+    if (grad_bias) *grad_bias = Tensor::empty({k.oc}, DType::F32, x.device());
+    const memory gy = given ? *given
+                      : grad_x && plan.weights_dst.prim == plan.data_dst.prim
+                          ? gy_data
+                          : input(plan.weights_dst, grad_y.data<float>(), base, s);
+    const memory dw = output(plan.weights_wei, grad_w->data<float>(), base);
+    std::unordered_map<int, memory> args{
+        {DNNL_ARG_SRC, input(plan.weights_src, x.data<float>(), base, s)},
+        {DNNL_ARG_DIFF_DST, gy},
+        {DNNL_ARG_DIFF_WEIGHTS, dw}};
+    if (grad_bias)
+      args[DNNL_ARG_DIFF_BIAS] = memory(plan.bias, cpu_engine(), grad_bias->data<float>());
+    add_scratch(args, plan.weights_scratch, base);
+    plan.weights.execute(s, args);
+    finish_output(plan.weights_wei, dw, grad_w->data<float>(), s);
+  }
+  s.wait();
+}
+
+int backward_part(const Tensor* grad_x, const Tensor* grad_w, const Tensor* grad_bias) {
+  return 1 | (grad_x ? 2 : 0) | (grad_w ? 4 : 0) | (grad_w && grad_bias ? 8 : 0);
+}
+
+}  // namespace
 
 void conv2d_backward_dnnl(const Tensor& grad_y, const Tensor& x, const Tensor& w,
                           const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
                           Tensor* grad_bias) {
   // oneDNN computes the bias gradient only alongside the weights gradient; alone it is a plain
   // sum over (N, OH, OW), done below.
-  const int part = 1 | (grad_x ? 2 : 0) | (grad_w ? 4 : 0) | (grad_w && grad_bias ? 8 : 0);
-  const Key k = make_key(x, w, p, part, false);
+  const Key k = make_key(x, w, p, backward_part(grad_x, grad_w, grad_bias), false);
   check_shape(grad_y, Shape{k.n, k.oc, out_h(k), out_w(k)}, "conv2d grad_y");
   if (grad_bias && !grad_w) {
     const std::int64_t P = out_h(k) * out_w(k);
@@ -384,40 +481,45 @@ void conv2d_backward_dnnl(const Tensor& grad_y, const Tensor& x, const Tensor& w
   if (!grad_x && !grad_w) return;
   const auto plan = backward_cache().get(k, create_backward);
   Tensor ws = workspace(plan->workspace_bytes, x.device());
-  char* base = static_cast<char*>(ws.raw_data());
-  dnnl::stream& s = thread_stream();
+  execute_backward(*plan, k, nullptr, grad_y, x, w, grad_x, grad_w, grad_bias,
+                   static_cast<char*>(ws.raw_data()), thread_stream());
+}
 
-  memory gy_data;  // grad_y in the data primitive's layout, reused by the weights primitive
-  if (grad_x) {
-    *grad_x = Tensor::empty(x.shape(), DType::F32, x.device());
-    gy_data = input(plan->data_dst, grad_y.data<float>(), base, s);
-    const memory dx = output(plan->data_src, grad_x->data<float>(), base);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_DIFF_DST, gy_data},
-        {DNNL_ARG_WEIGHTS, input(plan->data_wei, w.data<float>(), base, s)},
-        {DNNL_ARG_DIFF_SRC, dx}};
-    add_scratch(args, plan->data_scratch, base);
-    plan->data.execute(s, args);
-    finish_output(plan->data_src, dx, grad_x->data<float>(), s);
+void conv2d_relu_max_pool2d_backward_dnnl(const Tensor& grad_pooled, const Tensor& argmax,
+                                          const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                                          const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
+                                          Tensor* grad_bias) {
+  const Key k = make_key(x, w, p, backward_part(grad_x, grad_w, grad_bias), false);
+  const Shape y_shape{k.n, k.oc, out_h(k), out_w(k)};
+  const auto apart = [&] {
+    conv2d_backward_dnnl(max_pool2d_backward(grad_pooled, argmax, y_shape), x, w, p, grad_x, grad_w,
+                         grad_bias);
+  };
+  if ((!grad_x && !grad_w) || (grad_bias && !grad_w) || !pools_blocks(pool, k)) return apart();
+  check_shape(grad_pooled, Shape{k.n, k.oc, out_h(k) / 2, out_w(k) / 2}, "conv2d pooled grad");
+  const auto plan = backward_cache().get(k, create_backward);
+  // The unpooled gradient goes straight into the primitives' grad_y layout, when they share a
+  // channel-blocked one: no plain copy of it, and no reorder.
+  const memory::desc blocked = channel_blocks(descs(k).dst, operand_type(k));
+  const auto takes_blocks = [&](const Operand& o) { return o.prim == blocked && o.converted(); };
+  if ((grad_x && !takes_blocks(plan->data_dst)) || (grad_w && !takes_blocks(plan->weights_dst)) ||
+      (grad_x && grad_w && plan->weights_dst.offset != plan->data_dst.offset)) {
+    return apart();
   }
-  if (grad_w) {
-    *grad_w = Tensor::empty(w.shape(), DType::F32, x.device());
-    if (grad_bias) *grad_bias = Tensor::empty({k.oc}, DType::F32, x.device());
-    const memory gy = grad_x && plan->weights_dst.prim == plan->data_dst.prim
-                          ? gy_data
-                          : input(plan->weights_dst, grad_y.data<float>(), base, s);
-    const memory dw = output(plan->weights_wei, grad_w->data<float>(), base);
-    std::unordered_map<int, memory> args{
-        {DNNL_ARG_SRC, input(plan->weights_src, x.data<float>(), base, s)},
-        {DNNL_ARG_DIFF_DST, gy},
-        {DNNL_ARG_DIFF_WEIGHTS, dw}};
-    if (grad_bias)
-      args[DNNL_ARG_DIFF_BIAS] = memory(plan->bias, cpu_engine(), grad_bias->data<float>());
-    add_scratch(args, plan->weights_scratch, base);
-    plan->weights.execute(s, args);
-    finish_output(plan->weights_wei, dw, grad_w->data<float>(), s);
+  Tensor ws = workspace(plan->workspace_bytes, x.device());
+  char* base = static_cast<char*>(ws.raw_data());
+  char* gy = base + (grad_x ? plan->data_dst.offset : plan->weights_dst.offset);
+  if (k.bf16) {
+    max_unpool_2x2_to_channel_blocks_bf16(grad_pooled.data<float>(), argmax.data<std::int32_t>(),
+                                          k.n, k.oc, out_h(k), out_w(k),
+                                          reinterpret_cast<std::uint16_t*>(gy));
+  } else {
+    max_unpool_2x2_to_channel_blocks(grad_pooled.data<float>(), argmax.data<std::int32_t>(), k.n,
+                                     k.oc, out_h(k), out_w(k), reinterpret_cast<float*>(gy));
   }
-  s.wait();
+  const memory given(blocked, cpu_engine(), gy);
+  execute_backward(*plan, k, &given, grad_pooled, x, w, grad_x, grad_w, grad_bias, base,
+                   thread_stream());
 }
 
 }  // namespace hpm::kernels
