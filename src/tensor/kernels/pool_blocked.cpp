@@ -4,12 +4,6 @@
 // transposes between a block's 16 channels and 16 NCHW planes are register shuffles.
 #include "pool_blocked.h"
 
-// GCC 12's AVX-512 headers build the unmasked shuffles and unpacks from an undefined vector
-// (_mm512_undefined_ps, deliberately uninitialized), which -Wmaybe-uninitialized reports once
-// the calls are inlined here.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
 #include <immintrin.h>
 
 #include <algorithm>
@@ -37,31 +31,36 @@ HPM_AVX512 __mmask16 first_lanes(std::int64_t count) {
 // 64-bit pairs transposes each 4x4 tile inside a 128-bit lane; two rounds of 128-bit shuffles put
 // the tiles in place. Between a block's 16 channels and 16 NCHW planes this replaced per-lane
 // gathers, which the pooling waited on.
+//
+// The all-lanes masked forms, because GCC 12 builds the unmasked ones from _mm512_undefined_ps,
+// deliberately uninitialized, which its -Wuninitialized reports once inlined (under sanitizers).
 HPM_AVX512 inline void transpose16(__m512* v) {
+  constexpr __mmask16 kAll = 0xffff;
+  constexpr __mmask8 kAll8 = 0xff;
   __m512 t[16];
   for (int k = 0; k < 8; ++k) {
-    t[2 * k] = _mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]);
-    t[2 * k + 1] = _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]);
+    t[2 * k] = _mm512_maskz_unpacklo_ps(kAll, v[2 * k], v[2 * k + 1]);
+    t[2 * k + 1] = _mm512_maskz_unpackhi_ps(kAll, v[2 * k], v[2 * k + 1]);
   }
   __m512 u[4][4];  // u[k][s]: in 128-bit lane q, column 4q + s of rows 4k .. 4k + 3
   for (int k = 0; k < 4; ++k) {
     const __m512d a = _mm512_castps_pd(t[4 * k]), b = _mm512_castps_pd(t[4 * k + 2]);
     const __m512d c = _mm512_castps_pd(t[4 * k + 1]), d = _mm512_castps_pd(t[4 * k + 3]);
-    u[k][0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-    u[k][1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    u[k][2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-    u[k][3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    u[k][0] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(kAll8, a, b));
+    u[k][1] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(kAll8, a, b));
+    u[k][2] = _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(kAll8, c, d));
+    u[k][3] = _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(kAll8, c, d));
   }
   constexpr int kEven = 0x88, kOdd = 0xdd;  // 128-bit lanes (0, 2 | 0, 2) and (1, 3 | 1, 3)
   for (int s = 0; s < 4; ++s) {
-    const __m512 p = _mm512_shuffle_f32x4(u[0][s], u[1][s], kEven);
-    const __m512 q = _mm512_shuffle_f32x4(u[0][s], u[1][s], kOdd);
-    const __m512 r = _mm512_shuffle_f32x4(u[2][s], u[3][s], kEven);
-    const __m512 w = _mm512_shuffle_f32x4(u[2][s], u[3][s], kOdd);
-    v[s] = _mm512_shuffle_f32x4(p, r, kEven);
-    v[4 + s] = _mm512_shuffle_f32x4(q, w, kEven);
-    v[8 + s] = _mm512_shuffle_f32x4(p, r, kOdd);
-    v[12 + s] = _mm512_shuffle_f32x4(q, w, kOdd);
+    const __m512 p = _mm512_maskz_shuffle_f32x4(kAll, u[0][s], u[1][s], kEven);
+    const __m512 q = _mm512_maskz_shuffle_f32x4(kAll, u[0][s], u[1][s], kOdd);
+    const __m512 r = _mm512_maskz_shuffle_f32x4(kAll, u[2][s], u[3][s], kEven);
+    const __m512 w = _mm512_maskz_shuffle_f32x4(kAll, u[2][s], u[3][s], kOdd);
+    v[s] = _mm512_maskz_shuffle_f32x4(kAll, p, r, kEven);
+    v[4 + s] = _mm512_maskz_shuffle_f32x4(kAll, q, w, kEven);
+    v[8 + s] = _mm512_maskz_shuffle_f32x4(kAll, p, r, kOdd);
+    v[12 + s] = _mm512_maskz_shuffle_f32x4(kAll, q, w, kOdd);
   }
 }
 
