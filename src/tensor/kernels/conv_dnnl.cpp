@@ -499,11 +499,11 @@ void conv2d_relu_max_pool2d_backward_dnnl(const Tensor& grad_pooled, const Tenso
   check_shape(grad_pooled, Shape{k.n, k.oc, out_h(k) / 2, out_w(k) / 2}, "conv2d pooled grad");
   const auto plan = backward_cache().get(k, create_backward);
   // The unpooled gradient goes straight into the primitives' grad_y layout, when they share a
-  // channel-blocked one: no plain copy of it, and no reorder.
+  // channel-blocked one (equal layouts share one copy: make_operand): no plain copy of it, and no
+  // reorder.
   const memory::desc blocked = channel_blocks(descs(k).dst, operand_type(k));
   const auto takes_blocks = [&](const Operand& o) { return o.prim == blocked && o.converted(); };
-  if ((grad_x && !takes_blocks(plan->data_dst)) || (grad_w && !takes_blocks(plan->weights_dst)) ||
-      (grad_x && grad_w && plan->weights_dst.offset != plan->data_dst.offset)) {
+  if ((grad_x && !takes_blocks(plan->data_dst)) || (grad_w && !takes_blocks(plan->weights_dst))) {
     return apart();
   }
   Tensor ws = workspace(plan->workspace_bytes, x.device());
