@@ -106,8 +106,38 @@ TEST(Autocast, ConvolutionsInBf16OnlyWhereTheyPay) {
     const auto want = kernels::conv2d_forward(rounded(x), rounded(w), b, p).to_vector();
     const auto exact = kernels::conv2d_forward(x, w, b, p).to_vector();
     EXPECT_NE(got, exact) << "36 products per output: bf16";
-    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-4f) << i;
+    EXPECT_EQ(got, rounded(y).to_vector()) << "the output is rounded to bf16";
+    for (std::size_t i = 0; i < got.size(); ++i)
+      EXPECT_NEAR(got[i], want[i], 1e-4f + std::ldexp(std::fabs(want[i]), -8)) << i;
   }
+}
+
+// The fused Conv2d + ReLU + MaxPool2d 2x2/2 has no conversion passes to pay for, so it takes bf16
+// even over one input channel, where the convolution alone stays f32.
+TEST(Autocast, FusedConvReluPoolInBf16AtAnySize) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  Generator gen(3);
+  kernels::Conv2dParams p;
+  p.pad_h = p.pad_w = 1;
+  const Tensor x = Tensor::randn({2, 1, 8, 8}, gen);
+  const Tensor w = Tensor::randn({16, 1, 3, 3}, gen), b = Tensor::randn({16}, gen);
+  const kernels::Pool2dParams pool;
+  Tensor y;
+  {
+    AutocastScope bf16(Precision::BF16);
+    y = conv2d_relu_max_pool2d(x, w, b, p, pool);
+  }
+  const auto rounded = [](const Tensor& t) { return kernels::to_f32(kernels::to_bf16(t)); };
+  Tensor argmax;
+  kernels::Conv2dParams relu = p;
+  relu.relu = true;
+  const auto exact =
+      kernels::max_pool2d_forward(kernels::conv2d_forward(x, w, b, relu), pool, argmax).to_vector();
+  const auto got = y.to_vector();
+  EXPECT_NE(got, exact) << "9 products per output, fused: bf16";
+  EXPECT_EQ(got, rounded(y).to_vector()) << "the output is rounded to bf16";
+  for (std::size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], exact[i], 2e-2f * (1.0f + std::fabs(exact[i]))) << i;
 }
 
 // Every parameter gradient of `model` on `batch` under bf16 within `tolerance` (normwise

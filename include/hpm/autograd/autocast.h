@@ -10,9 +10,12 @@
 // The rule under BF16:
 //   - products (linear, 2-D matmul) take bf16 operands and accumulate in f32, through oneDNN;
 //     they keep their inputs for backward in bf16 (half the bytes of the activations they save);
-//   - convolutions take bf16 operands and accumulate in f32 (oneDNN), keeping f32 inputs, where
-//     each output sums at least 32 products (C_in x KH x KW; a 3x3 over one channel stays f32:
-//     bf16 saves it nothing and its conversions cost);
+//   - convolutions take bf16 operands and accumulate in f32 (oneDNN), keeping f32 inputs and
+//     rounding their output to bf16 (as torch.autocast), where each output sums at least 32
+//     products (C_in x KH x KW; a 3x3 over one channel stays f32: bf16 saves it nothing and the
+//     conversions of its output and gradient cost); the fused Conv2d + ReLU + MaxPool2d 2x2/2
+//     takes bf16 at any size: it has no such conversions, and it halves the bytes its pooling
+//     reads and its unpooling writes;
 //   - everything else computes in f32: softmax, normalizations, losses, reductions, element-wise
 //     ops, and (in this version) the fused attention and batched matmuls; of those, layer norm,
 //     GELU and attention keep what their backward needs (inputs, attention's output) as bf16

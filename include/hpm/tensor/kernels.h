@@ -127,8 +127,9 @@ struct Conv2dParams {
   // Forward only: apply ReLU to the output in the same pass (oneDNN post-op), saving the separate
   // ReLU's read and write of the whole activation. Backward kernels ignore it.
   bool relu = false;
-  // bf16 operands (x, w, grad_y rounded), f32 accumulation and results: oneDNN's native bf16
-  // convolutions. The im2col fallback, for shapes oneDNN rejects, computes in f32.
+  // bf16 operands (x, w, grad_y rounded), f32 accumulation, y rounded to bf16 (as PyTorch's
+  // autocast), grad_x and grad_w in f32: oneDNN's native bf16 convolutions. The im2col fallback,
+  // for shapes oneDNN rejects, computes in f32.
   bool bf16 = false;
 };
 // x(N,C,H,W), w(OC,C,KH,KW), bias(OC) or undefined -> (N,OC,OH,OW)

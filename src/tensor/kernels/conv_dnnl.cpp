@@ -91,9 +91,12 @@ Descs descs(const Key& k) {
   return d;
 }
 
-// An operand in whatever layout the primitive prefers: f32, or for the inputs (src, weights,
-// diff_dst) of a bf16 plan bf16; the user's f32 tensors reach it through a reorder, which
-// converts the type in the same pass.
+// An operand in whatever layout the primitive prefers: f32, or for a bf16 plan's inputs (src,
+// weights, diff_dst) and forward output bf16; the user's f32 tensors reach it through a reorder,
+// which converts the type in the same pass. The forward output in bf16, as PyTorch's autocast
+// gives it: it halves the bytes written and read back (by the reorder to the user's tensor, or by
+// the fused op's pooling, which waited on them), and what reads it next is nearly always another
+// bf16 convolution or GEMM, which rounds its input to bf16 anyway.
 memory::desc any(const memory::dims& dims, memory::data_type type = kF32) {
   return memory::desc(dims, type, Tag::any);
 }
@@ -187,7 +190,7 @@ dnnl::convolution_forward::primitive_desc forward_pd(const Key& k, bool bias) {
   const dnnl::convolution_forward::desc desc(
       dnnl::prop_kind::forward_training, kAlgorithm, any(d.src, operand_type(k)),
       any(d.wei, operand_type(k)), bias ? memory::desc(d.bias, kF32, Tag::x) : memory::desc(),
-      any(d.dst), d.strides, d.pad_l, d.pad_r);
+      any(d.dst, operand_type(k)), d.strides, d.pad_l, d.pad_r);
   dnnl::primitive_attr attr = user_scratchpad();
   if (k.part == 16) {
     dnnl::post_ops ops;
@@ -392,7 +395,7 @@ Tensor conv2d_relu_max_pool2d_forward_dnnl(const Tensor& x, const Tensor& w, con
   const Key k = make_key(x, w, p, 16, bias.defined());
   if (bias.defined()) check_shape(bias, Shape{k.oc}, "conv2d bias");
   const auto plan = forward_cache().get(k, create_forward);
-  if (!pools_blocks(pool, k) || plan->dst.prim != channel_blocks(descs(k).dst, kF32) ||
+  if (!pools_blocks(pool, k) || plan->dst.prim != channel_blocks(descs(k).dst, operand_type(k)) ||
       !plan->dst.converted()) {
     return max_pool2d_forward(conv2d_forward_dnnl(x, w, bias, p), pool, argmax);
   }
@@ -404,9 +407,15 @@ Tensor conv2d_relu_max_pool2d_forward_dnnl(const Tensor& x, const Tensor& w, con
   s.wait();
   Tensor pooled = Tensor::empty({k.n, k.oc, out_h(k) / 2, out_w(k) / 2}, DType::F32, x.device());
   argmax = Tensor::empty(pooled.shape(), DType::I32, x.device());
-  max_pool_2x2_from_channel_blocks(reinterpret_cast<const float*>(base + plan->dst.offset), k.n,
-                                   k.oc, out_h(k), out_w(k), pooled.data<float>(),
-                                   argmax.data<std::int32_t>());
+  const char* y = base + plan->dst.offset;
+  if (k.bf16) {
+    max_pool_2x2_from_channel_blocks_bf16(reinterpret_cast<const std::uint16_t*>(y), k.n, k.oc,
+                                          out_h(k), out_w(k), pooled.data<float>(),
+                                          argmax.data<std::int32_t>());
+  } else {
+    max_pool_2x2_from_channel_blocks(reinterpret_cast<const float*>(y), k.n, k.oc, out_h(k),
+                                     out_w(k), pooled.data<float>(), argmax.data<std::int32_t>());
+  }
   return pooled;
 }
 

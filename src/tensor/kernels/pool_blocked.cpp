@@ -8,8 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <type_traits>
-#include <vector>
 
 #include "hpm/tensor/kernels.h"
 #include "parallel.h"
@@ -64,16 +62,26 @@ HPM_AVX512 inline void transpose16(__m512* v) {
   }
 }
 
+// 16 channels of one position, as f32 (bf16 widened exactly: its bits are the f32's top half).
+HPM_AVX512 inline __m512 load_lanes(const float* p) { return _mm512_loadu_ps(p); }
+HPM_AVX512 inline __m512 load_lanes(const std::uint16_t* p) {
+  const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  constexpr __mmask16 kAll = 0xffff;  // the all-lanes masked forms: see transpose16
+  return _mm512_castsi512_ps(
+      _mm512_maskz_slli_epi32(kAll, _mm512_maskz_cvtepu16_epi32(kAll, half), 16));
+}
+
 // One block (16 channels, lanes of them real) of an image: 16 windows of an output row at a time,
 // each a vector over the channels, transposed into each channel's run of 16 and stored to its
 // plane of y and argmax.
-HPM_AVX512 void pool_block(const float* block, std::int64_t h, std::int64_t w, std::int64_t lanes,
+template <typename In>
+HPM_AVX512 void pool_block(const In* block, std::int64_t h, std::int64_t w, std::int64_t lanes,
                            float* y, std::int32_t* argmax, std::int64_t plane) {
   const std::int64_t oh = h / 2, ow = w / 2;
   const auto wi = static_cast<int>(w);
   for (std::int64_t r = 0; r < oh; ++r) {
-    const float* r0 = block + 2 * r * w * kLanes;
-    const float* r1 = r0 + w * kLanes;
+    const In* r0 = block + 2 * r * w * kLanes;
+    const In* r1 = r0 + w * kLanes;
     for (std::int64_t j0 = 0; j0 < ow; j0 += kLanes) {
       const std::int64_t count = std::min(kLanes, ow - j0);
       __m512 m[16], i[16];
@@ -84,12 +92,12 @@ HPM_AVX512 void pool_block(const float* block, std::int64_t h, std::int64_t w, s
         }
         const std::int64_t j = j0 + q;
         const auto t = static_cast<int>(2 * r * w + 2 * j);
-        __m512 best = _mm512_loadu_ps(r0 + 2 * j * kLanes);
+        __m512 best = load_lanes(r0 + 2 * j * kLanes);
         __m512i at = _mm512_set1_epi32(t);
         // Challengers in row-major order: each takes the window when larger, or NaN over a
         // number.
-        const auto challenge = [&best, &at](const float* p, int index) HPM_AVX512 {
-          const __m512 v = _mm512_loadu_ps(p);
+        const auto challenge = [&best, &at](const In* p, int index) HPM_AVX512 {
+          const __m512 v = load_lanes(p);
           const __mmask16 take =
               _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) |
               (_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) & _mm512_cmp_ps_mask(best, best, _CMP_ORD_Q));
@@ -114,12 +122,33 @@ HPM_AVX512 void pool_block(const float* block, std::int64_t h, std::int64_t w, s
   }
 }
 
+// 16 channels of one position, stored as f32 or rounded to bf16 (to nearest even, NaN kept a
+// quiet NaN: as f32_to_bf16 and oneDNN's reorders round), the bits of each in a 32-bit lane.
+HPM_AVX512 inline __m512i lanes_as(float, __m512 v) { return _mm512_castps_si512(v); }
+HPM_AVX512 inline __m512i lanes_as(std::uint16_t, __m512 v) {
+  constexpr __mmask16 kAll = 0xffff;  // the all-lanes masked forms: see transpose16
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i odd =
+      _mm512_maskz_and_epi32(kAll, _mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_maskz_srli_epi32(
+      kAll, _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+  const __m512i quiet =
+      _mm512_maskz_or_epi32(kAll, _mm512_maskz_srli_epi32(kAll, u, 16), _mm512_set1_epi32(0x40));
+  return _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), quiet);
+}
+HPM_AVX512 inline void store_lanes(float* p, __m512i bits) { _mm512_storeu_si512(p, bits); }
+HPM_AVX512 inline void store_lanes(std::uint16_t* p, __m512i bits) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_maskz_cvtepi32_epi16(static_cast<__mmask16>(0xffff), bits));
+}
+
 // The gradient rows (2r, 2r + 1) of one block: 16 windows at a time, each channel's run of the
 // pooled gradient and winners loaded from its plane and transposed into vectors over the channels,
 // each put at its winner and 0 at the other three; 0 past 2 ow (an odd width).
+template <typename Out>
 HPM_AVX512 void unpool_block_rows(const float* grad_y, const std::int32_t* argmax,
                                   std::int64_t lanes, std::int64_t plane, std::int64_t r,
-                                  std::int64_t w, float* out0, float* out1) {
+                                  std::int64_t w, Out* out0, Out* out1) {
   const std::int64_t ow = w / 2;
   const auto wi = static_cast<int>(w);
   for (std::int64_t j0 = 0; j0 < ow; j0 += kLanes) {
@@ -142,9 +171,10 @@ HPM_AVX512 void unpool_block_rows(const float* grad_y, const std::int32_t* argma
       const std::int64_t j = j0 + q;
       const auto t = static_cast<int>(2 * r * w + 2 * j);
       const __m512i winner = _mm512_castps_si512(a[q]);
-      const auto put = [&winner, &g, q](float* p, int index) HPM_AVX512 {
-        _mm512_storeu_ps(p, _mm512_maskz_mov_ps(
-                                _mm512_cmpeq_epi32_mask(winner, _mm512_set1_epi32(index)), g[q]));
+      const __m512i bits = lanes_as(Out{}, g[q]);
+      const auto put = [&winner, &bits](Out* p, int index) HPM_AVX512 {
+        store_lanes(p, _mm512_maskz_mov_epi32(
+                           _mm512_cmpeq_epi32_mask(winner, _mm512_set1_epi32(index)), bits));
       };
       put(out0 + 2 * j * kLanes, t);
       put(out0 + (2 * j + 1) * kLanes, t + 1);
@@ -152,35 +182,26 @@ HPM_AVX512 void unpool_block_rows(const float* grad_y, const std::int32_t* argma
       put(out1 + (2 * j + 1) * kLanes, t + wi + 1);
     }
   }
-  const std::size_t tail = static_cast<std::size_t>((w - 2 * ow) * kLanes) * sizeof(float);
+  const std::size_t tail = static_cast<std::size_t>((w - 2 * ow) * kLanes) * sizeof(Out);
   std::memset(out0 + 2 * ow * kLanes, 0, tail);
   std::memset(out1 + 2 * ow * kLanes, 0, tail);
 }
 
-// Each row pair of a block's gradient: straight into dst in f32; through a row buffer, rounded
-// to bf16, in bf16.
+// Each row pair of a block's gradient, straight into dst.
 template <typename Out>
 void unpool_to_blocks(const float* grad_y, const std::int32_t* argmax, std::int64_t n,
                       std::int64_t c, std::int64_t h, std::int64_t w, Out* dst) {
-  constexpr bool kDirect = std::is_same_v<Out, float>;
   const std::int64_t blocks = (c + kLanes - 1) / kLanes, plane = (h / 2) * (w / 2);
   const std::int64_t row = w * kLanes;
   parallel_for(n * blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
-    std::vector<float> rows(kDirect ? 0 : static_cast<std::size_t>(2 * row));
     for (std::int64_t nb = lo; nb < hi; ++nb) {
       const std::int64_t c0 = nb % blocks * kLanes;
       const std::int64_t first = (nb / blocks * c + c0) * plane;
       Out* out = dst + nb * h * row;
       for (std::int64_t r = 0; r < h / 2; ++r) {
         Out* pair = out + 2 * r * row;
-        if constexpr (kDirect) {
-          unpool_block_rows(grad_y + first, argmax + first, std::min(kLanes, c - c0), plane, r, w,
-                            pair, pair + row);
-        } else {
-          unpool_block_rows(grad_y + first, argmax + first, std::min(kLanes, c - c0), plane, r, w,
-                            rows.data(), rows.data() + row);
-          f32_to_bf16(rows.data(), pair, 2 * row);
-        }
+        unpool_block_rows(grad_y + first, argmax + first, std::min(kLanes, c - c0), plane, r, w,
+                          pair, pair + row);
       }
       if (h % 2 != 0) {
         Out* last = out + (h - 1) * row;
@@ -197,9 +218,11 @@ bool channel_block_pooling_available() {
   return on;
 }
 
-void max_pool_2x2_from_channel_blocks(const float* src, std::int64_t n, std::int64_t c,
-                                      std::int64_t h, std::int64_t w, float* y,
-                                      std::int32_t* argmax) {
+namespace {
+
+template <typename In>
+void pool_blocks(const In* src, std::int64_t n, std::int64_t c, std::int64_t h, std::int64_t w,
+                 float* y, std::int32_t* argmax) {
   const std::int64_t blocks = (c + kLanes - 1) / kLanes, plane = (h / 2) * (w / 2);
   parallel_for(n * blocks, 1, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t nb = lo; nb < hi; ++nb) {
@@ -209,6 +232,20 @@ void max_pool_2x2_from_channel_blocks(const float* src, std::int64_t n, std::int
                  argmax + first, plane);
     }
   });
+}
+
+}  // namespace
+
+void max_pool_2x2_from_channel_blocks(const float* src, std::int64_t n, std::int64_t c,
+                                      std::int64_t h, std::int64_t w, float* y,
+                                      std::int32_t* argmax) {
+  pool_blocks(src, n, c, h, w, y, argmax);
+}
+
+void max_pool_2x2_from_channel_blocks_bf16(const std::uint16_t* src, std::int64_t n, std::int64_t c,
+                                           std::int64_t h, std::int64_t w, float* y,
+                                           std::int32_t* argmax) {
+  pool_blocks(src, n, c, h, w, y, argmax);
 }
 
 void max_unpool_2x2_to_channel_blocks(const float* grad_y, const std::int32_t* argmax,

@@ -13,10 +13,14 @@ bool channel_block_pooling_available();
 
 // src (n, c, h, w) blocked -> y (n, c, h/2, w/2) plain, argmax the winner's index in its (h, w)
 // plane: the values and indices of max_pool2d_forward (among equals the first in row-major order;
-// NaN wins, though of several NaNs in a window it may pick another).
+// NaN wins, though of several NaNs in a window it may pick another). src in f32 or bf16 (a bf16
+// convolution's output); y in f32, which holds every bf16 value exactly.
 void max_pool_2x2_from_channel_blocks(const float* src, std::int64_t n, std::int64_t c,
                                       std::int64_t h, std::int64_t w, float* y,
                                       std::int32_t* argmax);
+void max_pool_2x2_from_channel_blocks_bf16(const std::uint16_t* src, std::int64_t n, std::int64_t c,
+                                           std::int64_t h, std::int64_t w, float* y,
+                                           std::int32_t* argmax);
 
 // The gradient of that pooling: grad_y (n, c, h/2, w/2) plain -> dst (n, c, h, w) blocked, each
 // element written once (grad_y at the winner, 0 elsewhere, in the padding channels too), in f32
