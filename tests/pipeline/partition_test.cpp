@@ -75,5 +75,34 @@ TEST(Partition, ProfilingMeasuresEveryLayerAndLeavesNoGradients) {
             std::string::npos);
 }
 
+// Repeated identical layers (a transformer's blocks) are measured once: the second 64 -> 64 Linear
+// and the later ReLUs take the first one's cost, while layers that differ in their parameters
+// (no bias) or in their output (a pool of another size over the same input) are measured.
+TEST(Partition, ProfilingMeasuresRepeatedLayersOnce) {
+  Generator g(4);
+  const auto linear = [&](bool bias) { return std::make_shared<nn::Linear>(64, 64, bias, g); };
+  nn::Sequential model({std::make_shared<nn::Linear>(16, 64, true, g), std::make_shared<nn::ReLU>(),
+                        linear(true), std::make_shared<nn::ReLU>(), linear(true),
+                        std::make_shared<nn::ReLU>(), linear(false)});
+  const std::vector<LayerCost> layers = profile_layers(model, Tensor::randn({8, 16}, g), 3);
+  ASSERT_EQ(layers.size(), 7u);
+  const auto same = [](const LayerCost& a, const LayerCost& b) {
+    return a.forward_s == b.forward_s && a.backward_s == b.backward_s && a.weight_s == b.weight_s &&
+           a.parameter_bytes == b.parameter_bytes && a.activation_bytes == b.activation_bytes;
+  };
+  EXPECT_TRUE(same(layers[4], layers[2]));
+  EXPECT_EQ(layers[4].name, "4: Linear");
+  EXPECT_TRUE(same(layers[5], layers[3]));
+  EXPECT_FALSE(same(layers[2], layers[0]));
+  EXPECT_EQ(layers[6].parameter_bytes, 64 * 64 * 4u);
+  for (const auto& p : model.parameters()) EXPECT_FALSE(p.grad().defined());
+
+  nn::Sequential pools({std::make_shared<nn::MaxPool2d>(1), std::make_shared<nn::MaxPool2d>(2)});
+  Tensor image = Tensor::randn({2, 3, 8, 8}, g);
+  const std::vector<LayerCost> pooled = profile_layers(pools, image, 2);
+  ASSERT_EQ(pooled.size(), 2u);
+  EXPECT_LT(pooled[1].activation_bytes, pooled[0].activation_bytes) << "measured, not reused";
+}
+
 }  // namespace
 }  // namespace hpm::pipeline

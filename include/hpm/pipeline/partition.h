@@ -23,7 +23,8 @@ struct LayerCost {
 
 // Runs each layer on the output of the previous one, `repeats` times, starting from `sample` (one
 // micro-batch of inputs). Times forward and backward separately; activation bytes come from the
-// Device's accounting.
+// Device's accounting. A layer identical to an earlier one (type, parameter and buffer shapes,
+// input and output shapes: a transformer's blocks) takes that one's measured cost.
 std::vector<LayerCost> profile_layers(const nn::Sequential& model, const Tensor& sample,
                                       int repeats = 5);
 
