@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "hpm/tensor/kernels.h"
 #include "parallel.h"
 
 #define HPM_AVX512 __attribute__((target("avx512f")))
