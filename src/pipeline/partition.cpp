@@ -26,9 +26,6 @@ std::string mib(std::size_t bytes) {
   std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(bytes) / (1024.0 * 1024.0));
   return buf;
 }
-}  // namespace
-
-namespace {
 
 // What a layer's cost depends on, as far as it can be told without running it: its type, its
 // parameters' and buffers' names and shapes, its input's shape, and whether its input's gradient
