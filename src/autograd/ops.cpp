@@ -599,6 +599,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     float scale) {
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
   Tensor lse;
+  if (autocast_precision() == Precision::BF16) {
+    // q, k, v rounded once: the products' operands, and what backward keeps.
+    const Tensor qb = kernels::to_bf16(q), kb = kernels::to_bf16(k), vb = kernels::to_bf16(v);
+    Tensor y = kernels::attention_forward_bf16(qb, kb, vb, causal, scale, lse);
+    return record("AttentionBF16", {q, k, v}, y,
+                  [qb, kb, vb, ys = SavedActivation(y.detach()), lse, causal, scale](
+                      const Tensor& g, const Needs& n) {
+                    Tensor gq, gk, gv;
+                    kernels::attention_backward_bf16(g, qb, kb, vb, ys.get(), lse, causal, scale,
+                                                     n[0] ? &gq : nullptr, n[1] ? &gk : nullptr,
+                                                     n[2] ? &gv : nullptr);
+                    return Tensors{gq, gk, gv};
+                  });
+  }
   Tensor y = kernels::attention_forward(q, k, v, causal, scale, lse);
   return record(
       "Attention", {q, k, v}, y,

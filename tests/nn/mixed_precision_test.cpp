@@ -140,6 +140,62 @@ TEST(Autocast, FusedConvReluPoolInBf16AtAnySize) {
     EXPECT_NEAR(got[i], exact[i], 2e-2f * (1.0f + std::fabs(exact[i]))) << i;
 }
 
+// ||got - want|| / ||want||, over all elements.
+double normwise_error(const Tensor& got, const Tensor& want) {
+  const auto g = got.to_vector(), w = want.to_vector();
+  double diff2 = 0, norm2 = 0;
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    diff2 += std::pow(static_cast<double>(g[i]) - w[i], 2);
+    norm2 += std::pow(static_cast<double>(w[i]), 2);
+  }
+  return std::sqrt(diff2 / norm2);
+}
+
+// Attention under bf16 (its products on bf16 operands, query blocks batched across heads)
+// against the f32 fused op on the same bf16-rounded q, k, v: the probabilities, dO and dS are
+// rounded for the products, so values and gradients agree to bf16's ~2^-9 carried through, and
+// differ (the products did round). Shapes: a partial last block of 64 rows (150 and 100 queries),
+// more keys than queries, and 20 heads of 150 keys: two chunks of heads (13 fit in 512 KiB).
+TEST(Autocast, AttentionInBf16WithinToleranceOfF32) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  Generator gen(7);
+  struct Case {
+    std::int64_t b, h, t, s;
+    bool causal;
+  };
+  for (const Case c : {Case{2, 3, 150, 150, true}, Case{2, 3, 100, 130, false},
+                       Case{4, 5, 150, 150, true}, Case{1, 2, 64, 64, true}}) {
+    SCOPED_TRACE(std::to_string(c.b * c.h) + " heads, " + std::to_string(c.t) + " x " +
+                 std::to_string(c.s) + (c.causal ? " causal" : ""));
+    const auto rounded = [](const Tensor& t) { return kernels::to_f32(kernels::to_bf16(t)); };
+    const Tensor q = rounded(Tensor::randn({c.b, c.h, c.t, 24}, gen));
+    const Tensor k = rounded(Tensor::randn({c.b, c.h, c.s, 24}, gen));
+    const Tensor v = rounded(Tensor::randn({c.b, c.h, c.s, 24}, gen));
+    const Tensor g = Tensor::randn({c.b, c.h, c.t, 24}, gen);
+    Tensor outs[2];
+    std::vector<Tensor> grads[2];
+    for (const Precision p : {Precision::F32, Precision::BF16}) {
+      const int i = p == Precision::BF16;
+      Tensor qq = q.clone().set_requires_grad(true), kk = k.clone().set_requires_grad(true),
+             vv = v.clone().set_requires_grad(true);
+      {
+        AutocastScope scope(p);
+        outs[i] = scaled_dot_product_attention(qq, kk, vv, c.causal);
+        outs[i].backward(g);
+      }
+      grads[i] = {qq.grad(), kk.grad(), vv.grad()};
+    }
+    EXPECT_LT(normwise_error(outs[1], outs[0]), 1e-2) << "output";
+    EXPECT_GT(normwise_error(outs[1], outs[0]), 0.0) << "output: the products did not round";
+    const char* names[] = {"grad q", "grad k", "grad v"};
+    for (int i = 0; i < 3; ++i)
+      EXPECT_LT(normwise_error(grads[1][i], grads[0][i]), 2e-2) << names[i];
+    if (c.causal) {  // query 0 sees key 0 alone: its output is v[0] exactly
+      for (int e = 0; e < 24; ++e) EXPECT_EQ(outs[1].data<float>()[e], v.data<float>()[e]);
+    }
+  }
+}
+
 // Every parameter gradient of `model` on `batch` under bf16 within `tolerance` (normwise
 // relative) of f32's, and not equal (the products did round).
 void expect_bf16_gradients_near_f32(nn::Module& model, const nn::Objective& objective,

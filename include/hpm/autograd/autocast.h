@@ -16,11 +16,13 @@
 //     conversions of its output and gradient cost); the fused Conv2d + ReLU + MaxPool2d 2x2/2
 //     takes bf16 at any size: it has no such conversions, and it halves the bytes its pooling
 //     reads and its unpooling writes;
+//   - the fused attention's products take bf16 operands (q, k, v rounded once and kept so for
+//     backward; the probabilities, dO and dS rounded for their products) and accumulate in f32;
+//     its softmax, output and gradients are f32;
 //   - everything else computes in f32: softmax, normalizations, losses, reductions, element-wise
-//     ops, and (in this version) the fused attention and batched matmuls; of those, layer norm,
-//     GELU and attention keep what their backward needs (inputs, attention's output) as bf16
-//     copies, widened again in backward: with the products' inputs, a transformer's saved
-//     activations are bf16;
+//     ops, and (in this version) batched matmuls; of those, layer norm and GELU keep their inputs
+//     for backward as bf16 copies, as attention keeps its output, widened again in backward:
+//     with the products' inputs, a transformer's saved activations are bf16;
 //   - parameters, their gradients and the optimizer state stay f32 (the master weights): a
 //     product converts its weight when it runs.
 // Outputs are f32 tensors either way, so nothing outside the products sees a bf16 tensor.

@@ -105,6 +105,15 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, bool causal, float scale,
                         Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);
+// The same with BF16 q, k, v (attention_bf16.cpp): the products in bf16 with f32 accumulation
+// (grad_out rounded for them), the softmax, out, lse and the gradients in f32. Blocks of 64 query
+// rows against every key they see, batched across heads; the scores of a chunk of heads exist at
+// once (at most 512 KiB).
+Tensor attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                              float scale, Tensor& lse);
+void attention_backward_bf16(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
+                             float scale, Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);
 
 // ---- layout -----------------------------------------------------------------------------
 Tensor transpose2d(const Tensor& x);  // (R,C) -> (C,R)
