@@ -1,6 +1,6 @@
-// Scaled dot-product attention under bf16 autocast: the four products per query block (two
-// forward, recomputation aside three more backward) take bf16 operands and accumulate in f32 on
-// oneDNN's native kernels; the softmax, its gradient and every result stay f32.
+// Scaled dot-product attention under bf16 autocast: the products of each query block (two
+// forward; backward recomputes the scores and runs four more) take bf16 operands and accumulate
+// in f32 on oneDNN's native kernels; the softmax, its gradient and every result stay f32.
 //
 // Legend as in attention.cpp: B = batch (heads included), T queries, S keys, D head size.
 //
