@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "attention_heads.h"
 #include "hpm/tensor/kernels.h"
 #include "matmul_primitive.h"
 #include "parallel.h"
@@ -32,27 +33,7 @@ constexpr std::int64_t kBr = 64;  // query rows per tile
 constexpr std::int64_t kBc = 64;  // key columns per tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Dims {
-  std::int64_t batch, t, s, d;
-};
-
-Dims check(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const auto same_batch = [](const Tensor& a, const Tensor& b) {
-    if (a.dim() != b.dim()) return false;
-    for (int i = 0; i < a.dim() - 2; ++i)
-      if (a.size(i) != b.size(i)) return false;
-    return true;
-  };
-  if (q.dim() < 3 || !same_batch(q, k) || !same_batch(q, v) || k.shape() != v.shape() ||
-      q.size(-1) != k.size(-1) || q.dtype() != DType::F32 || k.dtype() != DType::F32 ||
-      v.dtype() != DType::F32) {
-    throw std::invalid_argument(
-        "attention: expected float q (..., T, D), k and v (..., S, D) with the same leading "
-        "dimensions, got " +
-        q.shape().str() + ", " + k.shape().str() + ", " + v.shape().str());
-  }
-  return {q.numel() / (q.size(-1) * q.size(-2)), q.size(-2), k.size(-2), q.size(-1)};
-}
+using Dims = AttentionDims;
 
 // Masks the causal part of a score tile in place: entries of keys after the query's position.
 void mask_tile(float* sc, std::int64_t i0, std::int64_t br, std::int64_t j0, std::int64_t bc) {
@@ -92,28 +73,6 @@ std::int64_t heads_per_chunk(const Dims& n) {
       1, kChunkScoreBytes / (n.t * n.s * static_cast<std::int64_t>(sizeof(float))));
 }
 
-// op(A) (m x kk) times op(B) (kk x nn) for `heads` consecutive heads, each operand's matrices
-// `stride_*` floats apart, rows `ld*` apart.
-void heads_gemm(bool ta, bool tb, std::int64_t heads, std::int64_t m, std::int64_t nn,
-                std::int64_t kk, float alpha, const float* a, std::int64_t lda,
-                std::int64_t stride_a, const float* b, std::int64_t ldb, std::int64_t stride_b,
-                float* c, std::int64_t ldc, std::int64_t stride_c) {
-  const BatchedGemm g{.trans_a = ta,
-                      .trans_b = tb,
-                      .batch = heads,
-                      .m = m,
-                      .n = nn,
-                      .k = kk,
-                      .lda = lda,
-                      .ldb = ldb,
-                      .ldc = ldc,
-                      .stride_a = stride_a,
-                      .stride_b = stride_b,
-                      .stride_c = stride_c,
-                      .alpha = alpha};
-  run_batched_gemm(g, a, b, c);
-}
-
 // Keys query row r sees: all, or causally the first r + 1.
 std::int64_t visible(bool causal, std::int64_t r, std::int64_t s) {
   return causal ? std::min(s, r + 1) : s;
@@ -123,45 +82,18 @@ std::int64_t visible(bool causal, std::int64_t r, std::int64_t s) {
 std::int64_t row_grain(std::int64_t s) { return std::max<std::int64_t>(1, kElementwiseGrain / s); }
 
 // Scores (rows of s) to probabilities in place, the masked tail of each row 0; each row's
-// log-sum-exp to lse. Whole rows with the mask as a select, so every loop has the same trip count
-// and vectorizes without remainders (exp(-inf) is 0).
-HPM_SIMD_CLONES void softmax_span(float* scores, std::int64_t r0, std::int64_t r1, std::int64_t t,
-                                  std::int64_t s, bool causal, float* lse) {
-  for (std::int64_t row = r0; row < r1; ++row) {
-    float* x = scores + row * s;
-    const std::int64_t n = visible(causal, row % t, s);
-    float mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-    for (std::int64_t c = 0; c < s; ++c) {
-      const float v = c < n ? x[c] : kNegInf;
-      x[c] = v;
-      mx = v > mx ? v : mx;
-    }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (std::int64_t c = 0; c < s; ++c) {
-      const float e = vec::exp(x[c] - mx);
-      x[c] = e;
-      sum += e;
-    }
-    const float inv = 1.0f / sum;
-#pragma omp simd
-    for (std::int64_t c = 0; c < s; ++c) x[c] *= inv;
-    lse[row] = mx + std::log(sum);
-  }
+// log-sum-exp to lse.
+void softmax_span(float* scores, std::int64_t r0, std::int64_t r1, std::int64_t t, std::int64_t s,
+                  bool causal, float* lse) {
+  for (std::int64_t row = r0; row < r1; ++row)
+    lse[row] = softmax_row(scores + row * s, s, visible(causal, row % t, s));
 }
 
 // Scores to the forward pass's probabilities, exp(x - lse) (0 where masked), in place.
-HPM_SIMD_CLONES void probabilities_span(float* scores, std::int64_t r0, std::int64_t r1,
-                                        std::int64_t t, std::int64_t s, bool causal,
-                                        const float* lse) {
-  for (std::int64_t row = r0; row < r1; ++row) {
-    float* x = scores + row * s;
-    const std::int64_t n = visible(causal, row % t, s);
-    const float l = lse[row];
-#pragma omp simd
-    for (std::int64_t c = 0; c < s; ++c) x[c] = c < n ? vec::exp(x[c] - l) : 0.0f;
-  }
+void probabilities_span(float* scores, std::int64_t r0, std::int64_t r1, std::int64_t t,
+                        std::int64_t s, bool causal, const float* lse) {
+  for (std::int64_t row = r0; row < r1; ++row)
+    probability_row(scores + row * s, s, visible(causal, row % t, s), lse[row]);
 }
 
 // dS = P * (dP - Delta), in dp.
@@ -202,13 +134,13 @@ void forward_materialized(const Dims& n, const float* q, const float* k, const f
     const float* kh = k + h0 * n.s * n.d;
     const float* vh = v + h0 * n.s * n.d;
     // S = scale Q K^T, P = softmax(S), O = P V
-    heads_gemm(false, true, hc, n.t, n.s, n.d, scale, qh, n.d, n.t * n.d, kh, n.d, n.s * n.d,
-               scores, n.s, n.t * n.s);
+    heads_gemm(false, false, true, hc, n.t, n.s, n.d, scale, 0.0f, qh, n.d, n.t * n.d, kh, n.d,
+               n.s * n.d, scores, n.s, n.t * n.s);
     parallel_for(hc * n.t, row_grain(n.s), [&](std::int64_t r0, std::int64_t r1) {
       softmax_span(scores, r0, r1, n.t, n.s, causal, lse + h0 * n.t);
     });
-    heads_gemm(false, false, hc, n.t, n.d, n.s, 1.0f, scores, n.s, n.t * n.s, vh, n.d, n.s * n.d,
-               out + h0 * n.t * n.d, n.d, n.t * n.d);
+    heads_gemm(false, false, false, hc, n.t, n.d, n.s, 1.0f, 0.0f, scores, n.s, n.t * n.s, vh, n.d,
+               n.s * n.d, out + h0 * n.t * n.d, n.d, n.t * n.d);
   }
 }
 
@@ -223,26 +155,26 @@ void backward_materialized(const Dims& n, const float* q, const float* k, const 
     const std::int64_t hc = std::min(chunk, n.batch - h0);
     const std::int64_t qo = h0 * n.t * n.d, ko = h0 * n.s * n.d;
     // P = exp(scale Q K^T - L)
-    heads_gemm(false, true, hc, n.t, n.s, n.d, scale, q + qo, n.d, n.t * n.d, k + ko, n.d,
-               n.s * n.d, p, n.s, n.t * n.s);
+    heads_gemm(false, false, true, hc, n.t, n.s, n.d, scale, 0.0f, q + qo, n.d, n.t * n.d, k + ko,
+               n.d, n.s * n.d, p, n.s, n.t * n.s);
     parallel_for(hc * n.t, row_grain(n.s), [&](std::int64_t r0, std::int64_t r1) {
       probabilities_span(p, r0, r1, n.t, n.s, causal, lse + h0 * n.t);
     });
     // dV = P^T dO,  dP = dO V^T
-    heads_gemm(true, false, hc, n.s, n.d, n.t, 1.0f, p, n.s, n.t * n.s, g + qo, n.d, n.t * n.d,
-               gv + ko, n.d, n.s * n.d);
-    heads_gemm(false, true, hc, n.t, n.s, n.d, 1.0f, g + qo, n.d, n.t * n.d, v + ko, n.d, n.s * n.d,
-               dp, n.s, n.t * n.s);
+    heads_gemm(false, true, false, hc, n.s, n.d, n.t, 1.0f, 0.0f, p, n.s, n.t * n.s, g + qo, n.d,
+               n.t * n.d, gv + ko, n.d, n.s * n.d);
+    heads_gemm(false, false, true, hc, n.t, n.s, n.d, 1.0f, 0.0f, g + qo, n.d, n.t * n.d, v + ko,
+               n.d, n.s * n.d, dp, n.s, n.t * n.s);
     // dS = P * (dP - Delta)
     const float* dl = delta + h0 * n.t;
     parallel_for(hc * n.t, row_grain(n.s), [&](std::int64_t r0, std::int64_t r1) {
       score_gradient_span(p, dp, dl, r0, r1, n.s);
     });
     // dQ = scale dS K,  dK = scale dS^T Q
-    heads_gemm(false, false, hc, n.t, n.d, n.s, scale, dp, n.s, n.t * n.s, k + ko, n.d, n.s * n.d,
-               gq + qo, n.d, n.t * n.d);
-    heads_gemm(true, false, hc, n.s, n.d, n.t, scale, dp, n.s, n.t * n.s, q + qo, n.d, n.t * n.d,
-               gk + ko, n.d, n.s * n.d);
+    heads_gemm(false, false, false, hc, n.t, n.d, n.s, scale, 0.0f, dp, n.s, n.t * n.s, k + ko, n.d,
+               n.s * n.d, gq + qo, n.d, n.t * n.d);
+    heads_gemm(false, true, false, hc, n.s, n.d, n.t, scale, 0.0f, dp, n.s, n.t * n.s, q + qo, n.d,
+               n.t * n.d, gk + ko, n.d, n.s * n.d);
   }
 }
 
@@ -315,9 +247,75 @@ void tiled_backward(const Dims& n, const float* pq, const float* pk, const float
 
 }  // namespace
 
+AttentionDims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, DType dtype,
+                             const char* what) {
+  const auto same_batch = [](const Tensor& a, const Tensor& b) {
+    if (a.dim() != b.dim()) return false;
+    for (int i = 0; i < a.dim() - 2; ++i)
+      if (a.size(i) != b.size(i)) return false;
+    return true;
+  };
+  if (q.dim() < 3 || !same_batch(q, k) || !same_batch(q, v) || k.shape() != v.shape() ||
+      q.size(-1) != k.size(-1) || q.dtype() != dtype || k.dtype() != dtype || v.dtype() != dtype) {
+    throw std::invalid_argument(std::string(what) + ": expected " + dtype_name(dtype) +
+                                " q (..., T, D), k and v (..., S, D) with the same leading "
+                                "dimensions, got " +
+                                q.shape().str() + ", " + k.shape().str() + ", " + v.shape().str());
+  }
+  return {q.numel() / (q.size(-1) * q.size(-2)), q.size(-2), k.size(-2), q.size(-1)};
+}
+
+void heads_gemm(bool bf16, bool ta, bool tb, std::int64_t heads, std::int64_t m, std::int64_t n,
+                std::int64_t k, float alpha, float beta, const void* a, std::int64_t lda,
+                std::int64_t stride_a, const void* b, std::int64_t ldb, std::int64_t stride_b,
+                float* c, std::int64_t ldc, std::int64_t stride_c) {
+  const BatchedGemm g{.bf16 = bf16,
+                      .trans_a = ta,
+                      .trans_b = tb,
+                      .batch = heads,
+                      .m = m,
+                      .n = n,
+                      .k = k,
+                      .lda = lda,
+                      .ldb = ldb,
+                      .ldc = ldc,
+                      .stride_a = stride_a,
+                      .stride_b = stride_b,
+                      .stride_c = stride_c,
+                      .alpha = alpha,
+                      .beta = beta};
+  run_batched_gemm(g, a, b, c);
+}
+
+HPM_SIMD_CLONES float softmax_row(float* x, std::int64_t len, std::int64_t unmasked) {
+  float mx = kNegInf;
+#pragma omp simd reduction(max : mx)
+  for (std::int64_t c = 0; c < len; ++c) {
+    const float v = c < unmasked ? x[c] : kNegInf;
+    x[c] = v;
+    mx = v > mx ? v : mx;
+  }
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (std::int64_t c = 0; c < len; ++c) {
+    const float e = vec::exp(x[c] - mx);
+    x[c] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (std::int64_t c = 0; c < len; ++c) x[c] *= inv;
+  return mx + std::log(sum);
+}
+
+HPM_SIMD_CLONES void probability_row(float* x, std::int64_t len, std::int64_t unmasked, float lse) {
+#pragma omp simd
+  for (std::int64_t c = 0; c < len; ++c) x[c] = c < unmasked ? vec::exp(x[c] - lse) : 0.0f;
+}
+
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                          float scale, Tensor& lse) {
-  const Dims n = check(q, k, v);
+  const Dims n = attention_dims(q, k, v, DType::F32, "attention");
   Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
   std::vector<std::int64_t> lse_dims(q.shape().dims().begin(), q.shape().dims().end() - 1);
   lse = Tensor::empty(Shape(lse_dims), DType::F32, q.device());
@@ -382,7 +380,7 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, bool causal, float scale,
                         Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) {
-  const Dims n = check(q, k, v);
+  const Dims n = attention_dims(q, k, v, DType::F32, "attention");
   check_shape(grad_out, q.shape(), "attention backward: grad_out");
   // Every gradient is computed (they share the recomputed tiles); the caller drops what it
   // does not need.

@@ -13,11 +13,10 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <stdexcept>
 #include <vector>
 
+#include "attention_heads.h"
 #include "hpm/tensor/kernels.h"
-#include "matmul_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
@@ -29,27 +28,7 @@ constexpr std::int64_t kBlock = 64;                   // query rows per block
 constexpr std::int64_t kChunkScoreBytes = 512 << 10;  // f32 scores of one chunk of heads
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-struct Dims {
-  std::int64_t batch, t, s, d;
-};
-
-Dims check_bf16(const Tensor& q, const Tensor& k, const Tensor& v) {
-  const auto same_batch = [](const Tensor& a, const Tensor& b) {
-    if (a.dim() != b.dim()) return false;
-    for (int i = 0; i < a.dim() - 2; ++i)
-      if (a.size(i) != b.size(i)) return false;
-    return true;
-  };
-  if (q.dim() < 3 || !same_batch(q, k) || !same_batch(q, v) || k.shape() != v.shape() ||
-      q.size(-1) != k.size(-1) || q.dtype() != DType::BF16 || k.dtype() != DType::BF16 ||
-      v.dtype() != DType::BF16) {
-    throw std::invalid_argument(
-        "attention (bf16): expected BF16 q (..., T, D), k and v (..., S, D) with the same leading "
-        "dimensions, got " +
-        q.shape().str() + ", " + k.shape().str() + ", " + v.shape().str());
-  }
-  return {q.numel() / (q.size(-1) * q.size(-2)), q.size(-2), k.size(-2), q.size(-1)};
-}
+using Dims = AttentionDims;
 
 std::int64_t heads_per_chunk(const Dims& n) {
   return std::clamp<std::int64_t>(
@@ -61,29 +40,6 @@ std::int64_t block_end(bool causal, std::int64_t i0, std::int64_t br, std::int64
   return causal ? std::min(s, i0 + br) : s;
 }
 
-// `heads` x `m` x `nn` products, each operand's matrices `stride_*` elements apart.
-void heads_gemm(bool ta, bool tb, std::int64_t heads, std::int64_t m, std::int64_t nn,
-                std::int64_t kk, float alpha, float beta, const std::uint16_t* a, std::int64_t lda,
-                std::int64_t stride_a, const std::uint16_t* b, std::int64_t ldb,
-                std::int64_t stride_b, float* c, std::int64_t ldc, std::int64_t stride_c) {
-  const BatchedGemm g{.bf16 = true,
-                      .trans_a = ta,
-                      .trans_b = tb,
-                      .batch = heads,
-                      .m = m,
-                      .n = nn,
-                      .k = kk,
-                      .lda = lda,
-                      .ldb = ldb,
-                      .ldc = ldc,
-                      .stride_a = stride_a,
-                      .stride_b = stride_b,
-                      .stride_c = stride_c,
-                      .alpha = alpha,
-                      .beta = beta};
-  run_batched_gemm(g, a, b, c);
-}
-
 // Row r of a block (query i0 + r) sees its first `visible` of the block's `end` keys.
 std::int64_t visible(bool causal, std::int64_t i0, std::int64_t r, std::int64_t end) {
   return causal ? std::min(end, i0 + r + 1) : end;
@@ -92,44 +48,20 @@ std::int64_t visible(bool causal, std::int64_t i0, std::int64_t r, std::int64_t 
 // Scores to probabilities in place for rows [r0, r1) of a chunk's block (rows of `end`, `br` per
 // head), 0 past each row's visible keys; each row's log-sum-exp to lse (head h's row r at
 // lse[h * t + i0 + r]).
-HPM_SIMD_CLONES void softmax_rows(float* scores, std::int64_t r0, std::int64_t r1, std::int64_t br,
-                                  std::int64_t end, std::int64_t i0, std::int64_t t, bool causal,
-                                  float* lse) {
-  for (std::int64_t row = r0; row < r1; ++row) {
-    float* x = scores + row * end;
-    const std::int64_t n = visible(causal, i0, row % br, end);
-    float mx = kNegInf;
-#pragma omp simd reduction(max : mx)
-    for (std::int64_t c = 0; c < end; ++c) {
-      const float v = c < n ? x[c] : kNegInf;
-      x[c] = v;
-      mx = v > mx ? v : mx;
-    }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (std::int64_t c = 0; c < end; ++c) {
-      const float e = vec::exp(x[c] - mx);
-      x[c] = e;
-      sum += e;
-    }
-    const float inv = 1.0f / sum;
-#pragma omp simd
-    for (std::int64_t c = 0; c < end; ++c) x[c] *= inv;
-    lse[row / br * t + i0 + row % br] = mx + std::log(sum);
-  }
+void softmax_rows(float* scores, std::int64_t r0, std::int64_t r1, std::int64_t br,
+                  std::int64_t end, std::int64_t i0, std::int64_t t, bool causal, float* lse) {
+  for (std::int64_t row = r0; row < r1; ++row)
+    lse[row / br * t + i0 + row % br] =
+        softmax_row(scores + row * end, end, visible(causal, i0, row % br, end));
 }
 
 // Recomputed probabilities exp(x - lse), 0 where masked, in place (the same rows).
-HPM_SIMD_CLONES void probability_rows(float* scores, std::int64_t r0, std::int64_t r1,
-                                      std::int64_t br, std::int64_t end, std::int64_t i0,
-                                      std::int64_t t, bool causal, const float* lse) {
-  for (std::int64_t row = r0; row < r1; ++row) {
-    float* x = scores + row * end;
-    const std::int64_t n = visible(causal, i0, row % br, end);
-    const float l = lse[row / br * t + i0 + row % br];
-#pragma omp simd
-    for (std::int64_t c = 0; c < end; ++c) x[c] = c < n ? vec::exp(x[c] - l) : 0.0f;
-  }
+void probability_rows(float* scores, std::int64_t r0, std::int64_t r1, std::int64_t br,
+                      std::int64_t end, std::int64_t i0, std::int64_t t, bool causal,
+                      const float* lse) {
+  for (std::int64_t row = r0; row < r1; ++row)
+    probability_row(scores + row * end, end, visible(causal, i0, row % br, end),
+                    lse[row / br * t + i0 + row % br]);
 }
 
 // dS = P * (dP - Delta) in dp (the same rows; Delta indexed as lse).
@@ -162,7 +94,7 @@ const std::uint16_t* bits(const Tensor& t) { return t.data<std::uint16_t>(); }
 
 Tensor attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                               float scale, Tensor& lse) {
-  const Dims n = check_bf16(q, k, v);
+  const Dims n = attention_dims(q, k, v, DType::BF16, "attention (bf16)");
   Tensor out = Tensor::empty(q.shape(), DType::F32, q.device());
   std::vector<std::int64_t> lse_dims(q.shape().dims().begin(), q.shape().dims().end() - 1);
   lse = Tensor::empty(Shape(lse_dims), DType::F32, q.device());
@@ -187,14 +119,14 @@ Tensor attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v,
       const std::int64_t br = std::min(kBlock, n.t - i0);
       const std::int64_t end = block_end(causal, i0, br, n.s);
       // S = scale Q_i K^T  (hc, br, end), P = softmax(S), O_i = P V
-      heads_gemm(false, true, hc, br, end, n.d, scale, 0.0f, qh + i0 * n.d, n.d, n.t * n.d, kh, n.d,
-                 n.s * n.d, ps, end, br * end);
+      heads_gemm(true, false, true, hc, br, end, n.d, scale, 0.0f, qh + i0 * n.d, n.d, n.t * n.d,
+                 kh, n.d, n.s * n.d, ps, end, br * end);
       parallel_for(hc * br, row_grain(end), [&](std::int64_t r0, std::int64_t r1) {
         softmax_rows(ps, r0, r1, br, end, i0, n.t, causal, pl + h0 * n.t);
       });
       rows_to_bf16(ps, pp, hc * br, end);
-      heads_gemm(false, false, hc, br, n.d, end, 1.0f, 0.0f, pp, end, br * end, vh, n.d, n.s * n.d,
-                 po + (h0 * n.t + i0) * n.d, n.d, n.t * n.d);
+      heads_gemm(true, false, false, hc, br, n.d, end, 1.0f, 0.0f, pp, end, br * end, vh, n.d,
+                 n.s * n.d, po + (h0 * n.t + i0) * n.d, n.d, n.t * n.d);
     }
   }
   return out;
@@ -203,7 +135,7 @@ Tensor attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v,
 void attention_backward_bf16(const Tensor& grad_out, const Tensor& q, const Tensor& k,
                              const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
                              float scale, Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) {
-  const Dims n = check_bf16(q, k, v);
+  const Dims n = attention_dims(q, k, v, DType::BF16, "attention (bf16)");
   check_shape(grad_out, q.shape(), "attention backward (bf16): grad_out");
   check_shape(out, q.shape(), "attention backward (bf16): out");
   Tensor gq = Tensor::empty(q.shape(), DType::F32, q.device());
@@ -246,27 +178,27 @@ void attention_backward_bf16(const Tensor& grad_out, const Tensor& q, const Tens
         const std::int64_t end = block_end(causal, i0, br, n.s);
         const std::int64_t rows = hc * br;
         // P = exp(scale Q_i K^T - L)
-        heads_gemm(false, true, hc, br, end, n.d, scale, 0.0f, qh + i0 * n.d, n.d, n.t * n.d, kh,
-                   n.d, n.s * n.d, pp, end, br * end);
+        heads_gemm(true, false, true, hc, br, end, n.d, scale, 0.0f, qh + i0 * n.d, n.d, n.t * n.d,
+                   kh, n.d, n.s * n.d, pp, end, br * end);
         parallel_for(rows, row_grain(end), [&](std::int64_t r0, std::int64_t r1) {
           probability_rows(pp, r0, r1, br, end, i0, n.t, causal, pl + h0 * n.t);
         });
         rows_to_bf16(pp, ph, rows, end);
         // dV += P^T dO_i,  dP = dO_i V^T
-        heads_gemm(true, false, hc, end, n.d, br, 1.0f, 1.0f, ph, end, br * end, gh + i0 * n.d, n.d,
-                   n.t * n.d, gv.data<float>() + ko, n.d, n.s * n.d);
-        heads_gemm(false, true, hc, br, end, n.d, 1.0f, 0.0f, gh + i0 * n.d, n.d, n.t * n.d, vh,
-                   n.d, n.s * n.d, pdp, end, br * end);
+        heads_gemm(true, true, false, hc, end, n.d, br, 1.0f, 1.0f, ph, end, br * end,
+                   gh + i0 * n.d, n.d, n.t * n.d, gv.data<float>() + ko, n.d, n.s * n.d);
+        heads_gemm(true, false, true, hc, br, end, n.d, 1.0f, 0.0f, gh + i0 * n.d, n.d, n.t * n.d,
+                   vh, n.d, n.s * n.d, pdp, end, br * end);
         // dS = P * (dP - Delta)
         parallel_for(rows, row_grain(end), [&](std::int64_t r0, std::int64_t r1) {
           score_gradient_rows(pp, pdp, r0, r1, br, end, i0, n.t, pd + h0 * n.t);
         });
         rows_to_bf16(pdp, ph, rows, end);
         // dQ_i = scale dS K,  dK += scale dS^T Q_i
-        heads_gemm(false, false, hc, br, n.d, end, scale, 0.0f, ph, end, br * end, kh, n.d,
+        heads_gemm(true, false, false, hc, br, n.d, end, scale, 0.0f, ph, end, br * end, kh, n.d,
                    n.s * n.d, gq.data<float>() + qo + i0 * n.d, n.d, n.t * n.d);
-        heads_gemm(true, false, hc, end, n.d, br, scale, 1.0f, ph, end, br * end, qh + i0 * n.d,
-                   n.d, n.t * n.d, gk.data<float>() + ko, n.d, n.s * n.d);
+        heads_gemm(true, true, false, hc, end, n.d, br, scale, 1.0f, ph, end, br * end,
+                   qh + i0 * n.d, n.d, n.t * n.d, gk.data<float>() + ko, n.d, n.s * n.d);
       }
     }
   } else {
