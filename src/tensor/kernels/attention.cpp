@@ -78,9 +78,6 @@ std::int64_t visible(bool causal, std::int64_t r, std::int64_t s) {
   return causal ? std::min(s, r + 1) : s;
 }
 
-// Rows of s scores a kernel thread takes at once.
-std::int64_t row_grain(std::int64_t s) { return std::max<std::int64_t>(1, kElementwiseGrain / s); }
-
 // Scores (rows of s) to probabilities in place, the masked tail of each row 0; each row's
 // log-sum-exp to lse.
 void softmax_span(float* scores, std::int64_t r0, std::int64_t r1, std::int64_t t, std::int64_t s,
@@ -103,17 +100,6 @@ HPM_SIMD_CLONES void score_gradient_span(const float* p, float* dp, const float*
     const float d = delta[r];
 #pragma omp simd
     for (std::int64_t c = 0; c < s; ++c) dp[r * s + c] = p[r * s + c] * (dp[r * s + c] - d);
-  }
-}
-
-// Delta = rowsum(dO * O) over rows of d.
-HPM_SIMD_CLONES void row_dots(const float* g, const float* o, float* delta, std::int64_t rows,
-                              std::int64_t d) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    float acc = 0.0f;
-#pragma omp simd reduction(+ : acc)
-    for (std::int64_t e = 0; e < d; ++e) acc += g[r * d + e] * o[r * d + e];
-    delta[r] = acc;
   }
 }
 
@@ -311,6 +297,21 @@ HPM_SIMD_CLONES float softmax_row(float* x, std::int64_t len, std::int64_t unmas
 HPM_SIMD_CLONES void probability_row(float* x, std::int64_t len, std::int64_t unmasked, float lse) {
 #pragma omp simd
   for (std::int64_t c = 0; c < len; ++c) x[c] = c < unmasked ? vec::exp(x[c] - lse) : 0.0f;
+}
+
+std::int64_t row_grain(std::int64_t width) {
+  return std::max<std::int64_t>(1, kElementwiseGrain / width);
+}
+
+// Delta = rowsum(dO * O) over rows of d.
+HPM_SIMD_CLONES void row_dots(const float* g, const float* o, float* delta, std::int64_t rows,
+                              std::int64_t d) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+    for (std::int64_t e = 0; e < d; ++e) acc += g[r * d + e] * o[r * d + e];
+    delta[r] = acc;
+  }
 }
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

@@ -78,14 +78,9 @@ HPM_SIMD_CLONES void score_gradient_rows(const float* p, float* dp, std::int64_t
 
 // Rows of `width` floats to bf16, spread over the kernel threads.
 void rows_to_bf16(const float* x, std::uint16_t* y, std::int64_t rows, std::int64_t width) {
-  parallel_for(rows, std::max<std::int64_t>(1, kElementwiseGrain / width),
-               [&](std::int64_t r0, std::int64_t r1) {
-                 f32_to_bf16(x + r0 * width, y + r0 * width, (r1 - r0) * width);
-               });
-}
-
-std::int64_t row_grain(std::int64_t end) {
-  return std::max<std::int64_t>(1, kElementwiseGrain / end);
+  parallel_for(rows, row_grain(width), [&](std::int64_t r0, std::int64_t r1) {
+    f32_to_bf16(x + r0 * width, y + r0 * width, (r1 - r0) * width);
+  });
 }
 
 const std::uint16_t* bits(const Tensor& t) { return t.data<std::uint16_t>(); }
@@ -144,18 +139,8 @@ void attention_backward_bf16(const Tensor& grad_out, const Tensor& q, const Tens
   if (q.numel() > 0 && n.s > 0) {
     // Delta = rowsum(dO * O) in f32; dO rounded once for the products.
     Tensor delta = Tensor::empty(lse.shape(), DType::F32, q.device());
-    const float* pg = grad_out.data<float>();
-    const float* po = out.data<float>();
     float* pd = delta.data<float>();
-    parallel_for(n.batch * n.t, std::max<std::int64_t>(1, kElementwiseGrain / n.d),
-                 [&](std::int64_t r0, std::int64_t r1) {
-                   for (std::int64_t r = r0; r < r1; ++r) {
-                     float acc = 0.0f;
-                     for (std::int64_t e = 0; e < n.d; ++e)
-                       acc += pg[r * n.d + e] * po[r * n.d + e];
-                     pd[r] = acc;
-                   }
-                 });
+    row_dots(grad_out.data<float>(), out.data<float>(), pd, n.batch * n.t, n.d);
     const Tensor gb = to_bf16(grad_out);
     const std::int64_t chunk = heads_per_chunk(n);
     const std::int64_t block = chunk * kBlock * n.s;

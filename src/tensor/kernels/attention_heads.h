@@ -1,5 +1,6 @@
 // What the f32 attention (attention.cpp) and the bf16 one (attention_bf16.cpp) share: the check
-// of q, k and v, a product batched over heads, and one softmax row, forward and recomputed.
+// of q, k and v, a product batched over heads, one softmax row (forward and recomputed), and the
+// row work split and sums around them.
 #pragma once
 #include <cstdint>
 
@@ -24,6 +25,11 @@ void heads_gemm(bool bf16, bool ta, bool tb, std::int64_t heads, std::int64_t m,
                 std::int64_t k, float alpha, float beta, const void* a, std::int64_t lda,
                 std::int64_t stride_a, const void* b, std::int64_t ldb, std::int64_t stride_b,
                 float* c, std::int64_t ldc, std::int64_t stride_c);
+
+// Rows of `width` floats a kernel thread takes at once.
+std::int64_t row_grain(std::int64_t width);
+// Delta = rowsum(dO * O) over rows of d: softmax backward's per-row term.
+void row_dots(const float* g, const float* o, float* delta, std::int64_t rows, std::int64_t d);
 
 // One row of `len` scores to probabilities in place, 0 from position `unmasked` on (masked);
 // returns the row's log-sum-exp. `unmasked` >= 1. Whole rows with the mask as a select, so every
