@@ -626,4 +626,32 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       });
 }
 
+Tensor packed_self_attention(const Tensor& qkv, std::int64_t heads, bool causal, float scale) {
+  const bool bf16 = autocast_precision() == Precision::BF16;
+  Tensor q, k, v, lse;
+  kernels::split_qkv_heads(qkv, heads, bf16 ? DType::BF16 : DType::F32, q, k, v);
+  if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
+  if (bf16) {
+    Tensor y = kernels::attention_forward_bf16(q, k, v, causal, scale, lse);
+    return record("PackedAttentionBF16", {qkv}, kernels::merge_heads(y),
+                  [q, k, v, ys = SavedActivation(y), lse, causal, scale, heads](const Tensor& g,
+                                                                                const Needs&) {
+                    Tensor gq, gk, gv;
+                    kernels::attention_backward_bf16(kernels::split_heads(g, heads), q, k, v,
+                                                     ys.get(), lse, causal, scale, &gq, &gk, &gv);
+                    return Tensors{kernels::merge_qkv_heads(gq, gk, gv)};
+                  });
+  }
+  Tensor y = kernels::attention_forward(q, k, v, causal, scale, lse);
+  return record(
+      "PackedAttention", {qkv}, kernels::merge_heads(y),
+      [qs = SavedActivation(q), ks = SavedActivation(k), vs = SavedActivation(v),
+       ys = SavedActivation(y), lse, causal, scale, heads](const Tensor& g, const Needs&) {
+        Tensor gq, gk, gv;
+        kernels::attention_backward(kernels::split_heads(g, heads), qs.get(), ks.get(), vs.get(),
+                                    ys.get(), lse, causal, scale, &gq, &gk, &gv);
+        return Tensors{kernels::merge_qkv_heads(gq, gk, gv)};
+      });
+}
+
 }  // namespace hpm

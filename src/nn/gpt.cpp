@@ -58,11 +58,15 @@ TransformerBlock::TransformerBlock(const GPTConfig& c, Generator& gen) : n_head_
   drop_ = std::make_shared<Dropout>(c.dropout);
 }
 
-std::vector<Tensor> TransformerBlock::heads(const Tensor& x) {
+void TransformerBlock::check_input(const Tensor& x) const {
   if (x.dim() != 3 || x.size(2) != qkv->weight.size(1)) {
     throw std::invalid_argument("TransformerBlock: expected (B, T, " +
                                 std::to_string(qkv->weight.size(1)) + "), got " + x.shape().str());
   }
+}
+
+std::vector<Tensor> TransformerBlock::heads(const Tensor& x) {
+  check_input(x);
   const std::int64_t b = x.size(0), t = x.size(1), e = x.size(2), d = e / n_head_;
   // (B, T, 3E) -> (3, B, H, T, D): q, k and v with the heads split out.
   Tensor all =
@@ -72,19 +76,16 @@ std::vector<Tensor> TransformerBlock::heads(const Tensor& x) {
   return parts;
 }
 
-Tensor TransformerBlock::finish(const Tensor& x, const Tensor& y) {
+Tensor TransformerBlock::finish(const Tensor& x, const Tensor& merged) {
   // Written on a change of mode only: concurrent forwards of a shared model just read it.
   if (drop_->is_training() != is_training()) drop_->train(is_training());
-  // (B, H, T, D) -> (B, T, E)
-  const Tensor merged = reshape(permute(y, {0, 2, 1, 3}), x.shape());
   Tensor h = add(x, drop_->forward(proj->forward(merged)));
   return add(h, drop_->forward(out->forward(gelu(fc->forward(ln2->forward(h))))));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
-  const std::vector<Tensor> qkv_heads = heads(x);
-  return finish(x, scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2],
-                                                /*causal=*/true));
+  check_input(x);
+  return finish(x, packed_self_attention(qkv->forward(ln1->forward(x)), n_head_, /*causal=*/true));
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, Tensor& k, Tensor& v) {
@@ -96,7 +97,8 @@ Tensor TransformerBlock::forward_cached(const Tensor& x, Tensor& k, Tensor& v) {
   k = first ? qkv_heads[1] : concat({k, qkv_heads[1]}, 2);
   v = first ? qkv_heads[2] : concat({v, qkv_heads[2]}, 2);
   // The prompt attends causally among itself; a later token sees every cached key, its own last.
-  return finish(x, scaled_dot_product_attention(qkv_heads[0], k, v, /*causal=*/first));
+  const Tensor y = scaled_dot_product_attention(qkv_heads[0], k, v, /*causal=*/first);
+  return finish(x, reshape(permute(y, {0, 2, 1, 3}), x.shape()));  // (B, H, T, D) -> (B, T, E)
 }
 
 // ---- embeddings and head ----------------------------------------------------------------------

@@ -237,6 +237,10 @@ void check_Attention() {
   EXPECT_GRADCHECK(
       [](const In& x) { return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.7f); },
       param({3, 4, 2}), param({3, 6, 2}), param({3, 6, 2}));
+  for (bool causal : {false, true}) {
+    EXPECT_GRADCHECK([causal](const In& x) { return packed_self_attention(x[0], 2, causal); },
+                     param({2, 5, 3 * 2 * 3}));
+  }
 }
 
 TEST(Gradcheck, Arithmetic) { check_Arithmetic(); }

@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "common/attention.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm {
@@ -61,6 +63,59 @@ TEST(Attention, FusedEqualsUnfusedOnBothPaths) {
       expect_near_all(grads[1][1], grads[0][1], 1e-4f, "grad k");
       expect_near_all(grads[1][2], grads[0][2], 1e-4f, "grad v");
     }
+}
+
+// The packed op runs the same kernels on the same heads as the permute/split/merge it replaces:
+// values and gradients equal bit for bit. 70 positions: a full 64-row tile and a partial one.
+TEST(Attention, PackedEqualsTheSplitAttendedAndMergedHeads) {
+  Generator gen(4);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "full");
+    const Tensor qkv = Tensor::randn({2, 70, 3 * 3 * 8}, gen);
+    const Tensor g = Tensor::randn({2, 70, 3 * 8}, gen);
+    Tensor outs[2], grads[2];
+    for (int packed = 0; packed < 2; ++packed) {
+      Tensor x = qkv.clone().set_requires_grad(true);
+      outs[packed] = packed ? packed_self_attention(x, 3, causal)
+                            : test::composed_packed_attention(x, 3, causal);
+      outs[packed].backward(g);
+      grads[packed] = x.grad();
+    }
+    EXPECT_EQ(outs[1].shape(), outs[0].shape());
+    EXPECT_EQ(outs[1].to_vector(), outs[0].to_vector());
+    EXPECT_EQ(grads[1].to_vector(), grads[0].to_vector());
+  }
+}
+
+TEST(Attention, HeadLayoutsRoundTrip) {
+  Generator gen(6);
+  const Tensor qkv = Tensor::randn({2, 5, 3 * 4 * 3}, gen);
+  Tensor q, k, v;
+  kernels::split_qkv_heads(qkv, 4, DType::F32, q, k, v);
+  EXPECT_EQ(q.shape(), Shape({2, 4, 5, 3}));
+  // Token 1 of batch 1, head 2, element 0: q, k and v are E = 12 apart in its packed row.
+  const float* row = qkv.data<float>() + (1 * 5 + 1) * 36 + 2 * 3;
+  EXPECT_EQ(q.data<float>()[((1 * 4 + 2) * 5 + 1) * 3], row[0]);
+  EXPECT_EQ(k.data<float>()[((1 * 4 + 2) * 5 + 1) * 3], row[12]);
+  EXPECT_EQ(v.data<float>()[((1 * 4 + 2) * 5 + 1) * 3], row[24]);
+  EXPECT_EQ(kernels::merge_qkv_heads(q, k, v).to_vector(), qkv.to_vector());
+  const Tensor x = Tensor::randn({2, 5, 12}, gen);
+  EXPECT_EQ(kernels::merge_heads(kernels::split_heads(x, 4)).to_vector(), x.to_vector());
+  Tensor qb, kb, vb;  // bf16 heads: the f32 heads rounded
+  kernels::split_qkv_heads(qkv, 4, DType::BF16, qb, kb, vb);
+  EXPECT_EQ(kernels::to_f32(vb).to_vector(), kernels::to_f32(kernels::to_bf16(v)).to_vector());
+}
+
+TEST(Attention, PackedRejectsAWidthNotThreeTimesTheHeads) {
+  try {
+    packed_self_attention(Tensor::zeros({2, 5, 20}), 3);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("split_qkv_heads: expected F32 (B, T, 3 x 3 heads x D), "
+                                         "got F32 [2, 5, 20]"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Attention, CausalFirstRowCopiesTheFirstValue) {

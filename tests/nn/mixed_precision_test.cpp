@@ -5,6 +5,7 @@
 #include <cmath>
 #include <thread>
 
+#include "common/attention.h"
 #include "common/models.h"
 #include "hpm/autograd/autocast.h"
 #include "hpm/autograd/ops.h"
@@ -194,6 +195,28 @@ TEST(Autocast, AttentionInBf16WithinToleranceOfF32) {
       for (int e = 0; e < 24; ++e) EXPECT_EQ(outs[1].data<float>()[e], v.data<float>()[e]);
     }
   }
+}
+
+// Under bf16 the packed op rounds q, k and v while it splits them, as the composed ops round the
+// split heads: the same bf16 kernels on the same bits, values and gradients equal.
+TEST(Autocast, PackedAttentionInBf16EqualsTheComposedOps) {
+  SKIP_WITHOUT_NATIVE_BF16();
+  Generator gen(8);
+  const Tensor qkv = Tensor::randn({2, 150, 3 * 3 * 24}, gen);
+  const Tensor g = Tensor::randn({2, 150, 3 * 24}, gen);
+  Tensor outs[2], grads[2];
+  for (int packed = 0; packed < 2; ++packed) {
+    Tensor x = qkv.clone().set_requires_grad(true);
+    {
+      AutocastScope scope(Precision::BF16);
+      outs[packed] =
+          packed ? packed_self_attention(x, 3) : test::composed_packed_attention(x, 3, true);
+      outs[packed].backward(g);
+    }
+    grads[packed] = x.grad();
+  }
+  EXPECT_EQ(outs[1].to_vector(), outs[0].to_vector());
+  EXPECT_EQ(grads[1].to_vector(), grads[0].to_vector());
 }
 
 // Every parameter gradient of `model` on `batch` under bf16 within `tolerance` (normwise

@@ -110,5 +110,11 @@ Tensor kl_div(const Tensor& input_log_probs, const Tensor& target_probs);
 // T x S scores are never stored; backward recomputes them a tile at a time (as FlashAttention).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = false, float scale = 0.0f);
+// Multi-head self-attention from one Linear's packed q|k|v (B, T, 3E) with E = heads x D, to the
+// heads merged back (B, T, E): scaled_dot_product_attention of its q, k and v split into heads,
+// with the split and the merge each one pass forward and backward (and q, k, v rounded in that
+// pass under bf16) instead of a permute, three copies and their gradients' sums.
+Tensor packed_self_attention(const Tensor& qkv, std::int64_t heads, bool causal = true,
+                             float scale = 0.0f);
 
 }  // namespace hpm

@@ -45,10 +45,12 @@ class TransformerBlock : public Module {
   std::shared_ptr<Linear> qkv, proj, fc, out;
 
  private:
-  // (B, T, E) -> q, k, v as (B, H, T, D) each.
+  // x is (B, T, E), else std::invalid_argument naming the shapes.
+  void check_input(const Tensor& x) const;
+  // (B, T, E) -> q, k, v as (B, H, T, D) each (the cached path; training packs them).
   std::vector<Tensor> heads(const Tensor& x);
-  // Attention's output (B, H, T, D) back to (B, T, E), through the projection and the MLP.
-  Tensor finish(const Tensor& x, const Tensor& y);
+  // Attention's heads merged (B, T, E) through the projection and the MLP.
+  Tensor finish(const Tensor& x, const Tensor& merged);
   std::int64_t n_head_;
   std::shared_ptr<Dropout> drop_;
 };

@@ -123,6 +123,14 @@ Tensor concat(const std::vector<Tensor>& xs, int dim);
 // A copy of x's [start, start + length) along `dim`; narrow_add_ adds `part` into that slice of y.
 Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length);
 void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part);
+// Attention heads (heads_layout.cpp), one pass each: a packed (B, T, 3 x H x D) q|k|v, as one
+// Linear computes it, to q, k and v (B, H, T, D) of `dtype` (F32, or BF16 rounded on the way),
+// and their F32 gradients back; (B, T, H x D) <-> (B, H, T, D) for one tensor.
+void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
+                     Tensor& v);
+Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v);
+Tensor split_heads(const Tensor& x, std::int64_t heads);
+Tensor merge_heads(const Tensor& y);
 // Masks are I8 (nonzero = true), broadcast NumPy-style. where: cond ? a : b (all broadcast).
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // x with `value` where mask (broadcast to x's shape) is true.
