@@ -2,7 +2,7 @@
 """A GPT's training spread over this machine's 2 cores, side by side in one run (issue 18): hpm's
 one device with 1 and with 2 kernel threads, Mirrored with 2 replicas (threads of one process),
 MultiWorkerMirrored with 2 processes of 1 thread over gloo (f32; gradients as bf16 messages; bf16
-mixed precision), a 2-stage pipeline (1F1B, 8
+mixed precision, with f32 or bf16 messages), a 2-stage pipeline (1F1B, 8
 micro-batches, the balanced cut; stages as threads, and as 2 processes), PyTorch DDP (2 processes,
 gloo, ../shared/peers/torch_gpt.py --world 2) and PyTorch alone (1 thread), on the same model,
 corpus, optimizer and global batch. Tokens/s of training alone (one tiny evaluation at the end is
@@ -10,7 +10,7 @@ outside the timing), alternating REPEATS times, medians and the ratios the issue
 
 usage: bench/gpt_data_parallel.py [--size shakespeare|default] [--steps 30] [--repeats 3]
           [--only one_device_1,one_device_2,mirrored,multi_worker,multi_worker_bf16,
-                  multi_worker_mixed,pipeline,pipeline_processes,torch_ddp,torch_1]
+                  multi_worker_mixed,multi_worker_mixed_bf16,pipeline,pipeline_processes,torch_ddp,torch_1]
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
@@ -78,6 +78,9 @@ def main():
         # the same model, optimizer and data as the f32 runs.
         "multi_worker_mixed": lambda: hpm(s, a.steps, 1, {"strategy.kind": '"multi_worker_mirrored"',
                                                           "train.precision": '"bf16"'}, world=2),
+        "multi_worker_mixed_bf16": lambda: hpm(s, a.steps, 1, {
+            "strategy.kind": '"multi_worker_mirrored"', "train.precision": '"bf16"',
+            "strategy.allreduce_dtype": '"bf16"'}, world=2),
         "pipeline": lambda: hpm(s, a.steps, 2, PIPELINE),
         "pipeline_processes": lambda: hpm(s, a.steps, 1, PIPELINE, world=2),
         "torch_ddp": lambda: torch(s, 1, a.steps, world=2),
@@ -98,7 +101,8 @@ def main():
                ("multi_worker", "one_device_2", 0.9), ("multi_worker", "torch_ddp", 2.0),
                ("pipeline", "one_device_1", 1.7), ("pipeline_processes", "one_device_1", 1.7),
                ("one_device_1", "torch_1", 1.25), ("multi_worker_bf16", "multi_worker", None),
-               ("multi_worker_mixed", "torch_ddp", 2.0), ("multi_worker_mixed", "multi_worker", None)]
+               ("multi_worker_mixed", "torch_ddp", 2.0), ("multi_worker_mixed", "multi_worker", None),
+               ("multi_worker_mixed_bf16", "torch_ddp", 2.0)]
     print("| ratio | measured | target |\n|---|---|---|")
     for num, den, target in targets:
         if num in med and den in med:
