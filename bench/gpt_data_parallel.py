@@ -2,15 +2,16 @@
 """A GPT's training spread over this machine's 2 cores, side by side in one run (issue 18): hpm's
 one device with 1 and with 2 kernel threads, Mirrored with 2 replicas (threads of one process),
 MultiWorkerMirrored with 2 processes of 1 thread over gloo (f32; gradients as bf16 messages; bf16
-mixed precision, with f32 or bf16 messages), a 2-stage pipeline (1F1B, 8
-micro-batches, the balanced cut; stages as threads, and as 2 processes), PyTorch DDP (2 processes,
+mixed precision, with f32 or bf16 messages), a 2-stage pipeline (8 micro-batches, the balanced
+cut, 1F1B and interleaved 1F1B with 2 chunks per stage; stages as threads, and as 2 processes), PyTorch DDP (2 processes,
 gloo, ../shared/peers/torch_gpt.py --world 2) and PyTorch alone (1 thread), on the same model,
 corpus, optimizer and global batch. Tokens/s of training alone (one tiny evaluation at the end is
 outside the timing), alternating REPEATS times, medians and the ratios the issue asks for.
 
 usage: bench/gpt_data_parallel.py [--size shakespeare|default] [--steps 30] [--repeats 3]
           [--only one_device_1,one_device_2,mirrored,multi_worker,multi_worker_bf16,
-                  multi_worker_mixed,multi_worker_mixed_bf16,pipeline,pipeline_processes,torch_ddp,torch_1]
+                  multi_worker_mixed,multi_worker_mixed_bf16,pipeline,pipeline_processes,
+                  pipeline_interleaved,pipeline_interleaved_processes,torch_ddp,torch_1]
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
@@ -22,6 +23,9 @@ from gpt_vs_torch import SIZES, torch  # noqa: E402
 HPM = os.path.join(ROOT, "build", "hpm")
 PIPELINE = {"pipeline.stages": 2, "pipeline.micro_batches": 8, "pipeline.schedule": '"1f1b"',
             "pipeline.partition": '"balanced"'}
+# Megatron's interleaved 1F1B: each stage holds 2 chunks of the cut, which halves the bubble of
+# 1F1B at M = 8 (1/9 of the step) for twice the hand-offs.
+INTERLEAVED = dict(PIPELINE, **{"pipeline.schedule": '"interleaved"', "pipeline.chunks_per_stage": 2})
 
 
 def hpm_args(s, steps, threads, extra):
@@ -83,6 +87,8 @@ def main():
             "strategy.allreduce_dtype": '"bf16"'}, world=2),
         "pipeline": lambda: hpm(s, a.steps, 2, PIPELINE),
         "pipeline_processes": lambda: hpm(s, a.steps, 1, PIPELINE, world=2),
+        "pipeline_interleaved": lambda: hpm(s, a.steps, 2, INTERLEAVED),
+        "pipeline_interleaved_processes": lambda: hpm(s, a.steps, 1, INTERLEAVED, world=2),
         "torch_ddp": lambda: torch(s, 1, a.steps, world=2),
         "torch_1": lambda: torch(s, 1, a.steps),
     }
@@ -100,6 +106,8 @@ def main():
     targets = [("mirrored", "one_device_2", 0.95), ("mirrored", "one_device_1", 1.8),
                ("multi_worker", "one_device_2", 0.9), ("multi_worker", "torch_ddp", 2.0),
                ("pipeline", "one_device_1", 1.7), ("pipeline_processes", "one_device_1", 1.7),
+               ("pipeline_interleaved", "one_device_1", 1.7),
+               ("pipeline_interleaved_processes", "one_device_1", 1.7),
                ("one_device_1", "torch_1", 1.25), ("multi_worker_bf16", "multi_worker", None),
                ("multi_worker_mixed", "torch_ddp", 2.0), ("multi_worker_mixed", "multi_worker", None),
                ("multi_worker_mixed_bf16", "torch_ddp", 2.0)]
