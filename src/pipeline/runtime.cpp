@@ -63,6 +63,20 @@ std::vector<std::shared_ptr<nn::Module>> cut(const nn::Sequential& model,
   return out;
 }
 
+// Whether every chunk runs its forwards, and its backwards, in micro-batch order on every device:
+// then each stream of messages (an edge, forward or backward) is sent and received in that order,
+// which receiving ahead relies on (Stage::receive).
+bool streams_in_micro_order(const Schedule& s) {
+  for (const std::vector<Action>& actions : s.per_device) {
+    std::map<std::pair<int, int>, int> next;  // (chunk, kind) -> the micro-batch due
+    for (const Action& a : actions) {
+      if (a.kind == Action::kWeight) continue;
+      if (a.micro != next[{a.chunk, a.kind}]++) return false;
+    }
+  }
+  return true;
+}
+
 // One device of the pipeline: its Device, generator and communicator, and the bookkeeping of
 // one mini-batch (micro-batch activations kept from forward to backward, messages in flight).
 class Pipeline::Stage {
@@ -76,7 +90,8 @@ class Pipeline::Stage {
         chunks_(chunks),
         device_("stage" + std::to_string(index), o.device_budget, o.threads_per_stage),
         generator_(o.seed + 7919 * static_cast<std::uint64_t>(index + 1)),
-        comm_(std::move(comm)) {
+        comm_(std::move(comm)),
+        receive_ahead_(streams_in_micro_order(s)) {
     // A stage's variables live on its Device: the budget covers them, as a GPU's would. A tied
     // weight that an earlier stage of this process also uses stays on that stage's Device (one
     // copy, one owner).
@@ -144,6 +159,8 @@ class Pipeline::Stage {
     device_.reset_peak();
     abort_ = &abort;
     result_ = Result{};
+    ahead_.clear();
+    sent_shapes_.clear();
     rows_ = batch.rows();
     x_ = batch.inputs;
     y_ = batch.targets;
@@ -171,6 +188,8 @@ class Pipeline::Stage {
     for (auto& [work, buffer] : sends_) wait(*work, "send");
     sends_.clear();
     saved_.clear();
+    ahead_.clear();
+    sent_shapes_.clear();
     deferred_.clear();
     local_mail_.clear();
     x_ = y_ = Tensor();
@@ -274,9 +293,32 @@ class Pipeline::Stage {
     }
   }
 
+  // Messages between stages. Each is a header (the shape) and a payload, under tags of their own.
+  // gloo writes a send only into a receive already posted: a receive posted when the data is due
+  // waits for two round trips through the sender's communication thread, on a core busy
+  // computing, and the interleaved schedule pays that 6 times per micro-batch. So on receiving
+  // micro-batch m of a stream (an edge, forward or backward), a stage at once posts the receives
+  // of m + 1, guessing its shape is m's when the two have as many rows. The sender makes the same
+  // guess from the same schedule; when its payload has another shape after all (activations whose
+  // shape follows the data), it fills the guessed receive with zeros and sends the payload again
+  // under the retry tag.
+  enum class Part { kPayload, kHeader, kRetry };
+
   // Edge e joins chunk e to chunk e + 1: activations cross it forward, gradients backward.
-  int tag(int micro, int edge, bool gradient, bool header) const {
-    return ((micro * schedule_.chunks() + edge) * 2 + (gradient ? 1 : 0)) * 2 + (header ? 1 : 0);
+  int tag(int micro, int edge, bool gradient, Part part) const {
+    return ((micro * schedule_.chunks() + edge) * 2 + (gradient ? 1 : 0)) * 3 +
+           static_cast<int>(part);
+  }
+
+  // Whether micro-batch `micro` of every stream is received into receives posted ahead.
+  bool received_ahead(int micro) const {
+    const int m = schedule_.micro_batches;
+    return receive_ahead_ && micro > 0 && micro < m &&
+           micro_rows(rows_, m, micro).second == micro_rows(rows_, m, micro - 1).second;
+  }
+
+  void post_send(const Tensor& t, int dst, int tag) {
+    sends_.emplace_back(comm_->send(t, dst, tag), t);
   }
 
   void transmit(const Tensor& t, int micro, int edge, bool gradient) {
@@ -293,12 +335,34 @@ class Pipeline::Stage {
     h[0] = static_cast<float>(t.dim());
     for (int d = 0; d < t.dim(); ++d)
       h[static_cast<std::size_t>(d) + 1] = static_cast<float>(t.size(d));
-    Tensor header = Tensor::from(h, {kHeaderFloats});
     // A send's buffer must outlive it; finished ones let go of theirs at once, or 1F1B would
     // hold every micro-batch's messages to the end of the step.
     std::erase_if(sends_, [](const auto& s) { return s.first->completed(); });
-    sends_.emplace_back(comm_->send(header, dst, tag(micro, edge, gradient, true)), header);
-    sends_.emplace_back(comm_->send(t, dst, tag(micro, edge, gradient, false)), t);
+    post_send(Tensor::from(h, {kHeaderFloats}), dst, tag(micro, edge, gradient, Part::kHeader));
+    Shape& previous = sent_shapes_[{edge, gradient}];  // micro - 1's: streams go in order
+    if (received_ahead(micro) && !(t.shape() == previous)) {
+      post_send(Tensor::zeros(previous), dst, tag(micro, edge, gradient, Part::kPayload));
+      post_send(t, dst, tag(micro, edge, gradient, Part::kRetry));
+    } else {
+      post_send(t, dst, tag(micro, edge, gradient, Part::kPayload));
+    }
+    previous = t.shape();
+  }
+
+  struct Incoming {
+    Tensor header, payload;  // payload: the guessed shape, when received ahead
+    comm::WorkPtr header_done, payload_done;
+  };
+
+  Incoming post_receive(int src, int micro, int edge, bool gradient, const Shape* guess) {
+    Incoming in;
+    in.header = Tensor::empty({kHeaderFloats});
+    in.header_done = comm_->recv(in.header, src, tag(micro, edge, gradient, Part::kHeader));
+    if (guess != nullptr) {
+      in.payload = Tensor::empty(*guess);
+      in.payload_done = comm_->recv(in.payload, src, tag(micro, edge, gradient, Part::kPayload));
+    }
+    return in;
   }
 
   Tensor receive(int micro, int edge, bool gradient) {
@@ -313,15 +377,32 @@ class Pipeline::Stage {
       local_mail_.erase(it);
       return gradient ? t : t.detach();
     }
-    Tensor header = Tensor::empty({kHeaderFloats});
-    wait(*comm_->recv(header, src, tag(micro, edge, gradient, true)), "recv");
-    const float* h = header.data<float>();
+    Incoming in;
+    if (auto it = ahead_.find({micro, edge, gradient}); it != ahead_.end()) {
+      in = std::move(it->second);
+      ahead_.erase(it);
+    } else {
+      in = post_receive(src, micro, edge, gradient, nullptr);
+    }
+    wait(*in.header_done, "recv");
+    const float* h = in.header.data<float>();
     std::vector<std::int64_t> dims;
     for (int d = 0; d < static_cast<int>(h[0]); ++d) {
       dims.push_back(static_cast<std::int64_t>(h[d + 1]));
     }
-    Tensor data = Tensor::empty(Shape(dims));
-    wait(*comm_->recv(data, src, tag(micro, edge, gradient, false)), "recv");
+    const Shape shape(dims);
+    Tensor data;
+    if (in.payload_done) wait(*in.payload_done, "recv");
+    if (in.payload_done && in.payload.shape() == shape) {
+      data = in.payload;
+    } else {
+      data = Tensor::empty(shape);
+      const Part part = in.payload_done ? Part::kRetry : Part::kPayload;
+      wait(*comm_->recv(data, src, tag(micro, edge, gradient, part)), "recv");
+    }
+    if (received_ahead(micro + 1)) {
+      ahead_[{micro + 1, edge, gradient}] = post_receive(src, micro + 1, edge, gradient, &shape);
+    }
     return data;
   }
 
@@ -371,6 +452,9 @@ class Pipeline::Stage {
   std::map<std::pair<int, int>, autograd::DeferredWeightGradients> deferred_;  // B done, W not
   std::map<std::tuple<int, int, bool>, Tensor> local_mail_;
   std::vector<std::pair<comm::WorkPtr, Tensor>> sends_;
+  const bool receive_ahead_;                              // streams_in_micro_order(schedule_)
+  std::map<std::tuple<int, int, bool>, Incoming> ahead_;  // (micro, edge, gradient)
+  std::map<std::pair<int, int>, Shape> sent_shapes_;      // (edge, gradient) -> the last sent
 };
 
 // The stage threads of an in-process pipeline: each waits for a mini-batch, runs its stage and
