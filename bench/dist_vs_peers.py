@@ -7,9 +7,11 @@
 2. Training samples/s on Fashion-MNIST, global batch 64: hpm one replica (1 thread), Mirrored with
    2 replicas (2 threads), MultiWorkerMirrored with 2 processes of 1 thread, against PyTorch DDP
    with 2 processes of 1 thread (../shared/peers/torch_ddp.py).
+3. With --against-two-threads BATCH (issue 18): Mirrored with 2 replicas against the alternative
+   on one machine, one device whose kernels use both cores (--threads 2), at global batch BATCH.
 Each measurement is repeated REPEATS times, alternating; medians are printed.
 
-usage: bench/dist_vs_peers.py [--repeats 3] [--models mlp,cnn]
+usage: bench/dist_vs_peers.py [--repeats 3] [--models mlp,cnn] [--against-two-threads 512]
 Needs: build/ (scripts/setup.sh); installs the peers itself (scripts/setup_peers.sh).
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, tempfile
@@ -45,11 +47,12 @@ def torch_allreduce(mb, iters):
     return json.loads(out.strip().splitlines()[-1])["seconds_per_allreduce"]
 
 
-def hpm_train(model, extra, limit):
+def hpm_train(model, extra, limit, batch=64, epochs=1):
     cfg = os.path.join(ROOT, "examples", f"fashion_{model}.toml")
     with tempfile.TemporaryDirectory() as d:
         report = os.path.join(d, "r.json")
-        base = [cfg, "--set", "train.epochs=1", "--set", f"data.train_limit={limit}", "--set", "data.test_limit=1000"] + extra
+        base = [cfg, "--set", f"train.epochs={epochs}", "--set", f"data.train_limit={limit}", "--set", "data.test_limit=1000",
+                "--set", f"data.batch_size={batch}"] + extra
         if "multi_worker" in " ".join(extra):
             rdv = os.path.join(d, "rdv")
             os.makedirs(rdv)
@@ -74,9 +77,12 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--models", default="mlp,cnn")
     ap.add_argument("--skip-allreduce", action="store_true")
+    ap.add_argument("--against-two-threads", type=int, default=0, metavar="BATCH")
     a = ap.parse_args()
     peers.install()
     print(peers.machine(), flush=True)
+    if a.against_two_threads:
+        return mirrored_against_two_threads(a.repeats, a.models, a.against_two_threads)
     if not a.skip_allreduce:
         allreduce_vs_peers(a.repeats)
     training_vs_peers(a.repeats, a.models)
@@ -127,6 +133,21 @@ def training_vs_peers(repeats, models):
         print(f"{model}, global batch 64, training samples/s: one replica {m['one']:.0f}, Mirrored x2 {m['mirrored']:.0f} "
               f"({m['mirrored']/m['one']:.2f}x one replica, {m['mirrored']/m['ddp']:.2f}x DDP), "
               f"MultiWorkerMirrored 2 processes {m['mwm']:.0f} ({m['mwm']/m['ddp']:.2f}x DDP), PyTorch DDP 2 processes {m['ddp']:.0f}")
+
+
+def mirrored_against_two_threads(repeats, models, batch):
+    for model in models.split(","):
+        epochs = 1 if model == "cnn" else 10  # about 10 s a run either way
+        r = {"one": [], "mirrored": []}
+        for _ in range(repeats):
+            r["one"].append(hpm_train(model, ["--threads", "2"], 60000, batch, epochs))
+            r["mirrored"].append(hpm_train(model, ["--threads", "2", "--set", "strategy.kind=mirrored",
+                                                   "--set", "strategy.replicas=2"], 60000, batch, epochs))
+        print(f"{model}, global batch {batch}, training samples/s per round: one device with 2 kernel threads "
+              f"{' / '.join(f'{x:.0f}' for x in r['one'])}, Mirrored 2 replicas of 1 thread "
+              f"{' / '.join(f'{x:.0f}' for x in r['mirrored'])}; medians {statistics.median(r['one']):.0f} and "
+              f"{statistics.median(r['mirrored']):.0f}: Mirrored "
+              f"{statistics.median(r['mirrored']) / statistics.median(r['one']):.2f}x one device", flush=True)
 
 
 if __name__ == "__main__":
