@@ -4,14 +4,16 @@ one device with 1 and with 2 kernel threads, Mirrored with 2 replicas (threads o
 MultiWorkerMirrored with 2 processes of 1 thread over gloo (f32; gradients as bf16 messages; bf16
 mixed precision, with f32 or bf16 messages), a 2-stage pipeline (8 micro-batches, the balanced
 cut, 1F1B and interleaved 1F1B with 2 chunks per stage; stages as threads, and as 2 processes), PyTorch DDP (2 processes,
-gloo, ../shared/peers/torch_gpt.py --world 2) and PyTorch alone (1 thread), on the same model,
+gloo, ../shared/peers/torch_gpt.py --world 2) and PyTorch alone (1 thread), both also under CPU
+autocast to bf16 (bench/torch_gpt_bf16.py), on the same model,
 corpus, optimizer and global batch. Tokens/s of training alone (one tiny evaluation at the end is
 outside the timing), alternating REPEATS times, medians and the ratios the issue asks for.
 
 usage: bench/gpt_data_parallel.py [--size shakespeare|default] [--steps 30] [--repeats 3]
           [--only one_device_1,one_device_2,mirrored,multi_worker,multi_worker_bf16,
                   multi_worker_mixed,multi_worker_mixed_bf16,pipeline,pipeline_processes,
-                  pipeline_interleaved,pipeline_interleaved_processes,torch_ddp,torch_1]
+                  pipeline_interleaved,pipeline_interleaved_processes,torch_ddp,torch_1,
+                  torch_ddp_bf16,torch_1_bf16]
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile
 
@@ -21,6 +23,7 @@ import peers  # noqa: E402
 from gpt_vs_torch import SIZES, torch  # noqa: E402
 
 HPM = os.path.join(ROOT, "build", "hpm")
+TORCH_BF16 = os.path.join(ROOT, "bench", "torch_gpt_bf16.py")
 PIPELINE = {"pipeline.stages": 2, "pipeline.micro_batches": 8, "pipeline.schedule": '"1f1b"',
             "pipeline.partition": '"balanced"'}
 # Megatron's interleaved 1F1B: each stage holds 2 chunks of the cut, which halves the bubble of
@@ -91,6 +94,9 @@ def main():
         "pipeline_interleaved_processes": lambda: hpm(s, a.steps, 1, INTERLEAVED, world=2),
         "torch_ddp": lambda: torch(s, 1, a.steps, world=2),
         "torch_1": lambda: torch(s, 1, a.steps),
+        # PyTorch under CPU autocast to bf16 (bench/torch_gpt_bf16.py), the peer of hpm's bf16 runs.
+        "torch_ddp_bf16": lambda: torch(s, 1, a.steps, world=2, script=TORCH_BF16),
+        "torch_1_bf16": lambda: torch(s, 1, a.steps, script=TORCH_BF16),
     }
     chosen = [k for k in runs if not a.only or k in a.only.split(",")]
     print(f"size {a.size} {s}, {a.steps} steps, medians of {a.repeats} (alternating)", flush=True)
@@ -110,7 +116,9 @@ def main():
                ("pipeline_interleaved_processes", "one_device_1", 1.7),
                ("one_device_1", "torch_1", 1.25), ("multi_worker_bf16", "multi_worker", None),
                ("multi_worker_mixed", "torch_ddp", 2.0), ("multi_worker_mixed", "multi_worker", None),
-               ("multi_worker_mixed_bf16", "torch_ddp", 2.0)]
+               ("multi_worker_mixed_bf16", "torch_ddp", 2.0), ("torch_ddp_bf16", "torch_ddp", None),
+               ("torch_1_bf16", "torch_1", None), ("multi_worker_mixed", "torch_ddp_bf16", 2.0),
+               ("multi_worker_mixed_bf16", "torch_ddp_bf16", 2.0)]
     print("| ratio | measured | target |\n|---|---|---|")
     for num, den, target in targets:
         if num in med and den in med:

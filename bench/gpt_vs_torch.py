@@ -43,9 +43,10 @@ def hpm(s, threads, steps, precision="f32"):
         return json.load(open(rep.name))["train_tokens_per_s"]
 
 
-def torch(s, threads, steps, world=1):
-    """torch_gpt.py's training tokens/s; world > 1: DistributedDataParallel over that many processes."""
-    out = subprocess.run(["/usr/bin/python3", os.path.join(peers.PEERS, "torch_gpt.py"), "--timing-only",
+def torch(s, threads, steps, world=1, script=None):
+    """torch_gpt.py's training tokens/s; world > 1: DistributedDataParallel over that many processes.
+    `script`: another peer script taking the same arguments (bench/torch_gpt_bf16.py)."""
+    out = subprocess.run(["/usr/bin/python3", script or os.path.join(peers.PEERS, "torch_gpt.py"), "--timing-only",
                           "--iters", str(steps), "--threads", str(threads), "--world", str(world)] +
                          sum([[f"--{k}", str(v)] for k, v in s.items()], []),
                          env=peers.env("blas"), check=True, capture_output=True, text=True).stdout
