@@ -7,8 +7,10 @@ build/bench/sgemm_peak in the same run).
 
 usage: bench/gpt_vs_torch.py [--size default|shakespeare] [--threads 1,2] [--steps 200] [--repeats 3]
                             [--precision f32|bf16|both]
-  --precision: hpm's ([train] precision; bf16 needs AVX512_BF16); PyTorch runs f32 either way,
-               at its best, and the peak column stays the f32 SGEMM peak.
+  --precision: hpm's ([train] precision; bf16 needs AVX512_BF16). PyTorch runs f32 in every
+               case, and with bf16 also under CPU autocast to bf16 (bench/torch_gpt_bf16.py), so
+               each hpm precision has a ratio against PyTorch f32 and one against PyTorch in the
+               same precision; the peak column stays the f32 SGEMM peak.
   default:     torch_gpt.py's defaults (4 layers, 4 heads, 128 wide, block 64, batch 12)
   shakespeare: nanoGPT's shakespeare_char size (6 layers, 6 heads, 384 wide, block 256, batch 16)
 """
@@ -67,22 +69,26 @@ def main():
     fpt = flops_per_token(s)
     print(f"size {a.size} {s}, {fpt / 1e6:.1f} MFLOP per token, {a.steps} steps, medians of {a.repeats}")
     precisions = ["f32", "bf16"] if a.precision == "both" else [a.precision]
-    print("| threads | hpm precision | hpm tokens/s | PyTorch f32 tokens/s | ratio | hpm GFLOP/s | PyTorch GFLOP/s | "
+    print("| threads | precision | hpm tokens/s | PyTorch f32 tokens/s | hpm / PyTorch f32 | "
+          "PyTorch in this precision | hpm / PyTorch in this precision | hpm GFLOP/s | PyTorch f32 GFLOP/s | "
           "f32 SGEMM peak | hpm fraction of it |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    bf16_peer = os.path.join(ROOT, "bench", "torch_gpt_bf16.py")  # PyTorch under CPU autocast
     for threads in [int(t) for t in a.threads.split(",")]:
         peak = peers.sgemm_peak(ROOT, threads)
-        h, t = {p: [] for p in precisions}, []
+        h = {p: [] for p in precisions}
+        t = {p: [] for p in ["f32"] + precisions}
         for _ in range(a.repeats):  # alternating, so drifts in the machine's speed hit both
             for p in precisions:
                 h[p].append(hpm(s, threads, a.steps, p))
-            t.append(torch(s, threads, a.steps))
-        mt = statistics.median(t)
+            for p in t:
+                t[p].append(torch(s, threads, a.steps, script=bf16_peer if p == "bf16" else None))
+        mt = {p: statistics.median(v) for p, v in t.items()}
         for p in precisions:
             mh = statistics.median(h[p])
-            print(f"| {threads} | {p} | {mh:.0f} | {mt:.0f} | {mh / mt:.2f}x | {mh * fpt / 1e9:.1f} | "
-                  f"{mt * fpt / 1e9:.1f} | {peak:.1f} | {mh * fpt / 1e9 / peak:.2f} |", flush=True)
-
+            print(f"| {threads} | {p} | {mh:.0f} | {mt['f32']:.0f} | {mh / mt['f32']:.2f}x | {mt[p]:.0f} | "
+                  f"{mh / mt[p]:.2f}x | {mh * fpt / 1e9:.1f} | {mt['f32'] * fpt / 1e9:.1f} | {peak:.1f} | "
+                  f"{mh * fpt / 1e9 / peak:.2f} |", flush=True)
 
 if __name__ == "__main__":
     main()
