@@ -20,10 +20,9 @@ import argparse, json, os, statistics, subprocess, sys, tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import peers  # noqa: E402
-from gpt_vs_torch import SIZES, torch  # noqa: E402
+from gpt_vs_torch import SIZES, TORCH_BF16, torch  # noqa: E402
 
 HPM = os.path.join(ROOT, "build", "hpm")
-TORCH_BF16 = os.path.join(ROOT, "bench", "torch_gpt_bf16.py")
 PIPELINE = {"pipeline.stages": 2, "pipeline.micro_batches": 8, "pipeline.schedule": '"1f1b"',
             "pipeline.partition": '"balanced"'}
 # Megatron's interleaved 1F1B: each stage holds 2 chunks of the cut, which halves the bubble of

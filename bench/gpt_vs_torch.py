@@ -20,6 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import peers  # noqa: E402
 
+# PyTorch under CPU autocast to bf16: the peer of hpm's bf16 runs.
+TORCH_BF16 = os.path.join(ROOT, "bench", "torch_gpt_bf16.py")
+
 SIZES = {"default": dict(layers=4, heads=4, embd=128, block=64, batch=12),
          "shakespeare": dict(layers=6, heads=6, embd=384, block=256, batch=16)}
 
@@ -73,7 +76,6 @@ def main():
           "PyTorch in this precision | hpm / PyTorch in this precision | hpm GFLOP/s | PyTorch f32 GFLOP/s | "
           "f32 SGEMM peak | hpm fraction of it |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    bf16_peer = os.path.join(ROOT, "bench", "torch_gpt_bf16.py")  # PyTorch under CPU autocast
     for threads in [int(t) for t in a.threads.split(",")]:
         peak = peers.sgemm_peak(ROOT, threads)
         h = {p: [] for p in precisions}
@@ -82,13 +84,14 @@ def main():
             for p in precisions:
                 h[p].append(hpm(s, threads, a.steps, p))
             for p in t:
-                t[p].append(torch(s, threads, a.steps, script=bf16_peer if p == "bf16" else None))
+                t[p].append(torch(s, threads, a.steps, script=TORCH_BF16 if p == "bf16" else None))
         mt = {p: statistics.median(v) for p, v in t.items()}
         for p in precisions:
             mh = statistics.median(h[p])
             print(f"| {threads} | {p} | {mh:.0f} | {mt['f32']:.0f} | {mh / mt['f32']:.2f}x | {mt[p]:.0f} | "
                   f"{mh / mt[p]:.2f}x | {mh * fpt / 1e9:.1f} | {mt['f32'] * fpt / 1e9:.1f} | {peak:.1f} | "
                   f"{mh * fpt / 1e9 / peak:.2f} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

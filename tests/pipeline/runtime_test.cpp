@@ -319,7 +319,7 @@ TEST(Pipeline, StagesReceivingAheadGetEveryShapeRight) {
             chunks_per_stage == 1 ? std::vector<int>{0, 2, 4} : std::vector<int>{0, 1, 2, 3, 4};
         Pipeline p(cut(*models[static_cast<std::size_t>(r)], bounds), o,
                    comms[static_cast<std::size_t>(r)]);
-        for (int step = 0; step < 2; ++step) {  // the second step starts from the first's shapes
+        for (int step = 0; step < 2; ++step) {  // nothing of the first step's messages is left over
           models[static_cast<std::size_t>(r)]->zero_grad();
           p.forward_backward(b.x, b.y, loss_fn);
         }
