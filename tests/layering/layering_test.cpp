@@ -19,7 +19,10 @@ using Graph = std::map<std::string, std::set<std::string>>;
 
 const fs::path kSource = HPM_SOURCE_DIR;
 
-// The "| layer | owns | depends on |" table: layer -> the layers in its last column.
+// DESIGN.md names a layer in words where its folder (and include path) is shorter.
+std::string folder_of(const std::string& layer) { return layer == "distribute" ? "dist" : layer; }
+
+// The "| layer | owns | depends on |" table: layer folder -> the layer folders in its last column.
 Graph read_design_table(const fs::path& design) {
   std::ifstream in(design);
   Graph g;
@@ -34,7 +37,8 @@ Graph read_design_table(const fs::path& design) {
     if (line.rfind("|---", 0) == 0) continue;
     if (line.empty() || line[0] != '|') break;
     const auto first = line.find('|', 1), last = line.rfind('|', line.size() - 2);
-    const std::string layer = std::regex_replace(line.substr(1, first - 1), std::regex("\\s"), "");
+    const std::string layer =
+        folder_of(std::regex_replace(line.substr(1, first - 1), std::regex("\\s"), ""));
     std::string deps = line.substr(last + 1);
     deps = deps.substr(0, deps.find('|'));
     auto& out = g[layer];
@@ -43,9 +47,9 @@ Graph read_design_table(const fs::path& design) {
       continue;
     }
     static const std::regex word("[a-z]+");
-    for (auto it = std::sregex_iterator(deps.begin(), deps.end(), word); it != std::sregex_iterator();
-         ++it)
-      out.insert(it->str());
+    for (auto it = std::sregex_iterator(deps.begin(), deps.end(), word);
+         it != std::sregex_iterator(); ++it)
+      out.insert(folder_of(it->str()));
   }
   return g;
 }
