@@ -1,7 +1,6 @@
 #include "hpm/data/token_shard.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -11,6 +10,8 @@
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
+#include <vector>
 
 #include "hpm/data/dataset.h"
 #include "hpm/data/file_sources.h"
@@ -201,56 +202,89 @@ std::shared_ptr<const TokenShard> TokenShard::open(const std::string& path) {
   const std::size_t bytes = open_sized(path, f);
   std::shared_ptr<TokenShard> s(new TokenShard());
   s->path_ = path;
-  if (bytes < kTokenShardHeaderBytes) {
-    unsigned char h[kTokenShardHeaderBytes] = {};
-    parse_header(path, h, bytes);  // throws: truncated
-  }
-  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, f.fd, 0);
-  if (map == MAP_FAILED) throw DataError(path, "cannot map: " + std::string(std::strerror(errno)));
-  s->map_ = map;
-  s->map_bytes_ = bytes;
-  const auto* base = static_cast<const unsigned char*>(map);
-  s->header_ = parse_header(path, base, bytes);
-  s->payload_ = base + kTokenShardHeaderBytes;
+  unsigned char h[kTokenShardHeaderBytes] = {};
+  s->read_bytes(f.fd, h, std::min(bytes, sizeof h), 0);
+  s->header_ = parse_header(path, h, bytes);
+  s->fd_ = std::exchange(f.fd, -1);
   const TokenShardHeader& hd = s->header_;
-  const std::size_t payload_bytes = static_cast<std::size_t>(hd.count) * hd.token_bytes;
-  const std::uint32_t crc = io::crc32c(s->payload_, payload_bytes);
+  // The payload's checksum, then every id inside the vocabulary (a checksum that holds over ids
+  // outside it is a writer's bug; say which), a chunk at a time.
+  constexpr std::int64_t kChunk = 1 << 16;
+  std::vector<unsigned char> raw(static_cast<std::size_t>(kChunk) * hd.token_bytes);
+  std::vector<std::int64_t> ids(kChunk);
+  std::uint32_t crc = 0;
+  for (std::int64_t i = 0; i < hd.count; i += kChunk) {
+    const std::int64_t n = std::min(hd.count - i, kChunk);
+    const std::size_t n_bytes = static_cast<std::size_t>(n) * hd.token_bytes;
+    s->read_bytes(s->fd_, raw.data(), n_bytes,
+                  kTokenShardHeaderBytes + static_cast<std::size_t>(i) * hd.token_bytes);
+    crc = io::crc32c(raw.data(), n_bytes, crc);
+    s->decode(raw.data(), n, ids.data());
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (ids[static_cast<std::size_t>(j)] < hd.vocab_size) continue;
+      const std::size_t at =
+          kTokenShardHeaderBytes + static_cast<std::size_t>(i + j) * hd.token_bytes;
+      throw DataError(
+          path, at_byte(at) + "token " + std::to_string(ids[static_cast<std::size_t>(j)]) +
+                    " (index " + std::to_string(i + j) + ") is outside the vocabulary of " +
+                    std::to_string(hd.vocab_size) + " (byte " + std::to_string(kVocabAt) + ")");
+    }
+  }
   if (crc != hd.payload_crc32c) {
     throw DataError(
         path, at_byte(kTokenShardHeaderBytes) + "payload checksum mismatch: the header (byte " +
                   std::to_string(kPayloadCrcAt) + ") says " + hex(hd.payload_crc32c) + ", the " +
                   std::to_string(hd.count) + " tokens hash to " + hex(crc) + " (a corrupt shard)");
   }
-  // A checksum that holds over ids outside the vocabulary is a writer's bug; say which.
-  std::vector<std::int64_t> chunk(4096);
-  for (std::int64_t i = 0; i < hd.count; i += static_cast<std::int64_t>(chunk.size())) {
-    const std::int64_t n = std::min<std::int64_t>(hd.count - i, chunk.size());
-    s->read(i, n, chunk.data());
-    for (std::int64_t j = 0; j < n; ++j) {
-      if (chunk[static_cast<std::size_t>(j)] < hd.vocab_size) continue;
-      const std::size_t at =
-          kTokenShardHeaderBytes + static_cast<std::size_t>(i + j) * hd.token_bytes;
-      throw DataError(
-          path, at_byte(at) + "token " + std::to_string(chunk[static_cast<std::size_t>(j)]) +
-                    " (index " + std::to_string(i + j) + ") is outside the vocabulary of " +
-                    std::to_string(hd.vocab_size) + " (byte " + std::to_string(kVocabAt) + ")");
-    }
-  }
   return s;
 }
 
 TokenShard::~TokenShard() {
-  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void TokenShard::read_bytes(int fd, unsigned char* out, std::size_t n, std::size_t offset) const {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, out, n, static_cast<off_t>(offset));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      throw DataError(path_, at_byte(offset) + "cannot read: " + std::strerror(errno));
+    }
+    if (got == 0) {
+      throw DataError(path_, at_byte(offset) +
+                                 "the file ends early: it was truncated or replaced in place "
+                                 "after it was opened (write shards to a new name and rename "
+                                 "them over, never in place, while a run reads them)");
+    }
+    out += got;
+    n -= static_cast<std::size_t>(got);
+    offset += static_cast<std::size_t>(got);
+  }
+}
+
+void TokenShard::decode(const unsigned char* p, std::int64_t n, std::int64_t* out) const {
+  if (header_.token_bytes == 2) {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = get<std::uint16_t>(p + 2 * i);
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = get<std::uint32_t>(p + 4 * i);
+  }
 }
 
 void TokenShard::read(std::int64_t start, std::int64_t n, std::int64_t* out) const {
-  if (header_.token_bytes == 2) {
-    const unsigned char* p = payload_ + 2 * start;
-    for (std::int64_t i = 0; i < n; ++i) out[i] = get<std::uint16_t>(p + 2 * i);
-  } else {
-    const unsigned char* p = payload_ + 4 * start;
-    for (std::int64_t i = 0; i < n; ++i) out[i] = get<std::uint32_t>(p + 4 * i);
+  // Read, not mapped: a mapped file that shrinks under the run kills it with SIGBUS, naming
+  // nothing; a read that comes up short is a DataError naming the file. A shard replaced by
+  // rename keeps serving the file that was opened.
+  const std::size_t bytes = static_cast<std::size_t>(n) * header_.token_bytes;
+  unsigned char stack[4096];
+  std::vector<unsigned char> heap;
+  unsigned char* raw = stack;
+  if (bytes > sizeof stack) {
+    heap.resize(bytes);
+    raw = heap.data();
   }
+  read_bytes(fd_, raw, bytes,
+             kTokenShardHeaderBytes + static_cast<std::size_t>(start) * header_.token_bytes);
+  decode(raw, n, out);
 }
 
 TokenSequence::TokenSequence(Tensor ids) : ids_(std::move(ids)) {

@@ -1,4 +1,4 @@
-// Token shards: the format round trip (u16 and u32 ids), sequences over several mapped shards
+// Token shards: the format round trip (u16 and u32 ids), sequences over several shards
 // (windows that span two), and every documented error, each naming the file and the byte.
 #include "hpm/data/token_shard.h"
 
@@ -110,6 +110,30 @@ TEST(TokenShard, SequencesSpanShardsAndWindowsReadThemAsOneTensor) {
   auto sweep = sequential_windows(c.val, 8, 2).make_iterator();
   ASSERT_TRUE(sweep->next(a));
   EXPECT_EQ(a[1].to_vector_i64()[0], 101);
+}
+
+// A shard truncated in place under a run that reads it: a DataError naming the file and the byte
+// (mapped, the read was a SIGBUS naming nothing). One replaced by rename keeps serving the file
+// that was opened.
+TEST(TokenShard, AShardTruncatedWhileOpenIsAnErrorNamingIt) {
+  TempDir dir;
+  write_token_shard(dir / "a.tokens", iota(5000, 0, 300), 300, 0);
+  const auto a = TokenShard::open(dir / "a.tokens");
+  std::filesystem::resize_file(dir / "a.tokens", 64 + 2 * 1000);
+  std::vector<std::int64_t> out(10);
+  a->read(990, 10, out.data());
+  EXPECT_EQ(out, iota(10, 990, 300));
+  const std::string e = error_of([&] { a->read(4000, 10, out.data()); });
+  EXPECT_NE(e.find(dir / "a.tokens"), std::string::npos) << e;
+  EXPECT_NE(e.find("byte 8064"), std::string::npos) << e;
+  EXPECT_NE(e.find("the file ends early: it was truncated or replaced in place"), std::string::npos)
+      << e;
+
+  write_token_shard(dir / "b.tokens", iota(100, 0, 300), 300, 0);
+  const auto b = TokenShard::open(dir / "b.tokens");
+  write_token_shard(dir / "b.tokens", iota(10, 200, 300), 300, 0);  // a new file, renamed over
+  b->read(90, 10, out.data());
+  EXPECT_EQ(out, iota(10, 90, 300));
 }
 
 TEST(TokenShard, DocumentedErrorsNameTheFileAndTheByte) {

@@ -1,5 +1,5 @@
-// Token shards: token ids on disk, read memory-mapped, and TokenSequence, the tokens a language
-// model trains on (ids in memory, or the concatenation of mapped shards).
+// Token shards: token ids on disk, read with pread, and TokenSequence, the tokens a language
+// model trains on (ids in memory, or the concatenation of open shards).
 //
 // A shard is a 64-byte header and a payload of `count` little-endian ids, 2 bytes each (u16) when
 // the vocabulary has at most 65,536 tokens, else 4 (u32). The header, all little-endian:
@@ -18,7 +18,7 @@
 //
 //   write_token_shard("out/train-00000.tokens", ids, tokenizer->vocab_size(),
 //                     tokenizer->fingerprint());
-//   auto shard = TokenShard::open("out/train-00000.tokens");  // mapped, checked, verified
+//   auto shard = TokenShard::open("out/train-00000.tokens");  // opened, checked, verified
 //   TokenSequence tokens({shard});                             // what random_windows reads
 #pragma once
 #include <cstdint>
@@ -56,7 +56,8 @@ void write_token_shard(const std::string& path, const std::vector<std::int64_t>&
 // the byte offset of the field that is wrong.
 TokenShardHeader read_token_shard_header(const std::string& path);
 
-// A shard mapped into memory (mmap, read-only), verified when opened: the header as
+// A shard kept open and read with pread (not mapped: a mapped file truncated under a run kills
+// it with SIGBUS; a short read is a DataError naming the file), verified when opened: the header as
 // read_token_shard_header checks it, then the payload's checksum and that every id is inside the
 // vocabulary. Errors are DataErrors naming the file and the byte offset.
 class TokenShard {
@@ -75,14 +76,14 @@ class TokenShard {
 
  private:
   TokenShard() = default;
+  void read_bytes(int fd, unsigned char* out, std::size_t n, std::size_t offset) const;
+  void decode(const unsigned char* raw, std::int64_t n, std::int64_t* out) const;
   std::string path_;
   TokenShardHeader header_;
-  void* map_ = nullptr;
-  std::size_t map_bytes_ = 0;
-  const unsigned char* payload_ = nullptr;
+  int fd_ = -1;
 };
 
-// A 1-D sequence of token ids: an I64 tensor, or mapped shards one after the other (a window may
+// A 1-D sequence of token ids: an I64 tensor, or open shards one after the other (a window may
 // span two shards, as the text corpus' windows span files).
 class TokenSequence {
  public:
