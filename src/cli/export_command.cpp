@@ -2,8 +2,11 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
 
+#include "hpm/io/atomic_file.h"
+#include "hpm/io/paths.h"
 #include "hpm/io/safetensors.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/train/checkpoint.h"
@@ -23,6 +26,17 @@ CLI::App* add_export_command(CLI::App& app, ExportCommandOptions& o) {
 
 int run_export(const ExportCommandOptions& o) {
   const std::string dir = train::resolve_checkpoint_dir(o.checkpoint);
+  // Writing into a checkpoint would replace the weights being exported (or another checkpoint's,
+  // or `latest`), which its recorded checksum then rejects: the checkpoint is lost.
+  const std::string target = io::resolved_path(io::output_file_target(o.output));
+  const std::filesystem::path parent = std::filesystem::path(target).parent_path();
+  if (io::path_within(target, dir) || std::filesystem::exists(parent / "trainer_state.json") ||
+      (std::filesystem::path(target).filename() == "latest" &&
+       train::holds_checkpoints(parent.string()))) {
+    throw std::invalid_argument("--output " + o.output + " is inside the checkpoint " +
+                                (io::path_within(target, dir) ? dir : parent.string()) +
+                                ": export to a file outside it");
+  }
   io::NamedTensors out;
   for (const auto& [name, t] : train::load_checkpoint_weights(dir)) {
     if (t.dtype() != DType::F32 || o.dtype == "f32") {

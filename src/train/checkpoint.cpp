@@ -22,6 +22,33 @@ std::string checksum_hex(std::string_view bytes) {
   return buf;
 }
 
+// The files save_checkpoint writes into a ckpt-* directory (and write_file_atomic's temporaries
+// of them, "<name>.tmp.<pid>", which a crash mid-write can leave).
+constexpr const char* kCheckpointFiles[] = {"model.safetensors", "optimizer.safetensors",
+                                            "iterator.bin", "trainer_state.json"};
+
+// Removes `file` and its write_file_atomic temporaries.
+void remove_owned_file(const fs::path& file) {
+  std::error_code ec;
+  fs::remove(file, ec);
+  const std::string prefix = file.filename().string() + ".tmp.";
+  for (const auto& e : fs::directory_iterator(file.parent_path(), ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0 &&
+        n.find_first_not_of("0123456789", prefix.size()) == std::string::npos) {
+      fs::remove(e.path(), ec);
+    }
+  }
+}
+
+// hpm deletes only what it wrote: a checkpoint's own files, by name, then its directory if that
+// leaves it empty (a file someone else put there keeps it, and itself).
+void remove_checkpoint_files(const fs::path& dir) {
+  for (const char* f : kCheckpointFiles) remove_owned_file(dir / f);
+  std::error_code ec;
+  if (fs::is_empty(dir, ec) && !ec) fs::remove(dir, ec);
+}
+
 std::string resolve(const std::string& path) {
   if (fs::exists(path + "/trainer_state.json")) return path;
   const std::string latest = path + "/latest";
@@ -77,19 +104,38 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   std::vector<std::pair<std::int64_t, fs::path>> found;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && n.rfind("ckpt-", 0) == 0) {
+    if (e.is_directory() && is_checkpoint_name(n)) {
       try {
         found.emplace_back(std::stoll(n.substr(5)), e.path());
-      } catch (const std::exception&) {
+      } catch (const std::exception&) {  // out of range: not one of ours
       }
     }
   }
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
   for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)); i < found.size(); ++i) {
-    std::error_code ec;
-    fs::remove_all(found[i].second, ec);
+    remove_checkpoint_files(found[i].second);
   }
   return dir;
+}
+
+bool holds_checkpoints(const std::string& root) {
+  std::error_code ec;
+  if (fs::exists(fs::path(root) / "latest", ec)) return true;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (e.is_directory(ec) && is_checkpoint_name(e.path().filename().string())) return true;
+  }
+  return false;
+}
+
+void remove_checkpoints(const std::string& root) {
+  std::error_code ec;
+  std::vector<fs::path> dirs;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (e.is_directory(ec) && is_checkpoint_name(e.path().filename().string()))
+      dirs.push_back(e.path());
+  }
+  for (const auto& d : dirs) remove_checkpoint_files(d);
+  remove_owned_file(fs::path(root) / "latest");
 }
 
 // The fields of trainer_state.json (json::exception names only the key; the caller adds the file).
@@ -136,6 +182,11 @@ struct OpenedCheckpoint {
 }  // namespace
 
 std::string resolve_checkpoint_dir(const std::string& path) { return resolve(path); }
+
+bool is_checkpoint_name(const std::string& name) {
+  return name.size() > 5 && name.rfind("ckpt-", 0) == 0 &&
+         name.find_first_not_of("0123456789", 5) == std::string::npos;
+}
 
 io::NamedTensors load_checkpoint_weights(const std::string& path) {
   const OpenedCheckpoint c(path);

@@ -9,10 +9,12 @@
 
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/io/atomic_file.h"
+#include "hpm/io/paths.h"
 #include "hpm/nn/losses.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/trace/trace.h"
+#include "hpm/train/directory_lock.h"
 
 namespace hpm::train {
 
@@ -20,6 +22,22 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Whether a backup directory is one hpm made: missing (this run makes it), or holding only what
+// an earlier run of hpm left there (its backups, `latest`, the lock file of a run that was
+// killed). An empty directory that was already there is the user's.
+bool hpm_made(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return true;
+  bool any = false;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!is_checkpoint_name(n) && n != "latest" && n != DirectoryLock::kFileName) return false;
+    any = true;
+  }
+  return any;
 }
 
 }  // namespace
@@ -130,7 +148,7 @@ void Trainer::explain_out_of_memory(const Tensor& x, const Tensor& y,
     os << "the training step does not fit: device '" << device.name() << "' has a budget of "
        << static_cast<double>(budget) / kMiB
        << " MiB; try [memory] recompute, offload or [pipeline] stages (" << error.what() << ")";
-    throw TrainingError(os.str());
+    throw OutOfMemoryStop(os.str());
   }
   device.set_budget(Device::kUnlimited);
   device.reset_peak();
@@ -146,7 +164,7 @@ void Trainer::explain_out_of_memory(const Tensor& x, const Tensor& y,
   os << "the training step needs " << static_cast<double>(need) / kMiB << " MiB, device '"
      << device.name() << "' has a budget of " << static_cast<double>(budget) / kMiB
      << " MiB; try [memory] recompute, offload or [pipeline] stages (" << error.what() << ")";
-  throw TrainingError(os.str());
+  throw OutOfMemoryStop(os.str());
 }
 
 FitResult Trainer::fit(const data::LabelledData& train, const data::LabelledData* test,
@@ -198,6 +216,23 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                        const FitOptions& options) {
   options_ = options;
   dist::micro_batches(0, options.accumulation_steps);  // validates it before any work
+  // Backups are deleted when the run finishes and both prune their oldest: sharing a directory
+  // (in any spelling, or one inside the other) would delete checkpoints.
+  if (!options.backup_dir.empty() && !options.checkpoint_dir.empty() &&
+      io::paths_overlap(options.backup_dir, options.checkpoint_dir)) {
+    throw InputError("backup_dir " + options.backup_dir + " and checkpoint_dir " +
+                     options.checkpoint_dir +
+                     " are the same directory or one holds the other: give each its own");
+  }
+  // Only the writer locks (in a multi-worker job, worker 0): a second run is refused before it
+  // restores, trains or writes anything.
+  const bool backup_dir_ours = !options.backup_dir.empty() && hpm_made(options.backup_dir);
+  DirectoryLock checkpoint_lock, backup_lock;
+  if (is_chief()) {
+    if (!options.checkpoint_dir.empty())
+      checkpoint_lock = DirectoryLock(options.checkpoint_dir, "checkpoint_dir");
+    if (!options.backup_dir.empty()) backup_lock = DirectoryLock(options.backup_dir, "backup_dir");
+  }
   if (strategy_) {
     strategy_->set_accumulation_steps(options.accumulation_steps);
     strategy_->set_precision(options.precision);
@@ -239,6 +274,20 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     }
     default_generator().set_state(state_.rng);
     if (strategy_) strategy_->mirror_from_primary();
+  }
+  // A fresh run into an earlier run's checkpoints would overwrite them and move `latest`; one
+  // continued (resumed, or restored from its backup) carries on where they stop.
+  if (!options.checkpoint_dir.empty() && is_chief() && options.resume_from.empty() &&
+      result.restored_from.empty() && holds_checkpoints(options.checkpoint_dir)) {
+    std::string latest;
+    try {
+      latest = " (latest " + resolve_checkpoint_dir(options.checkpoint_dir) + ")";
+    } catch (const std::exception&) {
+    }
+    throw InputError("checkpoint_dir " + options.checkpoint_dir +
+                     " already holds checkpoints of an earlier run" + latest +
+                     ": resume from it (hpm train --resume " + options.checkpoint_dir +
+                     "), or choose another directory; hpm does not overwrite them");
   }
   state_.batch_size = options.batch_size;                    // what later saves record
   const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
@@ -381,10 +430,16 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     state_.step_in_epoch = 0;
   }
   result.seconds = since(t_fit);
-  // Finished (all epochs, or a callback's decision): the backup has served its purpose.
+  // Finished (all epochs, or a callback's decision): the backup has served its purpose. Only the
+  // backups go, by name; the directory too when that empties it and hpm made it (this run, or
+  // the one whose backup this run continued).
   if (!result.preempted && !options.backup_dir.empty() && !options.keep_backup && is_chief()) {
+    remove_checkpoints(options.backup_dir);
+    backup_lock = DirectoryLock();
     std::error_code ec;
-    std::filesystem::remove_all(options.backup_dir, ec);
+    if (backup_dir_ours && std::filesystem::is_empty(options.backup_dir, ec) && !ec) {
+      std::filesystem::remove(options.backup_dir, ec);
+    }
   }
   for (auto& cb : callbacks_) cb->on_train_end(*this, result);
   return result;

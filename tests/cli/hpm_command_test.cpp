@@ -346,7 +346,20 @@ TEST(HpmEarlyStopping, ConfigErrorsNameTheKey) {
   out = error_of("", " --set train.best_checkpoint_monitor=accuracy");
   EXPECT_NE(out.find("[train] best_checkpoint_monitor must be one of"), std::string::npos) << out;
   out = error_of("checkpoint_dir = \"ck\"\nbest_checkpoint_dir = \"ck\"\n");
-  EXPECT_NE(out.find("mlp.toml:13:23: [train] best_checkpoint_dir must differ from checkpoint_dir"),
+  EXPECT_NE(out.find("mlp.toml:13:23: [train] best_checkpoint_dir ck and checkpoint_dir ck are "
+                     "the same directory or one holds the other"),
+            std::string::npos)
+      << out;
+  // Compared as directories, not strings: another spelling, or one inside the other.
+  for (const char* backup : {"./ck/", "ck//", "ck/backup"}) {
+    out = error_of(std::string("checkpoint_dir = \"ck\"\nbackup_dir = \"") + backup + "\"\n");
+    EXPECT_NE(out.find("mlp.toml:13:14: [train] backup_dir " + std::string(backup) +
+                       " and checkpoint_dir ck are the same directory or one holds the other"),
+              std::string::npos)
+        << backup << ": " << out;
+  }
+  out = error_of("checkpoint_dir = \"runs/ck\"\nbackup_dir = \"runs\"\n");
+  EXPECT_NE(out.find("backup_dir runs and checkpoint_dir runs/ck are the same directory"),
             std::string::npos)
       << out;
 }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/hpm_cli.h"
+#include "hpm/train/checkpoint.h"
 
 namespace hpm {
 namespace {
@@ -148,6 +149,25 @@ TEST(WeightsCommand, ErrorsNameWhatAndWhere) {
   CommandResult dtype =
       run_hpm("export " + dir / "nothing" + " -o " + dir / "x.safetensors" + " --dtype f8");
   EXPECT_EQ(dtype.code, 2) << dtype.output;
+}
+
+// An export into a checkpoint would replace its weights (which its checksum then rejects):
+// refused, in any spelling, with the checkpoint as it was.
+TEST(WeightsCommand, ExportIntoTheCheckpointIsRefused) {
+  TempDir dir;
+  const std::string cfg = train_one_epoch(dir);
+  const std::string ckpt = train::resolve_checkpoint_dir(dir / "ckpt");
+  const std::string weights = read_text(ckpt + "/model.safetensors");
+  for (const std::string& out :
+       {ckpt + "/model.safetensors", ckpt + "/./x.safetensors", dir / "ckpt/latest"}) {
+    CommandResult ex = run_hpm("export " + dir / "ckpt" + " -o " + out);
+    EXPECT_EQ(ex.code, 1) << out << ": " << ex.output;
+    EXPECT_NE(ex.output.find("--output " + out + " is inside the checkpoint"), std::string::npos)
+        << ex.output;
+  }
+  EXPECT_EQ(read_text(ckpt + "/model.safetensors"), weights);
+  EXPECT_FALSE(std::filesystem::exists(ckpt + "/x.safetensors"));
+  EXPECT_EQ(run_hpm("evaluate " + cfg + " --checkpoint " + dir / "ckpt").code, 0);
 }
 
 // A teacher given as weights alone is loaded, not trained again over its directory.

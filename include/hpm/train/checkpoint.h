@@ -45,6 +45,17 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
 TrainerState load_checkpoint(const std::string& path, nn::Module& model,
                              optim::Optimizer* optimizer);
 
+// Whether `name` is one save_checkpoint gives a directory: "ckpt-" and the global step.
+bool is_checkpoint_name(const std::string& name);
+
+// Whether `root` holds checkpoints: a `latest` file or a ckpt-<N> directory.
+bool holds_checkpoints(const std::string& root);
+
+// Deletes what save_checkpoint wrote under `root`, by name: each ckpt-<N> directory's files (and
+// the directory when that empties it) and `latest`. Anything else in `root` stays, and so does
+// `root`.
+void remove_checkpoints(const std::string& root);
+
 // The ckpt-* directory `path` names (following `latest` from a root); CheckpointError if none.
 std::string resolve_checkpoint_dir(const std::string& path);
 // The model weights of the checkpoint at `path`, their checksum verified, as stored.

@@ -26,6 +26,13 @@ class TrainingError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The training step does not fit the device's memory budget (the message says what it needs and
+// what to try). A TrainingError, but not a non-finite loss.
+class OutOfMemoryStop : public TrainingError {
+ public:
+  using TrainingError::TrainingError;
+};
+
 // The input cannot train: it yields no batch, its batches are not (inputs, labels), or a saved
 // position counts batches of another size. Bad input, not a failed training.
 class InputError : public std::runtime_error {

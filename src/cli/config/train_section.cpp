@@ -3,6 +3,7 @@
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
 #include "hpm/autograd/autocast.h"
+#include "hpm/io/paths.h"
 #include "hpm/nn/containers.h"
 #include "hpm/nn/offload.h"
 #include "hpm/nn/recompute.h"
@@ -145,17 +146,26 @@ void read_early_stopping(const Source& s, Config& c) {
                         ": [early_stopping] min_delta must be non-negative");
     }
   }
-  // Both save with keep-the-newest pruning and one `latest`: sharing a directory would delete
-  // each other's checkpoints.
-  if (!c.best_checkpoint_dir.empty() && c.best_checkpoint_dir == c.checkpoint_dir) {
-    throw ConfigError(at(tr_table, "best_checkpoint_dir") +
-                      ": [train] best_checkpoint_dir must differ from checkpoint_dir");
+  // Both save with keep-the-newest pruning and one `latest`, and a finished run deletes its
+  // backups: sharing a directory (in any spelling, or one inside the other) would delete each
+  // other's checkpoints. Compared as files, not strings.
+  const auto overlap = [](const std::string& a, const std::string& b) {
+    return !a.empty() && !b.empty() && io::paths_overlap(a, b);
+  };
+  if (overlap(c.best_checkpoint_dir, c.checkpoint_dir)) {
+    throw ConfigError(at(tr_table, "best_checkpoint_dir") + ": [train] best_checkpoint_dir " +
+                      c.best_checkpoint_dir + " and checkpoint_dir " + c.checkpoint_dir +
+                      " are the same directory or one holds the other: give each its own");
   }
-  if (!c.backup_dir.empty() &&
-      (c.backup_dir == c.checkpoint_dir || c.backup_dir == c.best_checkpoint_dir)) {
-    throw ConfigError(
-        at(tr_table, "backup_dir") +
-        ": [train] backup_dir must differ from checkpoint_dir and best_checkpoint_dir");
+  for (const auto& [key, other] :
+       {std::pair<const char*, const std::string*>{"checkpoint_dir", &c.checkpoint_dir},
+        {"best_checkpoint_dir", &c.best_checkpoint_dir}}) {
+    if (overlap(c.backup_dir, *other)) {
+      throw ConfigError(at(tr_table, "backup_dir") + ": [train] backup_dir " + c.backup_dir +
+                        " and " + key + " " + *other +
+                        " are the same directory or one holds the other: a finished run "
+                        "deletes its backups, so give each its own");
+    }
   }
 }
 

@@ -1,0 +1,202 @@
+// What the Trainer may delete and overwrite in the directories it writes: only its own files, and
+// never an earlier or concurrent run's checkpoints.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "common/blobs.h"
+#include "common/temp_dir.h"
+#include "hpm/io/atomic_file.h"
+#include "hpm/io/paths.h"
+#include "hpm/nn/layers.h"
+#include "hpm/tensor/random.h"
+#include "hpm/train/directory_lock.h"
+#include "hpm/train/trainer.h"
+
+namespace hpm::train {
+namespace {
+
+namespace fs = std::filesystem;
+using hpm::testing::blobs;
+using hpm::testing::TempDir;
+
+struct Rig {
+  std::shared_ptr<nn::Sequential> model;
+  std::shared_ptr<optim::SGD> opt;
+  std::unique_ptr<Trainer> trainer;
+};
+
+Rig make() {
+  manual_seed(1);
+  Rig s;
+  s.model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::Linear>(16, 3)});
+  s.opt = std::make_shared<optim::SGD>(s.model->named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+  s.trainer = std::make_unique<Trainer>(s.model, s.opt);
+  return s;
+}
+
+void write(const std::string& path, const std::string& text) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+std::string error_of(Rig& s, const data::LabelledData& train, const FitOptions& o) {
+  try {
+    s.trainer->fit(train, nullptr, o);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// A finished run removes its backups, and nothing else: the files and directories beside them,
+// and the directory that holds them, stay.
+TEST(OutputDirectories, AFinishedRunDeletesOnlyItsOwnBackups) {
+  TempDir dir;
+  const std::string runs = dir / "runs";
+  write(runs + "/exp1/results.txt", "keep me");
+  write(runs + "/notes.txt", "mine too");
+  auto train = blobs(64, 1);
+  Rig s = make();
+  FitOptions o;
+  o.batch_size = 16;
+  o.epochs = 2;
+  o.backup_dir = runs;
+  o.backup_every_steps = 1;
+  s.trainer->fit(train, nullptr, o);
+  EXPECT_TRUE(fs::exists(runs + "/exp1/results.txt"));
+  EXPECT_TRUE(fs::exists(runs + "/notes.txt"));
+  EXPECT_FALSE(fs::exists(runs + "/latest"));
+  EXPECT_FALSE(fs::exists(runs + "/ckpt-8"));
+  EXPECT_FALSE(fs::exists(runs + "/" + DirectoryLock::kFileName));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(runs)) left.push_back(e.path().filename());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"exp1", "notes.txt"}));
+
+  // A directory the run made itself goes with its backups.
+  Rig t = make();
+  o.backup_dir = dir / "fresh";
+  t.trainer->fit(train, nullptr, o);
+  EXPECT_FALSE(fs::exists(dir / "fresh"));
+}
+
+// "The working directory" as backup_dir: everything in it stays.
+TEST(OutputDirectories, BackupDirDotKeepsTheWorkingDirectory) {
+  TempDir dir;
+  write(dir / "data.txt", "keep");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir.path());
+  auto train = blobs(64, 2);
+  Rig s = make();
+  FitOptions o;
+  o.batch_size = 16;
+  o.backup_dir = ".";
+  s.trainer->fit(train, nullptr, o);
+  fs::current_path(cwd);
+  EXPECT_TRUE(fs::exists(dir / "data.txt"));
+  EXPECT_TRUE(fs::exists(dir.path()));
+}
+
+TEST(OutputDirectories, PathsCompareAsDirectoriesNotStrings) {
+  TempDir dir;
+  fs::create_directories(dir / "ck");
+  const fs::path cwd = fs::current_path();
+  fs::current_path(dir.path());
+  for (const char* other : {"ck", "./ck", "ck/", "ck//", "../", "ck/inner"}) {
+    EXPECT_TRUE(io::paths_overlap("ck", other)) << other;
+  }
+  EXPECT_TRUE(io::paths_overlap("ck", dir / "ck"));
+  EXPECT_FALSE(io::paths_overlap("ck", "ck2"));
+  EXPECT_FALSE(io::paths_overlap("ck", "backup"));
+  fs::create_directory_symlink(dir / "ck", dir / "link");
+  EXPECT_TRUE(io::paths_overlap("ck", "link/"));
+  fs::current_path(cwd);
+}
+
+// backup_dir naming checkpoint_dir in another spelling used to pass, and the end-of-run cleanup
+// deleted every checkpoint.
+TEST(OutputDirectories, BackupDirThatIsTheCheckpointDirIsRefused) {
+  TempDir dir;
+  auto train = blobs(64, 3);
+  for (const std::string& backup : {dir / "ck/", dir / "ck/./", dir / "ck/backup"}) {
+    Rig s = make();
+    FitOptions o;
+    o.batch_size = 16;
+    o.checkpoint_dir = dir / "ck";
+    o.backup_dir = backup;
+    const std::string e = error_of(s, train, o);
+    EXPECT_NE(e.find("are the same directory or one holds the other"), std::string::npos)
+        << backup << ": " << e;
+    EXPECT_FALSE(fs::exists(dir / "ck/latest"));
+  }
+}
+
+// A fresh run into an earlier run's checkpoints is refused (they stay as they were); resuming
+// from them continues into the same directory.
+TEST(OutputDirectories, AFreshRunDoesNotOverwriteAnEarlierRunsCheckpoints) {
+  TempDir dir;
+  auto train = blobs(64, 4);
+  FitOptions o;
+  o.batch_size = 16;
+  o.checkpoint_dir = dir / "ck";
+  Rig first = make();
+  first.trainer->fit(train, nullptr, o);
+  const std::string latest = io::read_file(dir / "ck/latest");
+  const std::string weights = io::read_file(dir / "ck/ckpt-4/model.safetensors");
+
+  Rig second = make();
+  const std::string e = error_of(second, train, o);
+  EXPECT_NE(e.find("already holds checkpoints of an earlier run (latest " + dir / "ck/ckpt-4" +
+                   "): resume from it"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(io::read_file(dir / "ck/latest"), latest);
+  EXPECT_EQ(io::read_file(dir / "ck/ckpt-4/model.safetensors"), weights);
+
+  Rig third = make();
+  FitOptions resumed = o;
+  resumed.resume_from = dir / "ck";
+  resumed.epochs = 2;
+  EXPECT_EQ(third.trainer->fit(train, nullptr, resumed).last_checkpoint, dir / "ck/ckpt-8");
+}
+
+// Two runs on one checkpoint_dir at once: the second is refused before it trains, naming the
+// holder; the lock goes with the run that held it, even when that run is killed.
+TEST(OutputDirectories, ASecondRunOnALockedDirectoryIsRefusedNamingTheHolder) {
+  TempDir dir;
+  auto train = blobs(64, 5);
+  std::string e;
+  {
+    DirectoryLock held(dir / "ck", "checkpoint_dir");
+    Rig s = make();
+    FitOptions o;
+    o.batch_size = 16;
+    o.checkpoint_dir = dir / "ck";
+    e = error_of(s, train, o);
+    EXPECT_FALSE(fs::exists(dir / "ck/latest"));
+  }
+  EXPECT_NE(e.find("checkpoint_dir " + dir / "ck" + " is in use by another run (pid " +
+                   std::to_string(::getpid())),
+            std::string::npos)
+      << e;
+
+  // A holder that dies without cleaning up (SIGKILL) leaves the file but not the lock.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    DirectoryLock held(dir / "dead", "checkpoint_dir");
+    ::_exit(0);  // no destructors: the lock file stays
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  EXPECT_NO_THROW(DirectoryLock(dir / "dead", "checkpoint_dir"));
+}
+
+}  // namespace
+}  // namespace hpm::train
