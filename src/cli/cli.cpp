@@ -28,6 +28,7 @@
 #include "hpm/cli/ps_command.h"
 #include "hpm/cli/sample_command.h"
 #include "hpm/cli/tokenizer_command.h"
+#include "hpm/comm/communicator.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
@@ -180,7 +181,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     std::fprintf(
         stderr, "hpm: error: %s; %s\n", e.what(),
         last.empty() ? "no checkpoint was written" : ("last good checkpoint: " + last).c_str());
-    return 3;
+    return dynamic_cast<const train::OutOfMemoryStop*>(&e) != nullptr ? kExitOutOfMemory : 3;
   }
   if (!timeline.empty()) {
     trace::stop();
@@ -543,6 +544,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
+    watch_launcher_from_env();
     check_report_paths(app);
     if (*launch_cmd) return run_launch(launch);
     if (*train_cmd) return run_train(train_opts, resume, worker);
@@ -560,6 +562,12 @@ int main(int argc, char** argv) {
     if (*plan_cmd) return run_plan(plan_opts);
     if (*ps_cmd) return run_ps_command(ps_opts);
     if (*sample_cmd) return run_sample(sample_opts);
+  } catch (const comm::CommError& e) {
+    std::fprintf(stderr, "hpm: error: %s\n", e.what());
+    return kExitPeerLost;
+  } catch (const OutOfMemoryError& e) {
+    std::fprintf(stderr, "hpm: error: %s\n", e.what());
+    return kExitOutOfMemory;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

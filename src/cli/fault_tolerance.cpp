@@ -1,9 +1,16 @@
 #include "hpm/cli/fault_tolerance.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace hpm::cli {
 
@@ -38,6 +45,32 @@ const std::atomic<bool>* install_preemption_handlers() {
   std::signal(SIGTERM, on_preemption);
   std::signal(SIGINT, on_preemption);
   return &preempted;
+}
+
+void watch_launcher_from_env() {
+  const char* spec = std::getenv(kLauncherFdVariable);
+  if (spec == nullptr || *spec == '\0') return;
+  char* end = nullptr;
+  const long fd = std::strtol(spec, &end, 10);
+  struct stat st {};
+  if (*end != '\0' || fd < 0 || fd > 1 << 20 || ::fstat(static_cast<int>(fd), &st) != 0 ||
+      !S_ISFIFO(st.st_mode)) {
+    return;  // not (or no longer) the launcher's pipe
+  }
+  // Not passed on: the process this one starts has its own launcher, or none.
+  ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+  ::unsetenv(kLauncherFdVariable);
+  std::thread([fd = static_cast<int>(fd)] {
+    pollfd p{fd, POLLIN, 0};
+    while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+    }
+    // Nobody writes to the lifeline: it wakes only when the launcher's end closes, which is
+    // when the launcher is gone. Stop as a preempted run does (SIGTERM: a backup when there is
+    // somewhere to write one), rather than train on under PID 1 with nobody to report to.
+    static const char msg[] = "hpm: the launcher is gone; stopping\n";
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+    ::kill(::getpid(), SIGTERM);
+  }).detach();
 }
 
 void BackupReport::on_backup_restored(train::Trainer& t, const std::string& dir,

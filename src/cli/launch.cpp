@@ -30,6 +30,7 @@
 #include <random>
 #include <thread>
 
+#include "hpm/cli/fault_tolerance.h"
 #include "hpm/comm/store.h"
 
 namespace hpm::cli {
@@ -51,8 +52,8 @@ const char* const kFooter =
     "With --max-restarts K, a failure stops every rank and starts the group again (a fresh\n"
     "rendezvous; HPM_RESTART counts the attempts), at most K times, after --restart-delay s,\n"
     "doubled each time (at most 60 s). Failures that would recur are not restarted: exit\n"
-    "status 1 (bad input), 2 (usage), 3 (a non-finite loss), 126 and 127 (the program cannot\n"
-    "be run or found).\n"
+    "status 1 (bad input), 2 (usage), 3 (a non-finite loss), 6 (out of memory), 126 and 127\n"
+    "(the program cannot be run or found). A lost peer (5: a timeout, a dead rank) is restarted.\n"
     "\n"
     "Exit status: 0 when every rank exits 0; else that of the first rank to fail (its exit\n"
     "status, or 128+N when killed by signal N); 128+N when the launcher itself got signal N;\n"
@@ -197,6 +198,19 @@ int exit_code_of(int status) {
   return WIFSIGNALED(status) ? 128 + WTERMSIG(status) : WEXITSTATUS(status);
 }
 
+// The read end of the launcher's lifeline (fault_tolerance.h), made once; the write end is
+// close-on-exec and never written, so it closes exactly when the launcher process ends.
+int lifeline_read_end() {
+  static const int fd = [] {
+    int life[2];
+    if (::pipe2(life, O_CLOEXEC) != 0) {
+      throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+    }
+    return life[0];
+  }();
+  return fd;
+}
+
 // Forks rank `index` with its pipes and environment and execs the command.
 void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous, int attempt) {
   int out[2], err[2];
@@ -204,6 +218,7 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous, 
     throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
   }
   const pid_t launcher = ::getpid();
+  const int lifeline = lifeline_read_end();
   // Until the child has restored the default dispositions, a signal would run the launcher's
   // handler in it and write to the launcher's self-pipe: hold signals across the fork.
   sigset_t all, before;
@@ -227,6 +242,8 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous, 
     ::setenv("HPM_WORLD_SIZE", std::to_string(o.processes).c_str(), 1);
     ::setenv("HPM_RENDEZVOUS", rendezvous.c_str(), 1);
     ::setenv("HPM_RESTART", std::to_string(attempt).c_str(), 1);
+    const int inherited = ::dup(lifeline);  // without close-on-exec
+    if (inherited >= 0) ::setenv(kLauncherFdVariable, std::to_string(inherited).c_str(), 1);
     if (o.ps_workers > 0) {
       const bool ps = r.index >= 1 && r.index <= o.ps_tasks;
       ::setenv("HPM_PS_ROLE", r.index == 0 ? "coordinator" : ps ? "ps" : "worker", 1);
@@ -532,6 +549,8 @@ std::string recurring_failure(int code) {
       return "a usage error";
     case 3:
       return "a non-finite loss, which the same seed meets again";
+    case kExitOutOfMemory:
+      return "the training step does not fit the memory budget";
     case 126:
       return "the program cannot be run";
     case 127:

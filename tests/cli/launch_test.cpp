@@ -9,11 +9,14 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <regex>
 #include <sstream>
+#include <thread>
 
+#include "common/hpm_cli.h"
 #include "common/temp_dir.h"
 
 namespace hpm {
@@ -236,6 +239,71 @@ TEST(HpmLaunch, FailuresThatRecurAreNotRestarted) {
   EXPECT_TRUE(contains(r.output, "[0] attempt 0")) << r.output;
   EXPECT_FALSE(contains(r.output, "[0] attempt 1")) << r.output;
   EXPECT_TRUE(contains(r.output, "exit status 1 means bad input")) << r.output;
+}
+
+// A lost peer (exit 5: a timeout, a dead or stopped rank) is worth a restart; out of memory
+// (6) recurs.
+TEST(HpmLaunch, ALostPeerIsRestartedAndOutOfMemoryIsNot) {
+  Outcome r = hpm({"launch", "-n", "2", "--max-restarts", "1", "--restart-delay", "0.1", "--", "sh",
+                   "-c", "[ \"$HPM_RESTART\" = 1 ] || exit 5"});
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "all ranks finished after 1 restart(s)")) << r.output;
+  r = hpm({"launch", "-n", "1", "--max-restarts", "3", "--", "sh", "-c", "exit 6"});
+  EXPECT_EQ(r.code, 6) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "exit status 6 means the training step does not fit the memory "
+                       "budget: a restart would fail the same way"))
+      << r.output;
+}
+
+// A peer that never arrives: the rendezvous times out with exit 5, which a launcher restarts
+// (it was 1, "bad input", and never restarted).
+TEST(HpmLaunch, ARendezvousTimeoutExitsAsALostPeer) {
+  testing::TempDir dir;
+  testing::write_synthetic_mnist(dir.path(), 64, 16);
+  const Outcome r = hpm({"train", testing::small_mlp_config(dir, dir.path()), "--set",
+                         "strategy.kind=\"multi_worker_mirrored\"", "--set", "strategy.timeout_s=1",
+                         "--rank", "0", "--world-size", "2", "--rendezvous", dir / "rdzv"});
+  EXPECT_EQ(r.code, 5) << r.output;
+  EXPECT_TRUE(contains(r.output, "rank(s) 1")) << r.output;
+}
+
+// A rank's command that is a script starting hpm (not exec'ing it): when the launcher is killed
+// with SIGKILL, PR_SET_PDEATHSIG reaches only the script; the hpm under it sees the launcher's
+// lifeline close and stops (here an inner `hpm launch`, which stops its own rank in turn).
+TEST(HpmLaunch, HpmUnderAScriptStopsWhenTheLauncherIsKilled) {
+  testing::TempDir dir;
+  const std::string inner = testing::hpm_binary() + " launch -n 1 -- sh -c 'echo $$ > " +
+                            dir.path() + "/pid.$$; echo ready; exec sleep 30'; echo wrapper done";
+  bool killed = false;
+  const Outcome r =
+      hpm({"launch", "-n", "2", "--", "sh", "-c", inner}, [&](const std::string& out, pid_t pid) {
+        std::size_t ready = 0;
+        for (auto at = out.find("ready"); at != std::string::npos; at = out.find("ready", at + 1))
+          ++ready;
+        if (!killed && ready == 2) {
+          ::kill(pid, SIGKILL);
+          killed = true;
+        }
+      });
+  ASSERT_TRUE(killed) << r.output;
+  std::vector<pid_t> sleepers;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    sleepers.push_back(std::stoi(e.path().filename().string().substr(4)));
+  ASSERT_EQ(sleepers.size(), 2u);
+  // Gone, or a zombie its new parent has not reaped yet.
+  const auto alive = [](pid_t pid) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string pid_field, comm, state;
+    return static_cast<bool>(stat >> pid_field >> comm >> state) && state != "Z";
+  };
+  const auto deadline = Clock::now() + 5s;
+  while (Clock::now() < deadline && (alive(sleepers[0]) || alive(sleepers[1])))
+    std::this_thread::sleep_for(50ms);
+  for (pid_t pid : sleepers) {
+    EXPECT_FALSE(alive(pid)) << "pid " << pid << " outlived its launcher";
+    ::kill(pid, SIGKILL);
+  }
 }
 
 TEST(HpmLaunch, RestartsWaitLongerEachTime) {
