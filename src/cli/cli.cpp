@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -29,8 +30,10 @@
 #include "hpm/cli/sample_command.h"
 #include "hpm/cli/tokenizer_command.h"
 #include "hpm/comm/communicator.h"
+#include "hpm/comm/gloo.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
+#include "hpm/dist/ps/checkpoint.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/example.h"
 #include "hpm/io/idx.h"
@@ -79,6 +82,18 @@ void write_report(const std::string& path, const nlohmann::json& j) {
 
 int run_train(const Common& c, const std::string& resume, const WorkerFlags& worker) {
   Config cfg = configure(c);
+  // Several processes (hpm launch, mpirun) but a strategy of one process: each would train the
+  // same copy and write the same files, without a word.
+  if (!cfg.pipeline.present && cfg.strategy != "multi_worker_mirrored" && worker.rank < 0) {
+    if (const auto env = comm::gloo_options_from_env(); env && env->world_size > 1) {
+      refuse_setting(cfg, "strategy", "kind",
+                     "= \"" + cfg.strategy + "\" runs in one process, but this is one of " +
+                         std::to_string(env->world_size) +
+                         " processes (hpm launch, mpirun): each would train its own identical "
+                         "copy. Use kind = \"multi_worker_mirrored\" (or [pipeline] stages = " +
+                         std::to_string(env->world_size) + "), or run one process");
+    }
+  }
   manual_seed(cfg.seed);  // model initialization draws from the default generator
   std::shared_ptr<dist::Strategy> strategy = build_strategy(cfg, worker);
   std::shared_ptr<nn::Module> model;
@@ -99,7 +114,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     trainer_ptr = std::make_unique<train::Trainer>(model, build_optimizer(cfg, *model), schedule);
   }
   train::Trainer& trainer = *trainer_ptr;
-  if (cfg.model_kind == "gpt") trainer.set_objective(std::make_shared<nn::LanguageModelling>());
+  if (cfg.model_kind == "gpt") trainer.set_objective(build_objective(cfg));
   // In a multi-worker job only worker 0 speaks (progress, report); the others report errors.
   const bool chief = !strategy || strategy->worker_rank() == 0;
   std::int64_t train_examples = 0;
@@ -281,23 +296,49 @@ int run_evaluate(const Common& c, const std::string& checkpoint, const std::stri
   if (checkpoint.empty() == weights.empty()) {
     throw ConfigError("hpm evaluate: give --checkpoint DIR or --weights FILE.safetensors (one)");
   }
-  if (!weights.empty()) {
-    cfg.init_from = weights;  // strict: every weight of the model, each of the right shape
-    cfg.init_strict = true;
-  }
+  // As [model] init_from loads it: every weight of the model, each of the right shape, unless
+  // the config says init_strict = false.
+  if (!weights.empty()) cfg.init_from = weights;
   auto model = build_model(cfg);
-  if (!checkpoint.empty()) train::load_checkpoint(checkpoint, *model, nullptr);
+  if (const std::string ps = checkpoint.empty() ? "" : dist::ps::ps_checkpoint_dir(checkpoint);
+      !ps.empty()) {
+    // A parameter-server job's: the servers' variables; what they do not hold (an integer
+    // buffer, which stays with the workers) keeps the model's initial value.
+    nn::NamedTensors held = dist::ps::ps_checkpoint_weights(dist::ps::read_ps_checkpoint(ps));
+    for (const auto& [name, t] : model->state_dict()) {
+      const bool saved = std::any_of(held.begin(), held.end(),
+                                     [&, n = name](const auto& h) { return h.first == n; });
+      if (!saved) held.emplace_back(name, t);
+    }
+    model->load_weights(held);
+  } else if (!checkpoint.empty()) {
+    train::load_checkpoint(checkpoint, *model, nullptr);
+  }
   auto optimizer = build_optimizer(cfg, *model);
   const data::LabelledData test = test_set(cfg);
   train::Trainer trainer(model, optimizer);
+  // Scored as training scores it: a GPT by next-token loss, token accuracy and perplexity.
+  trainer.set_objective(build_objective(cfg));
   const train::EvalResult ev = trainer.evaluate(test);
-  std::printf("test accuracy %.4f, test loss %.4f on %lld examples\n", ev.accuracy, ev.loss,
-              static_cast<long long>(ev.samples));
-  write_report(c.report, {{"test_accuracy", ev.accuracy},
-                          {"test_loss", ev.loss},
-                          {"examples", ev.samples},
-                          {"checkpoint", checkpoint},
-                          {"weights", weights}});
+  const bool text = cfg.token_source();
+  if (text) {
+    std::printf(
+        "val loss %.4f, val perplexity %.2f, val token accuracy %.4f on %lld windows of %lld "
+        "tokens\n",
+        ev.loss, std::exp(ev.loss), ev.accuracy, static_cast<long long>(ev.samples),
+        static_cast<long long>(cfg.gpt.block_size));
+  } else {
+    std::printf("test accuracy %.4f, test loss %.4f on %lld examples\n", ev.accuracy, ev.loss,
+                static_cast<long long>(ev.samples));
+  }
+  write_report(c.report,
+               {{"test_accuracy", ev.accuracy},
+                {"test_loss", ev.loss},
+                {"examples", ev.samples},
+                {"checkpoint", checkpoint},
+                {"weights", weights},
+                {"val_loss", text ? nlohmann::json(ev.loss) : nlohmann::json()},
+                {"val_perplexity", text ? nlohmann::json(std::exp(ev.loss)) : nlohmann::json()}});
   return 0;
 }
 
@@ -461,9 +502,9 @@ int main(int argc, char** argv) {
   train_cmd
       ->add_option("--rank", worker.rank,
                    "this worker's rank (multi_worker_mirrored; else from hpm launch or mpirun)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   train_cmd->add_option("--world-size", worker.world_size, "number of worker processes")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   train_cmd->add_option(
       "--rendezvous", worker.rendezvous,
       "HOST:PORT of rank 0's store (rank 0 hosts it), or a directory all workers share");
@@ -483,8 +524,7 @@ int main(int argc, char** argv) {
   CLI::App* bench_cmd =
       data_cmd->add_subcommand("bench", "run a config's input pipeline alone and time it");
   add_common(bench_cmd, bench_opts);
-  bench_cmd->add_option("--epochs", bench_epochs, "passes over the data")
-      ->check(CLI::PositiveNumber);
+  bench_cmd->add_option("--epochs", bench_epochs, "passes over the data")->check(positive_number());
   ConvertOptions convert;
   CLI::App* convert_cmd = data_cmd->add_subcommand(
       "convert",

@@ -31,6 +31,7 @@
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/callbacks.h"
+#include "hpm/train/tensorboard.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::cli {
@@ -71,13 +72,17 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
   auto codistiller = std::make_shared<distill::Codistiller>(
       std::move(comm), model, [&] { return std::shared_ptr<nn::Module>(build_model(ccfg)); },
       options);
-  distill::attach(trainer, codistiller, lm ? std::make_shared<nn::LanguageModelling>() : nullptr);
+  distill::attach(trainer, codistiller, build_objective(ccfg));  // with [train] label_smoothing
   if (rank == 0) {
     trainer.add_callback(std::make_shared<train::ProgressCallback>(
         stdout, isatty(fileno(stdout)) != 0, ccfg.epochs));
   }
   if (!cfg.metrics_csv.empty()) {
     trainer.add_callback(std::make_shared<train::CsvLogger>(copy_path(cfg.metrics_csv, rank)));
+  }
+  if (!cfg.tensorboard_dir.empty()) {  // one TensorBoard run per copy
+    trainer.add_callback(std::make_shared<train::TensorBoardLogger>(cfg.tensorboard_dir + "/copy-" +
+                                                                    std::to_string(rank)));
   }
   train::FitOptions fo = fit_options(ccfg);
   if (!fo.checkpoint_dir.empty()) fo.checkpoint_dir += "/copy-" + std::to_string(rank);
@@ -220,6 +225,15 @@ int run_codistill(const CodistillCommandOptions& o) {
                       ": hpm codistill trains each copy on one device from the [data] "
                       "dir's IDX files or a language model's text or token shards ([strategy] "
                       "kind one_device, source \"idx\", \"text\" or \"tokens\")");
+  }
+  if (cfg.pipeline.present) {
+    refuse_setting(cfg, "pipeline", "",
+                   "does not apply to hpm codistill: each copy trains whole, on one device");
+  }
+  if (!cfg.backup_dir.empty()) {
+    refuse_setting(cfg, "train", "backup_dir",
+                   "is not supported by hpm codistill: no copy writes a backup (checkpoint_dir "
+                   "keeps each copy's checkpoints, under copy-R)");
   }
   const int copies = cfg.codistill.copies;
   const auto timeout = std::chrono::milliseconds(std::int64_t{cfg.timeout_s} * 1000);

@@ -6,7 +6,11 @@
 #include <sched.h>
 #include <toml++/toml.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -36,8 +40,19 @@ void warn_if_oversubscribed(int threads) {
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   using namespace config;
   toml::table root;
+  // Read here rather than by toml::parse_file, which cannot read a pipe (/dev/stdin, <(...)) and
+  // parses a directory as an empty file (then "missing [model] section").
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    throw ConfigError(path + ": is a directory, not a config file (give the .toml file in it)");
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path + ": cannot open: " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(path + ": cannot read: " + std::strerror(errno));
   try {
-    root = toml::parse_file(path);
+    root = toml::parse(text.str(), path);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << where(path, e.source()) << ": " << e.description();
@@ -50,6 +65,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   c.path = path;
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
+    c.given[key] = where(path, v);
+    if (const toml::table* t = v.as_table()) {
+      for (const auto& [tk, tv] : *t) c.given[key + "." + std::string(tk.str())] = where(path, tv);
+    }
     static const std::set<std::string> sections = {
         "model",   "data",          "optimizer", "schedule", "train",  "strategy", "early_stopping",
         "distill", "noisy_student", "codistill", "pipeline", "memory", "cluster",  "ps"};
@@ -75,6 +94,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   read_codistill(s, c);
   read_ps(s, c);
   return c;
+}
+
+void refuse_setting(const Config& config, const std::string& section, const std::string& key,
+                    const std::string& why) {
+  const auto it = config.given.find(key.empty() ? section : section + "." + key);
+  const std::string at = it != config.given.end() ? it->second : config.path;
+  throw ConfigError(at + ": [" + section + "]" + (key.empty() ? std::string() : " " + key) + " " +
+                    why);
 }
 
 }  // namespace hpm::cli

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <tuple>
 
 #include "hpm/data/in_memory.h"
 #include "hpm/data/text_corpus.h"
@@ -69,7 +70,22 @@ LanguageModelTokens language_model_tokens(const Config& cfg) {
                                         std::to_string(cfg.gpt.vocab_size)};
   std::lock_guard<std::mutex> lock(mu);
   auto it = loaded.find(key);
-  if (it == loaded.end()) it = loaded.emplace(key, load_language_model_tokens(cfg)).first;
+  if (it == loaded.end()) {
+    LanguageModelTokens t = load_language_model_tokens(cfg);
+    // Said here, naming the key and the file, rather than by the window sampler deep inside.
+    for (const auto& [split, tokens, files] :
+         {std::tuple{"training", &t.train, &cfg.files},
+          std::tuple{"validation", &t.val,
+                     cfg.test_files.empty() ? &cfg.files : &cfg.test_files}}) {
+      if (tokens->size() >= cfg.gpt.block_size + 2) continue;
+      refuse_setting(cfg, "model", "block_size",
+                     "= " + std::to_string(cfg.gpt.block_size) + " is too long for the " + split +
+                         " text of " + *files + ": it holds " + std::to_string(tokens->size()) +
+                         " tokens, and a window needs block_size + 2; give a smaller block_size "
+                         "or more text");
+    }
+    it = loaded.emplace(key, std::move(t)).first;
+  }
   return it->second;
 }
 

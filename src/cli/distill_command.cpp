@@ -24,6 +24,7 @@
 #include "hpm/tensor/random.h"
 #include "hpm/train/callbacks.h"
 #include "hpm/train/checkpoint.h"
+#include "hpm/train/tensorboard.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::cli {
@@ -70,10 +71,10 @@ struct Trained {
 Trained train_model(const Config& cfg, const char* what,
                     std::shared_ptr<const distill::Distiller> distiller,
                     const data::LabelledData& test, bool write_checkpoints,
-                    const std::string& csv_suffix = "") {
+                    const std::string& csv_suffix = "", comm::CommunicatorPtr* workers = nullptr) {
   manual_seed(cfg.seed);  // model initialization draws from the default generator
   Trained t;
-  const std::shared_ptr<dist::Strategy> strategy = build_strategy(cfg, WorkerFlags{});
+  const std::shared_ptr<dist::Strategy> strategy = build_strategy(cfg, WorkerFlags{}, workers);
   std::unique_ptr<train::Trainer> trainer;
   if (strategy) {
     strategy->scope([&] { return std::shared_ptr<nn::Module>(build_model(cfg)); },
@@ -88,11 +89,11 @@ Trained train_model(const Config& cfg, const char* what,
     trainer = std::make_unique<train::Trainer>(t.model, t.optimizer, build_schedule(cfg));
   }
   const bool lm = cfg.token_source();
-  std::shared_ptr<const nn::Objective> base;
-  if (lm) base = std::make_shared<nn::LanguageModelling>();
+  // The run's own objective, with [train] label_smoothing; a distiller blends its teachers in.
+  const std::shared_ptr<const nn::Objective> base = build_objective(cfg);
   if (distiller) {
     distill::attach(*trainer, std::move(distiller), base);
-  } else if (base) {
+  } else {
     trainer->set_objective(base);
   }
   std::int64_t examples = 0;
@@ -103,6 +104,12 @@ Trained train_model(const Config& cfg, const char* what,
     if (!cfg.metrics_csv.empty()) {
       trainer->add_callback(std::make_shared<train::CsvLogger>(
           csv_suffix.empty() ? cfg.metrics_csv : suffixed_path(cfg.metrics_csv, csv_suffix)));
+    }
+    // The run's events in tensorboard_dir, each other run's in a folder of it ("teacher-0",
+    // "baseline", ...), as TensorBoard lists runs.
+    if (!cfg.tensorboard_dir.empty()) {
+      trainer->add_callback(std::make_shared<train::TensorBoardLogger>(
+          csv_suffix.empty() ? cfg.tensorboard_dir : cfg.tensorboard_dir + "/" + csv_suffix));
     }
   }
   train::FitOptions fo = fit_options(cfg);
@@ -249,6 +256,11 @@ LoadedTeacher load_or_train_teacher(const TeacherSpec& spec, const Config& stude
                       "\": under several workers a teacher must be trained first (hpm train " +
                       spec.config + ") and given by its checkpoint or weights");
   }
+  if (!tcfg.backup_dir.empty()) {
+    refuse_setting(tcfg, "train", "backup_dir",
+                   "is not written when hpm distill trains a teacher: give the teacher a "
+                   "checkpoint (teacher_checkpoint), or train it first with hpm train");
+  }
   const std::string what = "teacher " + std::to_string(index);
   Trained t =
       train_model(tcfg, what.c_str(), nullptr, test, true, "teacher-" + std::to_string(index));
@@ -305,6 +317,9 @@ CLI::App* add_churn_command(CLI::App& app, ChurnCommandOptions& o) {
 }
 
 int run_distill(const DistillCommandOptions& o) {
+  // One process group for every model trained here under multi_worker_mirrored (see
+  // build_strategy); declared first, so it outlives the strategies that use it.
+  comm::CommunicatorPtr workers;
   Config cfg = load_config(o.config_path, o.overrides);
   if (o.threads > 0) cfg.threads = o.threads;
   if (o.seed >= 0) cfg.seed = static_cast<std::uint64_t>(o.seed);
@@ -320,6 +335,12 @@ int run_distill(const DistillCommandOptions& o) {
     throw ConfigError(cfg.path +
                       ": hpm distill needs a [distill] section with teacher_config (and "
                       "teacher_checkpoint) or teachers = [{config, checkpoint, weight}, ...]");
+  }
+  // One command trains teachers, students and baselines in turn: one backup could not resume it.
+  if (!cfg.backup_dir.empty()) {
+    refuse_setting(cfg, "train", "backup_dir",
+                   "is not supported by hpm distill, which backs up none of the runs it trains "
+                   "(checkpoint_dir keeps the student's checkpoints)");
   }
   set_threads(cfg.threads);
   const data::LabelledData test = test_set(cfg);
@@ -361,7 +382,7 @@ int run_distill(const DistillCommandOptions& o) {
     char what[96];
     std::snprintf(what, sizeof what, "student (alpha %g, T %g)", cfg.distill.alpha,
                   cfg.distill.temperature);
-    const Trained student = train_model(cfg, what, distiller, test, true);
+    const Trained student = train_model(cfg, what, distiller, test, true, "", &workers);
     nlohmann::json report = {{"teacher_test_accuracy", teacher_acc},
                              {"teacher_test_loss", ensemble.loss},
                              {"language_model", lm},
@@ -398,7 +419,7 @@ int run_distill(const DistillCommandOptions& o) {
         Trained t = train_model(scfg, what.c_str(),
                                 std::make_shared<const distill::Distiller>(
                                     std::vector<distill::Teacher>{{teachers[i].model, 1.0f}}, one),
-                                test, false, "m-on-m-" + std::to_string(i));
+                                test, false, "m-on-m-" + std::to_string(i), &workers);
         accuracies.push_back(t.test.accuracy);
         students.push_back(t.model);
       }
@@ -411,8 +432,8 @@ int run_distill(const DistillCommandOptions& o) {
     }
     if (cfg.distill.baseline) {
       // Same seed: same initial weights and the same batches; only the loss differs.
-      const Trained base =
-          train_model(cfg, "baseline student (labels only)", nullptr, test, false, "baseline");
+      const Trained base = train_model(cfg, "baseline student (labels only)", nullptr, test, false,
+                                       "baseline", &workers);
       const std::int64_t batch = lm ? 16 : 1000;
       const distill::Churn c =
           distill::churn(distill::predict_logits(*base.model, test.inputs, batch),

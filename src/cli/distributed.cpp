@@ -39,7 +39,8 @@ comm::GlooOptions worker_options(const Config& cfg, const WorkerFlags& flags) {
 
 }  // namespace
 
-std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags) {
+std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags,
+                                               comm::CommunicatorPtr* workers_kept) {
   if (cfg.pipeline.present) {
     pipeline::PipelineStrategyOptions po;
     po.pipeline.stages = cfg.pipeline.stages;
@@ -91,7 +92,10 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
     }
     so.per_worker_batches = true;
   }
-  comm::CommunicatorPtr workers = comm::make_gloo_communicator(where);
+  comm::CommunicatorPtr workers = workers_kept != nullptr && *workers_kept
+                                      ? *workers_kept
+                                      : comm::make_gloo_communicator(where);
+  if (workers_kept != nullptr) *workers_kept = workers;
   workers->set_algorithm(so.algorithm);
   return dist::make_multi_worker_mirrored(workers, so);
 }

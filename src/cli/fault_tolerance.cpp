@@ -2,12 +2,15 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -18,10 +21,16 @@ namespace {
 
 std::atomic<bool> preempted{false};
 
-void on_preemption(int sig) {
-  preempted.store(true);
-  std::signal(sig, SIG_DFL);  // a second one ends the process at once
-}
+// SA_RESETHAND: a second one ends the process at once.
+void on_preemption(int) { preempted.store(true); }
+
+// The handler's own stack. oneDNN's JIT GEMM kernels (libdnnl 2.x; fixed upstream in
+// uxlfoundation/oneDNN#4855) point the stack pointer into a heap workspace while they run: a
+// signal handled on the interrupted stack has the kernel write its frame (registers and several
+// KiB of vector state) into the heap below that workspace, and a later free() aborts ("corrupted
+// size vs. prev_size while consolidating"). On one device the main thread runs the matrix products,
+// and a signal sent to the process is delivered to the main thread.
+alignas(64) char signal_stack[1 << 18];
 
 class FaultInjector : public train::Callback {
  public:
@@ -42,8 +51,21 @@ class FaultInjector : public train::Callback {
 }  // namespace
 
 const std::atomic<bool>* install_preemption_handlers() {
-  std::signal(SIGTERM, on_preemption);
-  std::signal(SIGINT, on_preemption);
+  stack_t stack{};
+  stack.ss_sp = signal_stack;
+  stack.ss_size = sizeof signal_stack;
+  if (::sigaltstack(&stack, nullptr) != 0) {
+    throw std::runtime_error(std::string("sigaltstack failed: ") + std::strerror(errno));
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_preemption;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_ONSTACK | SA_RESTART | SA_RESETHAND;
+  for (int sig : {SIGTERM, SIGINT}) {
+    if (::sigaction(sig, &sa, nullptr) != 0) {
+      throw std::runtime_error(std::string("sigaction failed: ") + std::strerror(errno));
+    }
+  }
   return &preempted;
 }
 
@@ -60,7 +82,9 @@ void watch_launcher_from_env() {
   // Not passed on: the process this one starts has its own launcher, or none.
   ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
   ::unsetenv(kLauncherFdVariable);
-  std::thread([fd = static_cast<int>(fd)] {
+  // To the main thread, whose handler runs on its own stack (see signal_stack), not to whichever
+  // thread the kernel picks.
+  std::thread([fd = static_cast<int>(fd), main_thread = ::pthread_self()] {
     pollfd p{fd, POLLIN, 0};
     while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
     }
@@ -69,7 +93,7 @@ void watch_launcher_from_env() {
     // somewhere to write one), rather than train on under PID 1 with nobody to report to.
     static const char msg[] = "hpm: the launcher is gone; stopping\n";
     [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
-    ::kill(::getpid(), SIGTERM);
+    ::pthread_kill(main_thread, SIGTERM);
   }).detach();
 }
 

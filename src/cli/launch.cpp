@@ -31,6 +31,7 @@
 #include <thread>
 
 #include "hpm/cli/fault_tolerance.h"
+#include "hpm/cli/options.h"
 #include "hpm/comm/store.h"
 
 namespace hpm::cli {
@@ -464,13 +465,13 @@ CLI::App* add_launch_command(CLI::App& app, LaunchOptions& o) {
   tcp->excludes(dir);
   cmd->add_option("--timeout", o.timeout_s,
                   "rendezvous and collective timeout for the ranks, seconds (HPM_TIMEOUT)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--grace", o.grace_s,
                   "seconds from SIGTERM to SIGKILL when stopping the ranks (default 5)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--max-restarts", o.max_restarts,
                   "restart the whole group up to this many times when a rank fails (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--restart-delay", o.restart_delay_s,
                   "seconds before the first restart, doubled before each next (default 1)")
       ->check(CLI::Range(0.0, 3600.0));

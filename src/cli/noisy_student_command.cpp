@@ -1,6 +1,8 @@
 // `hpm distill CONFIG` with a [noisy_student] section: Noisy Student self-training rounds.
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
@@ -13,6 +15,36 @@
 
 namespace hpm::cli {
 
+namespace {
+
+// The [train], [memory] and [early_stopping] settings of a Trainer run that the rounds have no
+// place for: the teacher and the students train through distill::fit_targets (f32, on target
+// distributions, no clipping, the model as built) and write nothing but the report. `outputs`:
+// the settings that name files too (not for a teacher_config, which may well be hpm train's).
+void refuse_what_noisy_student_ignores(const Config& c, bool outputs) {
+  const std::string why =
+      "does not reach Noisy Student (its rounds train through distill::fit_targets): remove it";
+  if (c.precision != "f32") refuse_setting(c, "train", "precision", why);
+  if (c.clip_grad_norm != 0.0f) refuse_setting(c, "train", "clip_grad_norm", why);
+  if (c.label_smoothing != 0.0f) refuse_setting(c, "train", "label_smoothing", why);
+  if (c.accumulation_steps != 1) refuse_setting(c, "train", "accumulation_steps", why);
+  if (c.recompute != "never") refuse_setting(c, "memory", "recompute", why);
+  if (c.offload) refuse_setting(c, "memory", "offload", why);
+  if (c.device_budget_mb > 0) refuse_setting(c, "memory", "device_budget_mb", why);
+  if (c.early_stopping) refuse_setting(c, "early_stopping", "", why);
+  if (!outputs) return;
+  const std::pair<const char*, const std::string*> files[] = {
+      {"checkpoint_dir", &c.checkpoint_dir},
+      {"backup_dir", &c.backup_dir},
+      {"best_checkpoint_dir", &c.best_checkpoint_dir},
+      {"metrics_csv", &c.metrics_csv},
+      {"tensorboard_dir", &c.tensorboard_dir}};
+  for (const auto& [key, value] : files)
+    if (!value->empty()) refuse_setting(c, "train", key, why);
+}
+
+}  // namespace
+
 int run_noisy_student(const Config& cfg, const std::string& report_path) {
   const NoisyStudentSection& ns = cfg.noisy_student;
   if (cfg.strategy != "one_device") {
@@ -24,6 +56,10 @@ int run_noisy_student(const Config& cfg, const std::string& report_path) {
                       "\"idx\"), got source \"" +
                       cfg.source + "\"");
   }
+  refuse_what_noisy_student_ignores(cfg, true);
+  // The first teacher's config (the config's own [model] when none is named).
+  const Config tcfg = ns.teacher_config.empty() ? cfg : load_config(ns.teacher_config);
+  if (!ns.teacher_config.empty()) refuse_what_noisy_student_ignores(tcfg, false);
   warn_if_oversubscribed(cfg.threads);
   set_num_threads(cfg.threads);
   Device::cpu().set_threads(cfg.threads);
@@ -58,7 +94,6 @@ int run_noisy_student(const Config& cfg, const std::string& report_path) {
   if (ns.flip) noise.push_back(data::AugmentOp{"random_flip", 0, 0, 0, {}, {}});
 
   // The first teacher: trained on the labelled rows alone, under the same noise.
-  const Config tcfg = ns.teacher_config.empty() ? cfg : load_config(ns.teacher_config);
   manual_seed(cfg.seed);
   std::shared_ptr<nn::Module> teacher = build_model(tcfg);
   // The number of classes: the model's outputs.

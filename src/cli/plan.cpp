@@ -6,6 +6,7 @@
 
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
+#include "hpm/cli/options.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/pipeline/partition.h"
 #include "hpm/pipeline/simulator.h"
@@ -71,7 +72,7 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommandOptions& o) {
   cmd->add_option("--report", o.report, "write the plan as JSON");
   cmd->add_option("--message-us", o.message_us,
                   "microseconds for an activation to reach the next stage (default 0)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_flag("--project", o.project, "also simulate K = 2 ... 64 stages");
   cmd->add_option("--threads", o.threads, "kernel threads per stage while profiling")
       ->check(CLI::Range(1, 1024));

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "hpm/cli/options.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/csv.h"
 
@@ -326,7 +327,7 @@ CLI::App* add_plot_command(CLI::App& app, PlotCommandOptions& o) {
       ->delimiter(',');
   cmd->add_option("--x", o.x, "epoch (default), seconds (wall clock) or a column");
   cmd->add_option("--x-scale", o.x_scale, "multiplies x (eval_every: steps from evaluations)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--title", o.title, "the charts' title");
   cmd->add_option("--x-label", o.x_label, "the x axis' name (default: from --x)");
   cmd->add_flag("--log-y", o.log_y, "logarithmic y axis");

@@ -84,8 +84,9 @@ ps::OptimizerSpec optimizer_of(const Config& cfg) {
 data::LabelledData training_set(const Config& cfg) {
   if (cfg.source != "idx") throw ConfigError(cfg.path + ": hpm ps reads [data] source = \"idx\"");
   if (cfg.precision != "f32") {
-    throw ConfigError(cfg.path + ": [train] precision = \"" + cfg.precision +
-                      "\" does not reach parameter-server workers yet: they train in f32");
+    refuse_setting(cfg, "train", "precision",
+                   "= \"" + cfg.precision +
+                       "\" does not reach parameter-server workers yet: they train in f32");
   }
   data::LabelledData d = data::load_mnist_split(cfg.data_dir, "train");
   if (cfg.train_limit > 0 && cfg.train_limit < d.size()) {
@@ -182,7 +183,8 @@ int run_coordinator(const Config& cfg, const PsCommandOptions& o) {
                 e.train_loss, e.train_accuracy, e.test_loss, e.test_accuracy, e.seconds);
     std::fflush(stdout);
   };
-  ps::Coordinator coordinator(c, co, model->named_parameters(), c.coordinator);
+  // Parameters and buffers: the evaluation (in eval mode) reads the running statistics too.
+  ps::Coordinator coordinator(c, co, ps::ps_variables(*model), c.coordinator);
   std::printf(
       "hpm ps coordinator %s: %lld parameters on %zu parameter-server task(s), %d worker(s), "
       "mode %s%s, %lld tasks of %lld rows per epoch\n",
@@ -333,6 +335,38 @@ int run_ps_command(const PsCommandOptions& o) {
   Config cfg = load_config(o.config_path, o.overrides);
   if (o.threads > 0) cfg.threads = o.threads;
   if (o.seed >= 0) cfg.seed = static_cast<std::uint64_t>(o.seed);
+  // [train] settings of a Trainer run with no place in a parameter-server job.
+  if (!cfg.checkpoint_dir.empty()) {
+    refuse_setting(cfg, "train", "checkpoint_dir",
+                   "does not apply to hpm ps: the coordinator checkpoints every parameter-server "
+                   "shard to [ps] checkpoint_dir");
+  }
+  const std::string no_files =
+      "is not written by hpm ps: the coordinator prints each epoch, and its --report holds them";
+  if (!cfg.tensorboard_dir.empty()) refuse_setting(cfg, "train", "tensorboard_dir", no_files);
+  if (!cfg.metrics_csv.empty()) refuse_setting(cfg, "train", "metrics_csv", no_files);
+  if (!cfg.backup_dir.empty()) {
+    refuse_setting(cfg, "train", "backup_dir",
+                   "does not apply to hpm ps: [ps] checkpoint_dir is what a lost task restores");
+  }
+  if (cfg.clip_grad_norm != 0.0f) {
+    refuse_setting(cfg, "train", "clip_grad_norm",
+                   "does not reach parameter-server workers: they push unclipped gradients");
+  }
+  // Memory techniques the workers' step does not apply (it trained without them, silently).
+  if (cfg.accumulation_steps != 1) {
+    refuse_setting(cfg, "train", "accumulation_steps",
+                   "does not reach parameter-server workers yet: a task is one batch, pushed "
+                   "whole (lower [data] batch_size instead)");
+  }
+  if (cfg.recompute != "never") {
+    refuse_setting(cfg, "memory", "recompute",
+                   "does not reach parameter-server workers yet: they keep every activation");
+  }
+  if (cfg.offload) {
+    refuse_setting(cfg, "memory", "offload",
+                   "does not reach parameter-server workers yet: they keep every activation");
+  }
   warn_if_oversubscribed(cfg.threads);
   set_num_threads(cfg.threads);
   Device::cpu().set_threads(cfg.threads);

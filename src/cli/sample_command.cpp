@@ -117,11 +117,11 @@ CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
   cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
   cmd->add_option("--checkpoint", o.checkpoint, "checkpoint directory")->required();
   cmd->add_option("--prompt", o.prompt, "text to continue (default: a newline)");
-  cmd->add_option("--tokens", o.tokens, "tokens to draw (200)")->check(CLI::PositiveNumber);
+  cmd->add_option("--tokens", o.tokens, "tokens to draw (200)")->check(positive_number());
   cmd->add_option("--temperature", o.temperature, "softmax temperature (0.8)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   cmd->add_option("--top-k", o.top_k, "draw among the k likeliest tokens (0: all)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   cmd->add_option("--seed", o.seed, "random seed (0)")->check(seed_range());
   cmd->add_option("--threads", o.threads, "kernel threads (1)")->check(CLI::Range(1, 1024));
   cmd->add_flag("--no-cache", o.no_cache, "re-run the window for each token (for comparison)");
@@ -130,6 +130,9 @@ CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
 }
 
 int run_sample(const SampleCommandOptions& o) {
+  // The logits are divided by it: a value that is 0 or infinite as a float would draw NaNs.
+  if (!(o.temperature > 0.0f) || !std::isfinite(o.temperature))
+    throw ConfigError("--temperature: too small or too large for a 32-bit float");
   const Config cfg = load_config(o.config_path, o.overrides);
   if (cfg.model_kind != "gpt") {
     throw ConfigError(cfg.path + ": hpm sample draws from a [model] kind = \"gpt\", this is \"" +

@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include "hpm/cli/config.h"
+#include "hpm/cli/options.h"
 #include "hpm/data/text_corpus.h"
 #include "hpm/data/token_shard.h"
 #include "hpm/data/tokenizer.h"
@@ -146,7 +147,7 @@ CLI::App* add_tokenizer_command(CLI::App& data, TokenizerCommandOptions& o) {
   encode
       ->add_option("--shard-tokens", o.shard_tokens,
                    "tokens per shard at most (67108864: 128 MB of u16 ids)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number());
   files->excludes(text)->needs(out);
   out->needs(files);
   encode->callback([&o, files, text] {

@@ -102,6 +102,13 @@ void copy_state(const nn::Module& from, const nn::Module& to) {
   for (std::size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
 }
 
+// Buffers only (BatchNorm's running statistics), in the order both modules list them.
+void copy_buffers(const nn::Module& from, const nn::Module& to) {
+  const nn::NamedTensors src = from.named_buffers();
+  nn::NamedTensors dst = to.named_buffers();
+  for (std::size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+}
+
 std::uint64_t replica_seed(std::uint64_t seed, int replica) {
   return seed + 1000003ull * static_cast<std::uint64_t>(replica + 1);
 }
@@ -457,6 +464,11 @@ class CentralStorage final : public Strategy {
       copy_state(*central_model_, c.model);  // read the variables from where they live
       outcomes[static_cast<std::size_t>(r)] = forward_backward(r, batch, objective, nullptr);
     });
+    // The forwards moved the replicas' buffers (BatchNorm's running statistics), which the copy
+    // above would overwrite next step: the central variables keep replica 0's, as Mirrored's
+    // primary copy is replica 0. Like every strategy, before the finiteness check (a skipped
+    // update still ran its forward).
+    copy_buffers(*replicas_[0].model, *central_model_);
     StepResult result = combine(outcomes, objective, batch, nullptr, stop_requested);
     if (!result.finite) return result;
     aggregate_gradients();

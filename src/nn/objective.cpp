@@ -91,6 +91,11 @@ ObjectiveResult Classification::compute(const Tensor& outputs, const Batch& batc
   return r;
 }
 
+LanguageModelling::LanguageModelling(std::int64_t ignore_index, float label_smoothing)
+    : ignore_(ignore_index), smoothing_(label_smoothing) {
+  if (smoothing_ != 0.0f) plain_ = std::make_shared<LanguageModelling>(ignore_index);
+}
+
 ObjectiveResult LanguageModelling::compute(const Tensor& outputs, const Batch& batch) const {
   if (outputs.dim() != 3 || batch.targets.dim() != 2) {
     throw std::invalid_argument(
@@ -98,7 +103,7 @@ ObjectiveResult LanguageModelling::compute(const Tensor& outputs, const Batch& b
         outputs.shape().str() + " and " + batch.targets.shape().str());
   }
   ObjectiveResult r;
-  r.loss = cross_entropy(outputs, batch.targets, 0.0f, ignore_);
+  r.loss = cross_entropy(outputs, batch.targets, smoothing_, ignore_);
   const auto [hits, tokens] = top1_hits(outputs, batch.targets, ignore_);
   add_loss(r.metrics, r.loss, static_cast<double>(tokens));
   r.metrics.add("token_accuracy", static_cast<double>(hits), static_cast<double>(tokens));

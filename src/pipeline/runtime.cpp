@@ -252,7 +252,9 @@ class Pipeline::Stage {
     // gradients wait for W.
     std::optional<autograd::DeferWeightGradients> later;
     if (schedule_.splits_backward()) later.emplace(deferred_[{a.micro, a.chunk}]);
-    s.out.backward(grad);
+    // An output that needs no gradient has nothing to compute: a first chunk without parameters
+    // (a flatten of the inputs, which need none). Its W then finds nothing deferred.
+    if (s.out.requires_grad()) s.out.backward(grad);
     later.reset();
     const Clock::time_point t1 = Clock::now();
     account(a, t0, t1, result_.backward_s);

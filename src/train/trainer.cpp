@@ -294,6 +294,25 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   if (steps_per_epoch == 0) {
     throw InputError("the training data yields no batch (is it smaller than one batch?)");
   }
+  // Training by steps: the epochs are stretches of steps_per_epoch steps between evaluations, and
+  // the saved epoch and step in it count stretches of the length of the run that saved them. A run
+  // continued with another length (eval_every) takes its place from the global step instead, or
+  // it would stop at once (its epoch count already reached) or train past its last step.
+  bool replay_position = false;  // find the position in the epoch by skipping batches
+  if (options.by_steps && (!options.resume_from.empty() || !result.restored_from.empty())) {
+    if (steps_per_epoch <= 0) {
+      throw std::invalid_argument(
+          "FitOptions::by_steps needs training data of known length (the steps of a stretch)");
+    }
+    const std::int64_t epoch = state_.global_step / steps_per_epoch,
+                       step = state_.global_step % steps_per_epoch;
+    if (epoch != state_.epoch || step != state_.step_in_epoch) {
+      state_.epoch = epoch;
+      state_.step_in_epoch = step;
+      state_.iterator_state.clear();  // a position in a stretch of the other length
+      replay_position = true;
+    }
+  }
   // Fail before any work if checkpoints or backups could not be written.
   if (!options.checkpoint_dir.empty()) io::ensure_directory(options.checkpoint_dir);
   if (!options.backup_dir.empty() && is_chief()) io::ensure_directory(options.backup_dir);
@@ -308,8 +327,9 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     model_->train();
     std::unique_ptr<data::Iterator> it = train.make_iterator(state_.epoch);
     if (state_.step_in_epoch > 0) {
-      if (options.per_worker_input && !is_chief()) {
-        // Worker 0's saved position is not this worker's: replay as many batches.
+      if (replay_position || (options.per_worker_input && !is_chief())) {
+        // Worker 0's saved position is not this worker's, or it was saved in a stretch of another
+        // length: replay as many batches.
         data::Element skipped;
         for (std::int64_t k = 0; k < state_.step_in_epoch && it->next(skipped); ++k) {
         }
@@ -319,6 +339,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       }
     }
     state_.iterator_state.clear();
+    replay_position = false;
     if (!options.schedule_per_step) set_lr(schedule_->lr(base_lr_, state_.epoch));
     for (auto& cb : callbacks_) cb->on_epoch_begin(*this, state_.epoch);
     EpochLogs logs;

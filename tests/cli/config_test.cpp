@@ -1,8 +1,10 @@
 #include "hpm/cli/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <fstream>
+#include <thread>
 
 #include "common/temp_dir.h"
 #include "hpm/tensor/kernels.h"
@@ -27,6 +29,15 @@ std::string write(const TempDir& dir, const std::string& text) {
   const std::string path = dir / "run.toml";
   std::ofstream(path) << text;
   return path;
+}
+
+std::string error_of_path(const std::string& path) {
+  try {
+    load_config(path);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Loads `text` and returns the ConfigError message (fails the test if none is thrown).
@@ -67,6 +78,28 @@ TEST(Config, ExamplesLoadAndMatchThePeerModels) {
                 ->blocks()
                 .size(),
             11u);
+}
+
+// A directory is named as one (it parsed as an empty file: "missing [model] section"); a pipe
+// (/dev/stdin, a FIFO) is read like a file.
+TEST(Config, ADirectoryIsNamedAndAPipeIsRead) {
+  TempDir dir;
+  try {
+    load_config(dir.path());
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()), dir.path() +
+                                         ": is a directory, not a config file (give the "
+                                         ".toml file in it)");
+  }
+  const std::string fifo = dir / "run.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  std::thread writer([&] { std::ofstream(fifo) << kValid; });
+  const Config c = load_config(fifo);
+  writer.join();
+  EXPECT_EQ(c.layers.size(), 2u);
+  EXPECT_NE(error_of_path(dir / "missing.toml").find("missing.toml: cannot open: No such file"),
+            std::string::npos);
 }
 
 TEST(Config, UnknownKeyNamesItAndItsLine) {
@@ -167,6 +200,55 @@ TEST(Config, OutOfRangeValuesInTheFileAreQuotedWithTheirPlace) {
   EXPECT_NE(msg.find("run.toml:"), std::string::npos) << msg;
   EXPECT_NE(msg.find("[memory] recompute_every must be positive, got -2"), std::string::npos)
       << msg;
+}
+
+// Values that would train silently wrong (or fail at the first step, far from the file) are
+// refused where they are read, naming the key and its place; NaN too, and the largest double is
+// quoted in its 23 characters.
+TEST(Config, OptimizerAndTrainingRangesAreRefusedWithTheirPlace) {
+  std::string msg = error_of(std::string(kValid) + "weight_decay = -0.5\n");
+  EXPECT_NE(msg.find("run.toml:10:16: [optimizer] weight_decay must be >= 0, got -0.5"),
+            std::string::npos)
+      << msg;
+  msg = error_of(std::string(kValid) + "eps = -0.25\n");
+  EXPECT_NE(msg.find("run.toml:10:7: [optimizer] eps must be >= 0, got -0.25"), std::string::npos)
+      << msg;
+  msg = error_of(kValid, {"optimizer.lr=-1.0"});
+  EXPECT_NE(msg.find("--set optimizer.lr=-1.0: [optimizer] lr must be >= 0, got -1.0"),
+            std::string::npos)
+      << msg;
+  msg = error_of(kValid, {"optimizer.beta2=1.0"});
+  EXPECT_NE(msg.find("[optimizer] beta2 must be in [0, 1), got 1.0"), std::string::npos) << msg;
+  msg = error_of(kValid, {"train.clip_grad_norm=-1.0"});
+  EXPECT_NE(msg.find("--set train.clip_grad_norm=-1.0: [train] clip_grad_norm must be >= 0, got "
+                     "-1.0"),
+            std::string::npos)
+      << msg;
+  msg = error_of(std::string(kValid) + "[train]\nclip_grad_norm = nan\n");
+  EXPECT_NE(msg.find("run.toml:11:18: [train] clip_grad_norm must be >= 0, got nan"),
+            std::string::npos)
+      << msg;
+  msg = error_of(kValid, {"train.label_smoothing=1.5"});
+  EXPECT_NE(msg.find("--set train.label_smoothing=1.5: [train] label_smoothing must be in [0, 1], "
+                     "got 1.5"),
+            std::string::npos)
+      << msg;
+  msg = error_of(kValid, {"train.label_smoothing=nan"});
+  EXPECT_NE(msg.find("[train] label_smoothing must be in [0, 1], got nan"), std::string::npos)
+      << msg;
+  msg = error_of(kValid, {"schedule.warmup_start_factor=2.0"});
+  EXPECT_NE(msg.find("[schedule] warmup_start_factor must be in [0, 1], got 2.0"),
+            std::string::npos)
+      << msg;
+  msg = error_of(kValid, {"train.clip_grad_norm=-1.7976931348623157e308"});
+  EXPECT_NE(msg.find("got -1.7976931348623157e+308"), std::string::npos) << msg;
+  EXPECT_LT(msg.size(), 200u) << msg;
+  // The edges are values.
+  TempDir dir;
+  const Config c = load_config(
+      write(dir, kValid),
+      {"train.label_smoothing=1.0", "train.clip_grad_norm=0.0", "optimizer.weight_decay=0.0"});
+  EXPECT_FLOAT_EQ(c.label_smoothing, 1.0f);
 }
 
 TEST(Config, ModelKindsGptAndResNet) {

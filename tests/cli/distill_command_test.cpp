@@ -36,8 +36,12 @@ TEST(DistillCommand, TrainsTeacherFromScratchThenDistillsWithBaseline) {
       student_config(dir, dir.path(),
                      "teacher_config = \"" + teacher + "\"\nteacher_checkpoint = \"" + ckpt +
                          "\"\nalpha = 0.5\ntemperature = 2.0\nbaseline = true\n");
-  CommandResult r = run_hpm("distill " + cfg + " --report " + dir / "report.json");
+  CommandResult r = run_hpm("distill " + cfg + " --report " + dir / "report.json" +
+                            " --set train.tensorboard_dir=" + dir / "tb");
   ASSERT_EQ(r.code, 0) << r.output;
+  // TensorBoard events: the student's in tensorboard_dir, the baseline's in a run of its own.
+  for (const char* run : {"train", "validation", "baseline/train", "baseline/validation"})
+    EXPECT_TRUE(std::filesystem::is_directory(dir / ("tb/" + std::string(run)))) << run;
   const std::string report = dir / "report.json";
   EXPECT_GT(report_number(report, "teacher_test_accuracy"), 0.5);
   EXPECT_GT(report_number(report, "student_test_accuracy"), 0.5);
@@ -118,6 +122,47 @@ TEST(DistillCommand, ConfigErrorsNameTheKey) {
   CommandResult r = run_hpm("distill " + missing);
   EXPECT_EQ(r.code, 1);
   EXPECT_NE(r.output.find("nope.toml"), std::string::npos) << r.output;
+}
+
+// Settings that hpm distill (or its Noisy Student rounds) cannot honour are refused before any
+// work, naming the key and where it was given.
+TEST(DistillCommand, SettingsItCannotHonourAreRefusedWithTheirPlace) {
+  TempDir dir, teacher_dir;
+  write_synthetic_mnist(dir.path(), 50, 20);
+  const std::string teacher = small_mlp_config(teacher_dir, dir.path());
+  const std::string cfg = student_config(dir, dir.path(), "teacher_config = \"" + teacher + "\"\n");
+  const std::string noisy = " --set noisy_student.rounds=1";
+  struct Case {
+    std::string sets, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {" --set train.backup_dir=" + dir / "b",
+            "--set train.backup_dir=" + dir / "b" +
+                ": [train] backup_dir is not supported by hpm distill"},
+           {noisy + " --set train.clip_grad_norm=1.0",
+            "--set train.clip_grad_norm=1.0: [train] clip_grad_norm does not reach Noisy Student"},
+           {noisy + " --set train.label_smoothing=0.1",
+            "--set train.label_smoothing=0.1: [train] label_smoothing does not reach Noisy "
+            "Student"},
+           {noisy + " --set memory.recompute=always",
+            "--set memory.recompute=always: [memory] recompute does not reach Noisy Student"},
+           {noisy + " --set train.tensorboard_dir=" + dir / "tb",
+            "--set train.tensorboard_dir=" + dir / "tb" +
+                ": [train] tensorboard_dir does not reach Noisy Student"},
+       }) {
+    const CommandResult r = run_hpm("distill " + cfg + c.sets);
+    EXPECT_EQ(r.code, 1) << c.sets << r.output;
+    EXPECT_NE(r.output.find("hpm: error: " + c.expect), std::string::npos) << c.sets << r.output;
+  }
+  // In the file: its line.
+  std::ofstream(teacher, std::ios::app) << "label_smoothing = 0.1\n";
+  const std::string noisy_cfg =
+      small_mlp_config(dir, dir.path(), "[noisy_student]\nteacher_config = \"" + teacher + "\"\n");
+  const CommandResult r = run_hpm("distill " + noisy_cfg);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find(teacher + ":12:19: [train] label_smoothing does not reach Noisy Student"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(ChurnCommand, CheckpointAgainstItselfIsZeroAndAgainstAnotherIsNot) {

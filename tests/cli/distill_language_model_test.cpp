@@ -103,6 +103,16 @@ TEST(DistillLanguageModel, GptStudentUnderMirroredAndProcessesEqualsOneDevice) {
                  dir / "processes.json");
   EXPECT_EQ(processes["strategy"], "multi_worker_mirrored");
   EXPECT_NEAR(processes["student_test_loss"].get<double>(), reference, 1e-5);
+  // With the baseline (the examples' default) the processes train a second model after the
+  // student, in the same process group: it used to meet the first rendezvous' store and fail
+  // ("Connection refused") or hang.
+  const auto with_baseline =
+      run_report(hpm + " launch -n 2 -- " + hpm + " distill " + student + lr +
+                     " --set train.max_steps=20 --set distill.baseline=true"
+                     " --set strategy.kind='\"multi_worker_mirrored\"'",
+                 dir / "processes_baseline.json");
+  EXPECT_NEAR(with_baseline["student_test_loss"].get<double>(), reference, 1e-5);
+  EXPECT_TRUE(with_baseline.contains("baseline_student_test_loss")) << with_baseline.dump();
   EXPECT_NE(reference, distilled);  // 20 steps, not 100
 }
 

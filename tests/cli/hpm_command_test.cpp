@@ -224,6 +224,16 @@ TEST(HpmStrategy, ConfigErrorsNameTheKey) {
   TempDir dir;
   write_dataset(dir.path(), 64, 16);
   const std::string cfg = mlp_config(dir, dir.path());
+  // Two processes with a one-process strategy would each train the same copy, silently.
+  for (const char* kind : {"one_device", "mirrored"}) {
+    Result two =
+        run("launch -n 2 -- " + hpm_binary() + " train " + cfg + " --set strategy.kind=" + kind);
+    EXPECT_EQ(two.code, 1) << two.output;
+    EXPECT_NE(two.output.find("[strategy] kind = \"" + std::string(kind) +
+                              "\" runs in one process, but this is one of 2 processes"),
+              std::string::npos)
+        << two.output;
+  }
   Result typo = run("train " + cfg + " --set strategy.kind=mirrord");
   EXPECT_EQ(typo.code, 1);
   EXPECT_NE(typo.output.find("[strategy] kind must be one_device, mirrored, multi_worker_mirrored "
@@ -524,6 +534,41 @@ TEST(HpmLanguageModel, TrainsByStepsReportsPerplexityAndResumes) {
   EXPECT_EQ(report_number(dir / "more.json", "steps"), 30);
 }
 
+// hpm evaluate scores a GPT as training does (loss per token, token accuracy, perplexity), to the
+// same figures; [train] label_smoothing reaches the language-model objective (the training loss
+// changes) but not the evaluation, which measures the plain next-token loss.
+TEST(HpmLanguageModel, EvaluateScoresPerTokenAndLabelSmoothingReachesTheObjective) {
+  TempDir dir;
+  const std::string corpus = one_file_corpus(dir);
+  const std::string cfg = gpt_config(dir, corpus, "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  Result r = run("train " + cfg + " --report " + dir / "r.json");
+  ASSERT_EQ(r.code, 0) << r.output;
+  Result ev =
+      run("evaluate " + cfg + " --checkpoint " + dir / "ckpt" + " --report " + dir / "e.json");
+  ASSERT_EQ(ev.code, 0) << ev.output;
+  EXPECT_NE(ev.output.find("val perplexity"), std::string::npos) << ev.output;
+  EXPECT_EQ(ev.output.find("test accuracy"), std::string::npos) << ev.output;
+  const auto t = nlohmann::json::parse(std::ifstream(dir / "r.json"));
+  const auto e = nlohmann::json::parse(std::ifstream(dir / "e.json"));
+  EXPECT_NEAR(e["val_loss"].get<double>(), t["val_loss"].get<double>(), 1e-6);
+  EXPECT_NEAR(e["test_accuracy"].get<double>(), t["test_accuracy"].get<double>(), 1e-9);
+  EXPECT_LE(e["test_accuracy"].get<double>(), 1.0) << "a share of tokens";
+  EXPECT_NEAR(e["val_perplexity"].get<double>(), std::exp(e["val_loss"].get<double>()), 1e-6);
+
+  Result smoothed =
+      run("train " + cfg + " --set train.label_smoothing=0.3 --set " +
+          "train.checkpoint_dir=" + dir / "ckpt-smoothed" + " --report " + dir / "s.json");
+  ASSERT_EQ(smoothed.code, 0) << smoothed.output;
+  const auto s = nlohmann::json::parse(std::ifstream(dir / "s.json"));
+  EXPECT_NE(s["history"][0]["train_metrics"]["loss"].get<double>(),
+            t["history"][0]["train_metrics"]["loss"].get<double>());
+  Result smoothed_ev = run("evaluate " + cfg + " --set train.label_smoothing=0.3 --checkpoint " +
+                           dir / "ckpt-smoothed" + " --report " + dir / "se.json");
+  ASSERT_EQ(smoothed_ev.code, 0) << smoothed_ev.output;
+  EXPECT_NEAR(report_number(dir / "se.json", "val_loss"), s["val_loss"].get<double>(), 1e-6)
+      << "evaluated on the plain next-token loss, as training evaluates it";
+}
+
 TEST(HpmLanguageModel, MistakesAreNamed) {
   TempDir dir;
   const std::string corpus = one_file_corpus(dir);
@@ -539,11 +584,13 @@ TEST(HpmLanguageModel, MistakesAreNamed) {
   std::ofstream(dir / "corpus/bin.txt", std::ios::binary).write("abc\0def", 7);
   EXPECT_NE(output_of(good).find("bin.txt: a NUL byte at offset 3"), std::string::npos);
   std::filesystem::remove(dir / "corpus/bin.txt");
-  EXPECT_NE(
-      output_of(good, "--set model.block_size=200")
-          .find("a block of 200 tokens needs windows of 201, and the split holds only 180 tokens"),
-      std::string::npos)
-      << "the validation split (10% of 1,800 bytes) is shorter than a window";
+  // Named by its key and the text, not by the window sampler that finds it too short.
+  const std::string too_long = output_of(good, "--set model.block_size=200");
+  EXPECT_NE(too_long.find("--set model.block_size=200: [model] block_size = 200 is too long for "
+                          "the validation text of " +
+                          corpus + ": it holds 180 tokens, and a window needs block_size + 2"),
+            std::string::npos)
+      << "the validation split (10% of 1,800 bytes) is shorter than a window: " << too_long;
   EXPECT_NE(
       output_of(good, "--set model.vocab_size=100")
           .find("vocab_size 100 is smaller than the byte-level corpus' vocabulary (256 tokens)"),
@@ -587,6 +634,41 @@ TEST(HpmLanguageModel, KilledAndRestartedFromItsBackupEndsBitIdentical) {
   EXPECT_NE(j["restored_from"].get<std::string>(), "") << resumed.output;
   EXPECT_EQ(j["steps_this_run"], 8) << resumed.output;
   EXPECT_EQ(report_number(dir / "resumed.json", "val_loss"),
+            report_number(dir / "straight.json", "val_loss"))
+      << "bit-identical, not close";
+}
+
+// Resumed with another eval_every, a language model continues from its global step to max_steps:
+// the stretches between evaluations change length, the steps do not, and the result is the run
+// that was never stopped (the windows are drawn by global step).
+TEST(HpmLanguageModel, ResumedWithAnotherEvalEveryEndsAtMaxSteps) {
+  TempDir dir;
+  const std::string corpus = one_file_corpus(dir);
+  const std::string cfg = gpt_config(dir, corpus, "checkpoint_dir = \"" + dir / "ckpt" + "\"\n");
+  Result first = run("train " + cfg);  // 20 steps, evaluated every 10
+  ASSERT_EQ(first.code, 0) << first.output;
+  const auto resume = [&](const std::string& sets, const std::string& report) {
+    Result r = run("train " + cfg + " " + sets + " --resume " + dir / "ckpt" + " --report " +
+                   dir / report);
+    EXPECT_EQ(r.code, 0) << r.output;
+    return std::make_pair(report_number(dir / report, "steps"),
+                          report_number(dir / report, "steps_this_run"));
+  };
+  // Step 20 ends the first stretch of 20 (it was the second of 10).
+  EXPECT_EQ(resume("--set train.max_steps=40 --set train.eval_every=20", "a.json"),
+            std::make_pair(40.0, 20.0));
+  // Step 40 ends the eighth stretch of 5 (it was the second of 20).
+  EXPECT_EQ(resume("--set train.max_steps=50 --set train.eval_every=5", "b.json"),
+            std::make_pair(50.0, 10.0));
+  // Step 50 is 10 steps into the third stretch of 20 (it ended the tenth of 5).
+  EXPECT_EQ(resume("--set train.max_steps=60 --set train.eval_every=20", "c.json"),
+            std::make_pair(60.0, 10.0));
+  const std::string straight = gpt_config(dir, corpus, "", "straight.toml");
+  Result s =
+      run("train " + straight + " --set train.max_steps=60 --set train.eval_every=20 --report " +
+          dir / "straight.json");
+  ASSERT_EQ(s.code, 0) << s.output;
+  EXPECT_EQ(report_number(dir / "c.json", "val_loss"),
             report_number(dir / "straight.json", "val_loss"))
       << "bit-identical, not close";
 }

@@ -6,6 +6,7 @@
 
 #include <fstream>
 #include <regex>
+#include <vector>
 
 #include "common/hpm_cli.h"
 
@@ -108,7 +109,7 @@ TEST(PsCommand, KilledParameterServerIsRestoredFromCheckpoint) {
 }
 
 TEST(PsCommand, LaunchRunsAWholeJobWithAReport) {
-  PsJob job(2, 2, 2, "mode = \"sync\"\n");
+  PsJob job(2, 2, 2, "mode = \"sync\"\ncheckpoint_dir = \"{DIR}/ckpt\"\n");
   const CommandResult r = run_hpm("launch --ps 2 --workers 2 -- " + hpm_binary() + " ps run " +
                                   job.config + " --report " + (job.dir / "r.json"));
   ASSERT_EQ(r.code, 0) << r.output;
@@ -126,6 +127,21 @@ TEST(PsCommand, LaunchRunsAWholeJobWithAReport) {
   }
   EXPECT_EQ(steps, 200);
   EXPECT_GT(j["epochs"][1]["test_accuracy"].get<double>(), 0.5);
+
+  // The job's checkpoint (manifest and shards) evaluates and exports like a Trainer's: the model
+  // of the last epoch's end, as the job evaluated it.
+  const CommandResult ev = run_hpm("evaluate " + job.config + " --checkpoint " + job.dir / "ckpt" +
+                                   " --report " + job.dir / "ev.json");
+  ASSERT_EQ(ev.code, 0) << ev.output;
+  const auto e = nlohmann::json::parse(read_text(job.dir / "ev.json"));
+  EXPECT_NEAR(e["test_loss"].get<double>(), j["epochs"][1]["test_loss"].get<double>(), 1e-5);
+  const CommandResult ex =
+      run_hpm("export " + job.dir / "ckpt" + " -o " + job.dir / "w.safetensors");
+  ASSERT_EQ(ex.code, 0) << ex.output;
+  const CommandResult ew = run_hpm("evaluate " + job.config + " --weights " +
+                                   job.dir / "w.safetensors" + " --report " + job.dir / "ew.json");
+  ASSERT_EQ(ew.code, 0) << ew.output;
+  EXPECT_EQ(nlohmann::json::parse(read_text(job.dir / "ew.json"))["test_loss"], e["test_loss"]);
 }
 
 TEST(PsCommand, TokensAndConfigMistakesGetClearErrors) {
@@ -166,6 +182,36 @@ TEST(PsCommand, TokensAndConfigMistakesGetClearErrors) {
                           "\"sync\", got \"eventual\""),
             std::string::npos)
       << r.output;
+}
+
+// [train] settings of a Trainer run that a parameter-server job has no place for are refused,
+// naming where they were given, rather than ignored.
+TEST(PsCommand, TrainSettingsItCannotHonourAreRefusedWithTheirPlace) {
+  PsJob job(1, 1, 1);
+  struct Case {
+    std::string set, expect;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"train.checkpoint_dir=" + (job.dir / "ckpt"),
+            "[train] checkpoint_dir does not apply to hpm ps: the coordinator checkpoints every "
+            "parameter-server shard to [ps] checkpoint_dir"},
+           {"train.tensorboard_dir=" + (job.dir / "tb"),
+            "[train] tensorboard_dir is not written by hpm ps"},
+           {"train.clip_grad_norm=1.0", "[train] clip_grad_norm does not reach parameter-server"},
+           {"train.accumulation_steps=2",
+            "[train] accumulation_steps does not reach parameter-server workers yet"},
+           {"memory.recompute=always",
+            "[memory] recompute does not reach parameter-server workers yet"},
+           {"memory.offload=true", "[memory] offload does not reach parameter-server workers yet"},
+       }) {
+    for (const char* role : {"coordinator", "worker --task 0"}) {
+      const CommandResult r =
+          run_hpm("ps " + std::string(role) + " " + job.config + " --set " + c.set);
+      EXPECT_EQ(r.code, 1) << r.output;
+      EXPECT_NE(r.output.find("hpm: error: --set " + c.set + ": " + c.expect), std::string::npos)
+          << r.output;
+    }
+  }
 }
 
 TEST(PsCommand, PortInUseIsRefusedAndAWrongTokenFailsFast) {

@@ -1,5 +1,5 @@
-// Command-line settings a user gets wrong: a seed out of range says the range in a few words;
-// more threads than CPUs is said, naming both numbers.
+// Command-line settings a user gets wrong: a seed or another number out of range says the range
+// in a few words; more threads than CPUs is said, naming both numbers.
 #include <gtest/gtest.h>
 
 #include "common/hpm_cli.h"
@@ -23,6 +23,25 @@ TEST(Settings, ASeedOutOfRangeNamesTheRange) {
   }
   EXPECT_EQ(run_hpm("train " + config + " --seed 9223372036854775807 --set train.epochs=1").code,
             0);
+}
+
+// A number option out of range says so in a few words (CLI11's own check quotes the largest
+// double, 309 digits, and lets NaN through).
+TEST(Settings, ANumberOutOfRangeIsShortAndNaNIsRefused) {
+  TempDir dir;
+  for (const std::string value : {"nan", "0", "-1", "inf", "x"}) {
+    const CommandResult r = run_hpm("sample " + dir / "none.toml" + " --checkpoint " +
+                                    dir / "none" + " --temperature " + value);
+    EXPECT_EQ(r.code, 2) << value << r.output;
+    EXPECT_NE(r.output.find("--temperature: expected a number > 0, got " + value),
+              std::string::npos)
+        << r.output;
+    EXPECT_LT(r.output.size(), 400u) << r.output;
+  }
+  const CommandResult r = run_hpm("train " + dir / "none.toml" + " --rank -1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("--rank: expected a number >= 0, got -1"), std::string::npos) << r.output;
+  EXPECT_LT(r.output.size(), 400u) << r.output;
 }
 
 TEST(Settings, MoreThreadsThanCpusIsSaid) {

@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <thread>
+#include <utility>
 
 #include "common/training.h"
 #include "hpm/comm/local.h"
@@ -88,6 +89,42 @@ TEST(Models, EveryStrategyMatchesOneDevice) {
                    std::string(c.name) + " mirrored x accumulation 2");
     }
   }
+}
+
+// BatchNorm's running statistics as one flat vector, and num_batches_tracked summed over layers.
+std::pair<std::vector<float>, std::int64_t> running_statistics(const nn::Module& m) {
+  std::pair<std::vector<float>, std::int64_t> out{{}, 0};
+  for (const auto& [name, t] : m.named_buffers()) {
+    if (t.dtype() == DType::I64) {
+      out.second += t.to_vector_i64().at(0);
+      continue;
+    }
+    const std::vector<float> v = t.to_vector();
+    out.first.insert(out.first.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// Buffers follow every strategy, not only parameters: the primary copy's running statistics are
+// what replica 0's forwards left, under central storage as under mirrored (whose primary copy is
+// replica 0), and they moved from their initial values (mean 0, variance 1), which is what an
+// evaluation or a checkpoint of model() reads.
+TEST(Models, CentralStorageKeepsRunningStatisticsAsMirrored) {
+  const Case c = resnet_case();
+  manual_seed(7);
+  const auto initial = running_statistics(*c.model());
+  auto mirrored = make_mirrored(replicas(2));
+  train(*mirrored, c, 4);
+  auto central = make_central_storage(replicas(2));
+  train(*central, c, 4);
+  const auto want = running_statistics(*mirrored->model());
+  const auto got = running_statistics(*central->model());
+  ASSERT_FALSE(want.first.empty());
+  EXPECT_NE(want.first, initial.first) << "mirrored's running statistics never moved";
+  EXPECT_NE(got.first, initial.first) << "central storage's running statistics never moved";
+  expect_close(want.first, got.first, "central storage's running statistics");
+  EXPECT_GT(want.second, 0);
+  EXPECT_EQ(got.second, want.second) << "num_batches_tracked";
 }
 
 // Two workers (a local group stands in for gloo between processes; tests/cli trains through

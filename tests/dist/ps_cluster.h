@@ -57,7 +57,8 @@ inline std::vector<std::unique_ptr<ParameterServer>> start_servers(Cluster& clus
 struct RunResult {
   CoordinatorReport report;
   std::vector<WorkerReport> workers;
-  std::vector<float> params;  // the coordinator's model after training, flattened
+  std::vector<float> params;   // the coordinator's model after training, flattened
+  std::vector<float> buffers;  // its running statistics (F32 buffers), as the servers hold them
 };
 
 inline std::vector<float> flat(const nn::NamedTensors& vars) {
@@ -69,6 +70,14 @@ inline std::vector<float> flat(const nn::NamedTensors& vars) {
   return out;
 }
 
+// A model's F32 buffers (BatchNorm's running statistics) flattened, in ps_variables' order.
+inline std::vector<float> flat_buffers(const nn::Module& m) {
+  nn::NamedTensors buffers;
+  for (const auto& [name, t] : ps_variables(m))
+    if (is_buffer_variable(name)) buffers.emplace_back(name, t);
+  return flat(buffers);
+}
+
 // Runs a whole job; worker w's options from `worker_options(w)`.
 // `make_model` builds each copy alike (it seeds the default generator itself).
 template <typename WorkerOptionsFn>
@@ -77,7 +86,7 @@ RunResult run_job(
     WorkerOptionsFn worker_options,
     const std::function<std::shared_ptr<nn::Module>()>& make_model = [] { return small_model(); }) {
   auto chief_model = make_model();
-  nn::NamedTensors vars = chief_model->named_parameters();
+  nn::NamedTensors vars = ps_variables(*chief_model);
   Coordinator coordinator(cluster, co, vars, "127.0.0.1:0");
   cluster.coordinator = "127.0.0.1:" + std::to_string(coordinator.port());
   RunResult r;
@@ -100,8 +109,9 @@ RunResult run_job(
     names.push_back(n);
     numels.push_back(t.numel());
   }
-  PsClient(cluster, names, numels).pull(vars);
-  r.params = flat(vars);
+  PsClient(cluster, names, numels).pull(vars);  // into chief_model's own tensors
+  r.params = flat(chief_model->named_parameters());
+  r.buffers = flat_buffers(*chief_model);
   return r;
 }
 

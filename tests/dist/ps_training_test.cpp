@@ -153,7 +153,83 @@ TEST(PsTraining, SyncModeMatchesMirroredForGptAndResNet) {
     }
     hpm::testing::expect_same_parameters(flat(mirrored->model()->named_parameters()), r.params,
                                          mc.name, 1e-5f);
+    // Running statistics: each step the servers average what the parts' forwards made of the same
+    // pulled values, which is the mean of Mirrored's replicas' own (the update is linear).
+    std::vector<std::vector<float>> per_replica(2);
+    mirrored->run([&](ReplicaContext& ctx) {
+      per_replica[static_cast<std::size_t>(ctx.replica_id_in_sync)] = flat_buffers(ctx.model);
+    });
+    std::vector<float> mean(per_replica[0].size());
+    for (std::size_t i = 0; i < mean.size(); ++i)
+      mean[i] = 0.5f * (per_replica[0][i] + per_replica[1][i]);
+    ASSERT_EQ(r.buffers.size(), mean.size());
+    EXPECT_EQ(r.buffers.empty(), std::string(mc.name) == "gpt");
+    hpm::testing::expect_same_parameters(mean, r.buffers, std::string(mc.name) + " buffers", 1e-4f);
+    if (!r.buffers.empty()) {
+      EXPECT_NE(r.buffers, flat_buffers(*mc.model())) << "never moved";
+    }
   }
+}
+
+// BatchNorm's running statistics live on the servers beside the parameters: one asynchronous
+// worker trains a ResNet as one device does, running statistics included, and the chief's model
+// (what it evaluates, in eval mode) holds them rather than their initial values.
+TEST(PsTraining, OneAsyncWorkerKeepsTheResNetsRunningStatistics) {
+  const auto model = [] {
+    manual_seed(5);
+    return hpm::testing::tiny_resnet();
+  };
+  const nn::Batch b = hpm::testing::image_batch(48, 3);
+  const data::LabelledData d{b.inputs, b.targets};
+  const auto objective = std::make_shared<nn::Classification>();
+  Cluster c = loopback_cluster(1);
+  auto servers = start_servers(c, 2);
+  const RunResult r = run_job(
+      c, options(Mode::kAsync, 1, tasks_per_epoch(48, 8, 1)), d,
+      [&](int w) { return WorkerOptions{.worker = w, .batch_size = 8, .objective = objective}; },
+      model);
+  auto one = make_one_device();
+  one->scope(model, [](nn::Module& m) {
+    return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.1f, 0.9f});
+  });
+  const auto order = epoch_order(48, 0, 0);
+  for (std::int64_t s = 0; s < 48 / 8; ++s) {
+    const std::vector<std::int64_t> rows(order.begin() + s * 8, order.begin() + (s + 1) * 8);
+    one->train_step(
+        {kernels::index_select0(d.inputs, rows), kernels::index_select0(d.labels, rows)},
+        *objective, 0.0f);
+  }
+  hpm::testing::expect_same_parameters(flat(one->model()->named_parameters()), r.params,
+                                       "parameters", 1e-5f);
+  const std::vector<float> want = flat_buffers(*one->model());
+  ASSERT_FALSE(want.empty());
+  ASSERT_EQ(r.buffers.size(), want.size());
+  EXPECT_NE(r.buffers, flat_buffers(*model())) << "the servers' running statistics never moved";
+  hpm::testing::expect_same_parameters(want, r.buffers, "running statistics", 1e-4f);
+}
+
+// Each epoch's evaluation sees the variables as that epoch left them: the next epoch's tasks wait
+// for it, so however long it takes, the servers have applied exactly the epoch's updates.
+TEST(PsTraining, EpochEvaluationSeesTheEpochsEnd) {
+  const auto d = small_data(640);
+  Cluster c = loopback_cluster(2);
+  auto servers = start_servers(c, 2);
+  const std::int64_t per_epoch = tasks_per_epoch(640, 8, 1);
+  CoordinatorOptions co = options(Mode::kAsync, 2, per_epoch);
+  std::vector<std::int64_t> epochs_seen;
+  co.on_epoch = [&](EpochReport& e) {
+    epochs_seen.push_back(e.epoch);
+    std::this_thread::sleep_for(100ms);  // workers not held back would run on meanwhile
+    PsClient probe(c, {"probe"}, {1});
+    for (const ShardStatus& s : probe.status(std::chrono::milliseconds(2000))) {
+      ASSERT_TRUE(s.reachable) << s.error;
+      EXPECT_EQ(s.version, (e.epoch + 1) * per_epoch) << "updates applied at epoch " << e.epoch + 1;
+    }
+  };
+  const RunResult r =
+      run_job(c, co, d, [](int w) { return WorkerOptions{.worker = w, .batch_size = 8}; });
+  EXPECT_EQ(epochs_seen, (std::vector<std::int64_t>{0, 1}));
+  EXPECT_EQ(r.report.tasks, 2 * per_epoch);
 }
 
 TEST(PsTraining, SspKeepsTheFastestWorkerWithinTheBound) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -205,6 +206,25 @@ TEST(CodistillCommand, ThreadsAndProcessesReportAccuracyAndChurn) {
   EXPECT_NE(r.output.find("copies = 3"), std::string::npos) << r.output;
 }
 
+// Settings hpm codistill cannot honour are refused before any work, naming where they were given.
+TEST(CodistillCommand, SettingsItCannotHonourAreRefusedWithTheirPlace) {
+  testing::TempDir dir;
+  const std::string cfg = testing::small_mlp_config(
+      dir, dir.path(), "[codistill]\ncopies = 2\n[pipeline]\nstages = 2\n");
+  auto r = testing::run_hpm("codistill " + cfg);
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find(cfg + ":14:1: [pipeline] does not apply to hpm codistill"),
+            std::string::npos)
+      << r.output;
+  const std::string plain = testing::small_mlp_config(dir, dir.path(), "[codistill]\ncopies = 2\n");
+  r = testing::run_hpm("codistill " + plain + " --set train.backup_dir=" + dir / "b");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_NE(r.output.find("--set train.backup_dir=" + dir / "b" +
+                          ": [train] backup_dir is not supported by hpm codistill"),
+            std::string::npos)
+      << r.output;
+}
+
 // A byte-level GPT on three small text files: copies trained by `hpm codistill` with alpha 0 are
 // exactly `hpm train` runs of their seeds; with a burn-in as long as training, exchanging changes
 // nothing; after a burn-in the distillation term changes the copies; each copy writes its metrics
@@ -244,8 +264,10 @@ TEST(CodistillCommand, LanguageModelCopiesAreIndependentRunsUntilTheBurnInEnds) 
   EXPECT_EQ(long_burn_in["copy_test_losses"], independent["copy_test_losses"]);
   EXPECT_EQ(long_burn_in["mean_churn"], independent["mean_churn"]);
 
-  const auto distilled = codistill("", "co.json");
+  const auto distilled = codistill(" --set train.tensorboard_dir=" + dir / "tb", "co.json");
   EXPECT_EQ(distilled["steps"], 20);
+  for (const char* run : {"copy-0/train", "copy-0/validation", "copy-1/train", "copy-1/validation"})
+    EXPECT_TRUE(std::filesystem::is_directory(dir / ("tb/" + std::string(run)))) << run;
   for (int copy = 0; copy < 2; ++copy) {
     const double loss = distilled["copy_test_losses"][copy].get<double>();
     EXPECT_TRUE(loss > 0.5 && loss < std::log(256.0)) << loss;

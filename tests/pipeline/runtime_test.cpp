@@ -103,6 +103,48 @@ TEST(Pipeline, EveryScheduleAccumulatesTheUnsplitGradients) {
   }
 }
 
+// Inputs of 3 x 4 flattened first, then 12 -> 16 -> 16 -> 4: a chunk of the flatten alone (where
+// the balanced cut puts Fashion's mlp's) gets inputs that need no gradient, so its output needs
+// none, and its stage has no backward to run (nor anything to send back).
+std::shared_ptr<nn::Sequential> flattening_mlp(std::uint64_t seed = 5) {
+  Generator g(seed);
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(12, 16, true, g),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 16, true, g),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 4, true, g)});
+}
+
+TEST(Pipeline, AFirstChunkWithoutParametersRunsEverySchedule) {
+  const Batch b = batch(24, 6);
+  const Tensor x = b.x.reshape({24, 3, 4});
+  auto whole = flattening_mlp();
+  Tensor l = loss_fn(whole->forward(x), b.y);
+  const double loss = l.item();
+  l.backward();
+  const std::vector<float> reference = flat_grads(*whole);
+  for (const auto& [c, cuts] : std::vector<std::pair<Case, std::vector<int>>>{
+           {{ScheduleKind::kGPipe, 2, 4, 1}, {0, 1, 6}},
+           {{ScheduleKind::kOneFOneB, 3, 6, 1}, {0, 1, 3, 6}},
+           {{ScheduleKind::kOneFOneB, 4, 8, 1}, {0, 1, 2, 4, 6}},
+           {{ScheduleKind::kInterleaved, 2, 4, 2}, {0, 1, 2, 4, 6}},
+           {{ScheduleKind::kInterleaved, 3, 6, 2}, {0, 1, 2, 3, 4, 5, 6}},
+           {{ScheduleKind::kZeroBubbleH1, 3, 6, 1}, {0, 1, 3, 6}}}) {
+    auto model = flattening_mlp();
+    PipelineOptions o;
+    o.stages = c.stages;
+    o.micro_batches = c.micro;
+    o.schedule = c.kind;
+    o.chunks_per_stage = c.chunks_per_stage;
+    Pipeline p(cut(*model, cuts), o);
+    const std::string what = std::string(schedule_name(c.kind)) + " K=" + std::to_string(c.stages) +
+                             " chunks=" + std::to_string(cuts.size() - 1);
+    StepStats st;
+    ASSERT_NO_THROW(st = p.forward_backward(x, b.y, loss_fn)) << what;
+    expect_close(reference, flat_grads(*model), what);
+    EXPECT_NEAR(st.loss_sum / static_cast<double>(st.rows), loss, 1e-5) << what;
+  }
+}
+
 std::vector<float> train(dist::Strategy& s, int steps) {
   s.scope([] { return mlp(9); },
           [](nn::Module& m) {
@@ -152,6 +194,31 @@ TEST(PipelineStrategy, NStepsMatchOneDeviceForEverySchedule) {
       EXPECT_EQ(report->partition.boundaries.size(), static_cast<std::size_t>(2 * v + 1));
     }
   }
+}
+
+// The same model trained through the strategy, its first stage the flatten alone (no parameters
+// to update): N steps match one device.
+TEST(PipelineStrategy, AFirstStageWithoutParametersTrainsAsOneDevice) {
+  const auto steps = [](dist::Strategy& s) {
+    s.scope([] { return flattening_mlp(9); },
+            [](nn::Module& m) {
+              return std::make_shared<optim::Adam>(m.named_parameters(), optim::AdamOptions{});
+            });
+    for (int k = 0; k < 4; ++k) {
+      const Batch b = batch(16, 70 + static_cast<std::uint64_t>(k));
+      EXPECT_TRUE(s.train_step(b.x.reshape({16, 3, 4}), b.y, loss_fn, 1.0f).finite);
+    }
+    s.synchronize();
+    return testing::flat_parameters(*s.model());
+  };
+  const std::vector<float> reference = steps(*dist::make_one_device());
+  PipelineStrategyOptions o;
+  o.pipeline.stages = 3;
+  o.pipeline.micro_batches = 4;
+  o.pipeline.schedule = ScheduleKind::kOneFOneB;
+  o.boundaries = {0, 1, 3, 6};
+  auto s = make_pipeline(o);
+  expect_close(reference, steps(*s), "1f1b, the flatten alone on stage 0", 1e-4f);
 }
 
 TEST(Pipeline, AStepTooLargeForOneDeviceTrainsWhenSplit) {

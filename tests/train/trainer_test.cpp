@@ -181,6 +181,60 @@ TEST(Trainer, ResumingMidEpochWithAnotherBatchSizeIsRefused) {
   EXPECT_EQ(c.trainer->fit(train, nullptr, same).steps, 3);
 }
 
+// Batches of 8 rows by global step, `every` to an epoch (a stretch between evaluations): batch g
+// is the same whatever the stretches, as random_windows' draws are.
+data::Dataset stretches(const data::LabelledData& d, std::int64_t every) {
+  return data::Dataset::from_epoch_generator(
+      [d, every](std::int64_t epoch, std::int64_t k, data::Element& out) {
+        if (k >= every) return false;
+        const std::int64_t g = (epoch * every + k) % (d.size() / 8);
+        out = {d.inputs.narrow(g * 8, 8), d.labels.narrow(g * 8, 8)};
+        return true;
+      },
+      every);
+}
+
+// Training by steps, continued with stretches of another length (another eval_every): it ends at
+// the same step as a run never interrupted, with the same weights, whether the saved step falls
+// on a boundary of the new stretches or inside one. Counted in saved epochs instead, it would
+// train nothing (the epochs already reached) or past the last step.
+TEST(Trainer, ByStepsContinuedInStretchesOfAnotherLengthEndsAtTheSameStep) {
+  const auto train = blobs(160, 3);  // 20 batches of 8
+  FitOptions o;
+  o.batch_size = 8;
+  o.by_steps = true;
+  Rig straight = make();
+  FitOptions all = o;
+  all.epochs = 4;  // 4 stretches of 5: 20 steps
+  straight.trainer->fit(stretches(train, 5), nullptr, all);
+  ASSERT_EQ(straight.trainer->state().global_step, 20);
+  struct Case {
+    std::int64_t every, epochs, stop_at, then_every;
+  };
+  for (const Case& c : {Case{5, 2, 0, 10},     // step 10 ends stretch 2 of 5 and 1 of 10
+                        Case{10, 1, 0, 5},     // step 10 ends stretch 1 of 10 and 2 of 5
+                        Case{5, 4, 7, 4},      // step 7: in stretch 2 of 5, and of 4
+                        Case{5, 4, 7, 20}}) {  // step 7: in stretch 2 of 5, the first of 20
+    const std::string what =
+        "stretches of " + std::to_string(c.every) + ", then of " + std::to_string(c.then_every);
+    TempDir dir;
+    Rig first = make();
+    if (c.stop_at > 0) first.trainer->add_callback(std::make_shared<StopAt>(c.stop_at));
+    FitOptions o1 = o;
+    o1.epochs = c.epochs;
+    o1.checkpoint_dir = dir / "ckpt";
+    const std::int64_t saved = first.trainer->fit(stretches(train, c.every), nullptr, o1).steps;
+    Rig second = make(99);  // different init: everything must come from the checkpoint
+    FitOptions o2 = o;
+    o2.epochs = 20 / c.then_every;
+    o2.resume_from = dir / "ckpt";
+    const FitResult r = second.trainer->fit(stretches(train, c.then_every), nullptr, o2);
+    EXPECT_EQ(r.steps, 20 - saved) << what;
+    EXPECT_EQ(second.trainer->state().global_step, 20) << what;
+    EXPECT_EQ(flat_params(*second.model), flat_params(*straight.model)) << what;
+  }
+}
+
 TEST(Trainer, UnwritableCheckpointDirectoryFailsBeforeTraining) {
   TempDir dir;
   std::ofstream(dir / "file") << "x";

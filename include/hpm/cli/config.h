@@ -5,6 +5,7 @@
 // value, WHERE being FILE:LINE:COL, or the "--set section.key=value" that gave it.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -14,6 +15,7 @@
 #include "hpm/data/tokenizer.h"
 #include "hpm/nn/gpt.h"
 #include "hpm/nn/module.h"
+#include "hpm/nn/objective.h"
 #include "hpm/nn/resnet.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/optim/schedule.h"
@@ -116,6 +118,9 @@ struct PipelineSection {
 
 struct Config {
   std::string path;
+  // Where the file (or a --set) gave each section and key: "train" and "train.backup_dir" ->
+  // "FILE:LINE:COL" or "--set train.backup_dir=...". What refuse_setting names.
+  std::map<std::string, std::string> given;
   // [model]
   std::string model_kind = "layers";  // layers | gpt | resnet
   std::vector<LayerSpec> layers;
@@ -230,6 +235,12 @@ struct Config {
 // string).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 
+// A setting the running command cannot honour: throws ConfigError "WHERE: [section] key why"
+// (key empty: "WHERE: [section] why"), WHERE being where the config gave it (config.given), else
+// its path.
+[[noreturn]] void refuse_setting(const Config& config, const std::string& section,
+                                 const std::string& key, const std::string& why);
+
 // The CPUs this process may run on (sched_getaffinity; else std::thread::hardware_concurrency).
 int available_cpus();
 // Warns on stderr, naming both numbers, when `threads` exceed available_cpus(): threads beyond
@@ -248,6 +259,9 @@ data::PipelineSpec pipeline_spec(const Config& config);
 // The [train] and [schedule] settings every training run shares (epochs, seed, smoothing,
 // clipping, schedule unit, checkpoints), as Trainer::fit takes them.
 train::FitOptions fit_options(const Config& config);
+// What a run of `config` learns: next-token language modelling for a GPT, else classification,
+// either with [train] label_smoothing (evaluation measures without it).
+std::shared_ptr<const nn::Objective> build_objective(const Config& config);
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& config, const nn::Module& model);
 std::shared_ptr<optim::LrSchedule> build_schedule(const Config& config);
 

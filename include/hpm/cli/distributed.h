@@ -4,6 +4,7 @@
 #include <string>
 
 #include "hpm/cli/config.h"
+#include "hpm/comm/communicator.h"
 #include "hpm/dist/strategy.h"
 
 namespace hpm::cli {
@@ -20,6 +21,12 @@ struct WorkerFlags {
 
 // Null for one_device (the Trainer then runs the model on the calling thread). Throws
 // ConfigError when multi_worker_mirrored has no way to find its peers.
-std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags);
+//
+// `workers`, when given, is the process group of a command that trains several models in turn
+// (distill's student, then its baseline): made at the first multi-worker strategy, reused by the
+// next. A second rendezvous at the launcher's address would meet the first one's store (rank 0's
+// port still bound, its keys still there) and fail or hang.
+std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags,
+                                               comm::CommunicatorPtr* workers = nullptr);
 
 }  // namespace hpm::cli

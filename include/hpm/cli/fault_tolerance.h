@@ -19,7 +19,9 @@ inline constexpr int kExitPeerLost = 5;
 inline constexpr int kExitOutOfMemory = 6;
 
 // Installs SIGTERM and SIGINT handlers that set the returned flag (once; the second signal of
-// either kind kills as usual, for a user who really means it).
+// either kind kills as usual, for a user who really means it). They run on an alternate signal
+// stack of the calling thread (call it on the thread that trains, the main one), never on the
+// stack of the code they interrupt: oneDNN's GEMM kernels point that into the heap.
 const std::atomic<bool>* install_preemption_handlers();
 
 // `hpm launch` passes each rank the read end of a pipe whose write end only the launcher holds

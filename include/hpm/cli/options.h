@@ -1,6 +1,7 @@
 // Command-line checks the subcommands share.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <string>
 
 namespace hpm::cli {
@@ -23,5 +24,28 @@ inline CLI::Validator seed_range() {
       },
       "0..2^63-1");
 }
+
+// A finite number > 0 (or >= 0), for options of any numeric type: CLI11's PositiveNumber and
+// NonNegativeNumber let NaN through and quote the largest double, 309 digits, as their bound.
+inline CLI::Validator number_from_zero(bool zero_allowed) {
+  return CLI::Validator(
+      [zero_allowed](std::string& s) -> std::string {
+        std::size_t used = 0;
+        double v = std::nan("");
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        const bool in_range = zero_allowed ? v >= 0 : v > 0;
+        if (s.empty() || used != s.size() || !std::isfinite(v) || !in_range)
+          return std::string(zero_allowed ? "expected a number >= 0" : "expected a number > 0") +
+                 ", got " + s;
+        return std::string();
+      },
+      zero_allowed ? "NONNEGATIVE" : "POSITIVE");
+}
+inline CLI::Validator positive_number() { return number_from_zero(false); }
+inline CLI::Validator non_negative_number() { return number_from_zero(true); }
 
 }  // namespace hpm::cli

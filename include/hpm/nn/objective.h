@@ -90,21 +90,25 @@ class Classification : public Objective {
 };
 
 // Next-token cross-entropy of logits (B, T, V) against targets (B, T), positions equal to
-// ignore_index excluded; weight = counted tokens. "token_accuracy"; derives "perplexity".
+// ignore_index excluded, with label smoothing (per token, as Classification per row); weight =
+// counted tokens. "token_accuracy"; derives "perplexity". Evaluation measures without the
+// smoothing.
 class LanguageModelling : public Objective {
  public:
-  explicit LanguageModelling(std::int64_t ignore_index = -100) : ignore_(ignore_index) {}
+  explicit LanguageModelling(std::int64_t ignore_index = -100, float label_smoothing = 0.0f);
   ObjectiveResult compute(const Tensor& outputs, const Batch& batch) const override;
   double weight(const Batch& batch) const override;
   std::vector<std::string> metric_names(const Batch&) const override {
     return {"loss", "token_accuracy"};
   }
   void derive(Metrics& m) const override;
-  const Objective* evaluation() const override { return this; }
+  const Objective* evaluation() const override { return plain_ ? plain_.get() : this; }
   std::string name() const override { return "language_modelling"; }
 
  private:
   std::int64_t ignore_;
+  float smoothing_;
+  std::shared_ptr<const LanguageModelling> plain_;  // the unsmoothed objective, when smoothing
 };
 
 // Cross-entropy against target distributions (N, C) (soft labels, a teacher's probabilities):

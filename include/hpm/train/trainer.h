@@ -80,6 +80,12 @@ struct FitOptions {
   // Workers read different shards: a worker other than 0 finds its place in a restored epoch by
   // skipping as many batches as were trained (worker 0's saved position is not its own).
   bool per_worker_input = false;
+  // Training by steps (a language model): each epoch is a stretch of the dataset's cardinality
+  // (which must be known) in steps between evaluations, `epochs` stretches in all, and the data
+  // is a function of the global step (data::random_windows). A resumed or restored run takes its
+  // epoch and step in it from the saved global step, so one continued with stretches of another
+  // length (eval_every) still ends after epochs x stretch steps.
+  bool by_steps = false;
 };
 
 struct EpochLogs {

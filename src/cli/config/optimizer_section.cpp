@@ -11,19 +11,24 @@ void read_optimizer(const Source& s, Config& c) {
   const toml::table& root = s.root;
   TableReader opt(path, "[optimizer]", section(path, root, "optimizer"));
   opt.get("kind", c.optimizer);
-  opt.get("lr", c.lr);
-  opt.get("momentum", c.momentum);
+  opt.get_non_negative("lr", c.lr);
+  opt.get_non_negative("momentum", c.momentum);
   opt.get("dampening", c.dampening);
   opt.get("nesterov", c.nesterov);
-  opt.get("weight_decay", c.weight_decay);
+  opt.get_non_negative("weight_decay", c.weight_decay);
   opt.get("beta1", c.beta1);
   opt.get("beta2", c.beta2);
-  opt.get("eps", c.eps);
+  opt.get_non_negative("eps", c.eps);
   opt.get("amsgrad", c.amsgrad);
   opt.get("weight_decay_min_rank", c.weight_decay_min_rank);
   opt.finish();
   if (c.optimizer != "sgd" && c.optimizer != "adam" && c.optimizer != "adamw") {
     opt.invalid("kind", "must be one of sgd, adam, adamw, got \"" + c.optimizer + "\"");
+  }
+  for (const char* key : {"beta1", "beta2"}) {
+    const float beta = std::string(key) == "beta1" ? c.beta1 : c.beta2;
+    if (opt.has(key) && !(beta >= 0.0f && beta < 1.0f))
+      opt.out_of_range(*opt.find(key), key, "in [0, 1)");
   }
   if (c.weight_decay_min_rank < 0) {
     opt.out_of_range(*opt.find("weight_decay_min_rank"), "weight_decay_min_rank", ">= 0");
@@ -40,9 +45,13 @@ void read_schedule(const Source& s, Config& c) {
   sch.get("gamma", c.gamma);
   sch.get_positive("t_max", c.t_max);
   sch.get("eta_min", c.eta_min);
-  sch.get("warmup", c.warmup);
+  sch.get_non_negative("warmup", c.warmup);
   sch.get("warmup_start_factor", c.warmup_start_factor);
   sch.finish();
+  if (sch.has("warmup_start_factor") &&
+      !(c.warmup_start_factor >= 0.0f && c.warmup_start_factor <= 1.0f)) {
+    sch.out_of_range(*sch.find("warmup_start_factor"), "warmup_start_factor", "in [0, 1]");
+  }
   static const std::set<std::string> kinds = {"constant", "step", "cosine", "warmup",
                                               "warmup_cosine"};
   if (!kinds.count(c.schedule)) {

@@ -82,7 +82,8 @@ class TableReader {
   template <typename T>
   void get_non_negative(const std::string& key, T& out) {
     get(key, out);
-    if (const toml::node* n = find(key); n && out < 0) out_of_range(*n, key, ">= 0");
+    // Written !(out >= 0), so that NaN (TOML's nan) is refused too.
+    if (const toml::node* n = find(key); n && !(out >= 0)) out_of_range(*n, key, ">= 0");
   }
 
   // A non-negative integer, or the string "autotune" (stored as data::kAutotune).

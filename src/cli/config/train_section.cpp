@@ -21,7 +21,9 @@ void read_train(const Source& s, Config& c) {
   c.seed = static_cast<std::uint64_t>(seed);
   tr.get_positive("threads", c.threads);
   tr.get("label_smoothing", c.label_smoothing);
-  tr.get("clip_grad_norm", c.clip_grad_norm);
+  if (tr.has("label_smoothing") && !(c.label_smoothing >= 0.0f && c.label_smoothing <= 1.0f))
+    tr.out_of_range(*tr.find("label_smoothing"), "label_smoothing", "in [0, 1]");
+  tr.get_non_negative("clip_grad_norm", c.clip_grad_norm);  // 0: off
   tr.get("checkpoint_dir", c.checkpoint_dir);
   tr.get_positive("checkpoint_every", c.checkpoint_every);
   tr.get("metrics_csv", c.metrics_csv);
@@ -89,7 +91,7 @@ void read_memory(const Source& s, Config& c) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError(mem.at("recompute") + ": [memory] " + e.what());
   }
-  if (c.offload_threshold_kb < 0) {
+  if (!(c.offload_threshold_kb >= 0)) {  // NaN too
     mem.out_of_range(*mem.find("offload_threshold_kb"), "offload_threshold_kb", "0 or more");
   }
   if (c.offload && c.recompute != "never") {
@@ -176,6 +178,7 @@ namespace hpm::cli {
 train::FitOptions fit_options(const Config& c) {
   train::FitOptions fo;
   fo.epochs = c.epochs;
+  fo.by_steps = c.token_source();  // epochs of eval_every steps (read_train)
   fo.seed = c.seed;
   fo.batch_size = c.batch_size;  // recorded with checkpoints and backups
   fo.label_smoothing = c.label_smoothing;
@@ -186,6 +189,12 @@ train::FitOptions fit_options(const Config& c) {
   fo.accumulation_steps = c.accumulation_steps;
   fo.precision = autograd::parse_precision(c.precision);
   return fo;
+}
+
+std::shared_ptr<const nn::Objective> build_objective(const Config& c) {
+  if (c.model_kind == "gpt")
+    return std::make_shared<nn::LanguageModelling>(-100, c.label_smoothing);
+  return std::make_shared<nn::Classification>(c.label_smoothing);
 }
 
 std::shared_ptr<nn::Module> with_memory_options(const Config& c,

@@ -6,6 +6,13 @@
 
 namespace hpm::dist::ps {
 
+nn::NamedTensors ps_variables(const nn::Module& model) {
+  nn::NamedTensors vars = model.named_parameters();
+  for (const auto& [name, t] : model.named_buffers())
+    if (t.dtype() == DType::F32) vars.emplace_back(kBufferPrefix + name, t);
+  return vars;
+}
+
 struct PsClient::Impl {
   Cluster cluster;
   std::vector<std::unique_ptr<rpc::ParameterServer::Stub>> stubs;

@@ -11,9 +11,8 @@
 #include <thread>
 
 #include "dist/ps/rpc.h"
+#include "hpm/dist/ps/checkpoint.h"
 #include "hpm/io/atomic_file.h"
-#include "hpm/io/crc32c.h"
-#include "hpm/io/safetensors.h"
 
 namespace hpm::dist::ps {
 
@@ -259,6 +258,9 @@ class Coordinator::Service final : public rpc::Coordinator::Service {
         return false;
       }
       if (o_.mode == Mode::kSync && frontier_ < (next_ / parts_) * parts_) return false;
+      // An epoch's evaluation reads the variables as that epoch left them: the next epoch's
+      // first task waits until the coordinator has pulled them (next_eval_ moves past it then).
+      if (next_ % o_.tasks_per_epoch == 0 && next_ / o_.tasks_per_epoch > next_eval_) return false;
       t = next_++;
     } else {
       return false;
@@ -311,51 +313,22 @@ struct Coordinator::Impl {
                    std::vector<std::int64_t>(cluster.ps.size(), 0));
       return {0, {}};
     }
-    const std::string manifest_path = dir + "/manifest.json";
-    nlohmann::json m;
-    try {
-      m = nlohmann::json::parse(io::read_file(manifest_path));
-    } catch (const std::exception& e) {
-      throw PsError("checkpoint " + manifest_path + " is unreadable: " + e.what());
-    }
-    if (m.at("shards").size() != cluster.ps.size()) {
-      throw PsError("checkpoint " + dir + " has " + std::to_string(m.at("shards").size()) +
+    const PsCheckpoint c = read_ps_checkpoint(dir);
+    if (c.versions.size() != cluster.ps.size()) {
+      throw PsError("checkpoint " + dir + " has " + std::to_string(c.versions.size()) +
                     " shards, the cluster " + std::to_string(cluster.ps.size()) +
                     " parameter-server tasks");
     }
-    std::map<std::string, Tensor> values;
-    nn::NamedTensors opt_state;
-    std::vector<std::int64_t> versions;
-    for (const auto& s : m.at("shards")) {
-      const std::string file = dir + "/" + s.at("file").get<std::string>();
-      const std::string bytes = io::read_file(file);
-      if (io::crc32c(bytes.data(), bytes.size()) != s.at("crc32c").get<std::uint32_t>())
-        throw PsError("checkpoint shard " + file + " is corrupt (CRC32C mismatch)");
-      io::SafetensorsFile f = io::decode_safetensors(bytes, file);
-      for (auto& [name, t] : f.tensors) {
-        if (name.rfind("optimizer/", 0) == 0) {
-          const std::string key = name.substr(10);
-          if (key == "step" && !opt_state.empty() && opt_state.front().first == "step") continue;
-          if (key == "step") {
-            opt_state.insert(opt_state.begin(), {key, t});
-          } else {
-            opt_state.emplace_back(key, t);
-          }
-        } else {
-          values[name] = t;
-        }
-      }
-      versions.push_back(s.at("version").get<std::int64_t>());
-    }
     nn::NamedTensors restored;
     for (const auto& [name, t] : initial) {
-      const auto it = values.find(name);
-      if (it == values.end())
+      const auto it = c.variables.find(name);
+      if (it == c.variables.end())
         throw PsError("checkpoint " + dir + " has no variable '" + name + "'");
       restored.emplace_back(name, it->second);
     }
-    client->init(restored, o.optimizer, o.mode == Mode::kSync ? parts : 0, versions, opt_state);
-    return {m.at("next_task").get<std::int64_t>(), m.at("redo").get<std::vector<std::int64_t>>()};
+    client->init(restored, o.optimizer, o.mode == Mode::kSync ? parts : 0, c.versions,
+                 c.optimizer_state);
+    return {c.next_task, c.redo};
   }
 
   void save_checkpoint(std::int64_t next, const std::vector<std::int64_t>& redo) {
@@ -376,11 +349,12 @@ struct Coordinator::Impl {
     io::write_file_atomic(o.checkpoint_dir + "/latest", std::string(name) + "\n");
     ++report.checkpoints;
     // Keep the previous one too, until the next is complete.
+    // Only what a checkpoint holds, by name (hpm deletes only files it wrote).
     for (const auto& e : std::filesystem::directory_iterator(o.checkpoint_dir)) {
       const std::string p = e.path().string();
       if (e.is_directory() && e.path().filename().string().rfind("ckpt-", 0) == 0 && p != dir &&
-          p != previous)
-        std::filesystem::remove_all(e.path());
+          p != previous && std::filesystem::exists(e.path() / "manifest.json"))
+        remove_ps_checkpoint(p);
     }
   }
 
@@ -486,7 +460,7 @@ CoordinatorReport Coordinator::run() {
     if (s.next_eval_ < m.o.epochs &&
         s.epoch_done_[static_cast<std::size_t>(s.next_eval_)] == m.o.tasks_per_epoch) {
       EpochReport e;
-      e.epoch = s.next_eval_++;
+      e.epoch = s.next_eval_;  // advanced once pulled: until then the next epoch waits (dispatch)
       const auto& sums = s.epoch_loss_[static_cast<std::size_t>(e.epoch)];
       e.train_loss = sums.samples > 0 ? sums.loss / static_cast<double>(sums.samples) : 0;
       e.train_accuracy = sums.samples > 0
@@ -508,7 +482,10 @@ CoordinatorReport Coordinator::run() {
         m.report.epochs.push_back(e);
       }
       lock.lock();
-      if (!pulled) --s.next_eval_;
+      if (pulled) {
+        ++s.next_eval_;
+        s.cv_.notify_all();
+      }
     }
     if (s.done_count_ == s.total_ && s.next_eval_ == m.o.epochs) {
       if (!m.o.checkpoint_dir.empty()) {  // the end state, for a job that asks for more epochs

@@ -43,14 +43,17 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     for (const auto& t : req->vars()) {
       Tensor v;
       if (grpc::Status s = from_proto(t, "Init", &v); !s.ok()) return refuse(s);
-      v.set_requires_grad(true);
+      if (!is_buffer_variable(t.name())) v.set_requires_grad(true);
       vars.emplace_back(t.name(), v);
     }
     if (req->sync_parts() < 0)
       return refuse({StatusCode::INVALID_ARGUMENT, "Init: sync_parts must be >= 0"});
     std::shared_ptr<optim::Optimizer> opt;
     try {
-      opt = make_optimizer(req->optimizer(), vars);
+      nn::NamedTensors trainable;  // buffers are assigned in apply(), never optimized
+      for (const auto& nv : vars)
+        if (!is_buffer_variable(nv.first)) trainable.push_back(nv);
+      opt = make_optimizer(req->optimizer(), trainable);
       if (req->optimizer_state_size() > 0) {
         nn::NamedTensors state;
         for (const auto& t : req->optimizer_state()) {
@@ -85,7 +88,7 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     for (std::size_t i = 0; i < vars_.size(); ++i) {
       index_[vars_[i].first] = i;
       grads_.push_back(Tensor::zeros(vars_[i].second.shape()));
-      vars_[i].second.set_grad(grads_.back());
+      if (!is_buffer_variable(vars_[i].first)) vars_[i].second.set_grad(grads_.back());
     }
     optimizer_ = std::move(opt);
     parts_ = req->sync_parts();
@@ -282,9 +285,13 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
     reply->set_version(counters_.version);
     return grpc::Status::OK;
   }
+  // The optimizer updates the parameters from grads_; buffers take grads_' values (what the
+  // push carried for them, or the step's average of it).
   void apply(float lr) {
     optimizer_->set_lr(lr);
     optimizer_->step();
+    for (std::size_t i = 0; i < vars_.size(); ++i)
+      if (is_buffer_variable(vars_[i].first)) vars_[i].second.copy_(grads_[i]);
     ++counters_.version;
   }
   void reset_step() {

@@ -131,6 +131,10 @@ struct Worker::Impl {
       }
       std::vector<Tensor> grads;
       for (const auto& [name, p] : params) {
+        if (is_buffer_variable(name)) {  // its new value: what this forward left in the buffer
+          grads.push_back(p);
+          continue;
+        }
         Tensor g = p.grad();
         grads.push_back(g.defined() ? g : Tensor::zeros(p.shape()));
       }
@@ -168,7 +172,7 @@ Worker::Worker(const Cluster& cluster, std::shared_ptr<nn::Module> model, data::
   m.o = options;
   m.model = std::move(model);
   m.train = std::move(train);
-  m.params = m.model->named_parameters();
+  m.params = ps_variables(*m.model);  // parameters, then buffers (pulled, and pushed as values)
   std::vector<std::string> names;
   std::vector<std::int64_t> numels;
   for (const auto& [name, t] : m.params) {

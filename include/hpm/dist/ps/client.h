@@ -39,6 +39,12 @@ struct PushOutcome {
   bool duplicate = false;      // some task had applied it already
 };
 
+// What a model keeps on the parameter servers: its parameters (named_parameters' order), then its
+// F32 buffers under kBufferPrefix (integer ones, BatchNorm's num_batches_tracked, stay local). The
+// tensors are the model's own, so a pull into them updates the model. The coordinator and every
+// worker must list the same variables: both call this.
+nn::NamedTensors ps_variables(const nn::Module& model);
+
 class PsClient {
  public:
   // `names`, `numels`: the model's variables in order (placement is computed from the sizes).

@@ -56,6 +56,15 @@ std::string load_token(const std::string& token_file);
 // to the lowest index), the way TensorFlow's round-robin placement would be if it looked at sizes.
 std::vector<int> place_variables(const std::vector<std::int64_t>& numels, int tasks);
 
+// A model's floating-point buffers (BatchNorm's running statistics) live on the parameter servers
+// beside its parameters, as variables named kBufferPrefix + the buffer's name (ps_variables in
+// client.h). The servers do not optimize them: what a push carries for one is its new value, not
+// a gradient, assigned as it arrives (async, SSP) or averaged over a synchronous step's parts.
+inline constexpr char kBufferPrefix[] = "buffers/";
+inline bool is_buffer_variable(const std::string& name) {
+  return name.rfind(kBufferPrefix, 0) == 0;
+}
+
 // "HOST:PORT" -> port (PsError naming the text otherwise).
 int port_of(const std::string& address);
 

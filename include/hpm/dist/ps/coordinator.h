@@ -67,7 +67,8 @@ struct CoordinatorOptions {
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
   std::chrono::milliseconds ps_wait{std::chrono::seconds(60)};  // for tasks to (re)appear
   // After each epoch's tasks are done, with the variables pulled into `vars` (the constructor's):
-  // evaluate, and fill in test_loss/test_accuracy.
+  // evaluate, and fill in test_loss/test_accuracy. The next epoch's tasks wait until it returns,
+  // so it sees the variables exactly as the epoch left them.
   std::function<void(EpochReport&)> on_epoch;
   std::function<void(const std::string&)> log;
   bool shutdown_servers = false;  // at the end, ask every parameter-server task to exit  //
@@ -76,7 +77,8 @@ struct CoordinatorOptions {
 
 class Coordinator {
  public:
-  // `vars`: the model's variables with their initial values (pulled into after each epoch).
+  // `vars`: the model's variables with their initial values (pulled into after each epoch):
+  // ps_variables(model), its parameters and running statistics, as the workers list them.
   // Listens on `address` (port 0: a free one).
   Coordinator(const Cluster& cluster, const CoordinatorOptions& options, nn::NamedTensors vars,
               const std::string& address);
