@@ -120,11 +120,30 @@ struct Reducer::State {
   ReducerStats stats;
   std::mutex mu;  // hooks may fire from any thread that runs backward
 
+  // How many gradient accumulations each parameter receives in one backward. A parameter used
+  // twice (a GPT's embedding tied to its head) receives two, in separate backwards when its uses
+  // are recomputed in separate segments; launching its bucket at the first would all-reduce a
+  // partial gradient while the second is still being added into the same memory (replicas then
+  // diverge). The first synchronized backward launches nothing before finalize() and counts;
+  // later ones launch a bucket once each of its parameters has received its count (as DDP's
+  // static_graph learns the graph from its first iteration). A parameter the first backward did
+  // not use (count 0) holds its bucket until finalize().
+  std::vector<int> uses_expected, uses_seen;
+  bool uses_learned = false;
+  std::string extra_use;  // a parameter that received more than its count after its launch
+
   void mark_ready(std::size_t param) {
     std::lock_guard<std::mutex> lock(mu);
     if (!sync || !armed) return;
+    const int seen = ++uses_seen[param];
+    if (!uses_learned) return;
     Bucket& b = buckets[bucket_of[param]];
-    if (b.pending == 0) return;  // a second accumulation into the same gradient: already counted
+    if (seen > uses_expected[param] && b.launched && extra_use.empty()) {
+      extra_use = "parameter " + std::to_string(param) + " received " + std::to_string(seen) +
+                  " gradient accumulations, " + std::to_string(uses_expected[param]) +
+                  " in the first step";
+    }
+    if (seen != uses_expected[param]) return;
     --b.pending;
     if (options.overlap) launch_ready_locked();
   }
@@ -224,6 +243,7 @@ Reducer::Reducer(const nn::Module& model, comm::CommunicatorPtr comm, ReducerOpt
     s.stats.bytes += static_cast<std::size_t>(n) * dtype_size(options.allreduce_dtype);
   }
   s.stats.buckets = s.buckets.size();
+  s.uses_seen.assign(s.params.size(), 0);
   std::weak_ptr<State> weak = state_;
   for (std::size_t i = 0; i < s.params.size(); ++i) {
     s.params[i].autograd_meta().post_accumulate_hooks.push_back([weak, i](Tensor&) {
@@ -252,6 +272,8 @@ void Reducer::prepare_for_backward() {
     b.launched = false;
     b.work.reset();
   }
+  std::fill(s.uses_seen.begin(), s.uses_seen.end(), 0);
+  s.extra_use.clear();
   // Gradients start in their slots: the first accumulation copies in (the slot's old contents are
   // stale), later ones add. A gradient already accumulated (micro-batches under NoSync) stays
   // where it is until its bucket launches.
@@ -273,6 +295,10 @@ void Reducer::finalize() {
     std::lock_guard<std::mutex> lock(s.mu);
     if (!s.sync) return;
     if (!s.armed) throw std::logic_error("Reducer::finalize without prepare_for_backward");
+    if (!s.uses_learned) {
+      s.uses_expected = s.uses_seen;
+      s.uses_learned = true;
+    }
     for (auto& b : s.buckets) b.pending = 0;  // unused parameters contribute zeros
     s.launch_ready_locked();
     s.armed = false;
@@ -287,6 +313,12 @@ void Reducer::finalize() {
   }
   s.stats.finalize_wait_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!s.extra_use.empty()) {
+    throw std::logic_error(
+        "Reducer: " + s.extra_use +
+        ", after its bucket was all-reduced: the model's graph changed between steps, and this "
+        "step's gradients are not the replicas' average (turn the reducer's overlap off)");
+  }
 }
 
 void Reducer::set_sync(bool on) {

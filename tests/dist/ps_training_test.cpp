@@ -199,8 +199,9 @@ TEST(PsTraining, OneAsyncWorkerKeepsTheResNetsRunningStatistics) {
         {kernels::index_select0(d.inputs, rows), kernels::index_select0(d.labels, rows)},
         *objective, 0.0f);
   }
+  // Float reassociation (the servers apply SGD to each shard apart): the strategies' 1e-4.
   hpm::testing::expect_same_parameters(flat(one->model()->named_parameters()), r.params,
-                                       "parameters", 1e-5f);
+                                       "parameters", 1e-4f);
   const std::vector<float> want = flat_buffers(*one->model());
   ASSERT_FALSE(want.empty());
   ASSERT_EQ(r.buffers.size(), want.size());
