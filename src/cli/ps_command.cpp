@@ -83,11 +83,6 @@ ps::OptimizerSpec optimizer_of(const Config& cfg) {
 
 data::LabelledData training_set(const Config& cfg) {
   if (cfg.source != "idx") throw ConfigError(cfg.path + ": hpm ps reads [data] source = \"idx\"");
-  if (cfg.precision != "f32") {
-    refuse_setting(cfg, "train", "precision",
-                   "= \"" + cfg.precision +
-                       "\" does not reach parameter-server workers yet: they train in f32");
-  }
   data::LabelledData d = data::load_mnist_split(cfg.data_dir, "train");
   if (cfg.train_limit > 0 && cfg.train_limit < d.size()) {
     d.inputs = d.inputs.narrow(0, cfg.train_limit);
@@ -135,10 +130,13 @@ int run_worker(const Config& cfg, const PsCommandOptions& o) {
   wo.batch_size = cfg.batch_size;
   wo.seed = cfg.seed;
   wo.label_smoothing = cfg.label_smoothing;
+  wo.precision = autograd::parse_precision(cfg.precision);
+  wo.accumulation_steps = cfg.accumulation_steps;
   wo.slow_factor = cfg.ps.slow_worker == w ? cfg.ps.slow_factor : 1.0;
   wo.coordinator_timeout = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::max(cfg.ps.ps_wait_s, cfg.ps.rpc_timeout_s) * 1000));
-  ps::Worker worker(c, build_model(cfg), training_set(cfg), wo);
+  // [memory] wraps the worker's model as hpm train's (its variables keep the model's names).
+  ps::Worker worker(c, with_memory_options(cfg, build_model(cfg)), training_set(cfg), wo);
   try {
     const ps::WorkerReport r = worker.run();
     std::printf("hpm ps worker %d: %lld steps, %.1f steps/s, pull p50 %.2f ms, push p50 %.2f ms\n",
@@ -353,20 +351,7 @@ int run_ps_command(const PsCommandOptions& o) {
     refuse_setting(cfg, "train", "clip_grad_norm",
                    "does not reach parameter-server workers: they push unclipped gradients");
   }
-  // Memory techniques the workers' step does not apply (it trained without them, silently).
-  if (cfg.accumulation_steps != 1) {
-    refuse_setting(cfg, "train", "accumulation_steps",
-                   "does not reach parameter-server workers yet: a task is one batch, pushed "
-                   "whole (lower [data] batch_size instead)");
-  }
-  if (cfg.recompute != "never") {
-    refuse_setting(cfg, "memory", "recompute",
-                   "does not reach parameter-server workers yet: they keep every activation");
-  }
-  if (cfg.offload) {
-    refuse_setting(cfg, "memory", "offload",
-                   "does not reach parameter-server workers yet: they keep every activation");
-  }
+
   warn_if_oversubscribed(cfg.threads);
   set_num_threads(cfg.threads);
   Device::cpu().set_threads(cfg.threads);

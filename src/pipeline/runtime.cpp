@@ -154,6 +154,7 @@ class Pipeline::Stage {
              const std::atomic<bool>& abort) {
     DeviceGuard on_device(device_);
     ThreadGeneratorGuard with_generator(generator_);
+    const autograd::AutocastScope precision(options_.precision);
     set_num_threads(options_.threads_per_stage);
     if (trace::enabled()) trace::name_thread("stage " + std::to_string(index_));
     device_.reset_peak();

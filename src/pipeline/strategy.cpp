@@ -65,6 +65,7 @@ class PipelineStrategy final : public dist::Strategy {
           std::to_string(accumulation_steps()));
     }
     if (!pipeline_) build(x);
+    pipeline_->set_precision(precision());
     Replica& rep = replicas_[0];
     rep.optimizer->zero_grad();
     report_.last_step = pipeline_->forward_backward(batch, objective);

@@ -314,14 +314,15 @@ blocks = [3, 3, 3]
 namespace hpm::cli {
 namespace {
 
-// Pipeline stages do not run the autocast scope yet: bf16 there is refused, not ignored.
-TEST(Config, Bf16IsRefusedWithPipelineStages) {
+// Pipeline stages run the autocast scope (tests/pipeline/models_test.cpp,
+// PipelineModels.Bf16StagesMatchOneDeviceInBf16): bf16 with [pipeline] is a valid config.
+TEST(Config, Bf16ReachesPipelineStages) {
   if (!kernels::native_bf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
-  const std::string msg =
-      error_of(std::string(kValid) + "\n[train]\nprecision = \"bf16\"\n[pipeline]\nstages = 2\n");
-  EXPECT_NE(msg.find("[train] precision = \"bf16\" does not reach pipeline stages yet"),
-            std::string::npos)
-      << msg;
+  TempDir dir;
+  const Config c = load_config(write(
+      dir, std::string(kValid) + "\n[train]\nprecision = \"bf16\"\n[pipeline]\nstages = 2\n"));
+  EXPECT_EQ(c.precision, "bf16");
+  EXPECT_TRUE(c.pipeline.present);
 }
 
 TEST(Config, PrecisionIsF32OrBf16WhereNative) {

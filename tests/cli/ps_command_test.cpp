@@ -198,11 +198,6 @@ TEST(PsCommand, TrainSettingsItCannotHonourAreRefusedWithTheirPlace) {
            {"train.tensorboard_dir=" + (job.dir / "tb"),
             "[train] tensorboard_dir is not written by hpm ps"},
            {"train.clip_grad_norm=1.0", "[train] clip_grad_norm does not reach parameter-server"},
-           {"train.accumulation_steps=2",
-            "[train] accumulation_steps does not reach parameter-server workers yet"},
-           {"memory.recompute=always",
-            "[memory] recompute does not reach parameter-server workers yet"},
-           {"memory.offload=true", "[memory] offload does not reach parameter-server workers yet"},
        }) {
     for (const char* role : {"coordinator", "worker --task 0"}) {
       const CommandResult r =

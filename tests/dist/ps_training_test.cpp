@@ -13,6 +13,8 @@
 #include "common/training.h"
 #include "dist/ps_cluster.h"
 #include "hpm/dist/strategy.h"
+#include "hpm/nn/offload.h"
+#include "hpm/nn/recompute.h"
 #include "hpm/tensor/kernels.h"
 
 namespace hpm::dist::ps {
@@ -40,16 +42,15 @@ CoordinatorOptions options(Mode mode, std::int64_t epochs, std::int64_t tasks_pe
 
 // The reference: `replicas` = 1 is one device; more is Mirrored. Each step trains on the rows the
 // PS workers use: parts of the epoch's order.
-std::vector<float> reference(int replicas, const data::LabelledData& d, std::int64_t epochs,
-                             std::int64_t batch, std::uint64_t seed) {
-  StrategyOptions so;
+std::vector<float> reference(
+    int replicas, const data::LabelledData& d, std::int64_t epochs, std::int64_t batch,
+    std::uint64_t seed, StrategyOptions so = {},
+    const std::function<std::shared_ptr<nn::Module>()>& make_model = [] { return small_model(); }) {
   so.replicas = replicas;
   auto strategy = replicas == 1 ? make_one_device(so) : make_mirrored(so);
-  strategy->scope(
-      [] { return small_model(); },
-      [](nn::Module& m) {
-        return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.1f, 0.9f});
-      });
+  strategy->scope(make_model, [](nn::Module& m) {
+    return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.1f, 0.9f});
+  });
   const std::int64_t global = batch * replicas;
   for (std::int64_t e = 0; e < epochs; ++e) {
     const auto order = epoch_order(d.size(), seed, e);
@@ -76,6 +77,59 @@ TEST(PsTraining, OneAsyncWorkerIsOneDeviceBitForBit) {
   EXPECT_EQ(r.report.tasks, 12);
   EXPECT_EQ(r.workers[0].steps, 12);
   EXPECT_EQ(r.workers[0].staleness_histogram[0], 12);  // alone: never stale
+}
+
+// A worker's step is the one replica step: mixed precision, gradient accumulation and a model
+// wrapped for recomputation or offload reach it, and one asynchronous worker equals one device
+// with the same settings, bit for bit.
+TEST(PsTraining, AWorkerTrainsInBf16WithAccumulationRecomputeOrOffloadAsOneDevice) {
+  const auto d = small_data(96);
+  const auto wrapped = [](bool offload) {
+    return [offload] {
+      auto blocks = nn::as_sequential(small_model());
+      nn::OffloadOptions o;
+      o.threshold_bytes = 0;
+      return offload ? std::shared_ptr<nn::Module>(nn::with_offload(blocks, o))
+                     : nn::with_recomputation(blocks, 1, nn::RecomputeMode::Always);
+    };
+  };
+  struct Case {
+    const char* name;
+    autograd::Precision precision;
+    int accumulation;
+    std::function<std::shared_ptr<nn::Module>()> model;
+  };
+  std::vector<Case> cases = {
+      {"accumulation", autograd::Precision::F32, 2, [] { return small_model(); }},
+      {"recompute", autograd::Precision::F32, 1, wrapped(false)},
+      {"offload", autograd::Precision::F32, 1, wrapped(true)}};
+  if (kernels::native_bf16()) {
+    cases.push_back({"bf16", autograd::Precision::BF16, 1, [] { return small_model(); }});
+    cases.push_back({"bf16 accumulation", autograd::Precision::BF16, 2, wrapped(false)});
+  }
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    Cluster c = loopback_cluster(1);
+    auto servers = start_servers(c, 2);
+    const RunResult r = run_job(
+        c, options(Mode::kAsync, 1, tasks_per_epoch(96, 16, 1)), d,
+        [&](int w) {
+          WorkerOptions o{.worker = w, .batch_size = 16};
+          o.precision = k.precision;
+          o.accumulation_steps = k.accumulation;
+          return o;
+        },
+        k.model);
+    StrategyOptions so;
+    so.precision = k.precision;
+    so.accumulation_steps = k.accumulation;
+    const auto ref = reference(1, d, 1, 16, 0, so, k.model);
+    EXPECT_EQ(r.params, ref);
+    if (k.precision == autograd::Precision::BF16) {  // recompute and offload change no number
+      EXPECT_NE(ref, reference(1, d, 1, 16, 0, {}, [] { return small_model(); }))
+          << "the step ran in f32";
+    }
+  }
 }
 
 TEST(PsTraining, SyncModeMatchesMirrored) {

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -16,6 +17,7 @@
 #include "hpm/comm/local.h"
 #include "hpm/dist/strategy.h"
 #include "hpm/pipeline/strategy.h"
+#include "hpm/tensor/kernels.h"
 
 namespace hpm::pipeline {
 namespace {
@@ -167,6 +169,50 @@ TEST(PipelineModels, ResNetThroughEveryScheduleMatchesOneDeviceWithTheSameMicroB
     o.partition = PartitionMethod::kBalanced;
     auto s = make_pipeline(o);
     expect_close(ref, run(*s), "resnet, schedule " + std::to_string(static_cast<int>(kind)));
+  }
+}
+
+// Mixed precision reaches the stages: each runs its forwards and backwards under the bf16
+// autocast scope, as the one replica step does, so a pipeline in bf16 equals one device in bf16
+// running the same micro-batches (to bf16's rounding), and differs from f32.
+TEST(PipelineModels, Bf16StagesMatchOneDeviceInBf16) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  const nn::Classification classify;
+  struct Model {
+    const char* name;
+    dist::ModelFactory make;
+    std::function<nn::Batch(std::uint64_t)> batch;
+    const nn::Objective* objective;
+  };
+  for (const Model& m :
+       {Model{"gpt", testing::tiny_gpt,
+              [](std::uint64_t seed) { return testing::token_batch(8, 8, 32, seed); }, &objective},
+        Model{"resnet", testing::tiny_resnet,
+              [](std::uint64_t seed) { return testing::image_batch(8, seed); }, &classify}}) {
+    const auto run = [&](dist::Strategy& s, autograd::Precision p) {
+      manual_seed(7);
+      s.set_precision(p);
+      s.scope(m.make, testing::sgd);
+      for (int k = 0; k < 3; ++k)
+        EXPECT_TRUE(
+            s.train_step(m.batch(100 + static_cast<std::uint64_t>(k)), *m.objective, 0.0f).finite);
+      s.synchronize();
+      return testing::flat_parameters(*s.model());
+    };
+    dist::StrategyOptions one;
+    one.accumulation_steps = 4;
+    const auto ref = run(*dist::make_one_device(one), autograd::Precision::BF16);
+    for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved}) {
+      PipelineStrategyOptions o;
+      o.pipeline.micro_batches = 4;
+      o.pipeline.schedule = kind;
+      o.pipeline.chunks_per_stage = kind == ScheduleKind::kInterleaved ? 2 : 1;
+      o.partition = PartitionMethod::kUniform;
+      const auto got = run(*make_pipeline(o), autograd::Precision::BF16);
+      testing::expect_same_parameters(ref, got, std::string(m.name) + " bf16 pipeline", 1e-2f);
+      EXPECT_NE(got, run(*make_pipeline(o), autograd::Precision::F32))
+          << m.name << ": the stages computed in f32";
+    }
   }
 }
 

@@ -117,6 +117,7 @@ class Strategy {
   // Micro-batches per step from now on (StrategyOptions::accumulation_steps); k >= 1.
   void set_accumulation_steps(int k);
   void set_precision(autograd::Precision p) { options_.precision = p; }
+  autograd::Precision precision() const { return options_.precision; }
   int accumulation_steps() const { return options_.accumulation_steps; }
 
   // Seconds backward's end waited for gradient all-reduces, summed over steps, averaged over

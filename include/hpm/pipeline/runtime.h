@@ -13,6 +13,7 @@
 #include <memory>
 #include <vector>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/comm/communicator.h"
 #include "hpm/nn/module.h"
 #include "hpm/nn/objective.h"
@@ -37,6 +38,9 @@ struct PipelineOptions {
   // re-materialization): never, always, or for every micro-batch but the last, whose backward
   // follows at once (torchgpipe's except_last).
   nn::RecomputeMode recompute = nn::RecomputeMode::Never;
+  // Each stage runs its forwards and backwards under this autocast precision
+  // (autograd/autocast.h), as the one replica step does.
+  autograd::Precision precision = autograd::Precision::F32;
 };
 
 // What one mini-batch did, and where the time went.
@@ -80,6 +84,8 @@ class Pipeline {
 
   const Schedule& schedule() const { return schedule_; }
   const PipelineOptions& options() const { return options_; }
+  // For the steps that follow (the stages read it when a step starts).
+  void set_precision(autograd::Precision p) { options_.precision = p; }
   // Stage d's Device (in a multi-process pipeline only this process's stage has one).
   Device& device(int stage) const;
   bool owns(int stage) const;

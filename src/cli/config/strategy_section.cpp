@@ -72,10 +72,6 @@ void read_pipeline(const Source& s, Config& c) {
   r.get_positive("profile_repeats", p.profile_repeats);
   r.finish();
   if (!p.present) return;
-  if (c.precision != "f32") {
-    throw ConfigError(path + ": [train] precision = \"" + c.precision +
-                      "\" does not reach pipeline stages yet: [pipeline] trains in f32");
-  }
   auto at = [&](const char* key) {
     const toml::node* n = t->get(key);
     return n ? where(path, *n) : path;

@@ -124,7 +124,10 @@ struct Worker::Impl {
       model->zero_grad();
       const nn::Classification classify(o.label_smoothing);
       const nn::Objective& objective = o.objective ? *o.objective : classify;
-      const ReplicaStepResult step = replica_step(*model, objective, nn::Batch{x, y}, {});
+      ReplicaStepOptions step_options;
+      step_options.precision = o.precision;
+      step_options.micro_batches = o.accumulation_steps;
+      const ReplicaStepResult step = replica_step(*model, objective, nn::Batch{x, y}, step_options);
       if (!step.finite) {
         throw PsError("worker " + std::to_string(o.worker) + ": the loss of task " +
                       std::to_string(task.task()) + " is not finite");

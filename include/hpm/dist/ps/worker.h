@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/dist/ps/coordinator.h"
 #include "hpm/nn/module.h"
@@ -23,6 +24,10 @@ struct WorkerOptions {
   // What a task's loss and metrics are; null: classification with label_smoothing. Rows of
   // `train` are examples of any shape (images, token windows with their next tokens).
   std::shared_ptr<const nn::Objective> objective = nullptr;
+  // The step's mixed precision and gradient accumulation, as the one replica step takes them
+  // (dist::ReplicaStepOptions): a task's batch in this many micro-batches, one push.
+  autograd::Precision precision = autograd::Precision::F32;
+  int accumulation_steps = 1;
   double slow_factor = 1.0;  // > 1: sleep (factor - 1) x the step's compute time (benchmarks)
   // Give up when the coordinator has not answered for this long.
   std::chrono::milliseconds coordinator_timeout{std::chrono::seconds(60)};
