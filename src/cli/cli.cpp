@@ -218,6 +218,17 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     return kExitPreempted;
   }
   if (!chief) return 0;
+  if (r.steps == 0) {
+    // Continued from a checkpoint or backup that already holds the whole run: say so, rather
+    // than report a "finished" run that trained nothing.
+    std::fprintf(stderr,
+                 "hpm: nothing left to train: the run %s is at global step %lld, its end (raise "
+                 "[train] %s to train further)\n",
+                 !resume.empty() ? ("resumed from " + resume).c_str()
+                                 : ("continued from " + r.restored_from).c_str(),
+                 static_cast<long long>(trainer.state().global_step),
+                 cfg.token_source() ? "max_steps" : "epochs");
+  }
   if (early && early->stopped_epoch() >= 0) {
     std::printf("early stopping after epoch %lld: best %s %.4f at epoch %lld%s\n",
                 static_cast<long long>(early->stopped_epoch() + 1),

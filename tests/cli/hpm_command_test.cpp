@@ -671,6 +671,13 @@ TEST(HpmLanguageModel, ResumedWithAnotherEvalEveryEndsAtMaxSteps) {
   EXPECT_EQ(report_number(dir / "c.json", "val_loss"),
             report_number(dir / "straight.json", "val_loss"))
       << "bit-identical, not close";
+  // Resumed at its end: nothing to train, and it says so.
+  Result done = run("train " + cfg + " --set train.max_steps=60 --resume " + dir / "ckpt");
+  EXPECT_EQ(done.code, 0) << done.output;
+  EXPECT_NE(done.output.find("hpm: nothing left to train: the run resumed from " + dir / "ckpt" +
+                             " is at global step 60, its end (raise [train] max_steps"),
+            std::string::npos)
+      << done.output;
 }
 
 }  // namespace
