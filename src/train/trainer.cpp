@@ -409,6 +409,12 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       if (stop_agreed_) {  // preempted: every worker stops after this same step
         result.preempted = true;
         stop_ = true;
+        // After the epoch's last step, the epoch ends here (evaluation, callbacks, its backup)
+        // as it would have: continued, it would otherwise log an epoch of no batches.
+        if (steps_per_epoch > 0 && state_.step_in_epoch >= steps_per_epoch) {
+          epoch_done = true;
+          break;
+        }
         write_backup(it.get(), false, result);
         break;
       }

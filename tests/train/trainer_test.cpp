@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -450,6 +451,52 @@ TEST(Trainer, LanguageModelMetricsReachLogsProgressAndCsv) {
   std::getline(csv, row);
   EXPECT_EQ(row.rfind("1,", 0), 0u) << row;
   EXPECT_EQ(row.substr(row.find(',', 2), 3), ",,,") << "train_accuracy, test_loss empty: " << row;
+}
+
+// Preempted right after an epoch's last step, the run ends that epoch as an uninterrupted one
+// would (evaluation, callbacks, a backup at the boundary): continued, it starts the next epoch
+// instead of logging an epoch of no batches (loss 0, accuracy 0, 0 samples/s), and ends where an
+// uninterrupted run ends.
+TEST(OutputDirectories, PreemptedAfterAnEpochsLastStepContinuesWithTheNextEpoch) {
+  TempDir dir;
+  auto train = blobs(64, 6), test = blobs(32, 7);
+  FitOptions o;
+  o.batch_size = 16;  // 4 steps an epoch
+  o.epochs = 3;
+  Rig straight = make();
+  const FitResult whole = straight.trainer->fit(train, &test, o);
+
+  std::atomic<bool> stop{false};
+  class StopAfter : public Callback {
+   public:
+    StopAfter(std::atomic<bool>& stop, std::int64_t step) : stop_(stop), step_(step) {}
+    // The signal arrives during the step that ends epoch 1: fit sees it after that step.
+    void on_batch_end(Trainer&, const BatchLogs& b) override {
+      if (b.global_step == step_ - 1) stop_ = true;
+    }
+
+   private:
+    std::atomic<bool>& stop_;
+    std::int64_t step_;
+  };
+  o.backup_dir = dir / "backup";
+  o.stop_signal = &stop;
+  Rig first = make();
+  first.trainer->add_callback(std::make_shared<StopAfter>(stop, 4));
+  const FitResult cut = first.trainer->fit(train, &test, o);
+  ASSERT_TRUE(cut.preempted);
+  EXPECT_EQ(cut.steps, 4);
+  ASSERT_EQ(cut.history.size(), 1u) << "epoch 1 ended, evaluated";
+  EXPECT_EQ(cut.history[0].test_loss, whole.history[0].test_loss);
+
+  stop = false;
+  o.stop_signal = nullptr;
+  Rig second = make();
+  const FitResult rest = second.trainer->fit(train, &test, o);
+  EXPECT_EQ(rest.steps, 8);
+  ASSERT_EQ(rest.history.size(), 2u) << "epochs 2 and 3 only";
+  for (const EpochLogs& e : rest.history) EXPECT_GT(e.samples_per_s, 0.0);
+  EXPECT_EQ(rest.history.back().test_loss, whole.history.back().test_loss);
 }
 
 }  // namespace
