@@ -161,7 +161,11 @@ int run_sample(const SampleCommandOptions& o) {
       const Tensor all = model.forward(row(tokens));
       logits = all.reshape({t, vocab}).narrow(t - 1, 1).reshape({vocab});
     }
-    const std::int64_t next = draw(logits, o.temperature, o.top_k, gen);
+    // Only ids the tokenizer has: a model may be wider than its tokenizer (a byte model with a
+    // vocab_size above 256, as nanoGPT pads it), and its extra rows are never a text's token.
+    const std::int64_t usable = std::min(vocab, tok.vocab_size());
+    const std::int64_t next =
+        draw(usable < vocab ? logits.narrow(0, usable) : logits, o.temperature, o.top_k, gen);
     const std::string fresh = stream.add(next);
     std::fwrite(fresh.data(), 1, fresh.size(), stdout);
     std::fflush(stdout);
@@ -169,10 +173,12 @@ int run_sample(const SampleCommandOptions& o) {
     if (static_cast<std::int64_t>(tokens.size()) > block) tokens.erase(tokens.begin());
     if (n + 1 == o.tokens || o.no_cache) continue;
     if (cache.length >= block) {
-      // Positions are absolute (learned embeddings): a full window starts over from its last
-      // block_size - 1 tokens rather than shifting the cache.
+      // Positions are absolute (learned embeddings): once the window is full, a token's keys and
+      // values depend on where the window starts, so the cache cannot slide. The window is run
+      // again (as --no-cache does; the same block_size tokens, the same text), and the cache
+      // saves work only while the window fills.
       cache = nn::KVCache{};
-      const std::vector<std::int64_t> keep(tokens.end() - (block - 1), tokens.end() - 1);
+      const std::vector<std::int64_t> keep(tokens.end() - block, tokens.end() - 1);
       if (!keep.empty()) model.decode(row(keep), cache);
       logits = model.decode(row({tokens.back()}), cache);
     } else {
@@ -189,13 +195,15 @@ int run_sample(const SampleCommandOptions& o) {
                static_cast<long long>(o.tokens), seconds, static_cast<double>(o.tokens) / seconds,
                o.no_cache ? "re-running the window" : "key/value cache");
   if (!o.report.empty()) {
-    io::write_file_atomic(o.report, nlohmann::json{{"tokens", o.tokens},
-                                                   {"seconds", seconds},
-                                                   {"tokens_per_s", o.tokens / seconds},
-                                                   {"cache", !o.no_cache},
-                                                   {"text", text}}
-                                            .dump(2) +
-                                        "\n");
+    io::write_file_atomic(
+        o.report, nlohmann::json{{"tokens", o.tokens},
+                                 {"seconds", seconds},
+                                 {"tokens_per_s", o.tokens / seconds},
+                                 {"cache", !o.no_cache},
+                                 {"text", text}}  // Drawn text need not be UTF-8 (a byte model's):
+                                                  // its invalid bytes as U+FFFD, not an exception.
+                          .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
+                      "\n");
   }
   return 0;
 }

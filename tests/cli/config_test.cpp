@@ -5,6 +5,8 @@
 
 #include <fstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "common/temp_dir.h"
 #include "hpm/tensor/kernels.h"
@@ -182,6 +184,24 @@ TEST(Config, NegativeLimitsAndSeedsAreRefusedWithTheirPlace) {
       << msg;
   msg = error_of(std::string(kValid) + "\n[train]\nseed = -3\n");
   EXPECT_NE(msg.find("[train] seed must be >= 0, got -3"), std::string::npos) << msg;
+}
+
+// A setting is kept whole or refused: an integer beyond its type kept only its low bits
+// (4294967297 threads ran as 1), a float beyond its type became inf, and a budget in MiB
+// overflowed its bytes to 0.
+TEST(Config, SettingsTooLargeForTheirTypeAreRefusedNotTruncated) {
+  for (const auto& [set, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"train.threads=4294967297",
+            "[train] threads must be between -2147483648 and 2147483647, got 4294967297"},
+           {"train.accumulation_steps=9223372036854775807",
+            "[train] accumulation_steps must be between -2147483648 and 2147483647"},
+           {"optimizer.lr=1e39", "[optimizer] lr must be a finite number"},
+           {"memory.device_budget_mb=1e30", "[memory] device_budget_mb must be at most 1e12"},
+           {"strategy.bucket_mb=1e300", "[strategy] bucket_mb must be positive and at most 1e6"},
+       }) {
+    const std::string msg = error_of(kValid, {set});
+    EXPECT_NE(msg.find("--set " + set + ": " + expect), std::string::npos) << msg;
+  }
 }
 
 TEST(Config, AnIntegerTooLargeIsOutOfRangeNotAString) {

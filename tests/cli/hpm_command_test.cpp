@@ -704,6 +704,29 @@ TEST(HpmSample, DrawsTheSameTextWithAndWithoutTheCache) {
   const auto b = nlohmann::json::parse(std::ifstream(dir / "rerun.json"));
   EXPECT_EQ(a["text"].get<std::string>().size(), 30u);
   EXPECT_EQ(a["text"], b["text"]) << "the cache changes the cost, not the logits";
+  // Random draws too, well past the window (block 8): once it is full the window is run again,
+  // so every draw sees block_size tokens either way (the cache used to rebuild from block - 1
+  // tokens, and every other draw saw one token less).
+  for (const char* seed : {"1", "2", "3"}) {
+    const std::string drawn = "sample " + cfg + " --checkpoint " + dir / "ckpt" +
+                              " --prompt 'the' --tokens 40 --seed " + seed + " --report ";
+    ASSERT_EQ(run(drawn + dir / "c.json").code, 0);
+    ASSERT_EQ(run(drawn + dir / "r.json --no-cache").code, 0);
+    EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / "c.json"))["text"],
+              nlohmann::json::parse(std::ifstream(dir / "r.json"))["text"])
+        << "seed " << seed;
+  }
+  // A window of one token (the cache's rebuild once read before its start).
+  const std::string one =
+      gpt_config(dir, corpus, "checkpoint_dir = \"" + dir / "ckpt1" + "\"\n", "one.toml");
+  ASSERT_EQ(run("train " + one + " --set model.block_size=1").code, 0);
+  const std::string drawn1 = "sample " + one + " --set model.block_size=1 --checkpoint " +
+                             dir / "ckpt1" + " --prompt 'the' --tokens 10 --seed 4 --report ";
+  Result c1 = run(drawn1 + dir / "c1.json");
+  ASSERT_EQ(c1.code, 0) << c1.output;
+  ASSERT_EQ(run(drawn1 + dir / "r1.json --no-cache").code, 0);
+  EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir / "c1.json"))["text"],
+            nlohmann::json::parse(std::ifstream(dir / "r1.json"))["text"]);
   Result missing = run("sample " + cfg + " --checkpoint " + dir / "none");
   EXPECT_EQ(missing.code, 1);
   EXPECT_NE(missing.output.find(dir / "none"), std::string::npos) << missing.output;

@@ -37,6 +37,11 @@ void read_ps(const Source& s, Config& c) {
   cr.get("tls_ca", p.tls_ca);
   cr.get_positive("max_message_mb", p.max_message_mb);
   cr.get_positive("rpc_timeout_s", p.rpc_timeout_s);
+  // gRPC's message limit is an int of bytes; a deadline is milliseconds in an int64.
+  if (p.max_message_mb > 2047)
+    cr.out_of_range(*cr.find("max_message_mb"), "max_message_mb", "at most 2047 (MiB)");
+  if (p.rpc_timeout_s > 1e9)
+    cr.out_of_range(*cr.find("rpc_timeout_s"), "rpc_timeout_s", "at most 1e9 (seconds)");
   cr.finish();
   if (p.tls_cert.empty() != p.tls_key.empty())
     throw ConfigError(cr.at(p.tls_cert.empty() ? "tls_key" : "tls_cert") +

@@ -5,6 +5,9 @@
 #pragma once
 #include <toml++/toml.h>
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <sstream>
 #include <string>
@@ -57,12 +60,31 @@ class TableReader {
       fail(*node, key, "a string");
     } else if constexpr (std::is_floating_point_v<T>) {
       if (auto v = node->value<double>(); v && node->is_number()) {
+        // A value beyond the type's range (1e39 in a float) would become inf; nan stays for the
+        // range checks that follow to refuse.
+        if (std::isinf(static_cast<T>(*v)) || std::abs(*v) > std::numeric_limits<T>::max())
+          out_of_range(*node, key, "a finite number");
         out = static_cast<T>(*v);
         return;
       }
       fail(*node, key, "a number");
     } else {
       if (auto v = node->value_exact<std::int64_t>()) {
+        // Kept whole or refused: a narrower setting would keep only the low bits (4294967297
+        // threads ran as 1).
+        bool fits = true;
+        if constexpr (std::is_signed_v<T>) {
+          fits = *v >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
+                 *v <= static_cast<std::int64_t>(std::numeric_limits<T>::max());
+        } else {
+          fits = *v >= 0 && static_cast<std::uint64_t>(*v) <=
+                                static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+        }
+        if (!fits) {
+          out_of_range(*node, key,
+                       "between " + std::to_string(std::numeric_limits<T>::min()) + " and " +
+                           std::to_string(std::numeric_limits<T>::max()));
+        }
         out = static_cast<T>(*v);
         return;
       }

@@ -45,7 +45,8 @@ void read_strategy(const Source& s, Config& c) {
                       ": [strategy] allreduce_dtype must be \"f32\" or \"bf16\", got \"" +
                       c.allreduce_dtype + "\"");
   }
-  if (c.bucket_mb <= 0) st.out_of_range(*st.find("bucket_mb"), "bucket_mb", "positive");
+  if (!(c.bucket_mb > 0 && c.bucket_mb <= 1e6))
+    st.out_of_range(*st.find("bucket_mb"), "bucket_mb", "positive and at most 1e6 (MiB)");
   try {
     comm::algorithm_from_name(c.algorithm);
   } catch (const std::invalid_argument& e) {

@@ -85,6 +85,9 @@ void read_memory(const Source& s, Config& c) {
   mem.get("offload", c.offload);
   mem.get("offload_threshold_kb", c.offload_threshold_kb);
   mem.get_positive("device_budget_mb", c.device_budget_mb);
+  // Turned into bytes (a size_t): beyond this the product overflows (1e30 became a 0 budget).
+  if (c.device_budget_mb > 1e12)
+    mem.out_of_range(*mem.find("device_budget_mb"), "device_budget_mb", "at most 1e12 (MiB)");
   mem.finish();
   try {
     nn::parse_recompute_mode(c.recompute);
