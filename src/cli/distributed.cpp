@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <sstream>
+#include <utility>
+#include <vector>
 
 #include "hpm/comm/gloo.h"
+#include "hpm/io/crc32c.h"
 #include "hpm/pipeline/strategy.h"
+#include "hpm/tensor/random.h"
 
 namespace hpm::cli {
 
@@ -37,6 +42,123 @@ comm::GlooOptions worker_options(const Config& cfg, const WorkerFlags& flags) {
   return o;
 }
 
+// The settings every worker of one job must share: what the model is, what each step computes,
+// how many steps there are and when the workers meet. Paths, threads, budgets and timeouts may
+// differ from host to host.
+std::vector<std::pair<std::string, std::string>> job_settings(const Config& c) {
+  std::string model;
+  {
+    // Printed from a copy built on a generator of its own: the job's initialization draws stay
+    // where they are.
+    Generator scratch(0);
+    ThreadGeneratorGuard own(scratch);
+    model = build_model(c)->repr();
+  }
+  std::string augment;
+  for (const auto& a : c.augment) {
+    augment += a.op + " " + std::to_string(a.padding) + " " + std::to_string(a.height) + "x" +
+               std::to_string(a.width) + ";";
+  }
+  const auto text = [](auto v) {
+    std::ostringstream os;
+    os.precision(17);
+    os << v;
+    return os.str();
+  };
+  return {{"[model] (the layers and their sizes)", model},
+          {"[data] source", c.source},
+          {"[data] batch_size", text(c.batch_size)},
+          {"[data] shuffle", text(c.shuffle)},
+          {"[data] shuffle_buffer", text(c.shuffle_buffer)},
+          {"[data] train_limit", text(c.train_limit)},
+          {"[data] augment", augment},
+          {"[data] deterministic", text(c.deterministic)},
+          {"[data] drop_remainder", text(c.drop_remainder)},
+          {"[optimizer] kind", c.optimizer},
+          {"[optimizer] lr", text(c.lr)},
+          {"[optimizer] momentum", text(c.momentum)},
+          {"[optimizer] dampening", text(c.dampening)},
+          {"[optimizer] weight_decay", text(c.weight_decay)},
+          {"[optimizer] nesterov", text(c.nesterov)},
+          {"[optimizer] amsgrad", text(c.amsgrad)},
+          {"[optimizer] beta1", text(c.beta1)},
+          {"[optimizer] beta2", text(c.beta2)},
+          {"[optimizer] eps", text(c.eps)},
+          {"[optimizer] weight_decay_min_rank", text(c.weight_decay_min_rank)},
+          {"[schedule] kind", c.schedule},
+          {"[schedule] unit", c.schedule_unit},
+          {"[schedule] step_size", text(c.step_size)},
+          {"[schedule] t_max", text(c.t_max)},
+          {"[schedule] warmup", text(c.warmup)},
+          {"[schedule] gamma", text(c.gamma)},
+          {"[schedule] eta_min", text(c.eta_min)},
+          {"[schedule] warmup_start_factor", text(c.warmup_start_factor)},
+          {"[train] epochs", text(c.epochs)},
+          {"[train] seed", text(c.seed)},
+          {"[train] label_smoothing", text(c.label_smoothing)},
+          {"[train] clip_grad_norm", text(c.clip_grad_norm)},
+          {"[train] accumulation_steps", text(c.accumulation_steps)},
+          {"[train] precision", c.precision},
+          {"[train] max_steps", text(c.max_steps)},
+          {"[train] eval_every", text(c.eval_every)},
+          {"[train] backup_every_steps", text(c.backup_every_steps)},
+          {"[train] backup_dir (set or not)", text(!c.backup_dir.empty())},
+          {"[early_stopping]", c.early_stopping
+                                   ? c.early_stopping_monitor + " " + c.early_stopping_mode + " " +
+                                         text(c.early_stopping_min_delta) + " " +
+                                         text(c.early_stopping_patience)
+                                   : "off"},
+          {"[strategy] kind", c.strategy},
+          {"[strategy] replicas", text(c.replicas)},
+          {"[strategy] bucket_mb", text(c.bucket_mb)},
+          {"[strategy] overlap", text(c.overlap)},
+          {"[strategy] allreduce_dtype", c.allreduce_dtype},
+          {"[strategy] algorithm", c.algorithm},
+          {"[strategy] shard", c.shard},
+          {"[memory] recompute", c.recompute + " " + text(c.recompute_every)},
+          {"[memory] offload", text(c.offload)},
+          {"[pipeline]", c.pipeline.present
+                             ? text(c.pipeline.stages) + " " + text(c.pipeline.micro_batches) +
+                                   " " + c.pipeline.schedule + " " +
+                                   text(c.pipeline.chunks_per_stage) + " " + c.pipeline.partition
+                             : "none"}};
+}
+
+// Workers that disagree on the job (another seed, learning rate, activation, batch size) would
+// train and exit 0 with a model none of them describes, or meet a different number of steps and
+// time out as if a peer were lost. Each setting is hashed to 24 bits (exact in a float); the
+// workers' largest and smallest hash of each must agree.
+void check_same_job(const Config& cfg, comm::Communicator& workers) {
+  if (workers.size() < 2) return;
+  const auto settings = job_settings(cfg);
+  const auto n = static_cast<std::int64_t>(settings.size());
+  std::vector<float> high(settings.size()), low(settings.size());
+  for (std::size_t i = 0; i < settings.size(); ++i) {
+    const std::string& v = settings[i].second;
+    const float h = static_cast<float>(io::crc32c(v.data(), v.size()) & 0xFFFFFFu);
+    high[i] = h;
+    low[i] = -h;
+  }
+  Tensor hi = Tensor::from(high, {n}), lo = Tensor::from(low, {n});
+  workers.allreduce(hi, comm::ReduceOp::kMax)->wait();
+  workers.allreduce(lo, comm::ReduceOp::kMax)->wait();
+  std::string differ;
+  for (std::size_t i = 0; i < settings.size(); ++i) {
+    if (hi.data<float>()[i] == -lo.data<float>()[i]) continue;
+    const std::string& v = settings[i].second;
+    differ +=
+        std::string(differ.empty() ? "" : "; ") + settings[i].first +
+        (v.size() <= 60 && v.find('\n') == std::string::npos ? " (this worker: " + v + ")" : "");
+  }
+  if (!differ.empty()) {
+    throw ConfigError(cfg.path + ": worker " + std::to_string(workers.rank()) + " of " +
+                      std::to_string(workers.size()) +
+                      " does not run the same job as the others: " + differ +
+                      " differ between the workers; give every worker the same config and "
+                      "--set flags");
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags,
@@ -67,7 +189,9 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
             " needs as many processes, " + std::to_string(where.world_size) + " were launched");
       }
       po.pipeline.threads_per_stage = std::max(1, cfg.threads);
-      return pipeline::make_pipeline(po, comm::make_gloo_communicator(where));
+      comm::CommunicatorPtr stages = comm::make_gloo_communicator(where);
+      check_same_job(cfg, *stages);
+      return pipeline::make_pipeline(po, std::move(stages));
     }
     return pipeline::make_pipeline(po);
   }
@@ -96,6 +220,7 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
                                       ? *workers_kept
                                       : comm::make_gloo_communicator(where);
   if (workers_kept != nullptr) *workers_kept = workers;
+  check_same_job(cfg, *workers);
   workers->set_algorithm(so.algorithm);
   return dist::make_multi_worker_mirrored(workers, so);
 }

@@ -220,6 +220,29 @@ TEST(HpmStrategy, MirroredAndCentralStorageTrainLikeOneDevice) {
   EXPECT_GT(report_number(dir / "resumed.json", "test_accuracy"), 0.5);
 }
 
+// Workers that disagree on the job used to train and exit 0 (another lr, seed or activation
+// on one of them), or meet a different number of steps and time out as a lost peer (another
+// batch size): refused at the rendezvous, naming what differs, as bad input (not restarted).
+TEST(HpmStrategy, WorkersThatDisagreeOnTheJobAreRefused) {
+  TempDir dir;
+  write_dataset(dir.path(), 128, 32);
+  const std::string cfg = mlp_config(dir, dir.path());
+  for (const auto& [flag, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--set optimizer.lr=0.5", "[optimizer] lr (this worker: 0.5"},
+           {"--seed 7", "[train] seed (this worker: 7)"},
+           {"--set data.batch_size=32", "[data] batch_size (this worker: 32)"},
+       }) {
+    const Result r = run("launch -n 2 --max-restarts 2 -- sh -c '" + hpm_binary() + " train " +
+                         cfg + " --set strategy.kind=multi_worker_mirrored " +
+                         "$( [ $HPM_RANK = 1 ] && echo \"" + flag + "\" )'");
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find("does not run the same job as the others: " + expect),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("restarting"), std::string::npos) << "bad input is not restarted";
+  }
+}
+
 TEST(HpmStrategy, ConfigErrorsNameTheKey) {
   TempDir dir;
   write_dataset(dir.path(), 64, 16);
