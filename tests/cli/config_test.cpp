@@ -104,6 +104,23 @@ TEST(Config, ADirectoryIsNamedAndAPipeIsRead) {
             std::string::npos);
 }
 
+// A directory where a file belongs is named as one, with its key.
+TEST(Config, ADirectoryGivenForAFileSettingIsNamed) {
+  TempDir dir;
+  std::string msg = error_of(kValid, {"model.init_from=\"" + dir.path() + "\""});
+  EXPECT_NE(
+      msg.find("[model] init_from " + dir.path() + " is a directory, not a .safetensors file"),
+      std::string::npos)
+      << msg;
+  msg = error_of(
+      "[model]\nkind = \"gpt\"\nvocab_size = 256\n[data]\nsource = \"text\"\nfiles = \"x\"\n",
+      {"data.tokenizer=\"" + dir.path() + "\""});
+  EXPECT_NE(msg.find("[data] tokenizer " + dir.path() +
+                     " is a directory, not a SentencePiece .model file"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(Config, UnknownKeyNamesItAndItsLine) {
   const std::string msg = error_of(std::string(kValid) + "lrr = 0.2\n");
   EXPECT_NE(msg.find("run.toml:10:"), std::string::npos) << msg;

@@ -1,4 +1,5 @@
 // [data]: where the examples come from and the input pipeline that feeds them.
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -83,6 +84,9 @@ void read_tokenizer(const TableReader& data, Config& c) {
   if (!c.token_source()) {
     data.invalid("tokenizer",
                  "is for [data] source = \"text\" or \"tokens\", got source \"" + c.source + "\"");
+  }
+  if (std::filesystem::is_directory(c.tokenizer)) {
+    data.invalid("tokenizer", c.tokenizer + " is a directory, not a SentencePiece .model file");
   }
   try {
     c.text_tokenizer = data::load_sentencepiece(c.tokenizer);

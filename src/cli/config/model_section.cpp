@@ -154,7 +154,9 @@ void read_model(const Source& s, Config& c) {
   r.get("init_from", c.init_from);
   r.get("init_strict", c.init_strict);
   if (!c.init_from.empty() && !std::filesystem::is_regular_file(c.init_from)) {
-    r.invalid("init_from", "no such file: " + c.init_from);
+    r.invalid("init_from", std::filesystem::is_directory(c.init_from)
+                               ? c.init_from + " is a directory, not a .safetensors file"
+                               : "no such file: " + c.init_from);
   }
   r.finish();
 }
