@@ -230,6 +230,15 @@ int run_codistill(const CodistillCommandOptions& o) {
     refuse_setting(cfg, "pipeline", "",
                    "does not apply to hpm codistill: each copy trains whole, on one device");
   }
+  refuse_train_only_settings(cfg, "hpm codistill");
+  if (cfg.distill.present) {
+    refuse_setting(cfg, "distill", "",
+                   "does not apply to hpm codistill: the copies teach each other ([codistill])");
+  }
+  if (cfg.recompute != "never" || cfg.offload) {
+    refuse_setting(cfg, "memory", cfg.offload ? "offload" : "recompute",
+                   "is not applied by hpm codistill yet: each copy keeps every activation");
+  }
   if (!cfg.backup_dir.empty()) {
     refuse_setting(cfg, "train", "backup_dir",
                    "is not supported by hpm codistill: no copy writes a backup (checkpoint_dir "

@@ -96,6 +96,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return c;
 }
 
+void refuse_train_only_settings(const Config& config, const std::string& command) {
+  const std::string why = "is not applied by " + command + " (only hpm train runs it)";
+  if (config.early_stopping) refuse_setting(config, "early_stopping", "", why);
+  if (!config.best_checkpoint_dir.empty())
+    refuse_setting(config, "train", "best_checkpoint_dir", why);
+  if (config.device_budget_mb > 0) refuse_setting(config, "memory", "device_budget_mb", why);
+}
+
 void refuse_setting(const Config& config, const std::string& section, const std::string& key,
                     const std::string& why) {
   const auto it = config.given.find(key.empty() ? section : section + "." + key);

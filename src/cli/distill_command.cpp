@@ -76,15 +76,16 @@ Trained train_model(const Config& cfg, const char* what,
   Trained t;
   const std::shared_ptr<dist::Strategy> strategy = build_strategy(cfg, WorkerFlags{}, workers);
   std::unique_ptr<train::Trainer> trainer;
+  // [memory] recompute or offload, as hpm train applies them.
   if (strategy) {
-    strategy->scope([&] { return std::shared_ptr<nn::Module>(build_model(cfg)); },
+    strategy->scope([&] { return with_memory_options(cfg, build_model(cfg)); },
                     [&](nn::Module& m) { return build_optimizer(cfg, m); });
     t.model = strategy->model();
     t.optimizer = strategy->optimizer();
     trainer = std::make_unique<train::Trainer>(strategy, build_schedule(cfg));
     t.chief = strategy->worker_rank() == 0;
   } else {
-    t.model = build_model(cfg);
+    t.model = with_memory_options(cfg, build_model(cfg));
     t.optimizer = build_optimizer(cfg, *t.model);
     trainer = std::make_unique<train::Trainer>(t.model, t.optimizer, build_schedule(cfg));
   }
@@ -336,6 +337,7 @@ int run_distill(const DistillCommandOptions& o) {
                       ": hpm distill needs a [distill] section with teacher_config (and "
                       "teacher_checkpoint) or teachers = [{config, checkpoint, weight}, ...]");
   }
+  refuse_train_only_settings(cfg, "hpm distill");
   // One command trains teachers, students and baselines in turn: one backup could not resume it.
   if (!cfg.backup_dir.empty()) {
     refuse_setting(cfg, "train", "backup_dir",

@@ -347,6 +347,7 @@ int run_ps_command(const PsCommandOptions& o) {
     refuse_setting(cfg, "train", "backup_dir",
                    "does not apply to hpm ps: [ps] checkpoint_dir is what a lost task restores");
   }
+  refuse_train_only_settings(cfg, "hpm ps");
   if (cfg.clip_grad_norm != 0.0f) {
     refuse_setting(cfg, "train", "clip_grad_norm",
                    "does not reach parameter-server workers: they push unclipped gradients");

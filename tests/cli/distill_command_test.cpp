@@ -64,6 +64,13 @@ TEST(DistillCommand, TrainsTeacherFromScratchThenDistillsWithBaseline) {
   // Same seed, same teacher, same loss: the same student.
   EXPECT_DOUBLE_EQ(j2["student_test_accuracy"].get<double>(),
                    j["student_test_accuracy"].get<double>());
+  // [memory] recompute is applied to the student (it was ignored) and, with a teacher's
+  // targets in the loss, changes no number.
+  CommandResult recomputed = run_hpm("distill " + cfg + " --report " + dir / "recompute.json" +
+                                     " --set distill.baseline=false --set memory.recompute=always");
+  ASSERT_EQ(recomputed.code, 0) << recomputed.output;
+  EXPECT_EQ(nlohmann::json::parse(read_text(dir / "recompute.json"))["student_test_loss"],
+            j2["student_test_loss"]);
 }
 
 TEST(DistillCommand, TwoTeachersWithWeights) {
@@ -139,6 +146,12 @@ TEST(DistillCommand, SettingsItCannotHonourAreRefusedWithTheirPlace) {
            {" --set train.backup_dir=" + dir / "b",
             "--set train.backup_dir=" + dir / "b" +
                 ": [train] backup_dir is not supported by hpm distill"},
+           {" --set train.best_checkpoint_dir=" + dir / "best",
+            "--set train.best_checkpoint_dir=" + dir / "best" +
+                ": [train] best_checkpoint_dir is not applied by hpm distill"},
+           {" --set memory.device_budget_mb=64",
+            "--set memory.device_budget_mb=64: [memory] device_budget_mb is not applied by hpm "
+            "distill"},
            {noisy + " --set train.clip_grad_norm=1.0",
             "--set train.clip_grad_norm=1.0: [train] clip_grad_norm does not reach Noisy Student"},
            {noisy + " --set train.label_smoothing=0.1",

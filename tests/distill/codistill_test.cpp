@@ -223,6 +223,15 @@ TEST(CodistillCommand, SettingsItCannotHonourAreRefusedWithTheirPlace) {
                           ": [train] backup_dir is not supported by hpm codistill"),
             std::string::npos)
       << r.output;
+  for (const auto& [set, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"memory.recompute=always", "[memory] recompute is not applied by hpm codistill yet"},
+           {"memory.device_budget_mb=64",
+            "[memory] device_budget_mb is not applied by hpm codistill"},
+           {"early_stopping.patience=1", "[early_stopping] is not applied by hpm codistill"}}) {
+    r = testing::run_hpm("codistill " + plain + " --set " + set);
+    EXPECT_EQ(r.code, 1) << r.output;
+    EXPECT_NE(r.output.find(expect), std::string::npos) << r.output;
+  }
 }
 
 // A byte-level GPT on three small text files: copies trained by `hpm codistill` with alpha 0 are

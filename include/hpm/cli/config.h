@@ -241,6 +241,10 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 [[noreturn]] void refuse_setting(const Config& config, const std::string& section,
                                  const std::string& key, const std::string& why);
 
+// [early_stopping], [train] best_checkpoint_dir and [memory] device_budget_mb are hpm train's
+// callbacks and budget: `command` ("hpm distill", ...) refuses them rather than ignore them.
+void refuse_train_only_settings(const Config& config, const std::string& command);
+
 // The CPUs this process may run on (sched_getaffinity; else std::thread::hardware_concurrency).
 int available_cpus();
 // Warns on stderr, naming both numbers, when `threads` exceed available_cpus(): threads beyond
