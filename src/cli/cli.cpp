@@ -323,7 +323,8 @@ int run_evaluate(const Common& c, const std::string& checkpoint, const std::stri
     }
     model->load_weights(held);
   } else if (!checkpoint.empty()) {
-    train::load_checkpoint(checkpoint, *model, nullptr);
+    check_checkpoint_tokenizer(train::load_checkpoint(checkpoint, *model, nullptr), cfg,
+                               "the checkpoint " + checkpoint);
   }
   auto optimizer = build_optimizer(cfg, *model);
   const data::LabelledData test = test_set(cfg);

@@ -197,6 +197,11 @@ void check_teacher(const Config& student, const Config& teacher, const TeacherSp
                       ", the student " + std::to_string(student.gpt.vocab_size) +
                       ": soft targets need the same vocabulary");
   }
+  if (tokenizer_id(*teacher.text_tokenizer) != tokenizer_id(*student.text_tokenizer)) {
+    throw ConfigError(at + " reads text with tokenizer " + tokenizer_id(*teacher.text_tokenizer) +
+                      ", the student with " + tokenizer_id(*student.text_tokenizer) +
+                      ": the same ids must stand for the same text in both");
+  }
   if (teacher.gpt.block_size < student.gpt.block_size) {
     throw ConfigError(at + " has block_size " + std::to_string(teacher.gpt.block_size) +
                       ", shorter than the student's " + std::to_string(student.gpt.block_size) +
@@ -242,7 +247,9 @@ LoadedTeacher load_or_train_teacher(const TeacherSpec& spec, const Config& stude
   }
   if (has_checkpoint) {
     auto model = build_model(tcfg);
-    train::load_checkpoint(spec.checkpoint, *model, nullptr);
+    check_checkpoint_tokenizer(
+        train::load_checkpoint(spec.checkpoint, *model, nullptr), student,
+        "teacher " + std::to_string(index) + "'s checkpoint " + spec.checkpoint);
     if (chief_process()) {
       std::printf("teacher %d: %s loaded from %s\n", index, tcfg.path.c_str(),
                   spec.checkpoint.c_str());

@@ -141,7 +141,8 @@ int run_sample(const SampleCommandOptions& o) {
   warn_if_oversubscribed(o.threads);
   set_num_threads(o.threads);
   nn::GPT model(cfg.gpt);
-  train::load_checkpoint(o.checkpoint, model, nullptr);
+  check_checkpoint_tokenizer(train::load_checkpoint(o.checkpoint, model, nullptr), cfg,
+                             "the checkpoint " + o.checkpoint);
   model.eval();
   const std::int64_t vocab = cfg.gpt.vocab_size, block = cfg.gpt.block_size;
   const data::Tokenizer& tok = tokenizer_of(cfg);

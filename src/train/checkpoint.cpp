@@ -97,6 +97,7 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
             {"optimizer", optimizer.name()},
             {"files", files}};
   if (state.batch_size > 0) j["input_batch_size"] = state.batch_size;
+  if (!state.metadata.empty()) j["metadata"] = state.metadata;
   io::write_file_atomic(dir + "/trainer_state.json", j.dump(2) + "\n");
   io::write_file_atomic(root + "/latest", name + "\n");
 
@@ -237,6 +238,8 @@ static void read_state_fields(const nlohmann::json& j, TrainerState& s) {
     s.rng.s[i] = std::stoull(j.at("rng").at(i).get<std::string>());
   s.rng.has_spare = j.at("rng_has_spare").get<bool>();
   s.rng.spare = j.at("rng_spare").get<float>();
+  if (j.contains("metadata"))  // absent before it was recorded
+    s.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
 }
 
 std::optional<RestoredCheckpoint> restore_newest_usable(const std::string& root, nn::Module& model,

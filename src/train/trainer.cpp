@@ -289,6 +289,19 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                      ": resume from it (hpm train --resume " + options.checkpoint_dir +
                      "), or choose another directory; hpm does not overwrite them");
   }
+  if (!options.resume_from.empty() || !result.restored_from.empty()) {
+    const std::string saved = !options.resume_from.empty() ? "the checkpoint " + options.resume_from
+                                                           : "the backup " + result.restored_from;
+    for (const auto& [key, value] : options.metadata) {
+      const auto it = state_.metadata.find(key);
+      if (it != state_.metadata.end() && it->second != value) {
+        throw InputError(saved + " was trained with " + key + " " + it->second + ", this run has " +
+                         key + " " + value + ": continue it with the same " + key +
+                         ", or start afresh");
+      }
+    }
+  }
+  state_.metadata = options.metadata;
   state_.batch_size = options.batch_size;                    // what later saves record
   const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
   if (steps_per_epoch == 0) {

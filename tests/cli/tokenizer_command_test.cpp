@@ -171,6 +171,29 @@ TEST(HpmTokenizer, GptTrainsFromATokenizerAndFromShardsAndSamples) {
   const auto tok = data::load_sentencepiece(model);
   EXPECT_EQ(tok->decode(tok->encode(drawn)), drawn);
   EXPECT_LE(tok->encode(drawn).size(), 12u) << "12 tokens, re-encoded no longer";
+
+  // Another tokenizer of the same size (trained on other text): its ids stand for other pieces.
+  // The checkpoint records the tokenizer it was trained with, so sampling or evaluating it
+  // through the other one is refused (it printed other text and exited 0), as is continuing it.
+  std::filesystem::create_directories(dir / "other");
+  for (const char* name : {"computers", "science", "people"})
+    std::filesystem::copy_file(kFortunes + "/" + name, dir / ("other/" + std::string(name)));
+  const std::string other = train_tokenizer(dir, dir / "other/*", "other");
+  const std::string swapped = " --set data.tokenizer='\"" + other + "\"'";
+  const std::string expect =
+      "the checkpoint " + dir / "ckpt" + " was trained with tokenizer sentencepiece:";
+  for (const std::string& command :
+       {"sample " + text_cfg + " --checkpoint " + dir / "ckpt" + " --prompt 'Linux is'",
+        "evaluate " + text_cfg + " --checkpoint " + dir / "ckpt"}) {
+    const CommandResult refused = run_hpm(command + swapped);
+    EXPECT_EQ(refused.code, 1) << command << refused.output;
+    expect_in(refused.output, expect);
+    expect_in(refused.output, "its ids would stand for other text");
+  }
+  const CommandResult resumed =
+      run_hpm("train " + text_cfg + swapped + " --set train.max_steps=30 --resume " + dir / "ckpt");
+  EXPECT_EQ(resumed.code, 1) << resumed.output;
+  expect_in(resumed.output, "was trained with tokenizer sentencepiece:");
 }
 
 TEST(HpmTokenizer, MismatchesAndBadInputAreNamed) {

@@ -499,5 +499,36 @@ TEST(OutputDirectories, PreemptedAfterAnEpochsLastStepContinuesWithTheNextEpoch)
   EXPECT_EQ(rest.history.back().test_loss, whole.history.back().test_loss);
 }
 
+// FitOptions::metadata is saved with each checkpoint; a run continued from one that recorded
+// another value under the same key is refused before it trains.
+TEST(Trainer, CheckpointsRecordTheRunsMetadataAndAContinuationMustAgree) {
+  TempDir dir;
+  auto train = blobs(64, 8);
+  FitOptions o;
+  o.batch_size = 16;
+  o.checkpoint_dir = dir.path();
+  o.metadata = {{"tokenizer", "sentencepiece:0000abcd"}};
+  Rig first = make();
+  first.trainer->fit(train, nullptr, o);
+  Rig reader = make();
+  EXPECT_EQ(load_checkpoint(dir.path(), *reader.model, nullptr).metadata, o.metadata);
+
+  Rig other = make();
+  FitOptions again = o;
+  again.resume_from = dir.path();
+  again.epochs = 2;
+  again.metadata["tokenizer"] = "bytes";
+  try {
+    other.trainer->fit(train, nullptr, again);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained with tokenizer sentencepiece:0000abcd, this "
+                                         "run has tokenizer bytes"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(flat_params(*other.model), flat_params(*first.model)) << "loaded, not trained";
+}
+
 }  // namespace
 }  // namespace hpm::train

@@ -263,6 +263,14 @@ data::PipelineSpec pipeline_spec(const Config& config);
 // The [train] and [schedule] settings every training run shares (epochs, seed, smoothing,
 // clipping, schedule unit, checkpoints), as Trainer::fit takes them.
 train::FitOptions fit_options(const Config& config);
+// The tokenizer as checkpoints record it ("bytes", or "sentencepiece:" and the CRC32C of its
+// model file): the same text encodes to the same ids exactly when these agree.
+std::string tokenizer_id(const data::Tokenizer& tokenizer);
+// A language model's checkpoint at `where`, whose state is `saved`, was trained with the
+// tokenizer `config` names (when the checkpoint records one): else a ConfigError naming both.
+void check_checkpoint_tokenizer(const train::TrainerState& saved, const Config& config,
+                                const std::string& where);
+
 // What a run of `config` learns: next-token language modelling for a GPT, else classification,
 // either with [train] label_smoothing (evaluation measures without it).
 std::shared_ptr<const nn::Objective> build_objective(const Config& config);

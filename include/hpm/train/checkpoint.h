@@ -6,6 +6,7 @@
 // verifies the checksums.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,9 @@ struct TrainerState {
   Generator::State rng;         // the default generator (dropout, init)
   std::string
       iterator_state;  // the input pipeline's Iterator state mid-epoch (empty at a boundary)
+  // What the run trained on, as its caller records it (the CLI: the tokenizer), saved beside the
+  // weights so that whoever reads them can check they mean the same (FitOptions::metadata).
+  std::map<std::string, std::string> metadata;
 };
 
 class CheckpointError : public std::runtime_error {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -80,6 +81,10 @@ struct FitOptions {
   // Workers read different shards: a worker other than 0 finds its place in a restored epoch by
   // skipping as many batches as were trained (worker 0's saved position is not its own).
   bool per_worker_input = false;
+  // Recorded in every checkpoint and backup (TrainerState::metadata). A run continued from one
+  // that recorded another value under one of these keys is refused (an InputError naming both):
+  // the CLI records the tokenizer, whose ids the weights were trained to mean.
+  std::map<std::string, std::string> metadata;
   // Training by steps (a language model): each epoch is a stretch of the dataset's cardinality
   // (which must be known) in steps between evaluations, `epochs` stretches in all, and the data
   // is a function of the global step (data::random_windows). A resumed or restored run takes its

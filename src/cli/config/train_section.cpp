@@ -1,5 +1,7 @@
 // [train], [memory] and [early_stopping]: how long and how a run trains, what it saves, how it
 // fits its memory, and when it stops early.
+#include <cstdio>
+
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
 #include "hpm/autograd/autocast.h"
@@ -178,10 +180,31 @@ void read_early_stopping(const Source& s, Config& c) {
 
 namespace hpm::cli {
 
+std::string tokenizer_id(const data::Tokenizer& tokenizer) {
+  if (tokenizer.fingerprint() == 0) return "bytes";
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", tokenizer.fingerprint());
+  return std::string("sentencepiece:") + hex;
+}
+
+void check_checkpoint_tokenizer(const train::TrainerState& saved, const Config& config,
+                                const std::string& where) {
+  const auto it = saved.metadata.find("tokenizer");
+  if (it == saved.metadata.end() || !config.token_source()) return;
+  const std::string mine = tokenizer_id(*config.text_tokenizer);
+  if (it->second == mine) return;
+  throw ConfigError(where + " was trained with tokenizer " + it->second + ", but " + config.path +
+                    " reads text with " + mine +
+                    (config.tokenizer.empty() ? " (no [data] tokenizer)"
+                                              : " ([data] tokenizer " + config.tokenizer + ")") +
+                    ": its ids would stand for other text; give the tokenizer it was trained with");
+}
+
 train::FitOptions fit_options(const Config& c) {
   train::FitOptions fo;
   fo.epochs = c.epochs;
   fo.by_steps = c.token_source();  // epochs of eval_every steps (read_train)
+  if (c.token_source()) fo.metadata["tokenizer"] = tokenizer_id(*c.text_tokenizer);
   fo.seed = c.seed;
   fo.batch_size = c.batch_size;  // recorded with checkpoints and backups
   fo.label_smoothing = c.label_smoothing;
