@@ -48,11 +48,14 @@ comm::GlooOptions worker_options(const Config& cfg, const WorkerFlags& flags) {
 std::vector<std::pair<std::string, std::string>> job_settings(const Config& c) {
   std::string model;
   {
-    // Printed from a copy built on a generator of its own: the job's initialization draws stay
-    // where they are.
+    // Printed from a copy built on a generator of its own (the job's initialization draws stay
+    // where they are) and without init_from: the workers' starting weights are worker 0's,
+    // broadcast, so only the architecture must agree, and no weights file is read again.
     Generator scratch(0);
     ThreadGeneratorGuard own(scratch);
-    model = build_model(c)->repr();
+    Config architecture = c;
+    architecture.init_from.clear();
+    model = build_model(architecture)->repr();
   }
   std::string augment;
   for (const auto& a : c.augment) {

@@ -33,11 +33,12 @@ int run_export(const ExportCommandOptions& o) {
   // or `latest`), which its recorded checksum then rejects: the checkpoint is lost.
   const std::string target = io::resolved_path(io::output_file_target(o.output));
   const std::filesystem::path parent = std::filesystem::path(target).parent_path();
-  if (io::path_within(target, dir) || std::filesystem::exists(parent / "trainer_state.json") ||
+  const bool in_this_one = io::path_within(target, dir);
+  if (in_this_one || std::filesystem::exists(parent / "trainer_state.json") ||
       (std::filesystem::path(target).filename() == "latest" &&
        train::holds_checkpoints(parent.string()))) {
     throw std::invalid_argument("--output " + o.output + " is inside the checkpoint " +
-                                (io::path_within(target, dir) ? dir : parent.string()) +
+                                (in_this_one ? dir : parent.string()) +
                                 ": export to a file outside it");
   }
   io::NamedTensors out;

@@ -1,6 +1,7 @@
 #include "hpm/train/checkpoint.h"
 
 #include <algorithm>
+#include <iterator>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
@@ -27,25 +28,26 @@ std::string checksum_hex(std::string_view bytes) {
 constexpr const char* kCheckpointFiles[] = {"model.safetensors", "optimizer.safetensors",
                                             "iterator.bin", "trainer_state.json"};
 
-// Removes `file` and its write_file_atomic temporaries.
-void remove_owned_file(const fs::path& file) {
-  std::error_code ec;
-  fs::remove(file, ec);
-  const std::string prefix = file.filename().string() + ".tmp.";
-  for (const auto& e : fs::directory_iterator(file.parent_path(), ec)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind(prefix, 0) == 0 &&
-        n.find_first_not_of("0123456789", prefix.size()) == std::string::npos) {
-      fs::remove(e.path(), ec);
-    }
-  }
+// Whether `name` is `file` or one of its write_file_atomic temporaries.
+bool names_file(const std::string& name, const std::string& file) {
+  const std::string tmp = file + ".tmp.";
+  return name == file || (name.rfind(tmp, 0) == 0 &&
+                          name.find_first_not_of("0123456789", tmp.size()) == std::string::npos);
+}
+
+bool is_checkpoint_file(const std::string& name) {
+  return std::any_of(std::begin(kCheckpointFiles), std::end(kCheckpointFiles),
+                     [&](const char* f) { return names_file(name, f); });
 }
 
 // hpm deletes only what it wrote: a checkpoint's own files, by name, then its directory if that
 // leaves it empty (a file someone else put there keeps it, and itself).
 void remove_checkpoint_files(const fs::path& dir) {
-  for (const char* f : kCheckpointFiles) remove_owned_file(dir / f);
   std::error_code ec;
+  std::vector<fs::path> ours;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (is_checkpoint_file(e.path().filename().string())) ours.push_back(e.path());
+  for (const auto& f : ours) fs::remove(f, ec);
   if (fs::is_empty(dir, ec) && !ec) fs::remove(dir, ec);
 }
 
@@ -136,7 +138,10 @@ void remove_checkpoints(const std::string& root) {
       dirs.push_back(e.path());
   }
   for (const auto& d : dirs) remove_checkpoint_files(d);
-  remove_owned_file(fs::path(root) / "latest");
+  std::vector<fs::path> latest;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (names_file(e.path().filename().string(), "latest")) latest.push_back(e.path());
+  for (const auto& f : latest) fs::remove(f, ec);
 }
 
 // The fields of trainer_state.json (json::exception names only the key; the caller adds the file).

@@ -258,40 +258,21 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     // used; with none at all, training starts afresh.
     manual_seed(options.seed);
   }
-  if (!options.resume_from.empty() || !result.restored_from.empty()) {
+  // Continued: from a checkpoint (resume_from) or from this run's own backup.
+  const bool continuing = !options.resume_from.empty() || !result.restored_from.empty();
+  const std::string saved = !options.resume_from.empty() ? "the checkpoint " + options.resume_from
+                                                         : "the backup " + result.restored_from;
+  if (continuing) {
     // A position mid-epoch counts batches of the size it was saved with: with another size the
     // restored iterator would skip or repeat data (or end the epoch at once).
     if (state_.step_in_epoch > 0 && state_.batch_size > 0 && options.batch_size > 0 &&
         state_.batch_size != options.batch_size) {
-      const std::string saved = !options.resume_from.empty()
-                                    ? "the checkpoint " + options.resume_from
-                                    : "the backup " + result.restored_from;
       throw InputError(saved + " was saved at step " + std::to_string(state_.step_in_epoch) +
                        " of epoch " + std::to_string(state_.epoch + 1) + " with batch size " +
                        std::to_string(state_.batch_size) + ", but this run's batch size is " +
                        std::to_string(options.batch_size) + ": continue it with batch size " +
                        std::to_string(state_.batch_size) + ", or start afresh");
     }
-    default_generator().set_state(state_.rng);
-    if (strategy_) strategy_->mirror_from_primary();
-  }
-  // A fresh run into an earlier run's checkpoints would overwrite them and move `latest`; one
-  // continued (resumed, or restored from its backup) carries on where they stop.
-  if (!options.checkpoint_dir.empty() && is_chief() && options.resume_from.empty() &&
-      result.restored_from.empty() && holds_checkpoints(options.checkpoint_dir)) {
-    std::string latest;
-    try {
-      latest = " (latest " + resolve_checkpoint_dir(options.checkpoint_dir) + ")";
-    } catch (const std::exception&) {
-    }
-    throw InputError("checkpoint_dir " + options.checkpoint_dir +
-                     " already holds checkpoints of an earlier run" + latest +
-                     ": resume from it (hpm train --resume " + options.checkpoint_dir +
-                     "), or choose another directory; hpm does not overwrite them");
-  }
-  if (!options.resume_from.empty() || !result.restored_from.empty()) {
-    const std::string saved = !options.resume_from.empty() ? "the checkpoint " + options.resume_from
-                                                           : "the backup " + result.restored_from;
     for (const auto& [key, value] : options.metadata) {
       const auto it = state_.metadata.find(key);
       if (it != state_.metadata.end() && it->second != value) {
@@ -300,6 +281,22 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                          ", or start afresh");
       }
     }
+    default_generator().set_state(state_.rng);
+    if (strategy_) strategy_->mirror_from_primary();
+  }
+  // A fresh run into an earlier run's checkpoints would overwrite them and move `latest`; one
+  // continued carries on where they stop.
+  if (!continuing && !options.checkpoint_dir.empty() && is_chief() &&
+      holds_checkpoints(options.checkpoint_dir)) {
+    std::string latest;
+    try {
+      latest = " (latest " + resolve_checkpoint_dir(options.checkpoint_dir) + ")";
+    } catch (const std::exception&) {  // a `latest` that names nothing: say no more
+    }
+    throw InputError("checkpoint_dir " + options.checkpoint_dir +
+                     " already holds checkpoints of an earlier run" + latest +
+                     ": resume from it (hpm train --resume " + options.checkpoint_dir +
+                     "), or choose another directory; hpm does not overwrite them");
   }
   state_.metadata = options.metadata;
   state_.batch_size = options.batch_size;                    // what later saves record
@@ -312,7 +309,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   // continued with another length (eval_every) takes its place from the global step instead, or
   // it would stop at once (its epoch count already reached) or train past its last step.
   bool replay_position = false;  // find the position in the epoch by skipping batches
-  if (options.by_steps && (!options.resume_from.empty() || !result.restored_from.empty())) {
+  if (options.by_steps && continuing) {
     if (steps_per_epoch <= 0) {
       throw std::invalid_argument(
           "FitOptions::by_steps needs training data of known length (the steps of a stretch)");
