@@ -227,6 +227,8 @@ class GlooCommunicator final : public Communicator {
     return std::clamp(timeout_ / 10, Milliseconds(200), Milliseconds(2000));
   }
   void throw_if_broken(const std::string& what);
+  // Rank 0 after a failure: stays the peers' store until every peer not known gone left its note.
+  void keep_store_for_peers();
 
   GlooOptions options_;
   bool tcp_store_ = false;
@@ -242,6 +244,7 @@ class GlooCommunicator final : public Communicator {
   std::optional<std::string> broken_;  // the first failure's message
   std::atomic<bool> is_broken_{false};
   bool diagnosed_ = false;  // broken by a failure (not by destruction)
+  std::vector<int> gone_;   // the ranks the diagnosis found gone
 
   std::unique_ptr<WaiterPool> waiters_;
   std::unique_ptr<WorkQueue> queue_;
@@ -288,10 +291,31 @@ GlooCommunicator::~GlooCommunicator() {
   waiters_.reset();
   context_.reset();
   device_.reset();
+  if (server_ && diagnosed_) keep_store_for_peers();
   store_.reset();
-  // After a failure the peers read each other's notes for a grace period: stay their store.
-  if (server_ && diagnosed_) std::this_thread::sleep_for(grace());
   server_.reset();
+}
+
+// A survivor may notice a failure only at its own timeout (a receive the dead rank's close did not
+// wake). Were the store gone by then, it could not tell a dead peer from rank 0 that merely left
+// first, and would blame rank 0. Bounded, so that a peer that never fails delays the exit of a
+// failed job by seconds, not by a long collective timeout.
+void GlooCommunicator::keep_store_for_peers() {
+  const auto until = Clock::now() + std::min(timeout_, Milliseconds(10000)) + grace();
+  for (bool all = false; !all && Clock::now() < until;) {
+    all = true;
+    try {
+      for (int r = 0; r < size() && all; ++r) {
+        const bool gone = std::find(gone_.begin(), gone_.end(), r) != gone_.end();
+        all = r == rank() || gone || store_->check({key("failed", r)});
+      }
+    } catch (const std::exception&) {
+      return;
+    }
+    if (!all) std::this_thread::sleep_for(Milliseconds(10));
+  }
+  // The last of them still reads the others' notes.
+  std::this_thread::sleep_for(grace());
 }
 
 std::string GlooCommunicator::where() const {
@@ -800,6 +824,7 @@ std::string GlooCommunicator::diagnose(const std::string& what, const std::strin
     if (noted[r]) continue;
     (broke[r].empty() && !process_gone(peers_[r]) ? silent : gone).push_back(r);
   }
+  gone_ = gone;
   if (store_lost) {
     // Missing notes prove nothing now. When the store was never reachable and its host, rank 0,
     // broke its connection too, rank 0 is the one that went.
