@@ -1,8 +1,8 @@
 // Why micro-batches cost more than the batch they split (BENCHMARKS.md, pipeline section): a
 // Linear's three GEMMs (forward x W^T, dX = dY W, dW += dY^T x) for 1024 x 1024 weights, timed
-// at 2048 rows and at 256 and 64 rows, scaled to 2048 rows' worth, through hpm's kernels::gemm;
+// at 2048 rows and at 256 and 64 rows, scaled to 2048 rows' worth, through hpm's cpu::gemm;
 // next to them dX straight through oneDNN's dnnl_sgemm, which short products run at half speed
-// when B's rows are 4 KiB apart (kernels::gemm copies B to padded rows then). One kernel thread.
+// when B's rows are 4 KiB apart (cpu::gemm copies B to padded rows then). One kernel thread.
 //   build/bench/gemm_rows_bench [rounds]
 #include <oneapi/dnnl/dnnl.h>
 
@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/tensor/tensor.h"
@@ -48,14 +49,14 @@ int main(int argc, char** argv) {
     for (int r = 0; r < rounds; ++r) {
       dw.push_back(scale * t(
                                [&] {
-                                 kernels::gemm(true, false, 1024, 1024, rows, 1, gy.data<float>(),
+                                 cpu::gemm(true, false, 1024, 1024, rows, 1, gy.data<float>(),
                                                1024, x.data<float>(), 1024, 1, c.data<float>(),
                                                1024);
                                },
                                reps));
       dx_hpm.push_back(scale * t(
                                    [&] {
-                                     kernels::gemm(false, false, rows, 1024, 1024, 1,
+                                     cpu::gemm(false, false, rows, 1024, 1024, 1,
                                                    gy.data<float>(), 1024, w.data<float>(), 1024, 0,
                                                    dx.data<float>(), 1024);
                                    },

@@ -4,10 +4,10 @@
 
 #include <string>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/random.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 namespace {
 
 void BM_ReluBackward(benchmark::State& st) {
@@ -124,6 +124,6 @@ void BM_LinearFc1(benchmark::State& st) {
 BENCHMARK(BM_LinearFc1);
 
 }  // namespace
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu
 
 BENCHMARK_MAIN();

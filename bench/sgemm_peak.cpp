@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hpm/tensor/device.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
@@ -22,7 +23,7 @@ double median_gflops(std::int64_t m, std::int64_t n, std::int64_t k, int repeats
     const int inner = std::max<int>(1, static_cast<int>(2e9 / (2.0 * m * n * k)));
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < inner; ++i)
-      hpm::kernels::gemm(false, false, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f,
+      hpm::cpu::gemm(false, false, m, n, k, 1.0f, a.data<float>(), k, b.data<float>(), n, 0.0f,
                          c.data<float>(), n);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     rates.push_back(2.0 * m * n * k * inner / s / 1e9);

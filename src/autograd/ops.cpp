@@ -126,7 +126,7 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
 Tensor sum(const Tensor& x) {
   const Shape s = x.shape();
   return record(
-      "Sum", {x}, Tensor::scalar(kernels::sum_all(x)),
+      "Sum", {x}, kernels::sum_all(x),
       [s](const Tensor& g, const Needs&) { return Tensors{kernels::broadcast_to(g, s)}; });
 }
 
@@ -264,11 +264,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (autocast_precision() == Precision::BF16) {
     // Operands kept in bf16 for backward: dA = G B^T, dB = A^T G with G rounded to bf16.
     const Tensor ab = kernels::to_bf16(a), bb = kernels::to_bf16(b);
-    return record("MatMulBF16", {a, b}, kernels::matmul_bf16(ab, bb),
+    return record("MatMulBF16", {a, b}, kernels::matmul(ab, bb),
                   [ab, bb](const Tensor& g, const Needs& n) {
                     const Tensor gb = kernels::to_bf16(g);
-                    return Tensors{n[0] ? kernels::matmul_bf16(gb, bb, false, true) : Tensor(),
-                                   n[1] ? kernels::matmul_bf16(ab, gb, true, false) : Tensor()};
+                    return Tensors{n[0] ? kernels::matmul(gb, bb, false, true) : Tensor(),
+                                   n[1] ? kernels::matmul(ab, gb, true, false) : Tensor()};
                   });
   }
   return record("MatMul", {a, b}, kernels::matmul(a, b), [a, b](const Tensor& g, const Needs& n) {
@@ -285,8 +285,7 @@ namespace {
 Tensor linear_weight_gradient(const Tensor& g, const Tensor& x, const Tensor& weight) {
   Tensor acc = accumulate_into(weight);
   if (acc.defined() && acc.shape() == weight.shape()) {
-    kernels::gemm(true, false, g.size(1), x.size(1), g.size(0), 1.0f, g.data<float>(), g.size(1),
-                  x.data<float>(), x.size(1), 1.0f, acc.data<float>(), x.size(1));
+    kernels::matmul_add_(acc, g, x, true, false);
     return Tensor();
   }
   return kernels::matmul(g, x, true, false);
@@ -302,12 +301,10 @@ void add_to_leaf(const Tensor& leaf, const Tensor& grad) {
 Tensor linear_weight_gradient_bf16(const Tensor& gb, const Tensor& xb, const Tensor& weight) {
   Tensor acc = accumulate_into(weight);
   if (acc.defined() && acc.shape() == weight.shape()) {
-    kernels::gemm_bf16(true, false, gb.size(1), xb.size(1), gb.size(0), 1.0f,
-                       gb.data<std::uint16_t>(), gb.size(1), xb.data<std::uint16_t>(), xb.size(1),
-                       1.0f, acc.data<float>(), xb.size(1));
+    kernels::matmul_add_(acc, gb, xb, true, false);
     return Tensor();
   }
-  return kernels::matmul_bf16(gb, xb, true, false);
+  return kernels::matmul(gb, xb, true, false);
 }
 
 // What a Linear's backward does after dx: dW (by `weight_gradient`) and db now, or, in a
@@ -333,12 +330,12 @@ Tensors linear_gradients(const Tensor& g, const Needs& n, Tensor gx, const Tenso
 // costs less than keeping a copy per use); bias, outputs and gradients f32.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor xb = kernels::to_bf16(x);
-  Tensor y = kernels::linear_bf16(xb, kernels::to_bf16(weight), bias);
+  Tensor y = kernels::linear(xb, kernels::to_bf16(weight), bias);
   return record(
       "LinearBF16", {x, weight, bias}, y, [xb, weight, bias](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
         return linear_gradients(
-            g, n, n[0] ? kernels::matmul_bf16(gb, kernels::to_bf16(weight)) : Tensor(), weight,
+            g, n, n[0] ? kernels::matmul(gb, kernels::to_bf16(weight)) : Tensor(), weight,
             bias, [gb, xb, weight] { return linear_weight_gradient_bf16(gb, xb, weight); });
       });
 }
@@ -526,12 +523,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smo
     throw std::invalid_argument("label_smoothing must be in [0, 1]");
   }
   Tensor probs;
-  const float loss =
+  Tensor loss =
       kernels::cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index);
-  return record("CrossEntropy", {logits}, Tensor::scalar(loss),
+  return record("CrossEntropy", {logits}, loss,
                 [probs, labels, label_smoothing, ignore_index](const Tensor& g, const Needs&) {
-                  return Tensors{kernels::cross_entropy_backward(probs, labels, label_smoothing,
-                                                                 g.item(), ignore_index)};
+                  return Tensors{kernels::cross_entropy_backward(probs, labels, label_smoothing, g,
+                                                                 ignore_index)};
                 });
 }
 
@@ -602,12 +599,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (autocast_precision() == Precision::BF16) {
     // q, k, v rounded once: the products' operands, and what backward keeps.
     const Tensor qb = kernels::to_bf16(q), kb = kernels::to_bf16(k), vb = kernels::to_bf16(v);
-    Tensor y = kernels::attention_forward_bf16(qb, kb, vb, causal, scale, lse);
+    Tensor y = kernels::attention_forward(qb, kb, vb, causal, scale, lse);
     return record("AttentionBF16", {q, k, v}, y,
                   [qb, kb, vb, ys = SavedActivation(y.detach()), lse, causal, scale](
                       const Tensor& g, const Needs& n) {
                     Tensor gq, gk, gv;
-                    kernels::attention_backward_bf16(g, qb, kb, vb, ys.get(), lse, causal, scale,
+                    kernels::attention_backward(g, qb, kb, vb, ys.get(), lse, causal, scale,
                                                      n[0] ? &gq : nullptr, n[1] ? &gk : nullptr,
                                                      n[2] ? &gv : nullptr);
                     return Tensors{gq, gk, gv};
@@ -632,12 +629,12 @@ Tensor packed_self_attention(const Tensor& qkv, std::int64_t heads, bool causal,
   kernels::split_qkv_heads(qkv, heads, bf16 ? DType::BF16 : DType::F32, q, k, v);
   if (scale <= 0.0f) scale = 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
   if (bf16) {
-    Tensor y = kernels::attention_forward_bf16(q, k, v, causal, scale, lse);
+    Tensor y = kernels::attention_forward(q, k, v, causal, scale, lse);
     return record("PackedAttentionBF16", {qkv}, kernels::merge_heads(y),
                   [q, k, v, ys = SavedActivation(y), lse, causal, scale, heads](const Tensor& g,
                                                                                 const Needs&) {
                     Tensor gq, gk, gv;
-                    kernels::attention_backward_bf16(kernels::split_heads(g, heads), q, k, v,
+                    kernels::attention_backward(kernels::split_heads(g, heads), q, k, v,
                                                      ys.get(), lse, causal, scale, &gq, &gk, &gv);
                     return Tensors{kernels::merge_qkv_heads(gq, gk, gv)};
                   });

@@ -35,6 +35,7 @@
 #include "comm/work_queue.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/store.h"
+#include "hpm/tensor/backend/cpu.h"  // host views: bf16 messages as bytes
 #include "hpm/tensor/kernels.h"
 #include "hpm/trace/trace.h"
 
@@ -533,10 +534,10 @@ void bf16_reduce(void* c, const void* a, const void* b, std::size_t n) {
   float fa[kBlock], fb[kBlock];
   for (std::size_t at = 0; at < n; at += kBlock) {
     const auto m = static_cast<std::int64_t>(std::min(kBlock, n - at));
-    kernels::bf16_to_f32(static_cast<const std::uint16_t*>(a) + at, fa, m);
-    kernels::bf16_to_f32(static_cast<const std::uint16_t*>(b) + at, fb, m);
+    cpu::bf16_to_f32(static_cast<const std::uint16_t*>(a) + at, fa, m);
+    cpu::bf16_to_f32(static_cast<const std::uint16_t*>(b) + at, fb, m);
     for (std::int64_t i = 0; i < m; ++i) fa[i] = kMax ? std::max(fa[i], fb[i]) : fa[i] + fb[i];
-    kernels::f32_to_bf16(fa, static_cast<std::uint16_t*>(c) + at, m);
+    cpu::f32_to_bf16(fa, static_cast<std::uint16_t*>(c) + at, m);
   }
 }
 
@@ -561,9 +562,9 @@ void GlooCommunicator::allreduce_bf16(std::uint16_t* data, std::size_t n, Reduce
     float f[1024];
     for (std::size_t at = 0; at < n; at += 1024) {
       const auto m = static_cast<std::int64_t>(std::min<std::size_t>(1024, n - at));
-      kernels::bf16_to_f32(data + at, f, m);
+      cpu::bf16_to_f32(data + at, f, m);
       for (std::int64_t i = 0; i < m; ++i) f[i] *= scale;
-      kernels::f32_to_bf16(f, data + at, m);
+      cpu::f32_to_bf16(f, data + at, m);
     }
   }
 }

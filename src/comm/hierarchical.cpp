@@ -6,6 +6,7 @@
 
 #include "comm/work_queue.h"
 #include "hpm/comm/local.h"
+#include "hpm/tensor/backend/cpu.h"  // host views: bf16 messages as bytes
 #include "hpm/tensor/kernels.h"
 
 namespace hpm::comm {
@@ -48,7 +49,7 @@ class HierarchicalCommunicator final : public Communicator {
           const float s = 1.0f / static_cast<float>(size());
           for (std::int64_t i = 0; i < f.numel(); ++i) p[i] *= s;
         }
-        kernels::f32_to_bf16(f.data<float>(), data.data<std::uint16_t>(), f.numel());
+        cpu::f32_to_bf16(f.data<float>(), data.data<std::uint16_t>(), f.numel());
         return;
       }
       local_->broadcast(data, 0)->wait();

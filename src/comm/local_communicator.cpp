@@ -6,6 +6,7 @@
 #include "comm/local_group.h"
 #include "comm/work_queue.h"
 #include "hpm/comm/local.h"
+#include "hpm/tensor/backend/cpu.h"  // host views: bf16 messages as bytes
 #include "hpm/tensor/kernels.h"
 #include "hpm/trace/trace.h"
 
@@ -45,9 +46,9 @@ class LocalCommunicator final : public Communicator {
       // Threads share memory: bf16 would save no bytes. Reduce the bf16 values in f32 and round
       // the result once.
       std::vector<float> f(static_cast<std::size_t>(data.numel()));
-      kernels::bf16_to_f32(data.data<std::uint16_t>(), f.data(), data.numel());
+      cpu::bf16_to_f32(data.data<std::uint16_t>(), f.data(), data.numel());
       group_->allreduce(rank_, f.data(), data.numel(), op, a, deadline);
-      kernels::f32_to_bf16(f.data(), data.data<std::uint16_t>(), data.numel());
+      cpu::f32_to_bf16(f.data(), data.data<std::uint16_t>(), data.numel());
     });
   }
 

@@ -190,7 +190,7 @@ struct Reducer::State {
     b.launched = true;
     ++stats.allreduces;
     if (options.allreduce_dtype == DType::BF16) {
-      kernels::f32_to_bf16(b.flat.data<float>(), b.wire.data<std::uint16_t>(), b.flat.numel());
+      b.wire.copy_(kernels::to_bf16(b.flat));
       b.work = comm->allreduce(b.wire, comm::ReduceOp::kSum);
     } else {
       b.work = comm->allreduce(b.flat, comm::ReduceOp::kAverage);
@@ -199,10 +199,9 @@ struct Reducer::State {
 
   // A compressed bucket's sum back into its f32 slots, divided by the replicas.
   void decompress(Bucket& b) const {
-    const float scale = 1.0f / static_cast<float>(comm->size());
-    float* out = b.flat.data<float>();
-    kernels::bf16_to_f32(b.wire.data<std::uint16_t>(), out, b.flat.numel());
-    for (std::int64_t i = 0; i < b.flat.numel(); ++i) out[i] *= scale;
+    Tensor sum = kernels::to_f32(b.wire);
+    kernels::scale_(sum, 1.0f / static_cast<float>(comm->size()));
+    b.flat.copy_(sum);
   }
 };
 

@@ -38,7 +38,7 @@ void Optimizer::step_params(const std::vector<std::size_t>& indices) {
 void Optimizer::update_one(std::size_t i) {
   Tensor g = params_[i].second.grad();
   if (!g.defined()) return;
-  update(i, params_[i].second.data<float>(), g.data<float>(), params_[i].second.numel());
+  update(i, params_[i].second, g);
 }
 
 void Optimizer::zero_grad() {
@@ -46,11 +46,12 @@ void Optimizer::zero_grad() {
     if (p.impl()->autograd) p.impl()->autograd->grad.reset();
 }
 
-float* Optimizer::buffer(std::size_t i, const std::string& name) {
+Tensor Optimizer::buffer(std::size_t i, const std::string& name) {
   for (auto& [n, t] : buffers_[i])
-    if (n == name) return t.data<float>();
-  buffers_[i].emplace_back(name, Tensor::zeros(params_[i].second.shape()));
-  return buffers_[i].back().second.data<float>();
+    if (n == name) return t;
+  const Tensor& p = params_[i].second;
+  buffers_[i].emplace_back(name, Tensor::zeros(p.shape(), DType::F32, p.device()));
+  return buffers_[i].back().second;
 }
 
 bool Optimizer::has_buffer(std::size_t i, const std::string& name) const {
@@ -117,25 +118,18 @@ std::vector<std::string> SGD::buffer_names(std::size_t) const {
   return {"momentum_buffer"};
 }
 
-void SGD::update(std::size_t i, float* p, const float* g, std::int64_t n) {
-  const float lr = lr_, wd = o_.weight_decay, mom = o_.momentum, damp = 1.0f - o_.dampening;
-  if (mom == 0.0f) {
-#pragma omp simd
-    for (std::int64_t k = 0; k < n; ++k) p[k] -= lr * (g[k] + wd * p[k]);
-    return;
-  }
-  const bool first = !has_buffer(i, "momentum_buffer");
-  float* buf = buffer(i, "momentum_buffer");
-  const bool nesterov = o_.nesterov;
+void SGD::update(std::size_t i, Tensor& p, const Tensor& g) {
+  const float mom = o_.momentum;
+  const bool first = mom != 0.0f && !has_buffer(i, "momentum_buffer");
+  Tensor buf = mom != 0.0f ? buffer(i, "momentum_buffer") : Tensor();
   // torch: the first step seeds the buffer with the gradient itself (no dampening).
-  const float keep = first ? 0.0f : mom, take = first ? 1.0f : damp;
-#pragma omp simd
-  for (std::int64_t k = 0; k < n; ++k) {
-    const float d = g[k] + wd * p[k];
-    const float b = keep * buf[k] + take * d;
-    buf[k] = b;
-    p[k] -= lr * (nesterov ? d + mom * b : b);
-  }
+  const kernels::SgdStep s{lr_,
+                           o_.weight_decay,
+                           mom,
+                           first ? 0.0f : mom,
+                           first ? 1.0f : 1.0f - o_.dampening,
+                           o_.nesterov};
+  kernels::sgd_step_(s, p, g, buf);
 }
 
 Adam::Adam(NamedTensors params, const AdamOptions& o) : Optimizer(std::move(params), o.lr), o_(o) {
@@ -149,26 +143,26 @@ std::vector<std::string> Adam::buffer_names(std::size_t) const {
   return {"exp_avg", "exp_avg_sq"};
 }
 
-void Adam::update(std::size_t i, float* p, const float* g, std::int64_t n) {
+void Adam::update(std::size_t i, Tensor& p, const Tensor& g) {
   const auto t = static_cast<double>(steps_);
   const float b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, lr = lr_;
   const float wd = params_[i].second.dim() >= o_.weight_decay_min_rank ? o_.weight_decay : 0.0f;
   const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
   const auto bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
   const float step_size = lr / bias1;
-  float* m = buffer(i, "exp_avg");
-  float* v = buffer(i, "exp_avg_sq");
-  float* vmax = o_.amsgrad ? buffer(i, "max_exp_avg_sq") : nullptr;
+  Tensor m = buffer(i, "exp_avg");
+  Tensor v = buffer(i, "exp_avg_sq");
+  Tensor vmax = o_.amsgrad ? buffer(i, "max_exp_avg_sq") : Tensor();
   const bool decoupled = o_.decoupled_weight_decay;
   const kernels::AdamStep s{
       b1, b2, eps, decoupled ? 1.0f - lr * wd : 1.0f, decoupled ? 0.0f : wd, step_size, bias2_sqrt};
-  kernels::adam_step(s, p, g, m, v, vmax, n);
+  kernels::adam_step_(s, p, g, m, v, vmax);
 }
 
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
   double total = 0.0;
   for (const auto& p : params)
-    if (p.grad().defined()) total += kernels::sum_squares(p.grad());
+    if (p.grad().defined()) total += kernels::sum_squares(p.grad()).item<double>();
   const auto norm = static_cast<float>(std::sqrt(total));
   const float coef = max_norm / (norm + 1e-6f);
   if (coef < 1.0f) {

@@ -260,7 +260,7 @@ class PipelineStrategy final : public dist::Strategy {
     }
     double local = 0;
     for (const Tensor& p : rep.model->parameters()) {
-      if (p.grad().defined() && counts_in_norm(p)) local += kernels::sum_squares(p.grad());
+      if (p.grad().defined() && counts_in_norm(p)) local += kernels::sum_squares(p.grad()).item<double>();
     }
     Tensor t = Tensor::from({static_cast<float>(local)}, {1});
     workers_->allreduce(t, comm::ReduceOp::kSum)->wait();

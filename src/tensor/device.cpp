@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "hpm/tensor/backend.h"
+
 namespace hpm {
 
 namespace {
@@ -14,17 +16,144 @@ std::string mib(std::size_t bytes) {
   os << std::fixed << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB";
   return os.str();
 }
+
+std::shared_ptr<MemoryResource> memory_of(DeviceId id) {
+  if (id.type == DeviceType::kCpu) return std::make_shared<HostMemory>();
+  return backend(id.type).memory(id.index);
+}
 }  // namespace
 
-Device::Device(std::string name, std::size_t budget_bytes, int threads)
-    : name_(std::move(name)), threads_(threads) {
+const char* device_type_name(DeviceType type) {
+  switch (type) {
+    case DeviceType::kCpu:
+      return "cpu";
+    case DeviceType::kCuda:
+      return "cuda";
+    case DeviceType::kPrivateUse:
+      return "private";
+  }
+  return "?";
+}
+
+std::string DeviceId::str() const {
+  if (type == DeviceType::kCpu) return "cpu";
+  return std::string(device_type_name(type)) + ":" + std::to_string(index);
+}
+
+std::shared_ptr<Event> InlineStream::record() {
+  struct Done final : Event {
+    void synchronize() override {}
+    bool ready() const override { return true; }
+  };
+  return std::make_shared<Done>();
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+void* HostMemory::allocate(std::size_t bytes) { return std::aligned_alloc(64, bytes); }
+void HostMemory::free(void* ptr, std::size_t) { std::free(ptr); }
+
+Allocator::Allocator(std::string device_name, std::shared_ptr<MemoryResource> memory,
+                     std::size_t budget_bytes)
+    : device_name_(std::move(device_name)), memory_(std::move(memory)) {
   stats_.budget_bytes = budget_bytes;
 }
 
-Device::~Device() {
+Allocator::~Allocator() {
   std::lock_guard lock(mu_);
   release_cache_locked();
 }
+
+void* Allocator::allocate(std::size_t bytes) {
+  const std::size_t size = round_up(bytes == 0 ? 1 : bytes);
+  std::lock_guard lock(mu_);
+  ++stats_.allocations;
+  if (stats_.current_bytes + size > stats_.budget_bytes) {
+    std::ostringstream os;
+    os << "out of memory on device '" << device_name_ << "': tried to allocate " << mib(size)
+       << " with " << mib(stats_.current_bytes) << " in use and a budget of "
+       << mib(stats_.budget_bytes);
+    throw OutOfMemoryError(os.str());
+  }
+  void* ptr = nullptr;
+  auto it = free_blocks_.find(size);
+  if (it != free_blocks_.end() && !it->second.empty()) {
+    ptr = it->second.back();
+    it->second.pop_back();
+    stats_.cached_bytes -= size;
+    ++stats_.cache_hits;
+  } else {
+    // The cache counts against the budget as a GPU's reserved memory does: drop it if needed.
+    if (stats_.current_bytes + stats_.cached_bytes + size > stats_.budget_bytes) {
+      release_cache_locked();
+    }
+    ptr = memory_->allocate(size);
+    if (ptr == nullptr) {
+      release_cache_locked();
+      ptr = memory_->allocate(size);
+      if (ptr == nullptr) {
+        throw OutOfMemoryError("out of memory allocating " + mib(size) + " on device '" +
+                               device_name_ + "' (the device has no more)");
+      }
+    }
+  }
+  stats_.current_bytes += size;
+  if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+  return ptr;
+}
+
+void Allocator::deallocate(void* ptr, std::size_t bytes) {
+  if (ptr == nullptr) return;
+  const std::size_t size = round_up(bytes == 0 ? 1 : bytes);
+  std::lock_guard lock(mu_);
+  stats_.current_bytes -= size;
+  free_blocks_[size].push_back(ptr);
+  stats_.cached_bytes += size;
+}
+
+MemoryStats Allocator::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Allocator::set_budget(std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  stats_.budget_bytes = bytes;
+}
+
+void Allocator::reset_peak() {
+  std::lock_guard lock(mu_);
+  stats_.peak_bytes = stats_.current_bytes;
+}
+
+void Allocator::empty_cache() {
+  std::lock_guard lock(mu_);
+  release_cache_locked();
+}
+
+void Allocator::release_cache_locked() {
+  for (auto& [size, blocks] : free_blocks_) {
+    for (void* p : blocks) memory_->free(p, size);
+  }
+  free_blocks_.clear();
+  stats_.cached_bytes = 0;
+}
+
+// ---- devices -----------------------------------------------------------------------------------
+
+Device::Device(std::string name, std::size_t budget_bytes, int threads)
+    : Device(DeviceId{}, std::move(name), budget_bytes, threads) {}
+
+Device::Device(DeviceId id, std::string name, std::size_t budget_bytes, int threads)
+    : id_(id),
+      name_(std::move(name)),
+      threads_(threads),
+      is_host_(id.type == DeviceType::kCpu || backend(id.type).is_host()),
+      allocator_(name_, memory_of(id), budget_bytes),
+      stream_(id.type == DeviceType::kCpu ? std::make_unique<InlineStream>(id)
+                                          : backend(id.type).make_stream(id)) {}
+
+Device::~Device() = default;
 
 Device& Device::cpu() {
   // Leaked on purpose: tensors in static storage may outlive any other static.
@@ -42,80 +171,6 @@ DeviceGuard::DeviceGuard(Device& device) : previous_(current_device) { current_d
 DeviceGuard::~DeviceGuard() { current_device = previous_; }
 
 void Device::set_threads(int threads) { threads_ = threads < 1 ? 1 : threads; }
-
-void* Device::allocate(std::size_t bytes) {
-  const std::size_t size = round_up(bytes == 0 ? 1 : bytes);
-  std::lock_guard lock(mu_);
-  ++stats_.allocations;
-  if (stats_.current_bytes + size > stats_.budget_bytes) {
-    std::ostringstream os;
-    os << "out of memory on device '" << name_ << "': tried to allocate " << mib(size) << " with "
-       << mib(stats_.current_bytes) << " in use and a budget of " << mib(stats_.budget_bytes);
-    throw OutOfMemoryError(os.str());
-  }
-  void* ptr = nullptr;
-  auto it = free_blocks_.find(size);
-  if (it != free_blocks_.end() && !it->second.empty()) {
-    ptr = it->second.back();
-    it->second.pop_back();
-    stats_.cached_bytes -= size;
-    ++stats_.cache_hits;
-  } else {
-    // The cache counts against the budget as a GPU's reserved memory does: drop it if needed.
-    if (stats_.current_bytes + stats_.cached_bytes + size > stats_.budget_bytes) {
-      release_cache_locked();
-    }
-    ptr = std::aligned_alloc(64, size);
-    if (ptr == nullptr) {
-      release_cache_locked();
-      ptr = std::aligned_alloc(64, size);
-      if (ptr == nullptr) {
-        throw OutOfMemoryError("out of host memory allocating " + mib(size) + " on device '" +
-                               name_ + "'");
-      }
-    }
-  }
-  stats_.current_bytes += size;
-  if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
-  return ptr;
-}
-
-void Device::deallocate(void* ptr, std::size_t bytes) {
-  if (ptr == nullptr) return;
-  const std::size_t size = round_up(bytes == 0 ? 1 : bytes);
-  std::lock_guard lock(mu_);
-  stats_.current_bytes -= size;
-  free_blocks_[size].push_back(ptr);
-  stats_.cached_bytes += size;
-}
-
-MemoryStats Device::stats() const {
-  std::lock_guard lock(mu_);
-  return stats_;
-}
-
-void Device::set_budget(std::size_t bytes) {
-  std::lock_guard lock(mu_);
-  stats_.budget_bytes = bytes;
-}
-
-void Device::reset_peak() {
-  std::lock_guard lock(mu_);
-  stats_.peak_bytes = stats_.current_bytes;
-}
-
-void Device::empty_cache() {
-  std::lock_guard lock(mu_);
-  release_cache_locked();
-}
-
-void Device::release_cache_locked() {
-  for (auto& [size, blocks] : free_blocks_) {
-    for (void* p : blocks) std::free(p);
-  }
-  free_blocks_.clear();
-  stats_.cached_bytes = 0;
-}
 
 void set_num_threads(int threads) { omp_set_num_threads(threads < 1 ? 1 : threads); }
 int num_threads() { return omp_get_max_threads(); }

@@ -4,9 +4,24 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "hpm/tensor/backend.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm {
+
+namespace {
+// Host to host is a memmove; anything else is the business of the backend of the device that is
+// not the host's.
+void copy_bytes(void* dst, Device& to, const void* src, Device& from, std::size_t bytes) {
+  if (to.is_host() && from.is_host()) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  const DeviceType type = to.id().type != DeviceType::kCpu ? to.id().type : from.id().type;
+  backend(type).copy_bytes(dst, to, src, from, bytes);
+}
+}  // namespace
 
 Storage::Storage(Device& device, std::size_t bytes)
     : device_(&device), data_(device.allocate(bytes)), bytes_(bytes) {}
@@ -16,7 +31,7 @@ Storage::~Storage() { device_->deallocate(data_, bytes_); }
 void Storage::move_to(Device& device) {
   if (&device == device_) return;
   void* moved = device.allocate(bytes_);
-  std::memcpy(moved, data_, bytes_);
+  copy_bytes(moved, device, data_, *device_, bytes_);
   device_->deallocate(data_, bytes_);
   device_ = &device;
   data_ = moved;
@@ -48,7 +63,7 @@ void AllocationLog::record(const std::shared_ptr<Storage>& storage) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device& device) {
   Tensor t = empty(shape, dtype, device);
-  std::memset(t.raw_data(), 0, t.nbytes());
+  kernels::fill_(t, 0.0f);
   return t;
 }
 
@@ -63,6 +78,7 @@ Tensor Tensor::from(std::span<const float> values, const Shape& shape, Device& d
     throw std::invalid_argument("Tensor::from: " + std::to_string(values.size()) +
                                 " values for shape " + shape.str());
   }
+  if (!device.is_host()) return from(values, shape, Device::cpu()).to(device);
   Tensor t = empty(shape, DType::F32, device);
   std::memcpy(t.raw_data(), values.data(), t.nbytes());
   return t;
@@ -73,12 +89,15 @@ Tensor Tensor::from_i64(std::span<const std::int64_t> values, const Shape& shape
     throw std::invalid_argument("Tensor::from_i64: " + std::to_string(values.size()) +
                                 " values for shape " + shape.str());
   }
+  if (!device.is_host()) return from_i64(values, shape, Device::cpu()).to(device);
   Tensor t = empty(shape, DType::I64, device);
   std::memcpy(t.raw_data(), values.data(), t.nbytes());
   return t;
 }
 
 Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float stddev, Device& device) {
+  // The generator is the host's: draw there, in the same order on every device.
+  if (!device.is_host()) return randn(shape, gen, mean, stddev, Device::cpu()).to(device);
   Tensor t = empty(shape, DType::F32, device);
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = mean + stddev * gen.normal();
@@ -86,27 +105,37 @@ Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float stdde
 }
 
 Tensor Tensor::uniform(const Shape& shape, Generator& gen, float low, float high, Device& device) {
+  if (!device.is_host()) return uniform(shape, gen, low, high, Device::cpu()).to(device);
   Tensor t = empty(shape, DType::F32, device);
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < t.numel(); ++i) p[i] = low + (high - low) * gen.uniform();
   return t;
 }
 
-float Tensor::item() const {
+Tensor Tensor::on_host() const { return device().is_host() ? *this : to(Device::cpu()); }
+
+template <typename T>
+T Tensor::item() const {
   if (numel() != 1) {
     throw std::logic_error("item() needs a one-element tensor, got shape " + shape().str());
   }
-  if (dtype() == DType::I64) return static_cast<float>(*data<std::int64_t>());
-  return *data<float>();
+  const Tensor h = on_host();
+  if (dtype() == DType::I64) return static_cast<T>(*h.data<std::int64_t>());
+  if (dtype() == DType::F64) return static_cast<T>(*h.data<double>());
+  return static_cast<T>(*h.data<float>());
 }
+template float Tensor::item<float>() const;
+template double Tensor::item<double>() const;
 
 std::vector<float> Tensor::to_vector() const {
-  const float* p = data<float>();
+  const Tensor h = on_host();
+  const float* p = h.data<float>();
   return std::vector<float>(p, p + numel());
 }
 
 std::vector<std::int64_t> Tensor::to_vector_i64() const {
-  const std::int64_t* p = data<std::int64_t>();
+  const Tensor h = on_host();
+  const std::int64_t* p = h.data<std::int64_t>();
   return std::vector<std::int64_t>(p, p + numel());
 }
 
@@ -158,13 +187,13 @@ Tensor Tensor::narrow(std::int64_t begin, std::int64_t length) const {
 Tensor Tensor::to(Device& device) const {
   if (&device == &this->device()) return *this;
   Tensor t = empty(shape(), dtype(), device);
-  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  t.copy_(*this);
   return t;
 }
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape(), dtype(), device());
-  std::memcpy(t.raw_data(), raw_data(), nbytes());
+  t.copy_(*this);
   return t;
 }
 
@@ -183,20 +212,16 @@ void Tensor::copy_(const Tensor& src) {
                                 dtype_name(src.dtype()) + " does not match " + shape().str() + " " +
                                 dtype_name(dtype()));
   }
-  std::memmove(raw_data(), src.raw_data(), nbytes());
+  const auto at = [](const Tensor& t) {
+    return static_cast<char*>(t.impl_->storage->data()) +
+           t.impl_->offset * static_cast<std::int64_t>(dtype_size(t.impl_->dtype));
+  };
+  copy_bytes(at(*this), device(), at(src), src.device(), nbytes());
 }
 
-void Tensor::fill_(float value) {
-  if (dtype() == DType::I64) {
-    auto* p = data<std::int64_t>();
-    for (std::int64_t i = 0; i < numel(); ++i) p[i] = static_cast<std::int64_t>(value);
-    return;
-  }
-  float* p = data<float>();
-  for (std::int64_t i = 0; i < numel(); ++i) p[i] = value;
-}
+void Tensor::fill_(float value) { kernels::fill_(*this, value); }
 
-void Tensor::zero_() { std::memset(raw_data(), 0, nbytes()); }
+void Tensor::zero_() { kernels::fill_(*this, 0.0f); }
 
 AutogradMeta& Tensor::autograd_meta() {
   if (!impl_->autograd) impl_->autograd = std::make_unique<AutogradMeta>();
@@ -230,8 +255,15 @@ void Tensor::check_dtype(DType expected) const {
   }
 }
 
+void Tensor::throw_not_host() const {
+  throw std::logic_error("a tensor on " + device().id().str() + " ('" + device().name() +
+                         "') was read as host memory: bring it to the host with .to(Device::cpu()), "
+                         "item() or to_vector()");
+}
+
 std::string Tensor::str(int max_elements) const {
   if (!defined()) return "Tensor(undefined)";
+  if (!device().is_host()) return on_host().str(max_elements) + " on " + device().id().str();
   std::ostringstream os;
   os << "Tensor(" << shape().str() << ", " << dtype_name(dtype()) << ", [";
   const std::int64_t n = std::min<std::int64_t>(numel(), max_elements);

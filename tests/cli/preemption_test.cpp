@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hpm/cli/fault_tolerance.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/kernels.h"
 
 namespace hpm::cli {
@@ -54,7 +55,7 @@ TEST(Preemption, SignalsDuringMatrixProductsLeaveTheHeapIntact) {
   });
   int seen = 0;
   while (seen < kSignals) {
-    kernels::gemm(false, true, 64, 32, 784, 1.0f, x.data(), 784, w.data(), 784, 0.0f, y.data(), 32);
+    cpu::gemm(false, true, 64, 32, 784, 1.0f, x.data(), 784, w.data(), 784, 0.0f, y.data(), 32);
     if (sent.load() > seen) {
       ::sched_yield();  // a system call: the signal is handled on its return, at the latest
       install_preemption_handlers();

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/tensor/tensor.h"
@@ -60,9 +61,9 @@ TEST(Bf16, GemmEqualsF32GemmOfRoundedOperands) {
       const Tensor ab = kernels::to_bf16(a), bb = kernels::to_bf16(b);
       Tensor c = Tensor::randn({m, n}, gen);
       Tensor expected = c.clone();
-      kernels::gemm(ta, tb, m, n, k, 0.5f, kernels::to_f32(ab).data<float>(), a.size(1),
+      cpu::gemm(ta, tb, m, n, k, 0.5f, kernels::to_f32(ab).data<float>(), a.size(1),
                     kernels::to_f32(bb).data<float>(), b.size(1), 2.0f, expected.data<float>(), n);
-      kernels::gemm_bf16(ta, tb, m, n, k, 0.5f, ab.data<std::uint16_t>(), a.size(1),
+      cpu::gemm_bf16(ta, tb, m, n, k, 0.5f, ab.data<std::uint16_t>(), a.size(1),
                          bb.data<std::uint16_t>(), b.size(1), 2.0f, c.data<float>(), n);
       const auto got = c.to_vector(), want = expected.to_vector();
       for (std::size_t i = 0; i < got.size(); ++i)
@@ -112,14 +113,14 @@ TEST(Bf16, MatmulChecksItsOperands) {
   EXPECT_THROW(
       {
         try {
-          kernels::matmul_bf16(f, kernels::to_bf16(f));
+          cpu::matmul_bf16(f, kernels::to_bf16(f));
         } catch (const std::invalid_argument& e) {
           EXPECT_STREQ(e.what(), "matmul_bf16: expected a 2-D BF16 tensor, got F32 [2, 3]");
           throw;
         }
       },
       std::invalid_argument);
-  EXPECT_THROW(kernels::matmul_bf16(kernels::to_bf16(f), kernels::to_bf16(f)),
+  EXPECT_THROW(cpu::matmul_bf16(kernels::to_bf16(f), kernels::to_bf16(f)),
                std::invalid_argument);
 }
 
@@ -128,7 +129,7 @@ TEST(Bf16, MatmulChecksItsOperands) {
 // emulation on plain AVX-512 ("avx512_core", "jit:gemm").
 TEST(Bf16, RunsOneDnnsNativeKernels) {
   if (!kernels::native_bf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
-  const std::string impl = kernels::gemm_bf16_implementation(768, 384, 128);
+  const std::string impl = cpu::gemm_bf16_implementation(768, 384, 128);
   const bool native = impl.find("avx512_core_bf16") != std::string::npos ||
                       impl.find("avx512_core_amx") != std::string::npos;
   EXPECT_TRUE(native) << impl;

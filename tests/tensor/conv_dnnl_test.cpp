@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
@@ -62,10 +63,10 @@ TEST(ConvDnnl, ForwardMatchesIm2col) {
     Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
     Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
     Tensor b = Tensor::randn({c.oc}, gen);
-    expect_close(kernels::conv2d_forward_dnnl(x, w, b, c.p),
-                 kernels::conv2d_forward_im2col(x, w, b, c.p), c.str() + " with bias");
-    expect_close(kernels::conv2d_forward_dnnl(x, w, Tensor(), c.p),
-                 kernels::conv2d_forward_im2col(x, w, Tensor(), c.p), c.str() + " no bias");
+    expect_close(cpu::conv2d_forward_dnnl(x, w, b, c.p),
+                 cpu::conv2d_forward_im2col(x, w, b, c.p), c.str() + " with bias");
+    expect_close(cpu::conv2d_forward_dnnl(x, w, Tensor(), c.p),
+                 cpu::conv2d_forward_im2col(x, w, Tensor(), c.p), c.str() + " no bias");
   }
 }
 
@@ -74,13 +75,13 @@ TEST(ConvDnnl, BackwardMatchesIm2col) {
   for (const ConvCase& c : cases()) {
     Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
     Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
-    Tensor y = kernels::conv2d_forward_im2col(x, w, Tensor(), c.p);
+    Tensor y = cpu::conv2d_forward_im2col(x, w, Tensor(), c.p);
     Tensor gy = Tensor::randn(y.shape(), gen);
     Tensor rx, rw, rb;
-    kernels::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
+    cpu::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
     {
       Tensor gx, gw, gb;
-      kernels::conv2d_backward_dnnl(gy, x, w, c.p, &gx, &gw, &gb);
+      cpu::conv2d_backward_dnnl(gy, x, w, c.p, &gx, &gw, &gb);
       expect_close(gx, rx, c.str() + " grad_x");
       expect_close(gw, rw, c.str() + " grad_w");
       expect_close(gb, rb, c.str() + " grad_bias");
@@ -88,23 +89,23 @@ TEST(ConvDnnl, BackwardMatchesIm2col) {
     // Subsets, as autograd asks for them: each is a different plan.
     {
       Tensor gx;
-      kernels::conv2d_backward_dnnl(gy, x, w, c.p, &gx, nullptr, nullptr);
+      cpu::conv2d_backward_dnnl(gy, x, w, c.p, &gx, nullptr, nullptr);
       expect_close(gx, rx, c.str() + " grad_x alone");
     }
     {
       Tensor gw, gb;
-      kernels::conv2d_backward_dnnl(gy, x, w, c.p, nullptr, &gw, &gb);
+      cpu::conv2d_backward_dnnl(gy, x, w, c.p, nullptr, &gw, &gb);
       expect_close(gw, rw, c.str() + " grad_w with grad_bias, no grad_x");
       expect_close(gb, rb, c.str() + " grad_bias with grad_w, no grad_x");
     }
     {
       Tensor gw;
-      kernels::conv2d_backward_dnnl(gy, x, w, c.p, nullptr, &gw, nullptr);
+      cpu::conv2d_backward_dnnl(gy, x, w, c.p, nullptr, &gw, nullptr);
       expect_close(gw, rw, c.str() + " grad_w alone");
     }
     {
       Tensor gx, gb;
-      kernels::conv2d_backward_dnnl(gy, x, w, c.p, &gx, nullptr, &gb);
+      cpu::conv2d_backward_dnnl(gy, x, w, c.p, &gx, nullptr, &gb);
       expect_close(gx, rx, c.str() + " grad_x with grad_bias");
       expect_close(gb, rb, c.str() + " grad_bias without grad_w");
     }
@@ -118,10 +119,10 @@ TEST(ConvDnnl, DispatchMatchesIm2col) {
   Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
   Tensor b = Tensor::randn({c.oc}, gen);
   Tensor y = kernels::conv2d_forward(x, w, b, c.p);
-  expect_close(y, kernels::conv2d_forward_im2col(x, w, b, c.p), c.str());
+  expect_close(y, cpu::conv2d_forward_im2col(x, w, b, c.p), c.str());
   Tensor gy = Tensor::randn(y.shape(), gen), gx, gw, gb, rx, rw, rb;
   kernels::conv2d_backward(gy, x, w, c.p, &gx, &gw, &gb);
-  kernels::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
+  cpu::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
   expect_close(gx, rx, c.str() + " grad_x");
   expect_close(gw, rw, c.str() + " grad_w");
   expect_close(gb, rb, c.str() + " grad_bias");
@@ -184,9 +185,9 @@ TEST(ConvDnnl, FusedReluMaxPoolMatchesTheOpsApart) {
 
 TEST(ConvDnnl, RejectsMismatchedShapes) {
   Tensor x = Tensor::zeros({1, 3, 5, 5}), w = Tensor::zeros({4, 2, 3, 3});
-  EXPECT_THROW(kernels::conv2d_forward_dnnl(x, w, Tensor(), {}), std::invalid_argument);
+  EXPECT_THROW(cpu::conv2d_forward_dnnl(x, w, Tensor(), {}), std::invalid_argument);
   Tensor big = Tensor::zeros({4, 3, 7, 7});
-  EXPECT_THROW(kernels::conv2d_forward_dnnl(x, big, Tensor(), {}), std::invalid_argument);
+  EXPECT_THROW(cpu::conv2d_forward_dnnl(x, big, Tensor(), {}), std::invalid_argument);
 }
 
 // Two threads running the same (cached) plans at once: each call has its own workspace and
@@ -197,16 +198,16 @@ TEST(ConvDnnl, ConcurrentCallsShareCachedPlans) {
   Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
   Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
   Tensor b = Tensor::randn({c.oc}, gen);
-  const Tensor ref = kernels::conv2d_forward_im2col(x, w, b, c.p);
+  const Tensor ref = cpu::conv2d_forward_im2col(x, w, b, c.p);
   Tensor gy = Tensor::randn(ref.shape(), gen), rx, rw, rb;
-  kernels::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
+  cpu::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
   std::vector<std::vector<Tensor>> out(2);
   std::vector<std::thread> threads;
   for (int t = 0; t < 2; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 20; ++i) {
-        Tensor y = kernels::conv2d_forward_dnnl(x, w, b, c.p), gx, gw, gb;
-        kernels::conv2d_backward_dnnl(gy, x, w, c.p, &gx, &gw, &gb);
+        Tensor y = cpu::conv2d_forward_dnnl(x, w, b, c.p), gx, gw, gb;
+        cpu::conv2d_backward_dnnl(gy, x, w, c.p, &gx, &gw, &gb);
         out[t] = {y, gx, gw, gb};
       }
     });

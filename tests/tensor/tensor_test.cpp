@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "hpm/tensor/device.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
@@ -161,14 +162,14 @@ TEST(Kernels, GemmMatchesNaiveProduct) {
 TEST(Kernels, GemmThroughPaddedCopyOfBMatchesNaiveProduct) {
   Generator gen(4);
   const std::int64_t m = 40, n = 600, k = 33, ldb = 1024, ldc = 610;
-  ASSERT_TRUE(kernels::gemm_pads_b(false, m, n, ldb));
-  ASSERT_FALSE(kernels::gemm_pads_b(true, m, n, ldb));
-  ASSERT_FALSE(kernels::gemm_pads_b(false, 2048, 1024, ldb));  // long products pack B themselves
-  ASSERT_FALSE(kernels::gemm_pads_b(false, m, n, 600));
+  ASSERT_TRUE(cpu::gemm_pads_b(false, m, n, ldb));
+  ASSERT_FALSE(cpu::gemm_pads_b(true, m, n, ldb));
+  ASSERT_FALSE(cpu::gemm_pads_b(false, 2048, 1024, ldb));  // long products pack B themselves
+  ASSERT_FALSE(cpu::gemm_pads_b(false, m, n, 600));
   Tensor a = Tensor::randn({m, k}, gen), b = Tensor::randn({k, ldb}, gen);
   Tensor c = Tensor::randn({m, ldc}, gen);
   const std::vector<float> c0 = c.to_vector();
-  kernels::gemm(false, false, m, n, k, 0.5f, a.data<float>(), k, b.data<float>(), ldb, 2.0f,
+  cpu::gemm(false, false, m, n, k, 0.5f, a.data<float>(), k, b.data<float>(), ldb, 2.0f,
                 c.data<float>(), ldc);
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < ldc; ++j) {

@@ -47,10 +47,10 @@ class Optimizer {
   Tensor make_buffer(std::size_t i, const std::string& name);
 
  protected:
-  // Updates parameter i (data p, gradient g, n elements).
-  virtual void update(std::size_t i, float* p, const float* g, std::int64_t n) = 0;
-  // Buffer `name` of parameter i, zero-initialized on first use.
-  float* buffer(std::size_t i, const std::string& name);
+  // Updates parameter i (p) from its gradient g, by tensor ops (on p's device).
+  virtual void update(std::size_t i, Tensor& p, const Tensor& g) = 0;
+  // Buffer `name` of parameter i, zero-initialized on first use (on p's device).
+  Tensor buffer(std::size_t i, const std::string& name);
   bool has_buffer(std::size_t i, const std::string& name) const;
 
   NamedTensors params_;
@@ -74,7 +74,7 @@ class SGD : public Optimizer {
   std::vector<std::string> buffer_names(std::size_t i) const override;
 
  protected:
-  void update(std::size_t i, float* p, const float* g, std::int64_t n) override;
+  void update(std::size_t i, Tensor& p, const Tensor& g) override;
 
  private:
   SgdOptions o_;
@@ -97,7 +97,7 @@ class Adam : public Optimizer {
   std::vector<std::string> buffer_names(std::size_t i) const override;
 
  protected:
-  void update(std::size_t i, float* p, const float* g, std::int64_t n) override;
+  void update(std::size_t i, Tensor& p, const Tensor& g) override;
 
  private:
   AdamOptions o_;

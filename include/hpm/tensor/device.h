@@ -1,38 +1,29 @@
-// Device: a logical compute device. On this CPU-only system a Device is a group of kernel threads
-// with a memory budget. Every tensor's storage comes from a Device, which counts current and peak
-// bytes, keeps freed blocks for reuse (a caching allocator, as a GPU runtime would) and refuses an
-// allocation past its budget with OutOfMemoryError, the CPU analogue of a GPU's OOM.
+// Device: where tensors live and ops run. A Device has an id (its type and index: "cpu",
+// "cuda:0"), an Allocator (a memory budget, current and peak accounting, a cache of freed blocks)
+// and a Stream its ops are issued to. Several logical Devices may share one id: a pipeline
+// stage's own CPU Device keeps its activations' accounting apart from the others' although all are
+// host memory. Tensors of different ids never meet in one op (an error naming both); those of one
+// id do, whichever logical Device holds them.
 #pragma once
 #include <cstddef>
-#include <cstdint>
 #include <limits>
-#include <map>
-#include <mutex>
-#include <stdexcept>
+#include <memory>
 #include <string>
-#include <vector>
+
+#include "hpm/tensor/allocator.h"
+#include "hpm/tensor/device_id.h"
+#include "hpm/tensor/stream.h"
 
 namespace hpm {
-
-class OutOfMemoryError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-struct MemoryStats {
-  std::size_t current_bytes = 0;  // held by live tensors
-  std::size_t peak_bytes = 0;     // high-water mark of current_bytes since the last reset_peak()
-  std::size_t cached_bytes = 0;   // freed blocks kept for reuse
-  std::size_t budget_bytes = 0;
-  std::uint64_t allocations = 0;  // requests served
-  std::uint64_t cache_hits = 0;   // requests served from the cache
-};
 
 class Device {
  public:
   static constexpr std::size_t kUnlimited = std::numeric_limits<std::size_t>::max();
 
+  // A logical CPU device.
   explicit Device(std::string name, std::size_t budget_bytes = kUnlimited, int threads = 1);
+  // A device of any registered backend (backend.h), e.g. DeviceId{DeviceType::kCuda, 0}.
+  Device(DeviceId id, std::string name, std::size_t budget_bytes = kUnlimited, int threads = 1);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
@@ -41,32 +32,34 @@ class Device {
   static Device& cpu();
   // Where the calling thread's new tensors go unless a device is named: cpu() unless a
   // DeviceGuard says otherwise. This is how a pipeline stage's thread keeps its activations
-  // (and their accounting) on its own Device without every op taking a device argument.
+  // (and their accounting) on its own Device without every op taking a device argument; an op
+  // allocates its outputs on its inputs' device.
   static Device& current();
 
+  DeviceId id() const { return id_; }
   const std::string& name() const { return name_; }
+  // Whether the host may read and write its memory directly (Tensor::data).
+  bool is_host() const { return is_host_; }
+  Stream& stream() const { return *stream_; }
   int threads() const { return threads_; }
   void set_threads(int threads);
 
-  // Blocks are 64-byte aligned. Throws OutOfMemoryError naming the device, the request and the
-  // budget when current + request would exceed the budget (after dropping the cache).
-  void* allocate(std::size_t bytes);
-  void deallocate(void* ptr, std::size_t bytes);
+  void* allocate(std::size_t bytes) { return allocator_.allocate(bytes); }
+  void deallocate(void* ptr, std::size_t bytes) { allocator_.deallocate(ptr, bytes); }
+  Allocator& allocator() { return allocator_; }
 
-  MemoryStats stats() const;
-  void set_budget(std::size_t bytes);
-  void reset_peak();
-  void empty_cache();
+  MemoryStats stats() const { return allocator_.stats(); }
+  void set_budget(std::size_t bytes) { allocator_.set_budget(bytes); }
+  void reset_peak() { allocator_.reset_peak(); }
+  void empty_cache() { allocator_.empty_cache(); }
 
  private:
-  static std::size_t round_up(std::size_t bytes) { return (bytes + 63) & ~std::size_t{63}; }
-  void release_cache_locked();
-
+  DeviceId id_;
   std::string name_;
   int threads_;
-  mutable std::mutex mu_;
-  MemoryStats stats_;
-  std::map<std::size_t, std::vector<void*>> free_blocks_;  // by rounded size
+  bool is_host_;
+  Allocator allocator_;
+  std::unique_ptr<Stream> stream_;
 };
 
 // Makes `device` the calling thread's current device for the guard's lifetime (nests).

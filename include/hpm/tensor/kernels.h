@@ -1,13 +1,15 @@
-// CPU kernels: the numerical primitives every layer above is built from. No autograd here; each
-// forward kernel sits beside its backward (llm.c style), and the autograd layer pairs them.
+// The ops every layer above the tensor layer is built from, for tensors on any device: each
+// dispatches to the backend of its inputs' device (backend.h) and allocates its outputs there.
+// The dtype comes from the tensors (matmul of BF16 operands is a bf16 product with f32
+// accumulation); reductions return 0-d tensors, so that only Tensor::item() waits for a device.
 //
 // Legend for shape comments: N = batch, C = channels, H/W = height/width, K = reduction size,
 // OC = output channels, P = OH*OW output pixels, D = the reduced dimension.
 #pragma once
 #include <cstdint>
-#include <string>
 #include <vector>
 
+#include "hpm/tensor/op_params.h"
 #include "hpm/tensor/tensor.h"
 
 namespace hpm {
@@ -16,64 +18,48 @@ class Generator;
 
 namespace hpm::kernels {
 
-// ---- GEMM (oneDNN) -----------------------------------------------------------------------------
-// C(M,N) = alpha * op(A) op(B) + beta * C, row-major; op(X) = X or X^T.
-void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
-          std::int64_t ldc);
-// Whether gemm first copies B to padded rows: short products whose B rows lie a multiple of 2 KiB
-// apart, which oneDNN's in-place ("no-copy") kernels read at half speed (gemm.cpp says why).
-bool gemm_pads_b(bool trans_b, std::int64_t m, std::int64_t n, std::int64_t ldb);
-// ---- bfloat16 (bf16.cpp) ---------------------------------------------------------------------
-// Whether this CPU has AVX512_BF16 (native bf16 dot products; elsewhere oneDNN emulates them at a
-// fraction of the f32 speed).
-bool native_bf16();
+// ---- conversions and memory --------------------------------------------------------------
 // F32 -> BF16 rounding to nearest even (NaN stays NaN), and back (exact). Identity on a tensor
 // already of the target dtype.
 Tensor to_bf16(const Tensor& x);
-// The same on raw spans, one thread (callers that convert inside another loop: a collective's
-// reduction of bf16 messages).
-void f32_to_bf16(const float* x, std::uint16_t* y, std::int64_t n);
-void bf16_to_f32(const std::uint16_t* x, float* y, std::int64_t n);
 // To f32 from BF16, F16 or F64 (exact from the 16-bit types; F64 rounds to nearest); F32 as is.
 Tensor to_f32(const Tensor& x);
 // To IEEE half from any floating type: round to nearest even, overflow to infinity.
 Tensor to_f16(const Tensor& x);
-// C(M,N) = alpha * op(A) op(B) + beta * C with bf16 A and B (as bits), f32 C and accumulation.
-void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
-               float alpha, const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b,
-               std::int64_t ldb, float beta, float* c, std::int64_t ldc);
-// 2-D BF16 operands, F32 result; linear_bf16's bias is F32 (may be undefined).
-Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
-Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias);
-// oneDNN's name for the implementation gemm_bf16 runs for an (m, k) x (k, n) product, e.g.
-// "brg:avx512_core_bf16" (native) or one naming an emulation.
-std::string gemm_bf16_implementation(std::int64_t m, std::int64_t n, std::int64_t k);
+// Every element of x set to `value` (converted to x's dtype).
+void fill_(Tensor& x, float value);
+// Whether the current device runs bf16 products natively (autocast to bf16 requires it).
+bool native_bf16();
 
-// 2-D matrix product of op(a) and op(b).
+// ---- products ------------------------------------------------------------------------------
+// 2-D matrix product of op(a) and op(b), op(X) = X or X^T: F32 operands, or BF16 ones with f32
+// accumulation and an F32 result.
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// c (F32, M x N) += op(a) op(b), accumulated by the product itself (a weight's gradient).
+void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a = false,
+                 bool trans_b = false);
 // Batched product of op(a)(..., M, K) and op(b)(..., K, N) -> (..., M, N), the batch dimensions
 // broadcast NumPy-style (a 2-D operand is shared by every batch).
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
-// y(N,OUT) = x(N,IN) w(OUT,IN)^T + bias(OUT); bias may be undefined.
+// y(N,OUT) = x(N,IN) w(OUT,IN)^T + bias(OUT); bias (F32) may be undefined; x and w both F32 or
+// both BF16 (then y is F32).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
 
 // ---- element-wise ------------------------------------------------------------------------------
-enum class BinaryOp { Add, Sub, Mul, Div };
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // NumPy broadcasting
 Tensor add_scalar(const Tensor& a, float s);
 Tensor mul_scalar(const Tensor& a, float s);
 void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x (same numel)
 void scale_(Tensor& y, float alpha);                  // y *= alpha
-
-enum class UnaryOp { Neg, Exp, Log, Sqrt, Relu, Tanh, Sigmoid, Gelu, GeluTanh, Square };
 Tensor unary(UnaryOp op, const Tensor& x);
 // dL/dx for a unary op given dL/dy, the input x and the output y.
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 
 // ---- reductions ----------------------------------------------------------------------------
-float sum_all(const Tensor& x);
-double sum_squares(const Tensor& x);
+// The sum of every element: a 0-d F32 tensor.
+Tensor sum_all(const Tensor& x);
+// The sum of the squares, accumulated in double: a 0-d F64 tensor.
+Tensor sum_squares(const Tensor& x);
 Tensor sum_dim(const Tensor& x, int dim, bool keepdim);
 // Reduces a broadcast result back to `shape` (the backward of broadcasting).
 Tensor sum_to(const Tensor& x, const Shape& shape);
@@ -87,33 +73,27 @@ Tensor softmax(const Tensor& x, int dim);
 Tensor log_softmax(const Tensor& x, int dim);
 Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
-// Mean cross-entropy of logits(..., C) against labels(...) with label smoothing eps, over the
-// rows whose label is not ignore_index; writes softmax(logits) to `probs` for the backward.
-float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                            Tensor& probs, std::int64_t ignore_index = -100);
-// d loss / d logits, scaled by grad (the upstream scalar); zero on ignored rows.
+// Mean cross-entropy (a 0-d tensor) of logits(..., C) against labels(...) with label smoothing
+// eps, over the rows whose label is not ignore_index; writes softmax(logits) to `probs` for the
+// backward.
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                             Tensor& probs, std::int64_t ignore_index = -100);
+// d loss / d logits, scaled by grad (the upstream 0-d gradient); zero on ignored rows.
 Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                              float grad, std::int64_t ignore_index = -100);
+                              const Tensor& grad, std::int64_t ignore_index = -100);
 
 // ---- attention -------------------------------------------------------------------------------
 // Fused scaled dot-product attention, softmax(scale q k^T [causal mask]) v, tiled so that the
-// score matrix is never materialized (attention.cpp). q(..., T, D), k and v (..., S, D) ->
-// (..., T, D); `lse` receives each query row's log-sum-exp (..., T) for the backward.
+// score matrix is never materialized. q(..., T, D), k and v (..., S, D) -> (..., T, D) F32;
+// `lse` receives each query row's log-sum-exp (..., T) for the backward. BF16 q, k, v: the
+// products in bf16 with f32 accumulation (grad_out rounded for them), the softmax, out, lse and
+// the gradients in f32.
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                          float scale, Tensor& lse);
 // Recomputes the probabilities tile by tile from q, k and lse; fills whichever pointer is non-null.
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, bool causal, float scale,
                         Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);
-// The same with BF16 q, k, v (attention_bf16.cpp): the products in bf16 with f32 accumulation
-// (grad_out rounded for them), the softmax, out, lse and the gradients in f32. Blocks of 64 query
-// rows against every key they see, batched across heads; the scores of a chunk of heads exist at
-// once (at most 512 KiB).
-Tensor attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                              float scale, Tensor& lse);
-void attention_backward_bf16(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                             const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
-                             float scale, Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);
 
 // ---- layout -----------------------------------------------------------------------------
 Tensor transpose2d(const Tensor& x);  // (R,C) -> (C,R)
@@ -123,9 +103,9 @@ Tensor concat(const std::vector<Tensor>& xs, int dim);
 // A copy of x's [start, start + length) along `dim`; narrow_add_ adds `part` into that slice of y.
 Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length);
 void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part);
-// Attention heads (heads_layout.cpp), one pass each: a packed (B, T, 3 x H x D) q|k|v, as one
-// Linear computes it, to q, k and v (B, H, T, D) of `dtype` (F32, or BF16 rounded on the way),
-// and their F32 gradients back; (B, T, H x D) <-> (B, H, T, D) for one tensor.
+// Attention heads, one pass each: a packed (B, T, 3 x H x D) q|k|v, as one Linear computes it, to
+// q, k and v (B, H, T, D) of `dtype` (F32, or BF16 rounded on the way), and their F32 gradients
+// back; (B, T, H x D) <-> (B, H, T, D) for one tensor.
 void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
                      Tensor& v);
 Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v);
@@ -135,52 +115,21 @@ Tensor merge_heads(const Tensor& y);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // x with `value` where mask (broadcast to x's shape) is true.
 Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);
-// Rows of x(N,...) picked by indices (I64), in order: the batcher's gather.
+// Rows of x(N,...) picked by indices, in order: the batcher's gather.
 Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices);
 
-// ---- convolution ------------------------------------------------------------------------------
-struct Conv2dParams {
-  int stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
-  // Forward only: apply ReLU to the output in the same pass (oneDNN post-op), saving the separate
-  // ReLU's read and write of the whole activation. Backward kernels ignore it.
-  bool relu = false;
-  // bf16 operands (x, w, grad_y rounded), f32 accumulation, y rounded to bf16 (as PyTorch's
-  // autocast), grad_x and grad_w in f32: oneDNN's native bf16 convolutions. The im2col fallback,
-  // for shapes oneDNN rejects, computes in f32.
-  bool bf16 = false;
-};
+// ---- convolution and pooling ------------------------------------------------------------------
 // x(N,C,H,W), w(OC,C,KH,KW), bias(OC) or undefined -> (N,OC,OH,OW)
-// Runs oneDNN's convolution primitives, falling back to im2col + GEMM for shapes oneDNN rejects;
-// the environment variable HPM_CONV=im2col (read once) forces the im2col path.
 Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p);
 // Fills whichever of grad_x, grad_w, grad_bias is non-null.
 void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p,
                      Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias);
-// The two implementations, for tests and benchmarks. The oneDNN ones throw dnnl::error for a
-// shape no oneDNN implementation accepts.
-Tensor conv2d_forward_im2col(const Tensor& x, const Tensor& w, const Tensor& bias,
-                             const Conv2dParams& p);
-void conv2d_backward_im2col(const Tensor& grad_y, const Tensor& x, const Tensor& w,
-                            const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
-                            Tensor* grad_bias);
-Tensor conv2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
-                           const Conv2dParams& p);
-void conv2d_backward_dnnl(const Tensor& grad_y, const Tensor& x, const Tensor& w,
-                          const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias);
-
-// ---- pooling ---------------------------------------------------------------------------
-struct Pool2dParams {
-  int kernel_h = 2, kernel_w = 2, stride_h = 2, stride_w = 2, pad_h = 0, pad_w = 0;
-  bool count_include_pad = true;  // average pooling only (PyTorch's default)
-};
 // x(N,C,H,W) -> (N,C,OH,OW); `argmax` receives the flat input index (within H*W) of each max (I32).
 Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax);
 Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Shape& x_shape);
-
 // max_pool2d(relu(conv2d(x))) (p.relu implied) and its gradients from the pooled gradient, in one
-// op: the same values and gradients as the three apart. With oneDNN, when its convolutions take a
-// channel-blocked layout, the convolution's output stays in it: pooled from it forward, and the
-// unpooled gradient written into it backward (in bf16 for a bf16 convolution), with no reorders.
+// op: the same values and gradients as the three apart (a backend may keep the convolution's
+// output in its own layout between them).
 Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                       const Conv2dParams& p, const Pool2dParams& pool,
                                       Tensor& argmax);
@@ -188,13 +137,6 @@ void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& ar
                                      const Tensor& x, const Tensor& w, const Conv2dParams& p,
                                      const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
                                      Tensor* grad_bias);
-Tensor conv2d_relu_max_pool2d_forward_dnnl(const Tensor& x, const Tensor& w, const Tensor& bias,
-                                           const Conv2dParams& p, const Pool2dParams& pool,
-                                           Tensor& argmax);
-void conv2d_relu_max_pool2d_backward_dnnl(const Tensor& grad_pooled, const Tensor& argmax,
-                                          const Tensor& x, const Tensor& w, const Conv2dParams& p,
-                                          const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
-                                          Tensor* grad_bias);
 Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p);
 Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p);
 
@@ -221,17 +163,15 @@ Tensor embedding_forward(const Tensor& table, const Tensor& indices);
 void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table);
 
 // ---- optimizer updates -------------------------------------------------------------------
-// One Adam(W) step over n elements, in place: p *= decay (AdamW's decoupled decay, else 1);
-// d = g + l2 * p; m = beta1 m + (1 - beta1) d; v = beta2 v + (1 - beta2) d^2; vmax = max(vmax, v)
-// when vmax is given (AMSGrad); p -= step_size * m / (sqrt(v or vmax) / bias2_sqrt + eps).
-struct AdamStep {
-  float beta1, beta2, eps, decay, l2, step_size, bias2_sqrt;
-};
-void adam_step(const AdamStep& s, float* p, const float* g, float* m, float* v, float* vmax,
-               std::int64_t n);
+// One Adam(W) step (AdamStep says which) on p, in place, with its state m and v; vmax is
+// AMSGrad's running maximum, or undefined. All F32 of p's size.
+void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& vmax);
+// One SGD step (SgdStep says which) on p, in place; buf is the momentum buffer, or undefined
+// without momentum.
+void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf);
 
 // ---- random ----------------------------------------------------------------------------
-// Inverted dropout mask: 0 with probability p, else 1/(1-p).
+// Inverted dropout mask on the current device: 0 with probability p, else 1/(1-p).
 Tensor dropout_mask(const Shape& shape, float p, Generator& gen);
 
 }  // namespace hpm::kernels

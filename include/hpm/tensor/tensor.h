@@ -1,4 +1,7 @@
 // Tensor: a shared handle to a typed, row-major, contiguous block of a Device's memory.
+// data<T>() is the explicit host view: it throws for a tensor whose device the host cannot read
+// (a GPU's); code above the tensor layer goes through ops (kernels.h) instead, and item() or
+// to_vector() bring values to the host.
 //
 // Copies of a Tensor alias the same data (like torch.Tensor). Views (reshape, narrow along the
 // first dimension) share storage with an element offset; everything else allocates. The autograd
@@ -142,10 +145,14 @@ class Tensor {
     return static_cast<T*>(raw_data());
   }
   void* raw_data() const {
+    if (!impl_->storage->device().is_host()) throw_not_host();
     return static_cast<char*>(impl_->storage->data()) +
            impl_->offset * static_cast<std::int64_t>(dtype_size(impl_->dtype));
   }
-  float item() const;  // the value of a one-element float tensor
+  // The value of a one-element tensor (F32, F64 or I64) as T (float or double): the one place
+  // the host waits for a device's work.
+  template <typename T = float>
+  T item() const;
   std::vector<float> to_vector() const;
   std::vector<std::int64_t> to_vector_i64() const;
 
@@ -176,6 +183,9 @@ class Tensor {
 
  private:
   void check_dtype(DType expected) const;
+  [[noreturn]] void throw_not_host() const;
+  // This tensor itself on the host, or a host copy of it.
+  Tensor on_host() const;
   std::shared_ptr<TensorImpl> impl_;
 };
 

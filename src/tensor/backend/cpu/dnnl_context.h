@@ -2,7 +2,7 @@
 #pragma once
 #include <oneapi/dnnl/dnnl.hpp>
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 inline dnnl::engine& cpu_engine() {
   static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
@@ -16,4 +16,4 @@ inline dnnl::stream& thread_stream() {
   return stream;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

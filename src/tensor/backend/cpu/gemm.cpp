@@ -6,10 +6,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "linear_output.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -116,4 +116,4 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return o.y;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -4,12 +4,12 @@
 #include <stdexcept>
 
 #include "broadcast.h"
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/random.h"
 #include "parallel.h"
 #include "vec.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -431,4 +431,4 @@ Tensor dropout_mask(const Shape& shape, float p, Generator& gen) {
   return m;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -5,11 +5,11 @@
 #include <stdexcept>
 #include <vector>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "parallel.h"
 #include "vec.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 struct NCS {
@@ -265,4 +265,4 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   }
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

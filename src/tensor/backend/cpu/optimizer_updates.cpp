@@ -1,10 +1,10 @@
 // Optimizer updates: element-wise over a parameter and its state, vectorized (vec.h).
 #include <cmath>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "vec.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 HPM_SIMD_CLONES void adam_step(const AdamStep& s, float* p, const float* g, float* m, float* v,
                                float* vmax, std::int64_t n) {
@@ -32,4 +32,23 @@ HPM_SIMD_CLONES void adam_step(const AdamStep& s, float* p, const float* g, floa
   }
 }
 
-}  // namespace hpm::kernels
+// Compiled for the baseline instruction set, as when it was the optimizer's own loop: the same
+// roundings (no contraction into FMAs) as every earlier hpm release's SGD.
+void sgd_step(const SgdStep& s, float* p, const float* g, float* buf, std::int64_t n) {
+  const float lr = s.lr, wd = s.weight_decay, mom = s.momentum, keep = s.keep, take = s.take;
+  if (buf == nullptr) {
+#pragma omp simd
+    for (std::int64_t k = 0; k < n; ++k) p[k] -= lr * (g[k] + wd * p[k]);
+    return;
+  }
+  const bool nesterov = s.nesterov;
+#pragma omp simd
+  for (std::int64_t k = 0; k < n; ++k) {
+    const float d = g[k] + wd * p[k];
+    const float b = keep * buf[k] + take * d;
+    buf[k] = b;
+    p[k] -= lr * (nesterov ? d + mom * b : b);
+  }
+}
+
+}  // namespace hpm::cpu

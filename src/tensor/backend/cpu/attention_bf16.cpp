@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "attention_heads.h"
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "parallel.h"
 #include "vec.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -194,4 +194,4 @@ void attention_backward_bf16(const Tensor& grad_out, const Tensor& q, const Tens
   if (grad_v != nullptr) *grad_v = gv;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -5,7 +5,7 @@
 #pragma once
 #include <cstdint>
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 // Whether the functions below can run here: they are written for AVX-512, the only instruction
 // set on which oneDNN picks 16-channel blocks.
@@ -32,4 +32,4 @@ void max_unpool_2x2_to_channel_blocks_bf16(const float* grad_y, const std::int32
                                            std::int64_t n, std::int64_t c, std::int64_t h,
                                            std::int64_t w, std::uint16_t* dst);
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

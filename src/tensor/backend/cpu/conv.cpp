@@ -15,10 +15,10 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "parallel.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -276,4 +276,4 @@ void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& ar
                          w, p, grad_x, grad_w, grad_bias);
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -3,7 +3,7 @@
 #pragma once
 #include "hpm/tensor/tensor.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 // y (n, out) for x (n, in) and w (out, in), holding the bias in every row when there is one so
 // that the GEMM adds into it (one pass over y instead of two): beta is 1 then, else 0. Throws
@@ -14,4 +14,4 @@ struct LinearOutput {
 };
 LinearOutput linear_output(const Tensor& x, const Tensor& w, const Tensor& bias);
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

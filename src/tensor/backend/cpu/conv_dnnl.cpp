@@ -31,10 +31,10 @@
 #include <unordered_map>
 
 #include "dnnl_context.h"
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "pool_blocked.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -531,4 +531,4 @@ void conv2d_relu_max_pool2d_backward_dnnl(const Tensor& grad_pooled, const Tenso
                    thread_stream());
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -4,10 +4,10 @@
 // the result is (batch..., M, N).
 #include <stdexcept>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "parallel.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -82,4 +82,4 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return y;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -21,7 +21,7 @@
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 
-namespace hpm::kernels::vec {
+namespace hpm::cpu::vec {
 
 // e^x within 2 ulp on [-86.6, 88.7] (Cephes' expf: x = n ln2 + r, |r| <= ln2 / 2, a degree-6
 // polynomial for e^r, 2^n built in the exponent bits), 0 below (where e^x is within 2.6e-38 of
@@ -89,4 +89,4 @@ inline NormalCdfPdf normal_cdf_pdf(float x) {
   return {0.5f * (x >= 0.0f ? upper : lower), kInvSqrt2Pi * e};
 }
 
-}  // namespace hpm::kernels::vec
+}  // namespace hpm::cpu::vec

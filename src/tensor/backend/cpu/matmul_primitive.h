@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 struct BatchedGemm {
   bool bf16 = false;  // A and B as bf16 bits, else f32
@@ -30,4 +30,4 @@ void run_batched_gemm(const BatchedGemm& g, const void* a, const void* b, float*
 // oneDNN's name for the implementation the problem runs on ("brg:avx512_core_bf16", ...).
 std::string batched_gemm_implementation(const BatchedGemm& g);
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -6,7 +6,7 @@
 
 #include "hpm/tensor/shape.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 // Strides of `s` as seen from the broadcast shape `out` (0 along broadcast dimensions).
 inline std::vector<std::int64_t> broadcast_strides(const Shape& s, const Shape& out) {
@@ -62,4 +62,4 @@ inline std::int64_t broadcast_offset(std::int64_t flat, const Shape& out,
   return offset;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

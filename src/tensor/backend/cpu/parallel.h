@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 template <typename F>
 void parallel_for(std::int64_t n, std::int64_t grain, F&& f) {
@@ -27,4 +27,4 @@ void parallel_for(std::int64_t n, std::int64_t grain, F&& f) {
 
 constexpr std::int64_t kElementwiseGrain = 1 << 15;
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -10,7 +10,7 @@
 
 #include "dnnl_context.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -95,4 +95,4 @@ std::string batched_gemm_implementation(const BatchedGemm& g) {
   return plan_for(g)->pd.impl_info_str();
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -6,13 +6,13 @@
 #include <stdexcept>
 #include <string>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "linear_output.h"
 #include "matmul_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -203,4 +203,4 @@ Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias) {
   return o.y;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -5,9 +5,9 @@
 #include <stdexcept>
 
 #include "broadcast.h"
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -131,4 +131,4 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
   return y;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

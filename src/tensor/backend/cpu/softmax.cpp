@@ -4,9 +4,9 @@
 #include <limits>
 #include <stdexcept>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -179,4 +179,4 @@ Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float l
   return gx;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

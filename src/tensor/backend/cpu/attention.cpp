@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "attention_heads.h"
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "matmul_primitive.h"
 #include "parallel.h"
 #include "vec.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -410,4 +410,4 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
   if (grad_v != nullptr) *grad_v = gv;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -6,10 +6,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "parallel.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -115,4 +115,4 @@ Tensor merge_heads(const Tensor& y) {
   return x;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

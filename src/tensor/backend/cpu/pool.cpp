@@ -4,11 +4,11 @@
 #include <stdexcept>
 #include <vector>
 
-#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/backend/cpu.h"
 #include "parallel.h"
 #include "vec.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -212,4 +212,4 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Poo
   return gx;
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

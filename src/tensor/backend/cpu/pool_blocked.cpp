@@ -13,7 +13,7 @@
 
 #define HPM_AVX512 __attribute__((target("avx512f")))
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 namespace {
 
@@ -259,4 +259,4 @@ void max_unpool_2x2_to_channel_blocks_bf16(const float* grad_y, const std::int32
   unpool_to_blocks(grad_y, argmax, n, c, h, w, dst);
 }
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

@@ -6,7 +6,7 @@
 
 #include "hpm/tensor/tensor.h"
 
-namespace hpm::kernels {
+namespace hpm::cpu {
 
 // B = batch (every leading dimension, heads included), T queries, S keys/values, D head size.
 struct AttentionDims {
@@ -38,4 +38,4 @@ float softmax_row(float* x, std::int64_t len, std::int64_t unmasked);
 // The probabilities again from scores and the row's log-sum-exp: exp(x - lse), 0 from `unmasked`.
 void probability_row(float* x, std::int64_t len, std::int64_t unmasked, float lse);
 
-}  // namespace hpm::kernels
+}  // namespace hpm::cpu

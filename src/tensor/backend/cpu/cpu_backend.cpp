@@ -1,0 +1,210 @@
+// The CPU backend: the kernels of this folder behind the Backend interface. Host memory, an inline
+// stream, and the CPU's own policy: which dtype runs which kernel (oneDNN's bf16 products need
+// AVX512_BF16 to pay).
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "hpm/tensor/backend.h"
+#include "hpm/tensor/backend/cpu.h"
+
+namespace hpm {
+namespace {
+
+bool both_bf16(const Tensor& a, const Tensor& b) {
+  return a.dtype() == DType::BF16 && b.dtype() == DType::BF16;
+}
+
+template <typename T>
+void fill_as(Tensor& x, T value) {
+  T* p = static_cast<T*>(x.raw_data());
+  for (std::int64_t i = 0; i < x.numel(); ++i) p[i] = value;
+}
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(DeviceType type) : type_(type) {}
+  DeviceType type() const override { return type_; }
+  bool is_host() const override { return true; }
+  std::shared_ptr<MemoryResource> memory(int) override { return std::make_shared<HostMemory>(); }
+  std::unique_ptr<Stream> make_stream(DeviceId id) override {
+    return std::make_unique<InlineStream>(id);
+  }
+  void copy_bytes(void* dst, const Device&, const void* src, const Device&,
+                  std::size_t bytes) override {
+    std::memmove(dst, src, bytes);
+  }
+  bool native_bf16() const override { return cpu::native_bf16(); }
+
+  void fill_(Tensor& x, float value) override {
+    if (value == 0.0f) {
+      std::memset(x.raw_data(), 0, x.nbytes());
+      return;
+    }
+    switch (x.dtype()) {
+      case DType::F32:
+        return fill_as<float>(x, value);
+      case DType::I64:
+        return fill_as<std::int64_t>(x, static_cast<std::int64_t>(value));
+      case DType::I32:
+        return fill_as<std::int32_t>(x, static_cast<std::int32_t>(value));
+      case DType::I8:
+        return fill_as<std::int8_t>(x, static_cast<std::int8_t>(value));
+      case DType::F64:
+        return fill_as<double>(x, value);
+      case DType::BF16:
+      case DType::F16: {
+        Tensor one = Tensor::full(Shape{}, value);
+        const Tensor rounded = x.dtype() == DType::BF16 ? cpu::to_bf16(one) : cpu::to_f16(one);
+        return fill_as<std::uint16_t>(x, *static_cast<const std::uint16_t*>(rounded.raw_data()));
+      }
+    }
+  }
+
+  Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override {
+    return both_bf16(a, b) ? cpu::matmul_bf16(a, b, trans_a, trans_b)
+                           : cpu::matmul(a, b, trans_a, trans_b);
+  }
+
+  void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
+                   bool trans_b) override {
+    if (a.dim() != 2 || b.dim() != 2) {
+      throw std::invalid_argument("matmul_add_: 2-D operands expected, got " + a.shape().str() +
+                                  " and " + b.shape().str());
+    }
+    const std::int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
+    const std::int64_t n = trans_b ? b.size(0) : b.size(1);
+    if ((trans_b ? b.size(1) : b.size(0)) != k) {
+      throw std::invalid_argument("matmul_add_: inner dimensions differ: " + a.shape().str() +
+                                  " and " + b.shape().str());
+    }
+    check_shape(c, Shape{m, n}, "matmul_add_ accumulator");
+    if (both_bf16(a, b)) {
+      cpu::gemm_bf16(trans_a, trans_b, m, n, k, 1.0f, a.data<std::uint16_t>(), a.size(1),
+                     b.data<std::uint16_t>(), b.size(1), 1.0f, c.data<float>(), n);
+    } else {
+      cpu::gemm(trans_a, trans_b, m, n, k, 1.0f, a.data<float>(), a.size(1), b.data<float>(),
+                b.size(1), 1.0f, c.data<float>(), n);
+    }
+  }
+
+  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) override {
+    return both_bf16(x, w) ? cpu::linear_bf16(x, w, bias) : cpu::linear(x, w, bias);
+  }
+
+  Tensor sum_all(const Tensor& x) override { return Tensor::scalar(cpu::sum_all(x)); }
+
+  Tensor sum_squares(const Tensor& x) override {
+    Tensor s = Tensor::empty(Shape{}, DType::F64);
+    *s.data<double>() = cpu::sum_squares(x);
+    return s;
+  }
+
+  Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                               Tensor& probs, std::int64_t ignore_index) override {
+    return Tensor::scalar(
+        cpu::cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index));
+  }
+
+  Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
+                                const Tensor& grad, std::int64_t ignore_index) override {
+    return cpu::cross_entropy_backward(probs, labels, label_smoothing, grad.item(), ignore_index);
+  }
+
+  Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                           float scale, Tensor& lse) override {
+    return q.dtype() == DType::BF16 ? cpu::attention_forward_bf16(q, k, v, causal, scale, lse)
+                                    : cpu::attention_forward(q, k, v, causal, scale, lse);
+  }
+
+  void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                          const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
+                          float scale, Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) override {
+    if (q.dtype() == DType::BF16) {
+      cpu::attention_backward_bf16(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k,
+                                   grad_v);
+    } else {
+      cpu::attention_backward(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v);
+    }
+  }
+
+  void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
+                  Tensor& vmax) override {
+    const std::int64_t n = p.numel();
+    for (const Tensor* t : {&g, static_cast<const Tensor*>(&m), static_cast<const Tensor*>(&v)}) {
+      if (t->numel() != n) throw std::invalid_argument("adam_step_: state of another size");
+    }
+    if (vmax.defined() && vmax.numel() != n) {
+      throw std::invalid_argument("adam_step_: vmax of another size");
+    }
+    cpu::adam_step(s, p.data<float>(), g.data<float>(), m.data<float>(), v.data<float>(),
+                   vmax.defined() ? vmax.data<float>() : nullptr, n);
+  }
+
+  void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) override {
+    const std::int64_t n = p.numel();
+    if (g.numel() != n || (buf.defined() && buf.numel() != n)) {
+      throw std::invalid_argument("sgd_step_: state of another size");
+    }
+    cpu::sgd_step(s, p.data<float>(), g.data<float>(), buf.defined() ? buf.data<float>() : nullptr,
+                  n);
+  }
+
+  Tensor to_bf16(const Tensor& x) override { return cpu::to_bf16(x); }
+  Tensor to_f32(const Tensor& x) override { return cpu::to_f32(x); }
+  Tensor to_f16(const Tensor& x) override { return cpu::to_f16(x); }
+  Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override { return cpu::bmm(a, b, trans_a, trans_b); }
+  Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override { return cpu::binary(op, a, b); }
+  Tensor add_scalar(const Tensor& a, float s) override { return cpu::add_scalar(a, s); }
+  Tensor mul_scalar(const Tensor& a, float s) override { return cpu::mul_scalar(a, s); }
+  void axpy_(Tensor& y, float alpha, const Tensor& x) override { cpu::axpy_(y, alpha, x); }
+  void scale_(Tensor& y, float alpha) override { cpu::scale_(y, alpha); }
+  Tensor unary(UnaryOp op, const Tensor& x) override { return cpu::unary(op, x); }
+  Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) override { return cpu::unary_backward(op, grad_y, x, y); }
+  Tensor sum_dim(const Tensor& x, int dim, bool keepdim) override { return cpu::sum_dim(x, dim, keepdim); }
+  Tensor sum_to(const Tensor& x, const Shape& shape) override { return cpu::sum_to(x, shape); }
+  Tensor broadcast_to(const Tensor& x, const Shape& shape) override { return cpu::broadcast_to(x, shape); }
+  Tensor argmax_last(const Tensor& x) override { return cpu::argmax_last(x); }
+  Tensor softmax(const Tensor& x, int dim) override { return cpu::softmax(x, dim); }
+  Tensor log_softmax(const Tensor& x, int dim) override { return cpu::log_softmax(x, dim); }
+  Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override { return cpu::softmax_backward(grad_y, y, dim); }
+  Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override { return cpu::log_softmax_backward(grad_y, y, dim); }
+  Tensor transpose2d(const Tensor& x) override { return cpu::transpose2d(x); }
+  Tensor permute(const Tensor& x, const std::vector<int>& perm) override { return cpu::permute(x, perm); }
+  Tensor concat(const std::vector<Tensor>& xs, int dim) override { return cpu::concat(xs, dim); }
+  Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length) override { return cpu::narrow_copy(x, dim, start, length); }
+  void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) override { cpu::narrow_add_(y, dim, start, part); }
+  void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k, Tensor& v) override { cpu::split_qkv_heads(qkv, heads, dtype, q, k, v); }
+  Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) override { return cpu::merge_qkv_heads(q, k, v); }
+  Tensor split_heads(const Tensor& x, std::int64_t heads) override { return cpu::split_heads(x, heads); }
+  Tensor merge_heads(const Tensor& y) override { return cpu::merge_heads(y); }
+  Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) override { return cpu::where(cond, a, b); }
+  Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) override { return cpu::masked_fill(x, mask, value); }
+  Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) override { return cpu::index_select0(x, indices); }
+  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override { return cpu::conv2d_forward(x, w, bias, p); }
+  void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) override { cpu::conv2d_backward(grad_y, x, w, p, grad_x, grad_w, grad_bias); }
+  Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) override { return cpu::max_pool2d_forward(x, p, argmax); }
+  Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Shape& x_shape) override { return cpu::max_pool2d_backward(grad_y, argmax, x_shape); }
+  Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, const Pool2dParams& pool, Tensor& argmax) override { return cpu::conv2d_relu_max_pool2d_forward(x, w, bias, p, pool, argmax); }
+  void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax, const Tensor& x, const Tensor& w, const Conv2dParams& p, const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) override { cpu::conv2d_relu_max_pool2d_backward(grad_pooled, argmax, x, w, p, pool, grad_x, grad_w, grad_bias); }
+  Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) override { return cpu::avg_pool2d_forward(x, p); }
+  Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p) override { return cpu::avg_pool2d_backward(grad_y, x_shape, p); }
+  Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean, Tensor& running_var, bool training, float momentum, float eps, Tensor& save_mean, Tensor& save_invstd) override { return cpu::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps, save_mean, save_invstd); }
+  void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override { cpu::batch_norm_backward(grad_y, x, weight, save_mean, save_invstd, training, grad_x, grad_weight, grad_bias); }
+  Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) override { return cpu::layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd); }
+  void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override { cpu::layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x, grad_weight, grad_bias); }
+  Tensor embedding_forward(const Tensor& table, const Tensor& indices) override { return cpu::embedding_forward(table, indices); }
+  void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table) override { cpu::embedding_backward(grad_y, indices, grad_table); }
+  Tensor dropout_mask(const Shape& shape, float p, Generator& gen) override { return cpu::dropout_mask(shape, p, gen); }
+
+ private:
+  DeviceType type_;
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_cpu_backend(DeviceType type) {
+  return std::make_shared<CpuBackend>(type);
+}
+
+}  // namespace hpm

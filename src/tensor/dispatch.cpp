@@ -1,0 +1,476 @@
+// The ops' one entry point: find the backend of the inputs' device, check they share one device
+// id, make their device current for the outputs, count, call.
+#include <array>
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "hpm/tensor/backend.h"
+#include "hpm/tensor/kernels.h"
+
+namespace hpm {
+
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::array<std::shared_ptr<Backend>, kDeviceTypes> owned;
+  std::array<std::atomic<Backend*>, kDeviceTypes> backends{};
+  std::array<std::array<std::atomic<std::uint64_t>, kOps>, kDeviceTypes> counts{};
+
+  Registry() {
+    owned[0] = make_cpu_backend(DeviceType::kCpu);
+    backends[0] = owned[0].get();
+  }
+};
+
+Registry& registry() {
+  // Leaked on purpose: ops may run during static destruction (tensors in static storage).
+  static Registry* r = new Registry();
+  return *r;
+}
+
+}  // namespace
+
+const char* op_name(Op op) {
+  static const char* const names[kOps] = {
+      "to_bf16",
+      "to_f32",
+      "to_f16",
+      "fill_",
+      "matmul",
+      "matmul_add_",
+      "bmm",
+      "linear",
+      "binary",
+      "add_scalar",
+      "mul_scalar",
+      "axpy_",
+      "scale_",
+      "unary",
+      "unary_backward",
+      "sum_all",
+      "sum_squares",
+      "sum_dim",
+      "sum_to",
+      "broadcast_to",
+      "argmax_last",
+      "softmax",
+      "log_softmax",
+      "softmax_backward",
+      "log_softmax_backward",
+      "cross_entropy_forward",
+      "cross_entropy_backward",
+      "attention_forward",
+      "attention_backward",
+      "transpose2d",
+      "permute",
+      "concat",
+      "narrow_copy",
+      "narrow_add_",
+      "split_qkv_heads",
+      "merge_qkv_heads",
+      "split_heads",
+      "merge_heads",
+      "where",
+      "masked_fill",
+      "index_select0",
+      "conv2d_forward",
+      "conv2d_backward",
+      "max_pool2d_forward",
+      "max_pool2d_backward",
+      "conv2d_relu_max_pool2d_forward",
+      "conv2d_relu_max_pool2d_backward",
+      "avg_pool2d_forward",
+      "avg_pool2d_backward",
+      "batch_norm_forward",
+      "batch_norm_backward",
+      "layer_norm_forward",
+      "layer_norm_backward",
+      "embedding_forward",
+      "embedding_backward",
+      "adam_step_",
+      "sgd_step_",
+      "dropout_mask",
+  };
+  return names[static_cast<int>(op)];
+}
+
+void register_backend(std::shared_ptr<Backend> b) {
+  Registry& r = registry();
+  const auto t = static_cast<std::size_t>(b->type());
+  std::lock_guard lock(r.mu);
+  r.backends[t] = b.get();
+  // The replaced backend stays alive: tensors of its type may still be in flight somewhere.
+  static std::vector<std::shared_ptr<Backend>>* retired = new std::vector<std::shared_ptr<Backend>>();
+  if (r.owned[t]) retired->push_back(std::move(r.owned[t]));
+  r.owned[t] = std::move(b);
+}
+
+bool has_backend(DeviceType type) {
+  return registry().backends[static_cast<std::size_t>(type)].load() != nullptr;
+}
+
+Backend& backend(DeviceType type) {
+  Backend* b = registry().backends[static_cast<std::size_t>(type)].load();
+  if (b == nullptr) {
+    throw std::runtime_error(std::string("no backend for device type '") +
+                             device_type_name(type) + "' in this build");
+  }
+  return *b;
+}
+
+std::uint64_t dispatch_count(DeviceType type, Op op) {
+  return registry().counts[static_cast<std::size_t>(type)][static_cast<std::size_t>(op)].load();
+}
+
+namespace kernels {
+namespace {
+
+// One op's dispatch: the backend of its inputs' device, which becomes current (so that the
+// backend allocates the outputs there) unless the current device already has that id (a pipeline
+// stage's own CPU Device stays current, keeping its accounting).
+class OpScope {
+ public:
+  OpScope(Op op, std::initializer_list<const Tensor*> inputs) : op_(op) {
+    int at = 0;
+    for (const Tensor* t : inputs) {
+      see(*t, at++);
+    }
+    finish();
+  }
+  OpScope(Op op, const std::vector<Tensor>& inputs) : op_(op) {
+    int at = 0;
+    for (const Tensor& t : inputs) see(t, at++);
+    finish();
+  }
+  Backend& backend() const { return *backend_; }
+
+ private:
+  void see(const Tensor& t, int at) {
+    if (!t.defined()) return;
+    Device& d = t.device();
+    if (device_ == nullptr) {
+      device_ = &d;
+      first_ = at;
+    } else if (d.id() != device_->id()) {
+      throw std::invalid_argument(std::string(op_name(op_)) + ": inputs on different devices: " +
+                                  device_->id().str() + " (input " + std::to_string(first_ + 1) +
+                                  ") and " + d.id().str() + " (input " + std::to_string(at + 1) +
+                                  ")");
+    }
+  }
+  void finish() {
+    Device& current = Device::current();
+    if (device_ == nullptr) device_ = &current;
+    const DeviceId id = device_->id();
+    if (current.id() != id) guard_.emplace(*device_);
+    backend_ = &hpm::backend(id.type);
+    ++registry().counts[static_cast<std::size_t>(id.type)][static_cast<std::size_t>(op_)];
+  }
+
+  Op op_;
+  Device* device_ = nullptr;
+  int first_ = 0;
+  Backend* backend_ = nullptr;
+  std::optional<DeviceGuard> guard_;
+};
+
+}  // namespace
+
+bool native_bf16() { return hpm::backend(Device::current().id().type).native_bf16(); }
+
+Tensor to_bf16(const Tensor& x) {
+  OpScope scope(Op::kToBf16, {&x});
+  return scope.backend().to_bf16(x);
+}
+
+Tensor to_f32(const Tensor& x) {
+  OpScope scope(Op::kToF32, {&x});
+  return scope.backend().to_f32(x);
+}
+
+Tensor to_f16(const Tensor& x) {
+  OpScope scope(Op::kToF16, {&x});
+  return scope.backend().to_f16(x);
+}
+
+void fill_(Tensor& x, float value) {
+  OpScope scope(Op::kFill, {&x});
+  scope.backend().fill_(x, value);
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  OpScope scope(Op::kMatmul, {&a, &b});
+  return scope.backend().matmul(a, b, trans_a, trans_b);
+}
+
+void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  OpScope scope(Op::kMatmulAdd, {&c, &a, &b});
+  scope.backend().matmul_add_(c, a, b, trans_a, trans_b);
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  OpScope scope(Op::kBmm, {&a, &b});
+  return scope.backend().bmm(a, b, trans_a, trans_b);
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  OpScope scope(Op::kLinear, {&x, &w, &bias});
+  return scope.backend().linear(x, w, bias);
+}
+
+Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
+  OpScope scope(Op::kBinary, {&a, &b});
+  return scope.backend().binary(op, a, b);
+}
+
+Tensor add_scalar(const Tensor& a, float s) {
+  OpScope scope(Op::kAddScalar, {&a});
+  return scope.backend().add_scalar(a, s);
+}
+
+Tensor mul_scalar(const Tensor& a, float s) {
+  OpScope scope(Op::kMulScalar, {&a});
+  return scope.backend().mul_scalar(a, s);
+}
+
+void axpy_(Tensor& y, float alpha, const Tensor& x) {
+  OpScope scope(Op::kAxpy, {&y, &x});
+  scope.backend().axpy_(y, alpha, x);
+}
+
+void scale_(Tensor& y, float alpha) {
+  OpScope scope(Op::kScale, {&y});
+  scope.backend().scale_(y, alpha);
+}
+
+Tensor unary(UnaryOp op, const Tensor& x) {
+  OpScope scope(Op::kUnary, {&x});
+  return scope.backend().unary(op, x);
+}
+
+Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  OpScope scope(Op::kUnaryBackward, {&grad_y, &x, &y});
+  return scope.backend().unary_backward(op, grad_y, x, y);
+}
+
+Tensor sum_all(const Tensor& x) {
+  OpScope scope(Op::kSumAll, {&x});
+  return scope.backend().sum_all(x);
+}
+
+Tensor sum_squares(const Tensor& x) {
+  OpScope scope(Op::kSumSquares, {&x});
+  return scope.backend().sum_squares(x);
+}
+
+Tensor sum_dim(const Tensor& x, int dim, bool keepdim) {
+  OpScope scope(Op::kSumDim, {&x});
+  return scope.backend().sum_dim(x, dim, keepdim);
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  OpScope scope(Op::kSumTo, {&x});
+  return scope.backend().sum_to(x, shape);
+}
+
+Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  OpScope scope(Op::kBroadcastTo, {&x});
+  return scope.backend().broadcast_to(x, shape);
+}
+
+Tensor argmax_last(const Tensor& x) {
+  OpScope scope(Op::kArgmaxLast, {&x});
+  return scope.backend().argmax_last(x);
+}
+
+Tensor softmax(const Tensor& x, int dim) {
+  OpScope scope(Op::kSoftmax, {&x});
+  return scope.backend().softmax(x, dim);
+}
+
+Tensor log_softmax(const Tensor& x, int dim) {
+  OpScope scope(Op::kLogSoftmax, {&x});
+  return scope.backend().log_softmax(x, dim);
+}
+
+Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
+  OpScope scope(Op::kSoftmaxBackward, {&grad_y, &y});
+  return scope.backend().softmax_backward(grad_y, y, dim);
+}
+
+Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
+  OpScope scope(Op::kLogSoftmaxBackward, {&grad_y, &y});
+  return scope.backend().log_softmax_backward(grad_y, y, dim);
+}
+
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing, Tensor& probs, std::int64_t ignore_index) {
+  OpScope scope(Op::kCrossEntropyForward, {&logits, &labels});
+  return scope.backend().cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index);
+}
+
+Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing, const Tensor& grad, std::int64_t ignore_index) {
+  OpScope scope(Op::kCrossEntropyBackward, {&labels, &grad});
+  return scope.backend().cross_entropy_backward(probs, labels, label_smoothing, grad, ignore_index);
+}
+
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale, Tensor& lse) {
+  OpScope scope(Op::kAttentionForward, {&q, &k, &v});
+  return scope.backend().attention_forward(q, k, v, causal, scale, lse);
+}
+
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal, float scale, Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) {
+  OpScope scope(Op::kAttentionBackward, {&grad_out, &q, &k, &v, &out});
+  scope.backend().attention_backward(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v);
+}
+
+Tensor transpose2d(const Tensor& x) {
+  OpScope scope(Op::kTranspose2d, {&x});
+  return scope.backend().transpose2d(x);
+}
+
+Tensor permute(const Tensor& x, const std::vector<int>& perm) {
+  OpScope scope(Op::kPermute, {&x});
+  return scope.backend().permute(x, perm);
+}
+
+Tensor concat(const std::vector<Tensor>& xs, int dim) {
+  OpScope scope(Op::kConcat, xs);
+  return scope.backend().concat(xs, dim);
+}
+
+Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length) {
+  OpScope scope(Op::kNarrowCopy, {&x});
+  return scope.backend().narrow_copy(x, dim, start, length);
+}
+
+void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) {
+  OpScope scope(Op::kNarrowAdd, {&y, &part});
+  scope.backend().narrow_add_(y, dim, start, part);
+}
+
+void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k, Tensor& v) {
+  OpScope scope(Op::kSplitQkvHeads, {&qkv});
+  scope.backend().split_qkv_heads(qkv, heads, dtype, q, k, v);
+}
+
+Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
+  OpScope scope(Op::kMergeQkvHeads, {&q, &k, &v});
+  return scope.backend().merge_qkv_heads(q, k, v);
+}
+
+Tensor split_heads(const Tensor& x, std::int64_t heads) {
+  OpScope scope(Op::kSplitHeads, {&x});
+  return scope.backend().split_heads(x, heads);
+}
+
+Tensor merge_heads(const Tensor& y) {
+  OpScope scope(Op::kMergeHeads, {&y});
+  return scope.backend().merge_heads(y);
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  OpScope scope(Op::kWhere, {&cond, &a, &b});
+  return scope.backend().where(cond, a, b);
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
+  OpScope scope(Op::kMaskedFill, {&x, &mask});
+  return scope.backend().masked_fill(x, mask, value);
+}
+
+Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) {
+  OpScope scope(Op::kIndexSelect0, {&x});
+  return scope.backend().index_select0(x, indices);
+}
+
+Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) {
+  OpScope scope(Op::kConv2dForward, {&x, &w, &bias});
+  return scope.backend().conv2d_forward(x, w, bias, p);
+}
+
+void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) {
+  OpScope scope(Op::kConv2dBackward, {&grad_y, &x, &w});
+  scope.backend().conv2d_backward(grad_y, x, w, p, grad_x, grad_w, grad_bias);
+}
+
+Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) {
+  OpScope scope(Op::kMaxPool2dForward, {&x});
+  return scope.backend().max_pool2d_forward(x, p, argmax);
+}
+
+Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Shape& x_shape) {
+  OpScope scope(Op::kMaxPool2dBackward, {&grad_y, &argmax});
+  return scope.backend().max_pool2d_backward(grad_y, argmax, x_shape);
+}
+
+Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, const Pool2dParams& pool, Tensor& argmax) {
+  OpScope scope(Op::kConv2dReluMaxPool2dForward, {&x, &w, &bias});
+  return scope.backend().conv2d_relu_max_pool2d_forward(x, w, bias, p, pool, argmax);
+}
+
+void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax, const Tensor& x, const Tensor& w, const Conv2dParams& p, const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) {
+  OpScope scope(Op::kConv2dReluMaxPool2dBackward, {&grad_pooled, &argmax, &x, &w});
+  scope.backend().conv2d_relu_max_pool2d_backward(grad_pooled, argmax, x, w, p, pool, grad_x, grad_w, grad_bias);
+}
+
+Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) {
+  OpScope scope(Op::kAvgPool2dForward, {&x});
+  return scope.backend().avg_pool2d_forward(x, p);
+}
+
+Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p) {
+  OpScope scope(Op::kAvgPool2dBackward, {&grad_y});
+  return scope.backend().avg_pool2d_backward(grad_y, x_shape, p);
+}
+
+Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean, Tensor& running_var, bool training, float momentum, float eps, Tensor& save_mean, Tensor& save_invstd) {
+  OpScope scope(Op::kBatchNormForward, {&x, &weight, &bias, &running_mean, &running_var});
+  return scope.backend().batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps, save_mean, save_invstd);
+}
+
+void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+  OpScope scope(Op::kBatchNormBackward, {&grad_y, &x, &weight});
+  scope.backend().batch_norm_backward(grad_y, x, weight, save_mean, save_invstd, training, grad_x, grad_weight, grad_bias);
+}
+
+Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
+  OpScope scope(Op::kLayerNormForward, {&x, &weight, &bias});
+  return scope.backend().layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd);
+}
+
+void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+  OpScope scope(Op::kLayerNormBackward, {&grad_y, &x, &weight});
+  scope.backend().layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x, grad_weight, grad_bias);
+}
+
+Tensor embedding_forward(const Tensor& table, const Tensor& indices) {
+  OpScope scope(Op::kEmbeddingForward, {&table, &indices});
+  return scope.backend().embedding_forward(table, indices);
+}
+
+void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table) {
+  OpScope scope(Op::kEmbeddingBackward, {&grad_y, &indices, &grad_table});
+  scope.backend().embedding_backward(grad_y, indices, grad_table);
+}
+
+void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& vmax) {
+  OpScope scope(Op::kAdamStep, {&p, &g, &m, &v, &vmax});
+  scope.backend().adam_step_(s, p, g, m, v, vmax);
+}
+
+void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) {
+  OpScope scope(Op::kSgdStep, {&p, &g, &buf});
+  scope.backend().sgd_step_(s, p, g, buf);
+}
+
+Tensor dropout_mask(const Shape& shape, float p, Generator& gen) {
+  OpScope scope(Op::kDropoutMask, {});
+  return scope.backend().dropout_mask(shape, p, gen);
+}
+
+}  // namespace kernels
+}  // namespace hpm
