@@ -86,6 +86,21 @@ void Communicator::check_buffer(const Tensor& t, const char* what) {
   }
 }
 
+void Communicator::check_bytes(const Tensor& t, const char* what) {
+  if (!t.defined()) throw std::invalid_argument(std::string(what) + ": undefined tensor");
+  if (!t.device().is_host()) {
+    throw std::invalid_argument(std::string(what) + ": a tensor on " + t.device().id().str() +
+                                "; this communicator moves host memory");
+  }
+}
+
+void Communicator::check_same_dtype(const Tensor& a, const Tensor& b, const char* what) {
+  if (a.dtype() != b.dtype()) {
+    throw std::invalid_argument(std::string(what) + ": input " + dtype_name(a.dtype()) +
+                                " and output " + dtype_name(b.dtype()) + " differ");
+  }
+}
+
 void Communicator::check_allreduce_buffer(const Tensor& t, const char* what) {
   if (!t.defined()) throw std::invalid_argument(std::string(what) + ": undefined tensor");
   if (t.dtype() != DType::F32 && t.dtype() != DType::BF16) {

@@ -32,6 +32,7 @@
 #include <thread>
 
 #include "comm/duration_text.h"
+#include "comm/local_group.h"
 #include "comm/work_queue.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/store.h"
@@ -621,8 +622,9 @@ WorkPtr GlooCommunicator::reduce_scatter(Tensor input, Tensor output, ReduceOp o
 }
 
 WorkPtr GlooCommunicator::allgather(Tensor input, Tensor output) {
-  check_buffer(input, "allgather input");
-  check_buffer(output, "allgather output");
+  check_bytes(input, "allgather input");
+  check_bytes(output, "allgather output");
+  check_same_dtype(input, output, "allgather");
   const std::size_t n = static_cast<std::size_t>(input.numel());
   if (static_cast<std::size_t>(output.numel()) != n * static_cast<std::size_t>(size())) {
     throw std::invalid_argument("allgather: output has " + std::to_string(output.numel()) +
@@ -630,17 +632,19 @@ WorkPtr GlooCommunicator::allgather(Tensor input, Tensor output) {
                                 std::to_string(n * static_cast<std::size_t>(size())));
   }
   const std::uint64_t seq = next_seq();
-  const std::string what =
-      "gloo allgather #" + std::to_string(seq) + " (" + std::to_string(n) + " floats per rank)";
-  return submit(what, [this, input, output, n, tag = collective_tag(seq, n * sizeof(float))] {
+  const std::size_t bytes = input.nbytes();
+  const std::string what = "gloo allgather #" + std::to_string(seq) + " (" + std::to_string(n) +
+                           " " + values_of(input.dtype()) + " per rank)";
+  return submit(what, [this, input, output, bytes, tag = collective_tag(seq, bytes)] {
     trace::Span span("allgather", "comm");
-    if (size() == 1 || n == 0) {
-      std::copy_n(input.data<float>(), n, output.data<float>());
+    if (size() == 1 || bytes == 0) {
+      std::memcpy(output.raw_data(), input.raw_data(), bytes);
       return;
     }
     gloo::AllgatherOptions opts(context_);
-    opts.setInput(input.data<float>(), n);
-    opts.setOutput(output.data<float>(), n * static_cast<std::size_t>(size()));
+    opts.setInput(static_cast<std::uint8_t*>(input.raw_data()), bytes);
+    opts.setOutput(static_cast<std::uint8_t*>(output.raw_data()),
+                   bytes * static_cast<std::size_t>(size()));
     opts.setTag(tag);
     opts.setTimeout(timeout_);
     gloo::allgather(opts);
@@ -648,20 +652,22 @@ WorkPtr GlooCommunicator::allgather(Tensor input, Tensor output) {
 }
 
 WorkPtr GlooCommunicator::broadcast(Tensor data, int root) {
-  check_buffer(data, "broadcast");
+  check_bytes(data, "broadcast");
   if (root < 0 || root >= size()) {
     throw std::invalid_argument("broadcast: root " + std::to_string(root) + " is outside 0.." +
                                 std::to_string(size() - 1));
   }
   const std::size_t n = static_cast<std::size_t>(data.numel());
   const std::uint64_t seq = next_seq();
+  const std::size_t bytes = data.nbytes();
   const std::string what = "gloo broadcast #" + std::to_string(seq) + " (" + std::to_string(n) +
-                           " floats from rank " + std::to_string(root) + ")";
-  return submit(what, [this, data, n, root, tag = collective_tag(seq, n * sizeof(float))] {
+                           " " + values_of(data.dtype()) + " from rank " + std::to_string(root) +
+                           ")";
+  return submit(what, [this, data, bytes, root, tag = collective_tag(seq, bytes)] {
     trace::Span span("broadcast", "comm");
-    if (size() == 1 || n == 0) return;
+    if (size() == 1 || bytes == 0) return;
     gloo::BroadcastOptions opts(context_);
-    opts.setOutput(data.data<float>(), n);
+    opts.setOutput(static_cast<std::uint8_t*>(data.raw_data()), bytes);
     opts.setRoot(root);
     opts.setTag(tag);
     opts.setTimeout(timeout_);
@@ -686,7 +692,7 @@ WorkPtr GlooCommunicator::barrier() {
 
 WorkPtr GlooCommunicator::point_to_point(bool sending, Tensor data, int peer, int tag) {
   const char* verb = sending ? "send" : "recv";
-  check_buffer(data, verb);
+  check_bytes(data, verb);
   if (peer < 0 || peer >= size() || peer == rank()) {
     throw std::invalid_argument(std::string(verb) + ": peer " + std::to_string(peer) +
                                 " must be another rank in 0.." + std::to_string(size() - 1));
@@ -698,10 +704,9 @@ WorkPtr GlooCommunicator::point_to_point(bool sending, Tensor data, int peer, in
   const std::size_t bytes = data.nbytes();
   const std::string what = std::string("gloo ") + verb + (sending ? " to rank " : " from rank ") +
                            std::to_string(peer) + ", tag " + std::to_string(tag) + " (" +
-                           std::to_string(data.numel()) + " floats)";
+                           std::to_string(data.nbytes()) + " bytes)";
   auto work = std::make_shared<Work>(what);
-  const std::uint64_t s =
-      slot(kP2pPrefix, (std::uint64_t(tag) << 32) | ((bytes / sizeof(float)) & 0xffffffffu));
+  const std::uint64_t s = slot(kP2pPrefix, (std::uint64_t(tag) << 32) | (bytes & 0xffffffffu));
   std::shared_ptr<gloo::transport::UnboundBuffer> buf;
   try {
     throw_if_broken(what);

@@ -76,12 +76,13 @@ class HierarchicalCommunicator final : public Communicator {
   }
 
   WorkPtr allgather(Tensor input, Tensor output) override {
-    check_buffer(input, "allgather input");
-    check_buffer(output, "allgather output");
+    check_bytes(input, "allgather input");
+    check_bytes(output, "allgather output");
+    check_same_dtype(input, output, "allgather");
     if (output.numel() != input.numel() * size())
       throw std::invalid_argument("allgather: output is not size() blocks of input");
     return submit("allgather", [this, input, output] {
-      Tensor mine = Tensor::empty({input.numel() * local_size_});
+      Tensor mine = Tensor::empty({input.numel() * local_size_}, input.dtype());
       local_->allgather(input.reshape({-1}), mine)->wait();
       if (leader()) processes_->allgather(mine, output.reshape({-1}))->wait();
       local_->broadcast(output.reshape({-1}), 0)->wait();
@@ -89,7 +90,7 @@ class HierarchicalCommunicator final : public Communicator {
   }
 
   WorkPtr broadcast(Tensor data, int root) override {
-    check_buffer(data, "broadcast");
+    check_bytes(data, "broadcast");
     if (root < 0 || root >= size())
       throw std::invalid_argument("broadcast root " + std::to_string(root) + " is not a rank");
     return submit("broadcast", [this, data, root] {

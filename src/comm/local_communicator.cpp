@@ -65,21 +65,22 @@ class LocalCommunicator final : public Communicator {
   }
 
   WorkPtr allgather(Tensor input, Tensor output) override {
-    check_buffer(input, "allgather input");
-    check_buffer(output, "allgather output");
+    check_bytes(input, "allgather input");
+    check_bytes(output, "allgather output");
+    check_same_dtype(input, output, "allgather");
     check_blocks(output, input, "allgather");
     return submit("allgather", output.numel(), [this, input, output](Clock::time_point deadline) {
       trace::Span span("allgather", "comm");
-      group_->allgather(rank_, input.data<float>(), output.data<float>(), input.numel(), deadline);
+      group_->allgather(rank_, input, output, deadline);
     });
   }
 
   WorkPtr broadcast(Tensor data, int root) override {
-    check_buffer(data, "broadcast");
+    check_bytes(data, "broadcast");
     check_rank(root, "broadcast root");
     return submit("broadcast", data.numel(), [this, data, root](Clock::time_point deadline) {
       trace::Span span("broadcast", "comm");
-      group_->broadcast(rank_, data.data<float>(), data.numel(), root, deadline);
+      group_->broadcast(rank_, data, root, deadline);
     });
   }
 
@@ -89,20 +90,22 @@ class LocalCommunicator final : public Communicator {
   }
 
   WorkPtr send(Tensor data, int dst, int tag) override {
-    check_buffer(data, "send");
+    check_bytes(data, "send");
     check_rank(dst, "send destination");
-    auto work =
-        std::make_shared<Work>(describe("send", data.numel()) + " to rank " + std::to_string(dst));
+    auto work = std::make_shared<Work>("rank " + std::to_string(rank_) + ": send of " +
+                                       std::to_string(data.numel()) + " " +
+                                       values_of(data.dtype()) + " to rank " + std::to_string(dst));
     group_->send(rank_, dst, tag, data);
     work->finish();
     return work;
   }
 
   WorkPtr recv(Tensor data, int src, int tag) override {
-    check_buffer(data, "recv");
+    check_bytes(data, "recv");
     check_rank(src, "recv source");
     auto work = std::make_shared<Work>("rank " + std::to_string(rank_) + ": recv of " +
-                                           std::to_string(data.numel()) + " floats from rank " +
+                                           std::to_string(data.numel()) + " " +
+                                           values_of(data.dtype()) + " from rank " +
                                            std::to_string(src) + " tag " + std::to_string(tag),
                                        timeout_);
     group_->recv(rank_, src, tag, data, work);

@@ -56,9 +56,20 @@ std::int64_t part(std::int64_t n, int i, int parts) { return n * i / parts; }
 
 }  // namespace
 
+const char* values_of(DType dtype) {
+  switch (dtype) {
+    case DType::F32:
+      return "floats";
+    case DType::U8:
+      return "bytes";
+    default:
+      return dtype_name(dtype);
+  }
+}
+
 std::string CollectiveDesc::str() const {
   std::ostringstream os;
-  os << kind << " of " << count << " floats";
+  os << kind << " of " << count << " " << values_of(dtype);
   if (root >= 0) os << " from root " << root;
   if (std::strcmp(kind, "allreduce") == 0 || std::strcmp(kind, "reduce_scatter") == 0) {
     os << " (" << reduce_op_name(op);
@@ -327,25 +338,25 @@ void LocalGroup::reduce_scatter(int rank, const float* in, float* out, std::int6
   sync(rank, d, deadline);
 }
 
-void LocalGroup::allgather(int rank, const float* in, float* out, std::int64_t block,
+void LocalGroup::allgather(int rank, const Tensor& in, const Tensor& out,
                            Clock::time_point deadline) {
-  const CollectiveDesc d{"allgather", block * size_, -1, ReduceOp::kSum, Algorithm::kAuto};
-  slots_[rank].in = in;
+  const CollectiveDesc d{"allgather",    out.numel(),      -1,
+                         ReduceOp::kSum, Algorithm::kAuto, in.dtype()};
+  slots_[rank].bytes_in = in.raw_data();
   sync(rank, d, deadline);
+  const std::size_t block = in.nbytes();
   for (int j = 0; j < size_; ++j) {
-    std::memcpy(out + j * block, slots_[j].in, static_cast<std::size_t>(block) * sizeof(float));
+    std::memcpy(static_cast<char*>(out.raw_data()) + j * block, slots_[j].bytes_in, block);
   }
   sync(rank, d, deadline);
 }
 
-void LocalGroup::broadcast(int rank, float* data, std::int64_t n, int root,
-                           Clock::time_point deadline) {
-  const CollectiveDesc d{"broadcast", n, root, ReduceOp::kSum, Algorithm::kAuto};
-  slots_[rank].data = data;
+void LocalGroup::broadcast(int rank, const Tensor& data, int root, Clock::time_point deadline) {
+  const CollectiveDesc d{"broadcast",    data.numel(),     root,
+                         ReduceOp::kSum, Algorithm::kAuto, data.dtype()};
+  slots_[rank].bytes = data.raw_data();
   sync(rank, d, deadline);
-  if (rank != root) {
-    std::memcpy(data, slots_[root].data, static_cast<std::size_t>(n) * sizeof(float));
-  }
+  if (rank != root) std::memcpy(data.raw_data(), slots_[root].bytes, data.nbytes());
   sync(rank, d, deadline);
 }
 
@@ -360,16 +371,21 @@ namespace {
 // Lets go of the receiver's buffer before the Work completes: once it does, the receiver may
 // free the buffer and the Device it lives on (a pipeline stage's), and a reference still held
 // here would be released into a dead Device.
-void deliver(const float* src, std::int64_t n, Tensor dst, const WorkPtr& work, int from, int tag) {
-  if (n != dst.numel()) {
-    const std::int64_t expected = dst.numel();
+void deliver(const char* src, std::size_t bytes, Tensor dst, const WorkPtr& work, int from,
+             int tag) {
+  if (bytes != dst.nbytes()) {
+    const std::size_t unit = dtype_size(dst.dtype());
+    const std::string what = values_of(dst.dtype());
+    const std::string has = bytes % unit == 0 ? std::to_string(bytes / unit) + " " + what
+                                              : std::to_string(bytes) + " bytes";
+    const auto expected = std::to_string(dst.numel()) + " " + what;
     dst = Tensor();
-    work->finish(std::make_exception_ptr(CommError(
-        "recv from rank " + std::to_string(from) + " tag " + std::to_string(tag) + ": expected " +
-        std::to_string(expected) + " floats, the message has " + std::to_string(n))));
+    work->finish(std::make_exception_ptr(CommError("recv from rank " + std::to_string(from) +
+                                                   " tag " + std::to_string(tag) + ": expected " +
+                                                   expected + ", the message has " + has)));
     return;
   }
-  std::memcpy(dst.data<float>(), src, static_cast<std::size_t>(n) * sizeof(float));
+  std::memcpy(dst.raw_data(), src, bytes);
   dst = Tensor();
   work->finish();
 }
@@ -382,12 +398,13 @@ void LocalGroup::send(int src, int dst, int tag, const Tensor& data) {
       PendingRecv r = std::move(*it);
       pending_.erase(it);
       lock.unlock();
-      deliver(data.data<float>(), data.numel(), std::move(r.data), r.work, src, tag);
+      deliver(static_cast<const char*>(data.raw_data()), data.nbytes(), std::move(r.data), r.work,
+              src, tag);
       return;
     }
   }
-  const float* p = data.data<float>();
-  mailbox_.push_back(Message{src, dst, tag, std::vector<float>(p, p + data.numel())});
+  const auto* p = static_cast<const char*>(data.raw_data());
+  mailbox_.push_back(Message{src, dst, tag, std::vector<char>(p, p + data.nbytes())});
 }
 
 void LocalGroup::recv(int dst, int src, int tag, const Tensor& data, const WorkPtr& work) {
@@ -397,7 +414,7 @@ void LocalGroup::recv(int dst, int src, int tag, const Tensor& data, const WorkP
       Message m = std::move(*it);
       mailbox_.erase(it);
       lock.unlock();
-      deliver(m.data.data(), static_cast<std::int64_t>(m.data.size()), data, work, src, tag);
+      deliver(m.data.data(), m.data.size(), data, work, src, tag);
       return;
     }
   }

@@ -18,12 +18,16 @@ namespace hpm::comm {
 using Clock = std::chrono::steady_clock;
 
 // What a rank says it is doing; ranks that disagree get an error naming both calls.
+// How messages count a dtype's elements: "floats" (F32), "bytes" (U8), else its name.
+const char* values_of(DType dtype);
+
 struct CollectiveDesc {
   const char* kind = "";
   std::int64_t count = 0;
   int root = -1;
   ReduceOp op = ReduceOp::kSum;
   Algorithm algorithm = Algorithm::kAuto;
+  DType dtype = DType::F32;  // what `count` counts
   bool operator==(const CollectiveDesc&) const = default;
   std::string str() const;
 };
@@ -39,9 +43,9 @@ class LocalGroup {
                  Clock::time_point deadline);
   void reduce_scatter(int rank, const float* in, float* out, std::int64_t block, ReduceOp op,
                       Clock::time_point deadline);
-  void allgather(int rank, const float* in, float* out, std::int64_t block,
-                 Clock::time_point deadline);
-  void broadcast(int rank, float* data, std::int64_t n, int root, Clock::time_point deadline);
+  // These two move bytes, of any dtype.
+  void allgather(int rank, const Tensor& in, const Tensor& out, Clock::time_point deadline);
+  void broadcast(int rank, const Tensor& data, int root, Clock::time_point deadline);
   void barrier(int rank, Clock::time_point deadline);
 
   // Point to point: a send is copied into the mailbox (or straight into a posted recv) and
@@ -60,6 +64,8 @@ class LocalGroup {
     std::atomic<std::uint64_t> progress{0};
     float* data = nullptr;
     const float* in = nullptr;
+    void* bytes = nullptr;  // allgather's and broadcast's buffers
+    const void* bytes_in = nullptr;
     std::vector<float> stages;  // recursive doubling's per-step values
     CollectiveDesc desc;
     std::uint64_t ops = 0;  // collectives started by this rank
@@ -95,7 +101,7 @@ class LocalGroup {
 
   struct Message {
     int src, dst, tag;
-    std::vector<float> data;
+    std::vector<char> data;
   };
   struct PendingRecv {
     int src, dst, tag;

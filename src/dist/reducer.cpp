@@ -31,24 +31,21 @@ std::string join_lines(const std::vector<std::string>& lines) {
 }  // namespace
 
 void verify_same_model(const nn::Module& model, comm::Communicator& comm) {
-  // Text travels as one float per byte (exact): first every rank's length, then the padded text.
-  const std::string text = join_lines(describe_parameters(model));
+  // Bytes: first every rank's length, then the texts padded to the longest.
+  std::string text = join_lines(describe_parameters(model));
   const int size = comm.size();
-  Tensor lengths = Tensor::empty({size});
-  comm.allgather(Tensor::full({1}, static_cast<float>(text.size())), lengths)->wait();
-  std::int64_t longest = 0;
-  for (int r = 0; r < size; ++r)
-    longest = std::max(longest, static_cast<std::int64_t>(lengths.data<float>()[r]));
-  Tensor mine = Tensor::zeros({longest});
-  for (std::size_t i = 0; i < text.size(); ++i)
-    mine.data<float>()[i] = static_cast<unsigned char>(text[i]);
-  Tensor all = Tensor::empty({longest * size});
-  comm.allgather(mine, all)->wait();
+  Tensor lengths = Tensor::empty({size}, DType::I64);
+  const std::vector<std::int64_t> mine{static_cast<std::int64_t>(text.size())};
+  comm.allgather(Tensor::from_i64(mine, {1}), lengths)->wait();
+  const std::vector<std::int64_t> length = lengths.to_vector_i64();
+  const std::int64_t longest = *std::max_element(length.begin(), length.end());
+  const std::string padded = text + std::string(static_cast<std::size_t>(longest) - text.size(), 0);
+  Tensor all = Tensor::empty({longest * size}, DType::U8);
+  comm.allgather(Tensor::from_bytes(padded), all)->wait();
+  const std::string every = all.to_bytes();
   auto text_of = [&](int r) {
-    std::string s(static_cast<std::size_t>(lengths.data<float>()[r]), ' ');
-    for (std::size_t i = 0; i < s.size(); ++i)
-      s[i] = static_cast<char>(all.data<float>()[r * longest + static_cast<std::int64_t>(i)]);
-    return s;
+    return every.substr(static_cast<std::size_t>(r * longest),
+                        static_cast<std::size_t>(length[static_cast<std::size_t>(r)]));
   };
   const std::string reference = text_of(0);
   for (int r = 1; r < size; ++r) {
@@ -84,14 +81,14 @@ void broadcast_state(const nn::Module& model, comm::Communicator& comm) {
   std::int64_t off = 0;
   for (const auto& [name, t] : state) {
     if (t.dtype() != DType::F32) continue;
-    std::memcpy(flat.data<float>() + off, t.data<float>(), t.nbytes());
+    flat.narrow(off, t.numel()).copy_(t);
     off += t.numel();
   }
   comm.broadcast(flat, 0)->wait();
   off = 0;
-  for (const auto& [name, t] : state) {
+  for (auto [name, t] : state) {
     if (t.dtype() != DType::F32) continue;
-    std::memcpy(t.data<float>(), flat.data<float>() + off, t.nbytes());
+    t.copy_(flat.narrow(off, t.numel()));
     off += t.numel();
   }
 }
@@ -163,8 +160,9 @@ struct Reducer::State {
 
   bool in_slot(std::size_t i) {
     const Tensor g = params[i].grad();
-    return g.defined() &&
-           g.data<float>() == buckets[bucket_of[i]].flat.data<float>() + offset_of[i];
+    const Tensor& flat = buckets[bucket_of[i]].flat;
+    return g.defined() && g.same_storage(flat) &&
+           g.impl()->offset == flat.impl()->offset + offset_of[i];
   }
 
   void launch(Bucket& b) {

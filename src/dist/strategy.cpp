@@ -259,7 +259,7 @@ void all_reduce_metrics(nn::Metrics& metrics, std::vector<double>& counters,
   for (double c : counters) v.push_back(static_cast<float>(c));
   Tensor t = Tensor::from(v, {static_cast<std::int64_t>(v.size())});
   workers->allreduce(t, comm::ReduceOp::kSum)->wait();
-  const float* p = t.data<float>();
+  const std::vector<float> p = t.to_vector();
   std::size_t i = 0;
   for (auto& e : metrics.entries()) {
     e.sum = p[i++];
@@ -487,14 +487,11 @@ class CentralStorage final : public Strategy {
     const float inv = 1.0f / static_cast<float>(replicas_.size());
     for (std::size_t i = 0; i < central.size(); ++i) {
       Tensor g = Tensor::zeros(central[i].shape());
-      float* dst = g.data<float>();
       for (auto& params : reps) {
-        Tensor rg = params[i].grad();
-        if (!rg.defined()) continue;
-        const float* src = rg.data<float>();
-        for (std::int64_t k = 0; k < g.numel(); ++k) dst[k] += src[k];
+        const Tensor rg = params[i].grad();
+        if (rg.defined()) kernels::axpy_(g, 1.0f, rg);
       }
-      for (std::int64_t k = 0; k < g.numel(); ++k) dst[k] *= inv;
+      kernels::scale_(g, inv);
       Tensor p = central[i];
       p.set_grad(g);
     }

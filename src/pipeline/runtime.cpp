@@ -24,7 +24,7 @@ namespace hpm::pipeline {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr int kHeaderFloats = 8;  // rank, then up to 7 dimensions
+constexpr int kHeaderLength = 8;  // rank, then up to 7 dimensions (I64)
 
 double seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -330,18 +330,17 @@ class Pipeline::Stage {
       local_mail_[{micro, edge, gradient}] = t;
       return;
     }
-    if (t.dim() > kHeaderFloats - 1) {
+    if (t.dim() > kHeaderLength - 1) {
       throw std::invalid_argument("pipeline: activations of rank " + std::to_string(t.dim()) +
                                   " cannot cross stages (at most 7 dimensions)");
     }
-    std::vector<float> h(kHeaderFloats, 0.0f);
-    h[0] = static_cast<float>(t.dim());
-    for (int d = 0; d < t.dim(); ++d)
-      h[static_cast<std::size_t>(d) + 1] = static_cast<float>(t.size(d));
+    std::vector<std::int64_t> h(kHeaderLength, 0);
+    h[0] = t.dim();
+    for (int d = 0; d < t.dim(); ++d) h[static_cast<std::size_t>(d) + 1] = t.size(d);
     // A send's buffer must outlive it; finished ones let go of theirs at once, or 1F1B would
     // hold every micro-batch's messages to the end of the step.
     std::erase_if(sends_, [](const auto& s) { return s.first->completed(); });
-    post_send(Tensor::from(h, {kHeaderFloats}), dst, tag(micro, edge, gradient, Part::kHeader));
+    post_send(Tensor::from_i64(h, {kHeaderLength}), dst, tag(micro, edge, gradient, Part::kHeader));
     Shape& previous = sent_shapes_[{edge, gradient}];  // micro - 1's: streams go in order
     if (received_ahead(micro) && !(t.shape() == previous)) {
       post_send(Tensor::zeros(previous), dst, tag(micro, edge, gradient, Part::kPayload));
@@ -359,7 +358,7 @@ class Pipeline::Stage {
 
   Incoming post_receive(int src, int micro, int edge, bool gradient, const Shape* guess) {
     Incoming in;
-    in.header = Tensor::empty({kHeaderFloats});
+    in.header = Tensor::empty({kHeaderLength}, DType::I64);
     in.header_done = comm_->recv(in.header, src, tag(micro, edge, gradient, Part::kHeader));
     if (guess != nullptr) {
       in.payload = Tensor::empty(*guess);
@@ -388,11 +387,8 @@ class Pipeline::Stage {
       in = post_receive(src, micro, edge, gradient, nullptr);
     }
     wait(*in.header_done, "recv");
-    const float* h = in.header.data<float>();
-    std::vector<std::int64_t> dims;
-    for (int d = 0; d < static_cast<int>(h[0]); ++d) {
-      dims.push_back(static_cast<std::int64_t>(h[d + 1]));
-    }
+    const std::vector<std::int64_t> h = in.header.to_vector_i64();
+    const std::vector<std::int64_t> dims(h.begin() + 1, h.begin() + 1 + h[0]);
     const Shape shape(dims);
     Tensor data;
     if (in.payload_done) wait(*in.payload_done, "recv");

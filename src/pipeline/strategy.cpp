@@ -141,12 +141,14 @@ class PipelineStrategy final : public dist::Strategy {
     }
     if (workers_) {
       // Each process profiled its own copy; rank 0's cut is the one all of them use.
-      Tensor b = Tensor::zeros({chunks + 1});
-      for (int k = 0; k <= chunks; ++k)
-        b.data<float>()[k] = static_cast<float>(boundaries[static_cast<std::size_t>(k)]);
+      Tensor b = Tensor::from_i64(std::vector<std::int64_t>(boundaries.begin(), boundaries.end()),
+                                  {chunks + 1});
       workers_->broadcast(b, 0)->wait();
-      for (int k = 0; k <= chunks; ++k)
-        boundaries[static_cast<std::size_t>(k)] = static_cast<int>(b.data<float>()[k]);
+      const std::vector<std::int64_t> cut = b.to_vector_i64();
+      for (int k = 0; k <= chunks; ++k) {
+        boundaries[static_cast<std::size_t>(k)] =
+            static_cast<int>(cut[static_cast<std::size_t>(k)]);
+      }
       report_.partition.boundaries = boundaries;
     }
     if (report_.partition.boundaries.empty()) report_.partition.boundaries = boundaries;
@@ -203,7 +205,7 @@ class PipelineStrategy final : public dist::Strategy {
     std::int64_t at = 0;
     for (const Tie& t : ties_) {
       const Tensor g = t.tensor.grad();
-      if (g.defined()) std::memcpy(flat.data<float>() + at, g.data<float>(), g.nbytes());
+      if (g.defined()) flat.narrow(at, g.numel()).copy_(g);
       at += t.tensor.numel();
     }
     workers_->allreduce(flat, comm::ReduceOp::kSum)->wait();
@@ -215,7 +217,7 @@ class PipelineStrategy final : public dist::Strategy {
           g = Tensor::empty(t.tensor.shape());
           t.tensor.set_grad(g);
         }
-        std::memcpy(g.data<float>(), flat.data<float>() + at, g.nbytes());
+        g.copy_(flat.narrow(at, g.numel()));
       }
       at += t.tensor.numel();
     }
@@ -260,7 +262,8 @@ class PipelineStrategy final : public dist::Strategy {
     }
     double local = 0;
     for (const Tensor& p : rep.model->parameters()) {
-      if (p.grad().defined() && counts_in_norm(p)) local += kernels::sum_squares(p.grad()).item<double>();
+      if (p.grad().defined() && counts_in_norm(p))
+        local += kernels::sum_squares(p.grad()).item<double>();
     }
     Tensor t = Tensor::from({static_cast<float>(local)}, {1});
     workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
@@ -274,9 +277,8 @@ class PipelineStrategy final : public dist::Strategy {
 
   // Every process gets every stage's new values, so that any of them can evaluate, checkpoint
   // or back up the whole model, as with the other strategies: the weights and buffers of the
-  // stage's chunks and the optimizer's state of its parameters, in one broadcast per stage from
-  // the process that updated it. Integer buffers (BatchNorm's batch count) travel as floats:
-  // exact below 2^24.
+  // stage's chunks and the optimizer's state of its parameters, in one broadcast of bytes per
+  // stage from the process that updated it (integer buffers, BatchNorm's batch count, as they are).
   void synchronize() override {
     if (!workers_ || !stale_) return;
     stale_ = false;
@@ -290,62 +292,48 @@ class PipelineStrategy final : public dist::Strategy {
           if (t.dtype() == DType::F32 || t.dtype() == DType::I64) state.push_back(t);
         }
       }
-      // The optimizer's buffers, each behind a flag: whether the owner has it yet (a parameter
-      // that never had a gradient has none, and must not get zeros that change its first update).
+      // The optimizer's buffers, each behind a flag byte: whether the owner has it yet (a
+      // parameter that never had a gradient has none, and must not get zeros that change its
+      // first update).
       std::vector<std::pair<std::size_t, std::string>> buffers;
       for (std::size_t i : stage_params_[static_cast<std::size_t>(d)]) {
         for (const std::string& b : opt.buffer_names(i)) buffers.emplace_back(i, b);
       }
       std::int64_t n = static_cast<std::int64_t>(buffers.size());
-      for (const Tensor& t : state) n += t.numel();
-      for (const auto& b : buffers) n += params[b.first].second.numel();
-      Tensor flat = Tensor::zeros({std::max<std::int64_t>(n, 1)});
-      float* f = flat.data<float>();
+      for (const Tensor& t : state) n += static_cast<std::int64_t>(t.nbytes());
+      for (const auto& b : buffers) {
+        n += params[b.first].second.numel() * static_cast<std::int64_t>(sizeof(float));
+      }
+      Tensor flat = Tensor::zeros({std::max<std::int64_t>(n, 1)}, DType::U8);
+      std::int64_t at = 0;
+      // The next `bytes` of the message.
+      const auto next = [&](std::int64_t bytes) {
+        Tensor part = flat.narrow(at, bytes);
+        at += bytes;
+        return part;
+      };
       const bool mine = d == workers_->rank();
       if (mine) {
-        for (const Tensor& t : state) f = put(t, f);
+        for (const Tensor& t : state)
+          next(static_cast<std::int64_t>(t.nbytes())).copy_(t.bytes_view());
         for (const auto& [i, name] : buffers) {
           const Tensor buf = opt.find_buffer(i, name);
-          *f++ = buf.defined() ? 1.0f : 0.0f;
-          if (buf.defined())
-            f = put(buf, f);
-          else
-            f += params[i].second.numel();
+          next(1).fill_(buf.defined() ? 1.0f : 0.0f);
+          Tensor room = next(params[i].second.numel() * static_cast<std::int64_t>(sizeof(float)));
+          if (buf.defined()) room.copy_(buf.bytes_view());
         }
       }
       workers_->broadcast(flat, d)->wait();
       if (mine) continue;
-      f = flat.data<float>();
-      for (Tensor& t : state) f = take(f, t);
+      at = 0;
+      for (Tensor& t : state) t.bytes_view().copy_(next(static_cast<std::int64_t>(t.nbytes())));
       for (const auto& [i, name] : buffers) {
-        const bool present = *f++ != 0.0f;
-        if (present) {
-          Tensor buf = opt.make_buffer(i, name);
-          f = take(f, buf);
-        } else {
-          f += params[i].second.numel();
-        }
+        const bool present = next(1).to_bytes()[0] != 0;
+        const Tensor room =
+            next(params[i].second.numel() * static_cast<std::int64_t>(sizeof(float)));
+        if (present) opt.make_buffer(i, name).bytes_view().copy_(room);
       }
     }
-  }
-
-  static float* put(const Tensor& t, float* to) {
-    if (t.dtype() == DType::I64) {
-      const std::int64_t* v = t.data<std::int64_t>();
-      for (std::int64_t k = 0; k < t.numel(); ++k) to[k] = static_cast<float>(v[k]);
-    } else {
-      std::memcpy(to, t.data<float>(), t.nbytes());
-    }
-    return to + t.numel();
-  }
-  static float* take(float* from, Tensor& t) {
-    if (t.dtype() == DType::I64) {
-      std::int64_t* v = t.data<std::int64_t>();
-      for (std::int64_t k = 0; k < t.numel(); ++k) v[k] = static_cast<std::int64_t>(from[k]);
-    } else {
-      std::memcpy(t.data<float>(), from, t.nbytes());
-    }
-    return from + t.numel();
   }
 
   PipelineStrategyOptions options_;

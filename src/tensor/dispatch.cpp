@@ -104,7 +104,8 @@ void register_backend(std::shared_ptr<Backend> b) {
   std::lock_guard lock(r.mu);
   r.backends[t] = b.get();
   // The replaced backend stays alive: tensors of its type may still be in flight somewhere.
-  static std::vector<std::shared_ptr<Backend>>* retired = new std::vector<std::shared_ptr<Backend>>();
+  static std::vector<std::shared_ptr<Backend>>* retired =
+      new std::vector<std::shared_ptr<Backend>>();
   if (r.owned[t]) retired->push_back(std::move(r.owned[t]));
   r.owned[t] = std::move(b);
 }
@@ -116,8 +117,8 @@ bool has_backend(DeviceType type) {
 Backend& backend(DeviceType type) {
   Backend* b = registry().backends[static_cast<std::size_t>(type)].load();
   if (b == nullptr) {
-    throw std::runtime_error(std::string("no backend for device type '") +
-                             device_type_name(type) + "' in this build");
+    throw std::runtime_error(std::string("no backend for device type '") + device_type_name(type) +
+                             "' in this build");
   }
   return *b;
 }
@@ -156,10 +157,10 @@ class OpScope {
       device_ = &d;
       first_ = at;
     } else if (d.id() != device_->id()) {
-      throw std::invalid_argument(std::string(op_name(op_)) + ": inputs on different devices: " +
-                                  device_->id().str() + " (input " + std::to_string(first_ + 1) +
-                                  ") and " + d.id().str() + " (input " + std::to_string(at + 1) +
-                                  ")");
+      throw std::invalid_argument(std::string(op_name(op_)) +
+                                  ": inputs on different devices: " + device_->id().str() +
+                                  " (input " + std::to_string(first_ + 1) + ") and " +
+                                  d.id().str() + " (input " + std::to_string(at + 1) + ")");
     }
   }
   void finish() {
@@ -307,24 +308,31 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
   return scope.backend().log_softmax_backward(grad_y, y, dim);
 }
 
-Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing, Tensor& probs, std::int64_t ignore_index) {
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                             Tensor& probs, std::int64_t ignore_index) {
   OpScope scope(Op::kCrossEntropyForward, {&logits, &labels});
-  return scope.backend().cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index);
+  return scope.backend().cross_entropy_forward(logits, labels, label_smoothing, probs,
+                                               ignore_index);
 }
 
-Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing, const Tensor& grad, std::int64_t ignore_index) {
+Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
+                              const Tensor& grad, std::int64_t ignore_index) {
   OpScope scope(Op::kCrossEntropyBackward, {&labels, &grad});
   return scope.backend().cross_entropy_backward(probs, labels, label_smoothing, grad, ignore_index);
 }
 
-Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale, Tensor& lse) {
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                         float scale, Tensor& lse) {
   OpScope scope(Op::kAttentionForward, {&q, &k, &v});
   return scope.backend().attention_forward(q, k, v, causal, scale, lse);
 }
 
-void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal, float scale, Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) {
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, bool causal, float scale,
+                        Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) {
   OpScope scope(Op::kAttentionBackward, {&grad_out, &q, &k, &v, &out});
-  scope.backend().attention_backward(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v);
+  scope.backend().attention_backward(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k,
+                                     grad_v);
 }
 
 Tensor transpose2d(const Tensor& x) {
@@ -352,7 +360,8 @@ void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) {
   scope.backend().narrow_add_(y, dim, start, part);
 }
 
-void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k, Tensor& v) {
+void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
+                     Tensor& v) {
   OpScope scope(Op::kSplitQkvHeads, {&qkv});
   scope.backend().split_qkv_heads(qkv, heads, dtype, q, k, v);
 }
@@ -392,7 +401,8 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, cons
   return scope.backend().conv2d_forward(x, w, bias, p);
 }
 
-void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) {
+void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                     Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) {
   OpScope scope(Op::kConv2dBackward, {&grad_y, &x, &w});
   scope.backend().conv2d_backward(grad_y, x, w, p, grad_x, grad_w, grad_bias);
 }
@@ -407,14 +417,20 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Sha
   return scope.backend().max_pool2d_backward(grad_y, argmax, x_shape);
 }
 
-Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, const Pool2dParams& pool, Tensor& argmax) {
+Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                      const Conv2dParams& p, const Pool2dParams& pool,
+                                      Tensor& argmax) {
   OpScope scope(Op::kConv2dReluMaxPool2dForward, {&x, &w, &bias});
   return scope.backend().conv2d_relu_max_pool2d_forward(x, w, bias, p, pool, argmax);
 }
 
-void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax, const Tensor& x, const Tensor& w, const Conv2dParams& p, const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) {
+void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax,
+                                     const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                                     const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
+                                     Tensor* grad_bias) {
   OpScope scope(Op::kConv2dReluMaxPool2dBackward, {&grad_pooled, &argmax, &x, &w});
-  scope.backend().conv2d_relu_max_pool2d_backward(grad_pooled, argmax, x, w, p, pool, grad_x, grad_w, grad_bias);
+  scope.backend().conv2d_relu_max_pool2d_backward(grad_pooled, argmax, x, w, p, pool, grad_x,
+                                                  grad_w, grad_bias);
 }
 
 Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) {
@@ -427,24 +443,34 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Poo
   return scope.backend().avg_pool2d_backward(grad_y, x_shape, p);
 }
 
-Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean, Tensor& running_var, bool training, float momentum, float eps, Tensor& save_mean, Tensor& save_invstd) {
+Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                          Tensor& running_mean, Tensor& running_var, bool training, float momentum,
+                          float eps, Tensor& save_mean, Tensor& save_invstd) {
   OpScope scope(Op::kBatchNormForward, {&x, &weight, &bias, &running_mean, &running_var});
-  return scope.backend().batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps, save_mean, save_invstd);
+  return scope.backend().batch_norm_forward(x, weight, bias, running_mean, running_var, training,
+                                            momentum, eps, save_mean, save_invstd);
 }
 
-void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                         const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
   OpScope scope(Op::kBatchNormBackward, {&grad_y, &x, &weight});
-  scope.backend().batch_norm_backward(grad_y, x, weight, save_mean, save_invstd, training, grad_x, grad_weight, grad_bias);
+  scope.backend().batch_norm_backward(grad_y, x, weight, save_mean, save_invstd, training, grad_x,
+                                      grad_weight, grad_bias);
 }
 
-Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
+Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                          const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
   OpScope scope(Op::kLayerNormForward, {&x, &weight, &bias});
   return scope.backend().layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd);
 }
 
-void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                         const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
   OpScope scope(Op::kLayerNormBackward, {&grad_y, &x, &weight});
-  scope.backend().layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x, grad_weight, grad_bias);
+  scope.backend().layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x,
+                                      grad_weight, grad_bias);
 }
 
 Tensor embedding_forward(const Tensor& table, const Tensor& indices) {

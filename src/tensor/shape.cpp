@@ -42,13 +42,22 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "F32";
-    case DType::I64: return "I64";
-    case DType::I32: return "I32";
-    case DType::BF16: return "BF16";
-    case DType::I8: return "I8";
-    case DType::F16: return "F16";
-    case DType::F64: return "F64";
+    case DType::F32:
+      return "F32";
+    case DType::I64:
+      return "I64";
+    case DType::I32:
+      return "I32";
+    case DType::BF16:
+      return "BF16";
+    case DType::I8:
+      return "I8";
+    case DType::F16:
+      return "F16";
+    case DType::F64:
+      return "F64";
+    case DType::U8:
+      return "U8";
   }
   return "?";
 }
@@ -61,8 +70,9 @@ DType dtype_from_name(const std::string& name) {
   if (name == "I8") return DType::I8;
   if (name == "F16") return DType::F16;
   if (name == "F64") return DType::F64;
+  if (name == "U8") return DType::U8;
   throw std::invalid_argument("unsupported dtype '" + name +
-                              "' (hpm reads F32, F16, BF16, F64, I64, I32, I8)");
+                              "' (hpm reads F32, F16, BF16, F64, I64, I32, I8, U8)");
 }
 
 }  // namespace hpm

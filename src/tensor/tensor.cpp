@@ -95,6 +95,14 @@ Tensor Tensor::from_i64(std::span<const std::int64_t> values, const Shape& shape
   return t;
 }
 
+Tensor Tensor::from_bytes(std::string_view bytes, Device& device) {
+  const auto n = static_cast<std::int64_t>(bytes.size());
+  if (!device.is_host()) return from_bytes(bytes, Device::cpu()).to(device);
+  Tensor t = empty(Shape{n}, DType::U8, device);
+  if (n > 0) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+  return t;
+}
+
 Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float stddev, Device& device) {
   // The generator is the host's: draw there, in the same order on every device.
   if (!device.is_host()) return randn(shape, gen, mean, stddev, Device::cpu()).to(device);
@@ -137,6 +145,20 @@ std::vector<std::int64_t> Tensor::to_vector_i64() const {
   const Tensor h = on_host();
   const std::int64_t* p = h.data<std::int64_t>();
   return std::vector<std::int64_t>(p, p + numel());
+}
+
+std::string Tensor::to_bytes() const {
+  const Tensor h = on_host();
+  return std::string(static_cast<const char*>(h.raw_data()), nbytes());
+}
+
+Tensor Tensor::bytes_view() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->offset = impl_->offset * static_cast<std::int64_t>(dtype_size(impl_->dtype));
+  impl->shape = Shape{static_cast<std::int64_t>(nbytes())};
+  impl->dtype = DType::U8;
+  return Tensor(std::move(impl));
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
@@ -256,9 +278,10 @@ void Tensor::check_dtype(DType expected) const {
 }
 
 void Tensor::throw_not_host() const {
-  throw std::logic_error("a tensor on " + device().id().str() + " ('" + device().name() +
-                         "') was read as host memory: bring it to the host with .to(Device::cpu()), "
-                         "item() or to_vector()");
+  throw std::logic_error(
+      "a tensor on " + device().id().str() + " ('" + device().name() +
+      "') was read as host memory: bring it to the host with .to(Device::cpu()), "
+      "item() or to_vector()");
 }
 
 std::string Tensor::str(int max_elements) const {

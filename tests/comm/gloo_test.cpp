@@ -363,6 +363,31 @@ TEST(GlooTest, Bf16AllReducesMatchClosedForms) {
   }
 }
 
+// Control data travels as what it is: allgather, broadcast, send and recv move any dtype.
+TEST(GlooTest, BytesAndIntegersMoveUnchanged) {
+  const Group g(StoreKind::kFile, 3, 10s);
+  const auto results = run_ranks(g.all_ranks(), [&](int rank) {
+    auto c = g.connect(rank);
+    const std::string mine = "rank" + std::to_string(rank) + "\xff";
+    Tensor all = Tensor::empty({static_cast<std::int64_t>(mine.size()) * 3}, DType::U8);
+    c->allgather(Tensor::from_bytes(mine), all)->wait();
+    if (all.to_bytes() != std::string("rank0\xffrank1\xffrank2\xff")) return all.to_bytes();
+    const std::vector<std::int64_t> big{rank == 2 ? (std::int64_t{1} << 53) + 1 : 0, -7};
+    Tensor b = Tensor::from_i64(big, {2});
+    c->broadcast(b, 2)->wait();
+    if (b.to_vector_i64() != std::vector<std::int64_t>{(std::int64_t{1} << 53) + 1, -7})
+      return std::string("broadcast of I64");
+    if (rank == 0) c->send(Tensor::from_bytes("hello"), 1, 3)->wait(3000ms);
+    if (rank == 1) {
+      Tensor got = Tensor::empty({5}, DType::U8);
+      c->recv(got, 0, 3)->wait(3000ms);
+      if (got.to_bytes() != "hello") return std::string("recv of bytes: ") + got.to_bytes();
+    }
+    return std::string("ok");
+  });
+  for (const auto& r : results) EXPECT_EQ(r.report, "ok");
+}
+
 // Rank 0 issues an all-reduce that cannot finish until rank 1 joins, then a send; rank 1 joins only
 // after receiving it. Were sends queued behind collectives, this would deadlock.
 TEST(GlooTest, SendDoesNotWaitBehindACollective) {

@@ -150,6 +150,39 @@ TEST(LocalCollectives, ReduceScatterAllgatherBroadcastBarrier) {
   }
 }
 
+// Control data travels as what it is: bytes, integers; allgather, broadcast, send and recv move
+// any dtype unchanged.
+TEST(LocalCollectives, BytesAndIntegersMoveUnchanged) {
+  auto comms = make_local_group(3, 10s);
+  std::vector<std::string> gathered(3);
+  std::vector<std::vector<std::int64_t>> broadcast(3);
+  std::string received;
+  on_ranks(3, [&](int r) {
+    const std::string mine = "rank" + std::to_string(r) + "\xff";  // a byte above 127 too
+    Tensor all = Tensor::empty({static_cast<std::int64_t>(mine.size()) * 3}, DType::U8);
+    comms[r]->allgather(Tensor::from_bytes(mine), all)->wait();
+    gathered[r] = all.to_bytes();
+    const std::vector<std::int64_t> big{r == 1 ? (std::int64_t{1} << 53) + 1 : 0, -7};
+    Tensor b = Tensor::from_i64(big, {2});
+    comms[r]->broadcast(b, 1)->wait();
+    broadcast[r] = b.to_vector_i64();
+    if (r == 0) comms[0]->send(Tensor::from_bytes("hello"), 2, 3)->wait();
+    if (r == 2) {
+      Tensor got = Tensor::empty({5}, DType::U8);
+      comms[2]->recv(got, 0, 3)->wait();
+      received = got.to_bytes();
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(gathered[r], std::string("rank0\xffrank1\xffrank2\xff"));
+    // 2^53 + 1 is no float (nor double): integers are not squeezed through floats.
+    EXPECT_EQ(broadcast[r], (std::vector<std::int64_t>{(std::int64_t{1} << 53) + 1, -7}));
+  }
+  EXPECT_EQ(received, "hello");
+  EXPECT_THROW(comms[0]->allgather(Tensor::zeros({1}, DType::U8), Tensor::zeros({3})),
+               std::invalid_argument);
+}
+
 TEST(LocalPointToPoint, TagsMatchInOrderWhicheverSideComesFirst) {
   auto comms = make_local_group(2, 5s);
   on_ranks(2, [&](int r) {

@@ -478,6 +478,9 @@ std::vector<double> host_values(const Tensor& t) {
       case DType::I8:
         v = h.data<std::int8_t>()[i];
         break;
+      case DType::U8:
+        v = h.data<std::uint8_t>()[i];
+        break;
       case DType::BF16:
       case DType::F16:
         v = cpu::to_f32(h).data<float>()[i];

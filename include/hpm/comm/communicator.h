@@ -98,12 +98,13 @@ class Communicator {
   // block r over all ranks.
   virtual WorkPtr reduce_scatter(Tensor input, Tensor output, ReduceOp op = ReduceOp::kSum) = 0;
   // `output` (size() blocks of input's size) becomes every rank's input, in rank order.
+  // allgather, broadcast, send and recv move bytes: any dtype (U8 for control messages).
   virtual WorkPtr allgather(Tensor input, Tensor output) = 0;
   // In place: every rank's `data` becomes root's.
   virtual WorkPtr broadcast(Tensor data, int root) = 0;
   virtual WorkPtr barrier() = 0;
   // Point to point, matched by (peer, tag); messages with the same (peer, tag) arrive in order.
-  // recv's `data` must have the sent message's size.
+  // recv's `data` must have the sent message's size in bytes.
   virtual WorkPtr send(Tensor data, int dst, int tag) = 0;
   virtual WorkPtr recv(Tensor data, int src, int tag) = 0;
 
@@ -119,6 +120,11 @@ class Communicator {
   Communicator() = default;
   // Checks a buffer argument: defined, float32; throws std::invalid_argument naming `what`.
   static void check_buffer(const Tensor& t, const char* what);
+  // A buffer whose bytes move unchanged (allgather, broadcast, send, recv): any dtype, in memory
+  // the host can hand to the transport.
+  static void check_bytes(const Tensor& t, const char* what);
+  // allgather's input and output: of one dtype.
+  static void check_same_dtype(const Tensor& a, const Tensor& b, const char* what);
   // F32 or BF16.
   static void check_allreduce_buffer(const Tensor& t, const char* what);
 

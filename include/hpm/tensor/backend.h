@@ -117,7 +117,8 @@ class Backend {
   virtual Tensor to_f16(const Tensor& x) = 0;
   virtual void fill_(Tensor& x, float value) = 0;
   virtual Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) = 0;
-  virtual void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) = 0;
+  virtual void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
+                           bool trans_b) = 0;
   virtual Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) = 0;
   virtual Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) = 0;
   virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;
@@ -126,7 +127,8 @@ class Backend {
   virtual void axpy_(Tensor& y, float alpha, const Tensor& x) = 0;
   virtual void scale_(Tensor& y, float alpha) = 0;
   virtual Tensor unary(UnaryOp op, const Tensor& x) = 0;
-  virtual Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) = 0;
+  virtual Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
+                                const Tensor& y) = 0;
   virtual Tensor sum_all(const Tensor& x) = 0;
   virtual Tensor sum_squares(const Tensor& x) = 0;
   virtual Tensor sum_dim(const Tensor& x, int dim, bool keepdim) = 0;
@@ -137,37 +139,70 @@ class Backend {
   virtual Tensor log_softmax(const Tensor& x, int dim) = 0;
   virtual Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) = 0;
   virtual Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) = 0;
-  virtual Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing, Tensor& probs, std::int64_t ignore_index) = 0;
-  virtual Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing, const Tensor& grad, std::int64_t ignore_index) = 0;
-  virtual Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, float scale, Tensor& lse) = 0;
-  virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, bool causal, float scale, Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) = 0;
+  virtual Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels,
+                                       float label_smoothing, Tensor& probs,
+                                       std::int64_t ignore_index) = 0;
+  virtual Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels,
+                                        float label_smoothing, const Tensor& grad,
+                                        std::int64_t ignore_index) = 0;
+  virtual Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                   float scale, Tensor& lse) = 0;
+  virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
+                                  const Tensor& v, const Tensor& out, const Tensor& lse,
+                                  bool causal, float scale, Tensor* grad_q, Tensor* grad_k,
+                                  Tensor* grad_v) = 0;
   virtual Tensor transpose2d(const Tensor& x) = 0;
   virtual Tensor permute(const Tensor& x, const std::vector<int>& perm) = 0;
   virtual Tensor concat(const std::vector<Tensor>& xs, int dim) = 0;
   virtual Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length) = 0;
   virtual void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) = 0;
-  virtual void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k, Tensor& v) = 0;
+  virtual void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q,
+                               Tensor& k, Tensor& v) = 0;
   virtual Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) = 0;
   virtual Tensor split_heads(const Tensor& x, std::int64_t heads) = 0;
   virtual Tensor merge_heads(const Tensor& y) = 0;
   virtual Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) = 0;
   virtual Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) = 0;
   virtual Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) = 0;
-  virtual Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) = 0;
-  virtual void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) = 0;
+  virtual Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                const Conv2dParams& p) = 0;
+  virtual void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
+                               const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
+                               Tensor* grad_bias) = 0;
   virtual Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) = 0;
-  virtual Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Shape& x_shape) = 0;
-  virtual Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, const Pool2dParams& pool, Tensor& argmax) = 0;
-  virtual void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax, const Tensor& x, const Tensor& w, const Conv2dParams& p, const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) = 0;
+  virtual Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax,
+                                     const Shape& x_shape) = 0;
+  virtual Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w,
+                                                const Tensor& bias, const Conv2dParams& p,
+                                                const Pool2dParams& pool, Tensor& argmax) = 0;
+  virtual void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax,
+                                               const Tensor& x, const Tensor& w,
+                                               const Conv2dParams& p, const Pool2dParams& pool,
+                                               Tensor* grad_x, Tensor* grad_w,
+                                               Tensor* grad_bias) = 0;
   virtual Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) = 0;
-  virtual Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p) = 0;
-  virtual Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean, Tensor& running_var, bool training, float momentum, float eps, Tensor& save_mean, Tensor& save_invstd) = 0;
-  virtual void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) = 0;
-  virtual Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) = 0;
-  virtual void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) = 0;
+  virtual Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape,
+                                     const Pool2dParams& p) = 0;
+  virtual Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                                    Tensor& running_mean, Tensor& running_var, bool training,
+                                    float momentum, float eps, Tensor& save_mean,
+                                    Tensor& save_invstd) = 0;
+  virtual void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                                   const Tensor& save_mean, const Tensor& save_invstd,
+                                   bool training, Tensor* grad_x, Tensor* grad_weight,
+                                   Tensor* grad_bias) = 0;
+  virtual Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                                    const Tensor& bias, float eps, Tensor& save_mean,
+                                    Tensor& save_rstd) = 0;
+  virtual void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                                   const Tensor& weight, const Tensor& save_mean,
+                                   const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight,
+                                   Tensor* grad_bias) = 0;
   virtual Tensor embedding_forward(const Tensor& table, const Tensor& indices) = 0;
-  virtual void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table) = 0;
-  virtual void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& vmax) = 0;
+  virtual void embedding_backward(const Tensor& grad_y, const Tensor& indices,
+                                  Tensor& grad_table) = 0;
+  virtual void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
+                          Tensor& vmax) = 0;
   virtual void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) = 0;
   virtual Tensor dropout_mask(const Shape& shape, float p, Generator& gen) = 0;
 };

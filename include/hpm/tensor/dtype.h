@@ -1,6 +1,6 @@
 // Element types. Kernels compute in float32 (bf16 operands for the mixed-precision products);
 // int64 holds labels and indices; F16 and F64 exist so that weight files in those types can be
-// read (and cast to f32) and written.
+// read (and cast to f32) and written; U8 carries bytes (control messages between ranks).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +8,7 @@
 
 namespace hpm {
 
-enum class DType : std::uint8_t { F32, I64, I32, BF16, I8, F16, F64 };
+enum class DType : std::uint8_t { F32, I64, I32, BF16, I8, F16, F64, U8 };
 
 constexpr std::size_t dtype_size(DType t) {
   switch (t) {
@@ -26,6 +26,8 @@ constexpr std::size_t dtype_size(DType t) {
       return 2;
     case DType::F64:
       return 8;
+    case DType::U8:
+      return 1;
   }
   return 0;
 }
@@ -68,6 +70,10 @@ struct dtype_of<Float16Bits> {
 template <>
 struct dtype_of<double> {
   static constexpr DType value = DType::F64;
+};
+template <>
+struct dtype_of<std::uint8_t> {
+  static constexpr DType value = DType::U8;
 };
 
 }  // namespace hpm

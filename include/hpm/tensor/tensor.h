@@ -14,6 +14,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -119,6 +120,8 @@ class Tensor {
   }
   static Tensor from_i64(std::span<const std::int64_t> values, const Shape& shape,
                          Device& device = Device::current());
+  // A 1-D U8 tensor of these bytes (control messages between ranks: names, descriptions).
+  static Tensor from_bytes(std::string_view bytes, Device& device = Device::current());
   static Tensor randn(const Shape& shape, Generator& gen, float mean = 0.0f, float stddev = 1.0f,
                       Device& device = Device::current());
   static Tensor uniform(const Shape& shape, Generator& gen, float low, float high,
@@ -155,10 +158,15 @@ class Tensor {
   T item() const;
   std::vector<float> to_vector() const;
   std::vector<std::int64_t> to_vector_i64() const;
+  // The bytes of the elements, on the host (any dtype).
+  std::string to_bytes() const;
 
   // -- views and copies (no autograd; the autograd layer's ops record these) ------------------
   Tensor reshape(const Shape& shape) const;                      // a view; one dimension may be -1
   Tensor narrow(std::int64_t begin, std::int64_t length) const;  // rows [begin, begin+length)
+  // A 1-D U8 view of this tensor's bytes (same storage): how tensors of several dtypes share one
+  // flat message.
+  Tensor bytes_view() const;
   Tensor clone() const;
   // A copy on `device` (ops allocate where their inputs live, so this is how data enters a
   // pipeline stage's Device); this tensor itself when it is already there.

@@ -50,6 +50,8 @@ class CpuBackend final : public Backend {
         return fill_as<std::int32_t>(x, static_cast<std::int32_t>(value));
       case DType::I8:
         return fill_as<std::int8_t>(x, static_cast<std::int8_t>(value));
+      case DType::U8:
+        return fill_as<std::uint8_t>(x, static_cast<std::uint8_t>(value));
       case DType::F64:
         return fill_as<double>(x, value);
       case DType::BF16:
