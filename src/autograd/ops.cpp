@@ -125,9 +125,9 @@ Tensor gelu(const Tensor& x, bool tanh_approximation) {
 
 Tensor sum(const Tensor& x) {
   const Shape s = x.shape();
-  return record(
-      "Sum", {x}, kernels::sum_all(x),
-      [s](const Tensor& g, const Needs&) { return Tensors{kernels::broadcast_to(g, s)}; });
+  return record("Sum", {x}, kernels::sum_all(x), [s](const Tensor& g, const Needs&) {
+    return Tensors{kernels::broadcast_to(g, s)};
+  });
 }
 
 Tensor sum(const Tensor& x, int dim, bool keepdim) {
@@ -335,8 +335,8 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       "LinearBF16", {x, weight, bias}, y, [xb, weight, bias](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
         return linear_gradients(
-            g, n, n[0] ? kernels::matmul(gb, kernels::to_bf16(weight)) : Tensor(), weight,
-            bias, [gb, xb, weight] { return linear_weight_gradient_bf16(gb, xb, weight); });
+            g, n, n[0] ? kernels::matmul(gb, kernels::to_bf16(weight)) : Tensor(), weight, bias,
+            [gb, xb, weight] { return linear_weight_gradient_bf16(gb, xb, weight); });
       });
 }
 
@@ -533,29 +533,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smo
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels) {
-  if (log_probs.dim() != 2 || labels.dim() != 1 || labels.size(0) != log_probs.size(0)) {
-    throw std::invalid_argument("nll_loss: expected (N,C) and (N), got " + log_probs.shape().str() +
-                                " and " + labels.shape().str());
-  }
-  const std::int64_t n = log_probs.size(0), c = log_probs.size(1);
-  const float* lp = log_probs.data<float>();
-  const auto* y = labels.data<std::int64_t>();
-  double total = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (y[i] < 0 || y[i] >= c) {
-      throw std::out_of_range("nll_loss: label " + std::to_string(y[i]) + " at row " +
-                              std::to_string(i) + " out of range [0, " + std::to_string(c) + ")");
-    }
-    total -= lp[i * c + y[i]];
-  }
   const Shape s = log_probs.shape();
-  return record("NllLoss", {log_probs}, Tensor::scalar(static_cast<float>(total / n)),
+  return record("NllLoss", {log_probs}, kernels::nll_loss_forward(log_probs, labels),
                 [labels, s](const Tensor& g, const Needs&) {
-                  Tensor gx = Tensor::zeros(s);
-                  const float v = -g.item() / static_cast<float>(s[0]);
-                  const auto* yy = labels.data<std::int64_t>();
-                  for (std::int64_t i = 0; i < s[0]; ++i) gx.data<float>()[i * s[1] + yy[i]] = v;
-                  return Tensors{gx};
+                  return Tensors{kernels::nll_loss_backward(g, labels, s)};
                 });
 }
 
@@ -565,29 +546,14 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
 }
 
 Tensor kl_div(const Tensor& input_log_probs, const Tensor& target_probs) {
-  check_shape(target_probs, input_log_probs.shape(), "kl_div: target");
-  const float* x = input_log_probs.data<float>();
-  const float* t = target_probs.data<float>();
-  const auto batch = static_cast<float>(input_log_probs.dim() > 0 ? input_log_probs.size(0) : 1);
-  double total = 0.0;
-  for (std::int64_t i = 0; i < input_log_probs.numel(); ++i)
-    if (t[i] > 0.0f) total += t[i] * (std::log(static_cast<double>(t[i])) - x[i]);
-  return record(
-      "KlDiv", {input_log_probs, target_probs}, Tensor::scalar(static_cast<float>(total / batch)),
-      [input_log_probs, target_probs, batch](const Tensor& g, const Needs& n) {
-        const float scale = g.item() / batch;
-        Tensor gx, gt;
-        if (n[0]) gx = kernels::mul_scalar(target_probs, -scale);
-        if (n[1]) {
-          // d/dt [t (log t - x)] = log t + 1 - x
-          gt = Tensor::empty(target_probs.shape());
-          const float* tp = target_probs.data<float>();
-          const float* xp = input_log_probs.data<float>();
-          for (std::int64_t i = 0; i < gt.numel(); ++i)
-            gt.data<float>()[i] = tp[i] > 0.0f ? scale * (std::log(tp[i]) + 1.0f - xp[i]) : 0.0f;
-        }
-        return Tensors{gx, gt};
-      });
+  return record("KlDiv", {input_log_probs, target_probs},
+                kernels::kl_div_forward(input_log_probs, target_probs),
+                [input_log_probs, target_probs](const Tensor& g, const Needs& n) {
+                  Tensor gx, gt;
+                  kernels::kl_div_backward(g, input_log_probs, target_probs, n[0] ? &gx : nullptr,
+                                           n[1] ? &gt : nullptr);
+                  return Tensors{gx, gt};
+                });
 }
 
 // ---- attention -------------------------------------------------------------------------------
@@ -605,8 +571,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                       const Tensor& g, const Needs& n) {
                     Tensor gq, gk, gv;
                     kernels::attention_backward(g, qb, kb, vb, ys.get(), lse, causal, scale,
-                                                     n[0] ? &gq : nullptr, n[1] ? &gk : nullptr,
-                                                     n[2] ? &gv : nullptr);
+                                                n[0] ? &gq : nullptr, n[1] ? &gk : nullptr,
+                                                n[2] ? &gv : nullptr);
                     return Tensors{gq, gk, gv};
                   });
   }
@@ -634,8 +600,8 @@ Tensor packed_self_attention(const Tensor& qkv, std::int64_t heads, bool causal,
                   [q, k, v, ys = SavedActivation(y), lse, causal, scale, heads](const Tensor& g,
                                                                                 const Needs&) {
                     Tensor gq, gk, gv;
-                    kernels::attention_backward(kernels::split_heads(g, heads), q, k, v,
-                                                     ys.get(), lse, causal, scale, &gq, &gk, &gv);
+                    kernels::attention_backward(kernels::split_heads(g, heads), q, k, v, ys.get(),
+                                                lse, causal, scale, &gq, &gk, &gv);
                     return Tensors{kernels::merge_qkv_heads(gq, gk, gv)};
                   });
   }

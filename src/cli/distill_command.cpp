@@ -166,8 +166,8 @@ EnsembleEval evaluate_ensemble(const std::vector<distill::Teacher>& teachers,
     const std::int64_t n = std::min<std::int64_t>(batch, test.size() - begin);
     const Tensor p = distill::rows_of(ensemble.soft_targets(test.inputs.narrow(begin, n)));
     const Tensor y = test.labels.narrow(begin, n).reshape({p.size(0)});
-    const float* pd = p.data<float>();
-    const std::int64_t* yd = y.data<std::int64_t>();
+    const std::vector<float> pd = p.to_vector();
+    const std::vector<std::int64_t> yd = y.to_vector_i64();
     const std::int64_t c = p.size(1);
     for (std::int64_t i = 0; i < p.size(0); ++i)
       nll -= std::log(std::max(pd[i * c + yd[i]], 1e-30f));

@@ -129,25 +129,26 @@ std::vector<std::pair<std::string, std::string>> job_settings(const Config& c) {
 
 // Workers that disagree on the job (another seed, learning rate, activation, batch size) would
 // train and exit 0 with a model none of them describes, or meet a different number of steps and
-// time out as if a peer were lost. Each setting is hashed to 24 bits (exact in a float); the
-// workers' largest and smallest hash of each must agree.
+// time out as if a peer were lost. Every worker gathers every worker's CRC-32C of each setting;
+// each must agree with its own.
 void check_same_job(const Config& cfg, comm::Communicator& workers) {
   if (workers.size() < 2) return;
   const auto settings = job_settings(cfg);
   const auto n = static_cast<std::int64_t>(settings.size());
-  std::vector<float> high(settings.size()), low(settings.size());
+  std::vector<std::int64_t> mine(settings.size());
   for (std::size_t i = 0; i < settings.size(); ++i) {
-    const std::string& v = settings[i].second;
-    const float h = static_cast<float>(io::crc32c(v.data(), v.size()) & 0xFFFFFFu);
-    high[i] = h;
-    low[i] = -h;
+    mine[i] = io::crc32c(settings[i].second.data(), settings[i].second.size());
   }
-  Tensor hi = Tensor::from(high, {n}), lo = Tensor::from(low, {n});
-  workers.allreduce(hi, comm::ReduceOp::kMax)->wait();
-  workers.allreduce(lo, comm::ReduceOp::kMax)->wait();
+  Tensor all = Tensor::empty({n * workers.size()}, DType::I64);
+  workers.allgather(Tensor::from_i64(mine, {n}), all)->wait();
+  const std::vector<std::int64_t> every = all.to_vector_i64();
   std::string differ;
   for (std::size_t i = 0; i < settings.size(); ++i) {
-    if (hi.data<float>()[i] == -lo.data<float>()[i]) continue;
+    bool same = true;
+    for (int r = 0; r < workers.size(); ++r) {
+      same = same && every[static_cast<std::size_t>(r * n) + i] == mine[i];
+    }
+    if (same) continue;
     const std::string& v = settings[i].second;
     differ +=
         std::string(differ.empty() ? "" : "; ") + settings[i].first +

@@ -93,7 +93,8 @@ Tensor Distiller::cached_targets(const Tensor& inputs) const {
   const std::int64_t n = inputs.size(0);
   if (n == 0) return teacher_targets(inputs);
   const std::size_t row_bytes = inputs.nbytes() / static_cast<std::size_t>(n);
-  const auto* bytes = static_cast<const char*>(inputs.raw_data());
+  const std::string all_bytes = inputs.to_bytes();  // the rows' keys are hashes of their bytes
+  const char* bytes = all_bytes.data();
   std::vector<std::uint64_t> keys(static_cast<std::size_t>(n));
   for (std::int64_t i = 0; i < n; ++i) {
     keys[i] = std::hash<std::string_view>{}(
@@ -105,22 +106,16 @@ Tensor Distiller::cached_targets(const Tensor& inputs) const {
   for (std::int64_t i = 0; i < n; ++i)
     if (!cache_index_.count(keys[i])) missing.push_back(i);
   if (!missing.empty()) {
-    Shape shape = inputs.shape();
-    shape.dims()[0] = static_cast<std::int64_t>(missing.size());
-    Tensor batch = Tensor::empty(shape, inputs.dtype());
-    auto* dst = static_cast<char*>(batch.raw_data());
-    for (std::size_t j = 0; j < missing.size(); ++j) {
-      std::memcpy(dst + j * row_bytes, bytes + static_cast<std::size_t>(missing[j]) * row_bytes,
-                  row_bytes);
-    }
-    const Tensor t = teacher_targets(batch);
+    const Tensor t = teacher_targets(kernels::index_select0(inputs, missing));
     if (target_shape_.rank() == 0) target_shape_ = t.shape();
-    const std::size_t c = static_cast<std::size_t>(t.numel()) / missing.size();
+    const std::vector<float> values = t.to_vector();
+    const std::size_t c = values.size() / missing.size();
     for (std::size_t j = 0; j < missing.size(); ++j) {
       // A row repeated within the batch is stored once.
       if (cache_index_.emplace(keys[missing[j]], cache_values_.size()).second) {
-        cache_values_.insert(cache_values_.end(), t.data<float>() + j * c,
-                             t.data<float>() + (j + 1) * c);
+        cache_values_.insert(cache_values_.end(),
+                             values.begin() + static_cast<std::ptrdiff_t>(j * c),
+                             values.begin() + static_cast<std::ptrdiff_t>((j + 1) * c));
       }
     }
   }
@@ -129,12 +124,12 @@ Tensor Distiller::cached_targets(const Tensor& inputs) const {
   const std::size_t c = cache_values_.size() / cache_index_.size();
   Shape shape = target_shape_;
   shape.dims()[0] = n;
-  Tensor out = Tensor::empty(shape);
+  std::vector<float> out(static_cast<std::size_t>(n) * c);
   for (std::int64_t i = 0; i < n; ++i) {
-    std::memcpy(out.data<float>() + static_cast<std::size_t>(i) * c,
-                cache_values_.data() + cache_index_.at(keys[i]), c * sizeof(float));
+    std::copy_n(cache_values_.data() + cache_index_.at(keys[i]), c,
+                out.data() + static_cast<std::size_t>(i) * c);
   }
-  return out;
+  return Tensor::from(out, shape);
 }
 
 Tensor Distiller::teacher_targets(const Tensor& inputs) const {
@@ -255,9 +250,8 @@ Churn churn(const Tensor& logits_a, const Tensor& logits_b, const Tensor& labels
     throw std::invalid_argument("churn: expected (N, C) logits and N labels");
   }
   const Tensor pa = kernels::argmax_last(logits_a), pb = kernels::argmax_last(logits_b);
-  const auto* a = pa.data<std::int64_t>();
-  const auto* b = pb.data<std::int64_t>();
-  const auto* y = labels.data<std::int64_t>();
+  const std::vector<std::int64_t> a = pa.to_vector_i64(), b = pb.to_vector_i64();
+  const std::vector<std::int64_t> y = labels.to_vector_i64();
   Churn c;
   c.examples = labels.numel();
   std::int64_t differ = 0, good = 0, bad = 0;

@@ -11,6 +11,7 @@
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/autograd/ops.h"
 #include "hpm/nn/losses.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/trainer.h"
 
@@ -20,18 +21,12 @@ namespace {
 
 // Rows `rows` of `t` (N, ...) gathered into a new (rows.size(), ...) tensor.
 Tensor gather_rows(const Tensor& t, const std::vector<std::int64_t>& rows) {
-  Shape shape = t.shape();
-  shape.dims()[0] = static_cast<std::int64_t>(rows.size());
-  Tensor out = Tensor::empty(shape, t.dtype());
-  if (rows.empty()) return out;
-  const std::size_t row_bytes = t.nbytes() / static_cast<std::size_t>(t.size(0));
-  const auto* src = static_cast<const char*>(t.raw_data());
-  auto* dst = static_cast<char*>(out.raw_data());
-  for (std::size_t i = 0; i < rows.size(); ++i) {
-    std::memcpy(dst + i * row_bytes, src + static_cast<std::size_t>(rows[i]) * row_bytes,
-                row_bytes);
+  if (rows.empty()) {
+    Shape shape = t.shape();
+    shape.dims()[0] = 0;
+    return Tensor::empty(shape, t.dtype());
   }
-  return out;
+  return kernels::index_select0(t, rows);
 }
 
 // a then b along rows (same row shape and dtype).
@@ -50,17 +45,16 @@ Tensor concat_rows(const Tensor& a, const Tensor& b) {
 
 Tensor one_hot(const Tensor& labels, std::int64_t classes) {
   const std::int64_t n = labels.numel();
-  Tensor out = Tensor::zeros({n, classes});
-  const auto* y = labels.data<std::int64_t>();
-  float* o = out.data<float>();
+  const std::vector<std::int64_t> y = labels.to_vector_i64();
+  std::vector<float> o(static_cast<std::size_t>(n * classes), 0.0f);
   for (std::int64_t i = 0; i < n; ++i) {
     if (y[i] < 0 || y[i] >= classes) {
       throw std::invalid_argument("one_hot: label " + std::to_string(y[i]) + " outside [0, " +
                                   std::to_string(classes) + ")");
     }
-    o[i * classes + y[i]] = 1.0f;
+    o[static_cast<std::size_t>(i * classes + y[i])] = 1.0f;
   }
-  return out;
+  return Tensor::from(o, {n, classes});
 }
 
 PseudoLabels pseudo_label(const Tensor& teacher_probs, const PseudoLabelOptions& options) {
@@ -70,13 +64,12 @@ PseudoLabels pseudo_label(const Tensor& teacher_probs, const PseudoLabelOptions&
   }
   if (options.per_class < 0) throw std::invalid_argument("pseudo_label: per_class < 0");
   const std::int64_t n = teacher_probs.size(0), c = teacher_probs.size(1);
-  const Tensor probs = teacher_probs.clone();  // contiguous
-  const float* p = probs.data<float>();
+  const std::vector<float> p = teacher_probs.to_vector();
   std::vector<std::int64_t> top(static_cast<std::size_t>(n));
   std::vector<float> confidence(static_cast<std::size_t>(n));
   std::vector<std::int64_t> rows;
   for (std::int64_t i = 0; i < n; ++i) {
-    const float* row = p + i * c;
+    const float* row = p.data() + i * c;
     top[i] = std::max_element(row, row + c) - row;
     confidence[i] = row[top[i]];
     if (confidence[i] >= options.confidence_threshold) rows.push_back(i);
@@ -109,7 +102,7 @@ PseudoLabels pseudo_label(const Tensor& teacher_probs, const PseudoLabelOptions&
   for (std::size_t i = 0; i < rows.size(); ++i) classes[i] = top[rows[i]];
   out.classes = Tensor::from_i64(classes, {static_cast<std::int64_t>(rows.size())});
   out.targets =
-      options.kind == PseudoLabelKind::kHard ? one_hot(out.classes, c) : gather_rows(probs, rows);
+      options.kind == PseudoLabelKind::kHard ? one_hot(out.classes, c) : gather_rows(teacher_probs, rows);
   return out;
 }
 

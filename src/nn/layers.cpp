@@ -140,47 +140,32 @@ Tensor BatchNorm::forward(const Tensor& x) {
     return batch_norm(x, weight, bias, Tensor(), Tensor(), use_batch_stats, o_.momentum, o_.eps);
   }
   if (deferred_ && is_training() && o_.track_running_stats) {
-    const std::int64_t n = x.size(0), c = o_.num_features, inner = x.numel() / (n * c);
-    const float* p = x.data<float>();
-    for (std::int64_t i = 0; i < n; ++i) {
-      for (std::int64_t ch = 0; ch < c; ++ch) {
-        double s = 0, q = 0;
-        for (std::int64_t k = 0; k < inner; ++k, ++p) {
-          s += *p;
-          q += static_cast<double>(*p) * *p;
-        }
-        sum_[static_cast<std::size_t>(ch)] += s;
-        sum_squares_[static_cast<std::size_t>(ch)] += q;
-      }
-    }
-    count_ += n * inner;
+    kernels::channel_moments_(sum_, sum_squares_, x);
+    count_ += x.numel() / o_.num_features;
     return batch_norm(x, weight, bias, Tensor(), Tensor(), true, o_.momentum, o_.eps);
   }
-  if (is_training() && o_.track_running_stats) ++*num_batches_tracked.data<std::int64_t>();
+  if (is_training() && o_.track_running_stats) count_batch();
   return batch_norm(x, weight, bias, running_mean, running_var, use_batch_stats, o_.momentum,
                     o_.eps);
 }
 
+void BatchNorm::count_batch() {
+  num_batches_tracked.copy_(kernels::add_scalar(num_batches_tracked, 1.0f));
+}
+
 void BatchNorm::defer_running_stats(bool on) {
   deferred_ = on;
-  sum_.assign(static_cast<std::size_t>(o_.num_features), 0.0);
-  sum_squares_.assign(static_cast<std::size_t>(o_.num_features), 0.0);
+  Device& device = running_mean.defined() ? running_mean.device() : Device::current();
+  sum_ = Tensor::zeros({o_.num_features}, DType::F64, device);
+  sum_squares_ = Tensor::zeros({o_.num_features}, DType::F64, device);
   count_ = 0;
 }
 
 void BatchNorm::commit_deferred() {
   if (!deferred_ || count_ == 0 || !o_.track_running_stats) return;
-  float* mean = running_mean.data<float>();
-  float* var = running_var.data<float>();
-  const double m = o_.momentum, n = static_cast<double>(count_);
-  for (std::size_t ch = 0; ch < sum_.size(); ++ch) {
-    const double mu = sum_[ch] / n;
-    // Unbiased, as the running variance of an undeferred forward is.
-    const double v = n > 1 ? (sum_squares_[ch] - n * mu * mu) / (n - 1) : 0.0;
-    mean[ch] = static_cast<float>((1 - m) * mean[ch] + m * mu);
-    var[ch] = static_cast<float>((1 - m) * var[ch] + m * v);
-  }
-  ++*num_batches_tracked.data<std::int64_t>();
+  kernels::running_stats_update_(running_mean, running_var, sum_, sum_squares_, count_,
+                                 o_.momentum);
+  count_batch();
   defer_running_stats(true);
 }
 

@@ -38,10 +38,9 @@ Tensor distillation_loss(const Tensor& student_logits, const Tensor& teacher_log
 
 std::int64_t top1_correct(const Tensor& logits, const Tensor& labels) {
   const Tensor pred = kernels::argmax_last(logits);
-  const auto* p = pred.data<std::int64_t>();
-  const auto* y = labels.data<std::int64_t>();
+  const std::vector<std::int64_t> p = pred.to_vector_i64(), y = labels.to_vector_i64();
   std::int64_t c = 0;
-  for (std::int64_t i = 0; i < labels.numel(); ++i) c += p[i] == y[i];
+  for (std::size_t i = 0; i < y.size(); ++i) c += p[i] == y[i];
   return c;
 }
 

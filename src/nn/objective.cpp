@@ -60,8 +60,7 @@ std::pair<std::int64_t, std::int64_t> top1_hits(const Tensor& logits, const Tens
     throw std::invalid_argument("top1_hits: " + logits.shape().str() + " logits against " +
                                 labels.shape().str() + " labels");
   }
-  const auto* p = pred.data<std::int64_t>();
-  const auto* y = labels.data<std::int64_t>();
+  const std::vector<std::int64_t> p = pred.to_vector_i64(), y = labels.to_vector_i64();
   std::int64_t hits = 0, counted = 0;
   for (std::int64_t i = 0; i < labels.numel(); ++i) {
     if (y[i] == ignore_index) continue;
@@ -111,9 +110,8 @@ ObjectiveResult LanguageModelling::compute(const Tensor& outputs, const Batch& b
 }
 
 double LanguageModelling::weight(const Batch& batch) const {
-  const auto* y = batch.targets.data<std::int64_t>();
-  std::int64_t n = 0;
-  for (std::int64_t i = 0; i < batch.targets.numel(); ++i) n += y[i] != ignore_;
+  const std::vector<std::int64_t> y = batch.targets.to_vector_i64();
+  const auto n = std::count_if(y.begin(), y.end(), [&](std::int64_t v) { return v != ignore_; });
   return static_cast<double>(n);
 }
 

@@ -93,6 +93,12 @@ const char* op_name(Op op) {
       "embedding_backward",
       "adam_step_",
       "sgd_step_",
+      "nll_loss_forward",
+      "nll_loss_backward",
+      "kl_div_forward",
+      "kl_div_backward",
+      "channel_moments_",
+      "running_stats_update_",
       "dropout_mask",
   };
   return names[static_cast<int>(op)];
@@ -491,6 +497,39 @@ void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor
 void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) {
   OpScope scope(Op::kSgdStep, {&p, &g, &buf});
   scope.backend().sgd_step_(s, p, g, buf);
+}
+
+Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) {
+  OpScope scope(Op::kNllLossForward, {&log_probs, &labels});
+  return scope.backend().nll_loss_forward(log_probs, labels);
+}
+
+Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& shape) {
+  OpScope scope(Op::kNllLossBackward, {&grad, &labels});
+  return scope.backend().nll_loss_backward(grad, labels, shape);
+}
+
+Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) {
+  OpScope scope(Op::kKlDivForward, {&input_log_probs, &target_probs});
+  return scope.backend().kl_div_forward(input_log_probs, target_probs);
+}
+
+void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs, const Tensor& target_probs,
+                     Tensor* grad_input, Tensor* grad_target) {
+  OpScope scope(Op::kKlDivBackward, {&grad, &input_log_probs, &target_probs});
+  scope.backend().kl_div_backward(grad, input_log_probs, target_probs, grad_input, grad_target);
+}
+
+void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x) {
+  OpScope scope(Op::kChannelMoments, {&sum, &sum_squares, &x});
+  scope.backend().channel_moments_(sum, sum_squares, x);
+}
+
+void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
+                           const Tensor& sum_squares, std::int64_t count, float momentum) {
+  OpScope scope(Op::kRunningStatsUpdate, {&running_mean, &running_var, &sum, &sum_squares});
+  scope.backend().running_stats_update_(running_mean, running_var, sum, sum_squares, count,
+                                        momentum);
 }
 
 Tensor dropout_mask(const Shape& shape, float p, Generator& gen) {

@@ -156,7 +156,9 @@ std::vector<Case> cases() {
          }});
   }
   c.push_back({"add_scalar", Op::kAddScalar, [](Generator& g, const To& to) {
-                 return Outputs{kernels::add_scalar(to(randn(g, {9})), 1.5f)};
+                 const std::vector<std::int64_t> counter{41};
+                 return Outputs{kernels::add_scalar(to(randn(g, {9})), 1.5f),
+                                kernels::add_scalar(to(Tensor::from_i64(counter, {1})), 1.0f)};
                }});
   c.push_back({"mul_scalar", Op::kMulScalar, [](Generator& g, const To& to) {
                  return Outputs{kernels::mul_scalar(to(randn(g, {9})), -0.5f)};
@@ -233,6 +235,28 @@ std::vector<Case> cases() {
                  kernels::cross_entropy_forward(randn(g, {6, 5}), y, 0.1f, probs);
                  return Outputs{kernels::cross_entropy_backward(to(probs), to(y), 0.1f,
                                                                 to(Tensor::scalar(0.5f)))};
+               }});
+  c.push_back({"nll_loss_forward", Op::kNllLossForward, [](Generator& g, const To& to) {
+                 const Tensor lp = kernels::log_softmax(randn(g, {6, 5}), -1);
+                 return Outputs{kernels::nll_loss_forward(to(lp), to(labels(g, 6, 5)))};
+               }});
+  c.push_back({"nll_loss_backward", Op::kNllLossBackward, [](Generator& g, const To& to) {
+                 return Outputs{kernels::nll_loss_backward(to(Tensor::scalar(0.7f)),
+                                                           to(labels(g, 6, 5)), Shape{6, 5})};
+               }});
+  c.push_back({"kl_div_forward", Op::kKlDivForward, [](Generator& g, const To& to) {
+                 const Tensor x = kernels::log_softmax(randn(g, {4, 5}), -1);
+                 Tensor t = kernels::softmax(randn(g, {4, 5}), -1);
+                 t.data<float>()[3] = 0.0f;  // a zero target counts zero
+                 return Outputs{kernels::kl_div_forward(to(x), to(t))};
+               }});
+  c.push_back({"kl_div_backward", Op::kKlDivBackward, [](Generator& g, const To& to) {
+                 const Tensor x = kernels::log_softmax(randn(g, {4, 5}), -1);
+                 Tensor t = kernels::softmax(randn(g, {4, 5}), -1);
+                 t.data<float>()[7] = 0.0f;
+                 Tensor gx, gt;
+                 kernels::kl_div_backward(to(Tensor::scalar(1.5f)), to(x), to(t), &gx, &gt);
+                 return Outputs{gx, gt};
                }});
   for (bool bf16 : {false, true}) {
     const auto q_of = [bf16](const Tensor& t) { return bf16 ? kernels::to_bf16(t) : t; };
@@ -406,6 +430,20 @@ std::vector<Case> cases() {
            return Outputs{gx, gw, gb};
          }});
   }
+  c.push_back({"channel_moments_", Op::kChannelMoments, [](Generator& g, const To& to) {
+                 Tensor s = to(Tensor::zeros({3}, DType::F64)),
+                        q = to(Tensor::zeros({3}, DType::F64));
+                 kernels::channel_moments_(s, q, to(randn(g, {4, 3, 5})));
+                 kernels::channel_moments_(s, q, to(randn(g, {2, 3, 5})));
+                 return Outputs{s, q};
+               }});
+  c.push_back({"running_stats_update_", Op::kRunningStatsUpdate, [](Generator& g, const To& to) {
+                 Tensor s = Tensor::zeros({3}, DType::F64), q = Tensor::zeros({3}, DType::F64);
+                 kernels::channel_moments_(s, q, randn(g, {4, 3, 5}));
+                 Tensor rm = to(randn(g, {3})), rv = to(positive(g, {3}));
+                 kernels::running_stats_update_(rm, rv, to(s), to(q), 20, 0.1f);
+                 return Outputs{rm, rv};
+               }});
   c.push_back({"layer_norm_forward", Op::kLayerNormForward, [](Generator& g, const To& to) {
                  Tensor sm, sr;
                  const Tensor y =

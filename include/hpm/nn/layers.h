@@ -156,7 +156,9 @@ class BatchNorm : public Module {
   BatchNormOptions o_;
   int spatial_dims_;
   bool deferred_ = false;
-  std::vector<double> sum_, sum_squares_;
+  // num_batches_tracked += 1.
+  void count_batch();
+  Tensor sum_, sum_squares_;  // F64 per channel, on the running statistics' device
   std::int64_t count_ = 0;
 };
 

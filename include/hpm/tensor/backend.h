@@ -81,9 +81,15 @@ enum class Op : int {
   kEmbeddingBackward,
   kAdamStep,
   kSgdStep,
+  kNllLossForward,
+  kNllLossBackward,
+  kKlDivForward,
+  kKlDivBackward,
+  kChannelMoments,
+  kRunningStatsUpdate,
   kDropoutMask,
 };
-inline constexpr int kOps = 58;
+inline constexpr int kOps = 64;
 const char* op_name(Op op);
 
 class Backend {
@@ -204,6 +210,17 @@ class Backend {
   virtual void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
                           Tensor& vmax) = 0;
   virtual void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) = 0;
+  virtual Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) = 0;
+  virtual Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels,
+                                   const Shape& shape) = 0;
+  virtual Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) = 0;
+  virtual void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs,
+                               const Tensor& target_probs, Tensor* grad_input,
+                               Tensor* grad_target) = 0;
+  virtual void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x) = 0;
+  virtual void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
+                                     const Tensor& sum_squares, std::int64_t count,
+                                     float momentum) = 0;
   virtual Tensor dropout_mask(const Shape& shape, float p, Generator& gen) = 0;
 };
 

@@ -81,6 +81,17 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
 // d loss / d logits, scaled by grad (the upstream 0-d gradient); zero on ignored rows.
 Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
                               const Tensor& grad, std::int64_t ignore_index = -100);
+// Its gradients, scaled by grad (0-d); fills whichever pointer is non-null.
+void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs, const Tensor& target_probs,
+                     Tensor* grad_input, Tensor* grad_target);
+// KL(target || input) summed and divided by the batch (the first dimension), as PyTorch's
+// kl_div(reduction='batchmean'); terms with target 0 count 0. A 0-d tensor.
+Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs);
+// d loss / d log_probs (of `shape`, (N,C)): -grad / N at each row's label, zero elsewhere.
+Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& shape);
+// Mean negative log-likelihood (a 0-d tensor) of log_probs(N,C) at labels(N); throws
+// std::out_of_range naming a label outside [0, C).
+Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels);
 
 // ---- attention -------------------------------------------------------------------------------
 // Fused scaled dot-product attention, softmax(scale q k^T [causal mask]) v, tiled so that the
@@ -150,6 +161,13 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& b
 void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                          const Tensor& save_mean, const Tensor& save_invstd, bool training,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
+// Running statistics (F32, C) moved by `momentum` towards the mean and the unbiased variance of
+// `count` values whose sums channel_moments_ gathered.
+void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
+                           const Tensor& sum_squares, std::int64_t count, float momentum);
+// Adds to sum and sum_squares (F64, C) the sums of x(N,C,...) and of its squares per channel,
+// in double (a BatchNorm's running statistics over several micro-batches).
+void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x);
 // Normalizes over the trailing `normalized` elements of each row.
 Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                           const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd);

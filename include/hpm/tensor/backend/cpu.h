@@ -100,6 +100,13 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 // rows whose label is not ignore_index; writes softmax(logits) to `probs` for the backward.
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
                             Tensor& probs, std::int64_t ignore_index = -100);
+// Mean of -log_probs(N,C) at labels(N); its gradient, -grad / N at the labels.
+float nll_loss_forward(const Tensor& log_probs, const Tensor& labels);
+Tensor nll_loss_backward(float grad, const Tensor& labels, const Shape& shape);
+// sum t (log t - x) / batch over t > 0, and its gradients scaled by grad.
+float kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs);
+void kl_div_backward(float grad, const Tensor& input_log_probs, const Tensor& target_probs,
+                     Tensor* grad_input, Tensor* grad_target);
 // d loss / d logits, scaled by grad (the upstream scalar); zero on ignored rows.
 Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
                               float grad, std::int64_t ignore_index = -100);
@@ -200,6 +207,11 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Poo
 Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                           Tensor& running_mean, Tensor& running_var, bool training, float momentum,
                           float eps, Tensor& save_mean, Tensor& save_invstd);
+// Per-channel sums and sums of squares of x(N,C,...) added to F64 accumulators, and the running
+// statistics' update from them (kernels.h).
+void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x);
+void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
+                           const Tensor& sum_squares, std::int64_t count, float momentum);
 void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                          const Tensor& save_mean, const Tensor& save_invstd, bool training,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);

@@ -119,9 +119,9 @@ class CpuBackend final : public Backend {
                                     : cpu::attention_forward(q, k, v, causal, scale, lse);
   }
 
-  void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
-                          const Tensor& v, const Tensor& out, const Tensor& lse, bool causal,
-                          float scale, Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) override {
+  void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& out, const Tensor& lse, bool causal, float scale,
+                          Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) override {
     if (q.dtype() == DType::BF16) {
       cpu::attention_backward_bf16(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k,
                                    grad_v);
@@ -155,49 +155,172 @@ class CpuBackend final : public Backend {
   Tensor to_bf16(const Tensor& x) override { return cpu::to_bf16(x); }
   Tensor to_f32(const Tensor& x) override { return cpu::to_f32(x); }
   Tensor to_f16(const Tensor& x) override { return cpu::to_f16(x); }
-  Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override { return cpu::bmm(a, b, trans_a, trans_b); }
-  Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override { return cpu::binary(op, a, b); }
-  Tensor add_scalar(const Tensor& a, float s) override { return cpu::add_scalar(a, s); }
+  Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override {
+    return cpu::bmm(a, b, trans_a, trans_b);
+  }
+  Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override {
+    return cpu::binary(op, a, b);
+  }
+  Tensor add_scalar(const Tensor& a, float s) override {
+    if (a.dtype() != DType::I64) return cpu::add_scalar(a, s);
+    Tensor y = Tensor::empty(a.shape(), DType::I64);  // counters (BatchNorm's batch count)
+    const auto* pa = a.data<std::int64_t>();
+    auto* py = y.data<std::int64_t>();
+    for (std::int64_t i = 0; i < a.numel(); ++i) py[i] = pa[i] + static_cast<std::int64_t>(s);
+    return y;
+  }
   Tensor mul_scalar(const Tensor& a, float s) override { return cpu::mul_scalar(a, s); }
   void axpy_(Tensor& y, float alpha, const Tensor& x) override { cpu::axpy_(y, alpha, x); }
   void scale_(Tensor& y, float alpha) override { cpu::scale_(y, alpha); }
   Tensor unary(UnaryOp op, const Tensor& x) override { return cpu::unary(op, x); }
-  Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) override { return cpu::unary_backward(op, grad_y, x, y); }
-  Tensor sum_dim(const Tensor& x, int dim, bool keepdim) override { return cpu::sum_dim(x, dim, keepdim); }
+  Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
+                        const Tensor& y) override {
+    return cpu::unary_backward(op, grad_y, x, y);
+  }
+  Tensor sum_dim(const Tensor& x, int dim, bool keepdim) override {
+    return cpu::sum_dim(x, dim, keepdim);
+  }
   Tensor sum_to(const Tensor& x, const Shape& shape) override { return cpu::sum_to(x, shape); }
-  Tensor broadcast_to(const Tensor& x, const Shape& shape) override { return cpu::broadcast_to(x, shape); }
+  Tensor broadcast_to(const Tensor& x, const Shape& shape) override {
+    return cpu::broadcast_to(x, shape);
+  }
   Tensor argmax_last(const Tensor& x) override { return cpu::argmax_last(x); }
   Tensor softmax(const Tensor& x, int dim) override { return cpu::softmax(x, dim); }
   Tensor log_softmax(const Tensor& x, int dim) override { return cpu::log_softmax(x, dim); }
-  Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override { return cpu::softmax_backward(grad_y, y, dim); }
-  Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override { return cpu::log_softmax_backward(grad_y, y, dim); }
+  Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override {
+    return cpu::softmax_backward(grad_y, y, dim);
+  }
+  Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override {
+    return cpu::log_softmax_backward(grad_y, y, dim);
+  }
   Tensor transpose2d(const Tensor& x) override { return cpu::transpose2d(x); }
-  Tensor permute(const Tensor& x, const std::vector<int>& perm) override { return cpu::permute(x, perm); }
+  Tensor permute(const Tensor& x, const std::vector<int>& perm) override {
+    return cpu::permute(x, perm);
+  }
   Tensor concat(const std::vector<Tensor>& xs, int dim) override { return cpu::concat(xs, dim); }
-  Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length) override { return cpu::narrow_copy(x, dim, start, length); }
-  void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) override { cpu::narrow_add_(y, dim, start, part); }
-  void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k, Tensor& v) override { cpu::split_qkv_heads(qkv, heads, dtype, q, k, v); }
-  Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) override { return cpu::merge_qkv_heads(q, k, v); }
-  Tensor split_heads(const Tensor& x, std::int64_t heads) override { return cpu::split_heads(x, heads); }
+  Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length) override {
+    return cpu::narrow_copy(x, dim, start, length);
+  }
+  void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) override {
+    cpu::narrow_add_(y, dim, start, part);
+  }
+  void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
+                       Tensor& v) override {
+    cpu::split_qkv_heads(qkv, heads, dtype, q, k, v);
+  }
+  Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) override {
+    return cpu::merge_qkv_heads(q, k, v);
+  }
+  Tensor split_heads(const Tensor& x, std::int64_t heads) override {
+    return cpu::split_heads(x, heads);
+  }
   Tensor merge_heads(const Tensor& y) override { return cpu::merge_heads(y); }
-  Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) override { return cpu::where(cond, a, b); }
-  Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) override { return cpu::masked_fill(x, mask, value); }
-  Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) override { return cpu::index_select0(x, indices); }
-  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p) override { return cpu::conv2d_forward(x, w, bias, p); }
-  void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w, const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) override { cpu::conv2d_backward(grad_y, x, w, p, grad_x, grad_w, grad_bias); }
-  Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) override { return cpu::max_pool2d_forward(x, p, argmax); }
-  Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Shape& x_shape) override { return cpu::max_pool2d_backward(grad_y, argmax, x_shape); }
-  Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Conv2dParams& p, const Pool2dParams& pool, Tensor& argmax) override { return cpu::conv2d_relu_max_pool2d_forward(x, w, bias, p, pool, argmax); }
-  void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax, const Tensor& x, const Tensor& w, const Conv2dParams& p, const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w, Tensor* grad_bias) override { cpu::conv2d_relu_max_pool2d_backward(grad_pooled, argmax, x, w, p, pool, grad_x, grad_w, grad_bias); }
-  Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) override { return cpu::avg_pool2d_forward(x, p); }
-  Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Pool2dParams& p) override { return cpu::avg_pool2d_backward(grad_y, x_shape, p); }
-  Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor& running_mean, Tensor& running_var, bool training, float momentum, float eps, Tensor& save_mean, Tensor& save_invstd) override { return cpu::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum, eps, save_mean, save_invstd); }
-  void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight, const Tensor& save_mean, const Tensor& save_invstd, bool training, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override { cpu::batch_norm_backward(grad_y, x, weight, save_mean, save_invstd, training, grad_x, grad_weight, grad_bias); }
-  Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) override { return cpu::layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd); }
-  void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized, const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override { cpu::layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x, grad_weight, grad_bias); }
-  Tensor embedding_forward(const Tensor& table, const Tensor& indices) override { return cpu::embedding_forward(table, indices); }
-  void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table) override { cpu::embedding_backward(grad_y, indices, grad_table); }
-  Tensor dropout_mask(const Shape& shape, float p, Generator& gen) override { return cpu::dropout_mask(shape, p, gen); }
+  Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) override {
+    return cpu::where(cond, a, b);
+  }
+  Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) override {
+    return cpu::masked_fill(x, mask, value);
+  }
+  Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) override {
+    return cpu::index_select0(x, indices);
+  }
+  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                        const Conv2dParams& p) override {
+    return cpu::conv2d_forward(x, w, bias, p);
+  }
+  void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
+                       const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
+                       Tensor* grad_bias) override {
+    cpu::conv2d_backward(grad_y, x, w, p, grad_x, grad_w, grad_bias);
+  }
+  Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) override {
+    return cpu::max_pool2d_forward(x, p, argmax);
+  }
+  Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax,
+                             const Shape& x_shape) override {
+    return cpu::max_pool2d_backward(grad_y, argmax, x_shape);
+  }
+  Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                        const Conv2dParams& p, const Pool2dParams& pool,
+                                        Tensor& argmax) override {
+    return cpu::conv2d_relu_max_pool2d_forward(x, w, bias, p, pool, argmax);
+  }
+  void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax,
+                                       const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                                       const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
+                                       Tensor* grad_bias) override {
+    cpu::conv2d_relu_max_pool2d_backward(grad_pooled, argmax, x, w, p, pool, grad_x, grad_w,
+                                         grad_bias);
+  }
+  Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) override {
+    return cpu::avg_pool2d_forward(x, p);
+  }
+  Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape,
+                             const Pool2dParams& p) override {
+    return cpu::avg_pool2d_backward(grad_y, x_shape, p);
+  }
+  Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            Tensor& running_mean, Tensor& running_var, bool training,
+                            float momentum, float eps, Tensor& save_mean,
+                            Tensor& save_invstd) override {
+    return cpu::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum,
+                                   eps, save_mean, save_invstd);
+  }
+  void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                           const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                           Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {
+    cpu::batch_norm_backward(grad_y, x, weight, save_mean, save_invstd, training, grad_x,
+                             grad_weight, grad_bias);
+  }
+  Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                            const Tensor& bias, float eps, Tensor& save_mean,
+                            Tensor& save_rstd) override {
+    return cpu::layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd);
+  }
+  void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                           const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
+                           Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {
+    cpu::layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x,
+                             grad_weight, grad_bias);
+  }
+  Tensor embedding_forward(const Tensor& table, const Tensor& indices) override {
+    return cpu::embedding_forward(table, indices);
+  }
+  void embedding_backward(const Tensor& grad_y, const Tensor& indices,
+                          Tensor& grad_table) override {
+    cpu::embedding_backward(grad_y, indices, grad_table);
+  }
+  Tensor dropout_mask(const Shape& shape, float p, Generator& gen) override {
+    return cpu::dropout_mask(shape, p, gen);
+  }
+
+  Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) override {
+    return Tensor::scalar(cpu::nll_loss_forward(log_probs, labels));
+  }
+
+  Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& shape) override {
+    return cpu::nll_loss_backward(grad.item(), labels, shape);
+  }
+
+  Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) override {
+    return Tensor::scalar(cpu::kl_div_forward(input_log_probs, target_probs));
+  }
+
+  void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs,
+                       const Tensor& target_probs, Tensor* grad_input,
+                       Tensor* grad_target) override {
+    cpu::kl_div_backward(grad.item(), input_log_probs, target_probs, grad_input, grad_target);
+  }
+
+  void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x) override {
+    cpu::channel_moments_(sum, sum_squares, x);
+  }
+
+  void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
+                             const Tensor& sum_squares, std::int64_t count,
+                             float momentum) override {
+    cpu::running_stats_update_(running_mean, running_var, sum, sum_squares, count, momentum);
+  }
 
  private:
   DeviceType type_;

@@ -265,4 +265,45 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   }
 }
 
+// ---- deferred running statistics ----------------------------------------------------------------
+
+void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x) {
+  const std::int64_t n = x.size(0), c = x.size(1),
+                     inner = x.numel() / std::max<std::int64_t>(n * c, 1);
+  if (sum.numel() != c || sum_squares.numel() != c) {
+    throw std::invalid_argument("channel_moments_: accumulators of " + sum.shape().str() + " for " +
+                                std::to_string(c) + " channels");
+  }
+  const float* p = x.data<float>();
+  double* s = sum.data<double>();
+  double* q = sum_squares.data<double>();
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t ch = 0; ch < c; ++ch) {
+      double a = 0, b = 0;
+      for (std::int64_t k = 0; k < inner; ++k, ++p) {
+        a += *p;
+        b += static_cast<double>(*p) * *p;
+      }
+      s[ch] += a;
+      q[ch] += b;
+    }
+  }
+}
+
+void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
+                           const Tensor& sum_squares, std::int64_t count, float momentum) {
+  float* mean = running_mean.data<float>();
+  float* var = running_var.data<float>();
+  const double* s = sum.data<double>();
+  const double* q = sum_squares.data<double>();
+  const double m = momentum, n = static_cast<double>(count);
+  for (std::int64_t ch = 0; ch < running_mean.numel(); ++ch) {
+    const double mu = s[ch] / n;
+    // Unbiased, as the running variance of an undeferred forward is.
+    const double v = n > 1 ? (q[ch] - n * mu * mu) / (n - 1) : 0.0;
+    mean[ch] = static_cast<float>((1 - m) * mean[ch] + m * mu);
+    var[ch] = static_cast<float>((1 - m) * var[ch] + m * v);
+  }
+}
+
 }  // namespace hpm::cpu

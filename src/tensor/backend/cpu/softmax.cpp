@@ -179,4 +179,64 @@ Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float l
   return gx;
 }
 
+// ---- nll and KL divergence (host loops in double, as the losses were written first) ------------
+
+float nll_loss_forward(const Tensor& log_probs, const Tensor& labels) {
+  if (log_probs.dim() != 2 || labels.dim() != 1 || labels.size(0) != log_probs.size(0)) {
+    throw std::invalid_argument("nll_loss: expected (N,C) and (N), got " + log_probs.shape().str() +
+                                " and " + labels.shape().str());
+  }
+  const std::int64_t n = log_probs.size(0), c = log_probs.size(1);
+  const float* lp = log_probs.data<float>();
+  const auto* y = labels.data<std::int64_t>();
+  double total = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (y[i] < 0 || y[i] >= c) {
+      throw std::out_of_range("nll_loss: label " + std::to_string(y[i]) + " at row " +
+                              std::to_string(i) + " out of range [0, " + std::to_string(c) + ")");
+    }
+    total -= lp[i * c + y[i]];
+  }
+  return static_cast<float>(total / static_cast<double>(n));
+}
+
+Tensor nll_loss_backward(float grad, const Tensor& labels, const Shape& shape) {
+  Tensor gx = Tensor::zeros(shape);
+  const float v = -grad / static_cast<float>(shape[0]);
+  const auto* y = labels.data<std::int64_t>();
+  float* g = gx.data<float>();
+  for (std::int64_t i = 0; i < shape[0]; ++i) g[i * shape[1] + y[i]] = v;
+  return gx;
+}
+
+namespace {
+float batch_of(const Tensor& x) { return static_cast<float>(x.dim() > 0 ? x.size(0) : 1); }
+}  // namespace
+
+float kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) {
+  check_shape(target_probs, input_log_probs.shape(), "kl_div: target");
+  const float* x = input_log_probs.data<float>();
+  const float* t = target_probs.data<float>();
+  double total = 0.0;
+  for (std::int64_t i = 0; i < input_log_probs.numel(); ++i)
+    if (t[i] > 0.0f) total += t[i] * (std::log(static_cast<double>(t[i])) - x[i]);
+  return static_cast<float>(total / batch_of(input_log_probs));
+}
+
+void kl_div_backward(float grad, const Tensor& input_log_probs, const Tensor& target_probs,
+                     Tensor* grad_input, Tensor* grad_target) {
+  const float scale = grad / batch_of(input_log_probs);
+  if (grad_input != nullptr) *grad_input = mul_scalar(target_probs, -scale);
+  if (grad_target != nullptr) {
+    // d/dt [t (log t - x)] = log t + 1 - x
+    Tensor gt = Tensor::empty(target_probs.shape());
+    const float* tp = target_probs.data<float>();
+    const float* xp = input_log_probs.data<float>();
+    float* g = gt.data<float>();
+    for (std::int64_t i = 0; i < gt.numel(); ++i)
+      g[i] = tp[i] > 0.0f ? scale * (std::log(tp[i]) + 1.0f - xp[i]) : 0.0f;
+    *grad_target = gt;
+  }
+}
+
 }  // namespace hpm::cpu
