@@ -29,10 +29,9 @@ void collect_names(const std::shared_ptr<Node>& root) {
 }
 
 double weighted_sum(const Tensor& out, const Tensor& w) {
-  const float* po = out.data<float>();
-  const float* pw = w.data<float>();
+  const std::vector<float> po = out.to_vector(), pw = w.to_vector();
   double s = 0.0;
-  for (std::int64_t i = 0; i < out.numel(); ++i) s += static_cast<double>(po[i]) * pw[i];
+  for (std::size_t i = 0; i < po.size(); ++i) s += static_cast<double>(po[i]) * pw[i];
   return s;
 }
 }  // namespace
@@ -66,17 +65,23 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     const Tensor& x = inputs[k];
     if (!x.requires_grad()) continue;
-    Tensor analytic = x.grad();
-    float* px = x.data<float>();
+    const std::vector<float> analytic =
+        x.grad().defined() ? x.grad().to_vector() : std::vector<float>(x.numel(), 0.0f);
+    std::vector<float> values = x.to_vector();
+    // x's element i set to `v` (in place: fn reads x itself).
+    const auto set = [&](std::int64_t i, float v) {
+      values[static_cast<std::size_t>(i)] = v;
+      Tensor(x).copy_(Tensor::from(values, x.shape(), x.device()));
+    };
     for (std::int64_t i = 0; i < x.numel(); ++i) {
-      const float orig = px[i];
-      px[i] = orig + options.eps;
+      const float orig = values[static_cast<std::size_t>(i)];
+      set(i, orig + options.eps);
       const double plus = weighted_sum(fn(inputs), w);
-      px[i] = orig - options.eps;
+      set(i, orig - options.eps);
       const double minus = weighted_sum(fn(inputs), w);
-      px[i] = orig;
+      set(i, orig);
       const auto numeric = static_cast<float>((plus - minus) / (2.0 * options.eps));
-      const float a = analytic.defined() ? analytic.data<float>()[i] : 0.0f;
+      const float a = analytic[static_cast<std::size_t>(i)];
       const float err = std::fabs(a - numeric);
       result.max_abs_error = std::max(result.max_abs_error, err);
       if (result.ok && err > options.atol + options.rtol * std::fabs(numeric)) {

@@ -103,6 +103,12 @@ Tensor Tensor::from_bytes(std::string_view bytes, Device& device) {
   return t;
 }
 
+Tensor Tensor::from_bytes(std::string_view bytes, const Shape& shape, DType dtype, Device& device) {
+  Tensor t = empty(shape, dtype, device);
+  t.assign_bytes(bytes);
+  return t;
+}
+
 Tensor Tensor::randn(const Shape& shape, Generator& gen, float mean, float stddev, Device& device) {
   // The generator is the host's: draw there, in the same order on every device.
   if (!device.is_host()) return randn(shape, gen, mean, stddev, Device::cpu()).to(device);
@@ -150,6 +156,20 @@ std::vector<std::int64_t> Tensor::to_vector_i64() const {
 std::string Tensor::to_bytes() const {
   const Tensor h = on_host();
   return std::string(static_cast<const char*>(h.raw_data()), nbytes());
+}
+
+void Tensor::assign_bytes(std::string_view bytes) {
+  if (bytes.size() != nbytes()) {
+    throw std::invalid_argument("assign_bytes: " + std::to_string(bytes.size()) +
+                                " bytes for a tensor of " + std::to_string(nbytes()) + " (" +
+                                shape().str() + " " + dtype_name(dtype()) + ")");
+  }
+  if (bytes.empty()) return;
+  if (device().is_host()) {
+    std::memcpy(raw_data(), bytes.data(), bytes.size());
+  } else {
+    copy_(from_bytes(bytes, shape(), dtype(), Device::cpu()));
+  }
 }
 
 Tensor Tensor::bytes_view() const {

@@ -122,6 +122,10 @@ class Tensor {
                          Device& device = Device::current());
   // A 1-D U8 tensor of these bytes (control messages between ranks: names, descriptions).
   static Tensor from_bytes(std::string_view bytes, Device& device = Device::current());
+  // A tensor of `shape` and `dtype` holding these bytes (a message's payload); throws
+  // std::invalid_argument when their number does not fit.
+  static Tensor from_bytes(std::string_view bytes, const Shape& shape, DType dtype,
+                           Device& device = Device::current());
   static Tensor randn(const Shape& shape, Generator& gen, float mean = 0.0f, float stddev = 1.0f,
                       Device& device = Device::current());
   static Tensor uniform(const Shape& shape, Generator& gen, float low, float high,
@@ -160,6 +164,8 @@ class Tensor {
   std::vector<std::int64_t> to_vector_i64() const;
   // The bytes of the elements, on the host (any dtype).
   std::string to_bytes() const;
+  // Overwrites the elements with these bytes (exactly nbytes() of them).
+  void assign_bytes(std::string_view bytes);
 
   // -- views and copies (no autograd; the autograd layer's ops record these) ------------------
   Tensor reshape(const Shape& shape) const;                      // a view; one dimension may be -1

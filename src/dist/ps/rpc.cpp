@@ -131,7 +131,7 @@ std::string describe(const std::string& what, const std::string& address, const 
 void to_proto(const std::string& name, const Tensor& t, rpc::TensorData* out) {
   out->set_name(name);
   for (int d = 0; d < t.dim(); ++d) out->add_shape(t.size(d));
-  out->set_data(static_cast<const char*>(t.raw_data()), t.nbytes());
+  out->set_data(t.to_bytes());
 }
 
 grpc::Status from_proto(const rpc::TensorData& in, const std::string& what, Tensor* out) {
@@ -149,8 +149,7 @@ grpc::Status from_proto(const rpc::TensorData& in, const std::string& what, Tens
             what + ": tensor '" + in.name() + "' has " + std::to_string(in.data().size()) +
                 " bytes, its shape needs " + std::to_string(numel * 4)};
   }
-  *out = Tensor::empty(Shape(dims));
-  if (numel > 0) std::memcpy(out->raw_data(), in.data().data(), in.data().size());
+  *out = Tensor::from_bytes(in.data(), Shape(dims), DType::F32);
   return grpc::Status::OK;
 }
 
@@ -168,7 +167,7 @@ grpc::Status copy_into(const rpc::TensorData& in, const std::string& what, const
                 std::to_string(in.data().size()) + " bytes, expected " +
                 std::to_string(dst.nbytes()) + " in shape " + dst.shape().str() + ")"};
   }
-  if (dst.nbytes() > 0) std::memcpy(dst.raw_data(), in.data().data(), dst.nbytes());
+  dst.assign_bytes(in.data());
   return grpc::Status::OK;
 }
 

@@ -159,23 +159,18 @@ class ParameterServer::Service final : public rpc::ParameterServer::Service {
         }
       }
       for (std::size_t i = 0; i < vars_.size(); ++i) {
-        const float* g =
-            reinterpret_cast<const float*>(req->grads(static_cast<int>(i)).data().data());
-        float* sum = grads_[i].data<float>();
-        const std::int64_t n = grads_[i].numel();
+        const std::string& g = req->grads(static_cast<int>(i)).data();
         if (seen_count_ == 0) {
-          std::memcpy(sum, g, static_cast<std::size_t>(n) * 4);
+          grads_[i].assign_bytes(g);
         } else {
-          for (std::int64_t k = 0; k < n; ++k) sum[k] += g[k];
+          kernels::axpy_(grads_[i], 1.0f,
+                         Tensor::from_bytes(g, grads_[i].shape(), grads_[i].dtype()));
         }
       }
       seen_[static_cast<std::size_t>(req->part())] = true;
       if (++seen_count_ == parts_) {
         const float scale = 1.0f / static_cast<float>(parts_);
-        for (auto& g : grads_) {
-          float* p = g.data<float>();
-          for (std::int64_t k = 0; k < g.numel(); ++k) p[k] *= scale;
-        }
+        for (auto& g : grads_) kernels::scale_(g, scale);
         apply(req->lr());
         reset_step();
       }
