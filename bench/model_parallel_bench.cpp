@@ -23,7 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "hpm/dist/strategy.h"
+#include "hpm/distribute/strategy.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/nn/layers.h"
 #include "hpm/pipeline/partition.h"
@@ -80,7 +80,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-std::shared_ptr<dist::Strategy> make(ScheduleKind kind, int m, int v = 1, int stages = 2) {
+std::shared_ptr<distribute::Strategy> make(ScheduleKind kind, int m, int v = 1, int stages = 2) {
   pipeline::PipelineStrategyOptions o;
   o.pipeline.stages = stages;
   o.pipeline.micro_batches = m;
@@ -93,7 +93,7 @@ std::shared_ptr<dist::Strategy> make(ScheduleKind kind, int m, int v = 1, int st
 }
 
 // Median seconds per step over `steps` steps after one warm-up step.
-double step_time(dist::Strategy& s, const Batch& b, int steps) {
+double step_time(distribute::Strategy& s, const Batch& b, int steps) {
   s.train_step(b.x, b.y, loss_fn, 0.0f);
   std::vector<double> t;
   for (int i = 0; i < steps; ++i) {
@@ -119,7 +119,7 @@ void speed(int repeats, std::int64_t rows) {
   std::vector<double> one_ms;
   for (int r = 0; r < repeats; ++r) {
     // One device first in every repeat, the pipelines right after: same machine state.
-    auto one = dist::make_one_device();
+    auto one = distribute::make_one_device();
     one->scope(deep_mlp, sgd);
     const double t1 = step_time(*one, b, 5);
     one_ms.push_back(t1 * 1e3);
@@ -148,7 +148,7 @@ void ceiling(int repeats, std::int64_t rows) {
   const Batch b = batch(rows);
   std::vector<double> slowdown;
   for (int r = 0; r < repeats; ++r) {
-    auto alone = dist::make_one_device();
+    auto alone = distribute::make_one_device();
     alone->scope(deep_mlp, sgd);
     const double t_alone = step_time(*alone, b, 5);
     std::vector<double> together(2);
@@ -156,7 +156,7 @@ void ceiling(int repeats, std::int64_t rows) {
     for (int i = 0; i < 2; ++i) {
       threads.emplace_back([&, i] {
         set_num_threads(1);
-        auto one = dist::make_one_device();
+        auto one = distribute::make_one_device();
         one->scope(deep_mlp, sgd);
         together[static_cast<std::size_t>(i)] = step_time(*one, b, 5);
       });

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What overlapping the gradient all-reduce with backward buys when the network is slow: the cnn
 # trained by multi_worker_mirrored across two network namespaces joined by a shaped veth pair
-# (scripts/lib/netns_pair.sh, the same link as tests/dist/netns_test.sh).
+# (scripts/lib/netns_pair.sh, the same link as tests/distribute/netns_test.sh).
 #
 #   overlap = true   each bucket's all-reduce starts as soon as backward has produced all of its
 #                    gradients, so communication runs while the rest of backward computes;

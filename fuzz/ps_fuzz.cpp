@@ -7,11 +7,11 @@
 
 #include <memory>
 
-#include "dist/ps/rpc.h"
-#include "hpm/dist/ps/server.h"
+#include "distribute/ps/rpc.h"
+#include "hpm/distribute/ps/server.h"
 
 using namespace hpm;
-using namespace hpm::dist::ps;
+using namespace hpm::distribute::ps;
 
 namespace {
 

@@ -1,5 +1,5 @@
 # Two "hosts" for hpm on one machine: network namespaces joined by a bandwidth-limited veth pair.
-# Sourced (not run) by tests/dist/netns_test.sh and bench/netns_overlap_bench.sh, which share it
+# Sourced (not run) by tests/distribute/netns_test.sh and bench/netns_overlap_bench.sh, which share it
 # so that the test and the benchmark train across the same link.
 #
 # hpm-a-PID (10.77.0.1) and hpm-b-PID (10.77.0.2) are joined by a veth pair whose two ends are

@@ -33,7 +33,7 @@
 #include "hpm/comm/gloo.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
-#include "hpm/dist/ps/checkpoint.h"
+#include "hpm/distribute/ps/checkpoint.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/example.h"
 #include "hpm/io/idx.h"
@@ -95,7 +95,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     }
   }
   manual_seed(cfg.seed);  // model initialization draws from the default generator
-  std::shared_ptr<dist::Strategy> strategy = build_strategy(cfg, worker);
+  std::shared_ptr<distribute::Strategy> strategy = build_strategy(cfg, worker);
   std::shared_ptr<nn::Module> model;
   auto schedule = build_schedule(cfg);
   std::unique_ptr<train::Trainer> trainer_ptr;
@@ -311,11 +311,13 @@ int run_evaluate(const Common& c, const std::string& checkpoint, const std::stri
   // the config says init_strict = false.
   if (!weights.empty()) cfg.init_from = weights;
   auto model = build_model(cfg);
-  if (const std::string ps = checkpoint.empty() ? "" : dist::ps::ps_checkpoint_dir(checkpoint);
+  if (const std::string ps =
+          checkpoint.empty() ? "" : distribute::ps::ps_checkpoint_dir(checkpoint);
       !ps.empty()) {
     // A parameter-server job's: the servers' variables; what they do not hold (an integer
     // buffer, which stays with the workers) keeps the model's initial value.
-    nn::NamedTensors held = dist::ps::ps_checkpoint_weights(dist::ps::read_ps_checkpoint(ps));
+    nn::NamedTensors held =
+        distribute::ps::ps_checkpoint_weights(distribute::ps::read_ps_checkpoint(ps));
     for (const auto& [name, t] : model->state_dict()) {
       const bool saved = std::any_of(held.begin(), held.end(),
                                      [&, n = name](const auto& h) { return h.first == n; });

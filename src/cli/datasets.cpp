@@ -92,7 +92,7 @@ LanguageModelTokens language_model_tokens(const Config& cfg) {
 }  // namespace
 
 data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
-                                const dist::Strategy* strategy) {
+                                const distribute::Strategy* strategy) {
   if (cfg.token_source()) {
     // Every worker draws the same global batches (the seed is the run's) and trains on its rows.
     const LanguageModelTokens t = language_model_tokens(cfg);

@@ -74,7 +74,8 @@ Trained train_model(const Config& cfg, const char* what,
                     const std::string& csv_suffix = "", comm::CommunicatorPtr* workers = nullptr) {
   manual_seed(cfg.seed);  // model initialization draws from the default generator
   Trained t;
-  const std::shared_ptr<dist::Strategy> strategy = build_strategy(cfg, WorkerFlags{}, workers);
+  const std::shared_ptr<distribute::Strategy> strategy =
+      build_strategy(cfg, WorkerFlags{}, workers);
   std::unique_ptr<train::Trainer> trainer;
   // [memory] recompute or offload, as hpm train applies them.
   if (strategy) {

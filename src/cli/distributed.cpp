@@ -1,8 +1,10 @@
 #include "hpm/cli/distributed.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <sstream>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -143,11 +145,13 @@ void check_same_job(const Config& cfg, comm::Communicator& workers) {
   workers.allgather(Tensor::from_i64(mine, {n}), all)->wait();
   const std::vector<std::int64_t> every = all.to_vector_i64();
   std::string differ;
+  bool agree_with_rank0 = true;
   for (std::size_t i = 0; i < settings.size(); ++i) {
     bool same = true;
     for (int r = 0; r < workers.size(); ++r) {
       same = same && every[static_cast<std::size_t>(r * n) + i] == mine[i];
     }
+    agree_with_rank0 = agree_with_rank0 && every[i] == mine[i];
     if (same) continue;
     const std::string& v = settings[i].second;
     differ +=
@@ -155,6 +159,10 @@ void check_same_job(const Config& cfg, comm::Communicator& workers) {
         (v.size() <= 60 && v.find('\n') == std::string::npos ? " (this worker: " + v + ")" : "");
   }
   if (!differ.empty()) {
+    // Every worker sees the disagreement. Those that run rank 0's job give the others a moment
+    // to report first: the error the launcher shows is then the odd worker's own, naming its
+    // values (the launcher stops everyone at the first error).
+    if (agree_with_rank0) std::this_thread::sleep_for(std::chrono::seconds(2));
     throw ConfigError(cfg.path + ": worker " + std::to_string(workers.rank()) + " of " +
                       std::to_string(workers.size()) +
                       " does not run the same job as the others: " + differ +
@@ -165,8 +173,8 @@ void check_same_job(const Config& cfg, comm::Communicator& workers) {
 
 }  // namespace
 
-std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags,
-                                               comm::CommunicatorPtr* workers_kept) {
+std::shared_ptr<distribute::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags,
+                                                     comm::CommunicatorPtr* workers_kept) {
   if (cfg.pipeline.present) {
     pipeline::PipelineStrategyOptions po;
     po.pipeline.stages = cfg.pipeline.stages;
@@ -200,7 +208,7 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
     return pipeline::make_pipeline(po);
   }
   if (cfg.strategy == "one_device") return nullptr;
-  dist::StrategyOptions so;
+  distribute::StrategyOptions so;
   so.replicas = cfg.replicas;
   so.threads = cfg.threads;
   so.seed = cfg.seed;
@@ -209,8 +217,8 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
   so.reducer.allreduce_dtype = cfg.allreduce_dtype == "bf16" ? DType::BF16 : DType::F32;
   so.algorithm = comm::algorithm_from_name(cfg.algorithm);
   so.timeout = std::chrono::seconds(cfg.timeout_s);
-  if (cfg.strategy == "mirrored") return dist::make_mirrored(so);
-  if (cfg.strategy == "central_storage") return dist::make_central_storage(so);
+  if (cfg.strategy == "mirrored") return distribute::make_mirrored(so);
+  if (cfg.strategy == "central_storage") return distribute::make_central_storage(so);
   const comm::GlooOptions where = worker_options(cfg, flags);
   if (cfg.shard != "batch") {
     if (cfg.batch_size % where.world_size != 0) {
@@ -226,7 +234,7 @@ std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFl
   if (workers_kept != nullptr) *workers_kept = workers;
   check_same_job(cfg, *workers);
   workers->set_algorithm(so.algorithm);
-  return dist::make_multi_worker_mirrored(workers, so);
+  return distribute::make_multi_worker_mirrored(workers, so);
 }
 
 }  // namespace hpm::cli

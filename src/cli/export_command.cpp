@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "hpm/dist/ps/checkpoint.h"
+#include "hpm/distribute/ps/checkpoint.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/paths.h"
 #include "hpm/io/safetensors.h"
@@ -27,7 +27,7 @@ CLI::App* add_export_command(CLI::App& app, ExportCommandOptions& o) {
 
 int run_export(const ExportCommandOptions& o) {
   // A parameter-server job's checkpoint (manifest.json and shards), or a Trainer's.
-  const std::string ps = dist::ps::ps_checkpoint_dir(o.checkpoint);
+  const std::string ps = distribute::ps::ps_checkpoint_dir(o.checkpoint);
   const std::string dir = ps.empty() ? train::resolve_checkpoint_dir(o.checkpoint) : ps;
   // Writing into a checkpoint would replace the weights being exported (or another checkpoint's,
   // or `latest`), which its recorded checksum then rejects: the checkpoint is lost.
@@ -44,7 +44,7 @@ int run_export(const ExportCommandOptions& o) {
   io::NamedTensors out;
   const io::NamedTensors weights =
       ps.empty() ? train::load_checkpoint_weights(dir)
-                 : dist::ps::ps_checkpoint_weights(dist::ps::read_ps_checkpoint(dir));
+                 : distribute::ps::ps_checkpoint_weights(distribute::ps::read_ps_checkpoint(dir));
   for (const auto& [name, t] : weights) {
     if (t.dtype() != DType::F32 || o.dtype == "f32") {
       out.emplace_back(name, t);

@@ -160,7 +160,7 @@ int run_plan(const PlanCommandOptions& o) {
   return 0;
 }
 
-nlohmann::json pipeline_report_json(const dist::Strategy* strategy) {
+nlohmann::json pipeline_report_json(const distribute::Strategy* strategy) {
   const pipeline::PipelineReport* r = strategy ? pipeline::pipeline_report(*strategy) : nullptr;
   if (r == nullptr) return nullptr;
   const pipeline::StepStats& st = r->last_step;

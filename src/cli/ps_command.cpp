@@ -10,16 +10,16 @@
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/options.h"
-#include "hpm/dist/ps/coordinator.h"
-#include "hpm/dist/ps/server.h"
-#include "hpm/dist/ps/worker.h"
+#include "hpm/distribute/ps/coordinator.h"
+#include "hpm/distribute/ps/server.h"
+#include "hpm/distribute/ps/worker.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/tensor/device.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::cli {
 
-namespace ps = dist::ps;
+namespace ps = distribute::ps;
 
 namespace {
 

@@ -101,8 +101,8 @@ PseudoLabels pseudo_label(const Tensor& teacher_probs, const PseudoLabelOptions&
   std::vector<std::int64_t> classes(rows.size());
   for (std::size_t i = 0; i < rows.size(); ++i) classes[i] = top[rows[i]];
   out.classes = Tensor::from_i64(classes, {static_cast<std::int64_t>(rows.size())});
-  out.targets =
-      options.kind == PseudoLabelKind::kHard ? one_hot(out.classes, c) : gather_rows(teacher_probs, rows);
+  out.targets = options.kind == PseudoLabelKind::kHard ? one_hot(out.classes, c)
+                                                       : gather_rows(teacher_probs, rows);
   return out;
 }
 
@@ -149,7 +149,8 @@ double fit_targets(nn::Module& model, optim::Optimizer& optimizer, const Tensor&
                                 options.augment)[0];
       }
       optimizer.zero_grad();
-      const dist::ReplicaStepResult step = dist::replica_step(model, objective, {x, t}, {});
+      const distribute::ReplicaStepResult step =
+          distribute::replica_step(model, objective, {x, t}, {});
       if (!step.finite) {
         throw train::TrainingError("noisy student: loss is not finite at epoch " +
                                    std::to_string(epoch + 1) + ", step " + std::to_string(s + 1));

@@ -38,7 +38,7 @@ class GradModeGuard {
   bool previous_;
 };
 
-// Segments of `every` units, each run through checkpoint() unless the mode spares it.
+// Segments of `every` units, each run through forward_recomputed() unless the mode spares it.
 class RecomputedSequential final : public Sequential {
  public:
   RecomputedSequential(const Sequential& model, int every, RecomputeMode mode)
@@ -57,7 +57,7 @@ class RecomputedSequential final : public Sequential {
       const bool last = s + 1 == segments_.size();
       const bool recompute =
           mode_ == RecomputeMode::Always || (mode_ == RecomputeMode::ExceptLast && !last);
-      h = recompute ? checkpoint(*segments_[s], h) : segments_[s]->forward(h);
+      h = recompute ? forward_recomputed(*segments_[s], h) : segments_[s]->forward(h);
     }
     return h;
   }
@@ -96,7 +96,7 @@ std::string to_string(RecomputeMode mode) {
 
 bool recomputing() { return recomputing_now; }
 
-Tensor checkpoint(Module& module, const Tensor& x) {
+Tensor forward_recomputed(Module& module, const Tensor& x) {
   if (!autograd::grad_enabled()) return module.forward(x);
   // The generator dropout will draw from, and where it stands: the re-run starts from there.
   Generator* gen = &default_generator();

@@ -14,7 +14,7 @@
 
 #include "hpm/autograd/deferred.h"
 #include "hpm/comm/local.h"
-#include "hpm/dist/replica_step.h"
+#include "hpm/distribute/replica_step.h"
 #include "hpm/nn/losses.h"
 #include "hpm/tensor/random.h"
 #include "hpm/trace/trace.h"
@@ -216,14 +216,14 @@ class Pipeline::Stage {
     const bool recompute = options_.recompute == nn::RecomputeMode::Always ||
                            (options_.recompute == nn::RecomputeMode::ExceptLast &&
                             a.micro != schedule_.micro_batches - 1);
-    Tensor out = recompute ? nn::checkpoint(chunk, in) : chunk.forward(in);
+    Tensor out = recompute ? nn::forward_recomputed(chunk, in) : chunk.forward(in);
     Tensor keep = out;
     if (a.chunk == last_chunk()) {
       // The one replica step's loss: each micro-batch's mean weighted by its share of the
       // mini-batch, so the gradients add up to the mini-batch mean's.
       const nn::Batch micro{x_.narrow(first, rows), y_.narrow(first, rows)};
-      dist::WeightedLoss w =
-          dist::weighted_loss(*objective_, out, micro, objective_->weight(micro) / step_weight_);
+      distribute::WeightedLoss w = distribute::weighted_loss(
+          *objective_, out, micro, objective_->weight(micro) / step_weight_);
       if (!w.finite) result_.finite = false;
       result_.metrics.merge(w.metrics);
       keep = w.loss;

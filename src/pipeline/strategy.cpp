@@ -20,12 +20,12 @@ void collect_batch_norms(nn::Module& m, std::vector<nn::BatchNorm*>& out) {
   for (const auto& [name, child] : m.children()) collect_batch_norms(*child, out);
 }
 
-dist::StrategyOptions one_replica(dist::StrategyOptions o) {
+distribute::StrategyOptions one_replica(distribute::StrategyOptions o) {
   o.replicas = 1;
   return o;
 }
 
-class PipelineStrategy final : public dist::Strategy {
+class PipelineStrategy final : public distribute::Strategy {
  public:
   PipelineStrategy(const PipelineStrategyOptions& o, comm::CommunicatorPtr workers)
       : Strategy(one_replica({}), workers ? workers->rank() : 0, workers ? workers->size() : 1),
@@ -40,8 +40,8 @@ class PipelineStrategy final : public dist::Strategy {
 
   std::string name() const override { return "pipeline"; }
 
-  void scope(const dist::ModelFactory& model_fn,
-             const dist::OptimizerFactory& optimizer_fn) override {
+  void scope(const distribute::ModelFactory& model_fn,
+             const distribute::OptimizerFactory& optimizer_fn) override {
     replicas_.clear();
     pipeline_.reset();
     Replica rep;
@@ -53,9 +53,9 @@ class PipelineStrategy final : public dist::Strategy {
     replicas_.push_back(std::move(rep));
   }
 
-  using dist::Strategy::train_step;
-  dist::StepResult train_step(const nn::Batch& batch, const nn::Objective& objective, float clip,
-                              bool stop_requested) override {
+  using distribute::Strategy::train_step;
+  distribute::StepResult train_step(const nn::Batch& batch, const nn::Objective& objective,
+                                    float clip, bool stop_requested) override {
     const Tensor& x = batch.inputs;
     if (replicas_.empty()) throw std::logic_error("train_step before strategy.scope");
     if (accumulation_steps() != 1) {
@@ -75,13 +75,13 @@ class PipelineStrategy final : public dist::Strategy {
     // Across processes the metrics live on the last stage, and any stage may have seen a NaN or
     // a stop request: every process learns all of it (in the objective's order of metrics, which
     // the stages without outputs contribute zeros to).
-    dist::StepResult r;
+    distribute::StepResult r;
     r.metrics = nn::Metrics(objective.metric_names(batch));
     r.metrics.merge(st.metrics);
     std::vector<double> flags = {st.finite ? 0.0 : 1.0, stop_requested ? 1.0 : 0.0};
-    dist::all_reduce_metrics(r.metrics, flags, workers_.get());
+    distribute::all_reduce_metrics(r.metrics, flags, workers_.get());
     r.samples = st.rows;
-    dist::set_from_metrics(r);
+    distribute::set_from_metrics(r);
     r.finite = flags[0] == 0 && std::isfinite(r.loss);
     r.stop_requested = flags[1] > 0;
     if (!r.finite) return r;
@@ -351,12 +351,12 @@ class PipelineStrategy final : public dist::Strategy {
 
 }  // namespace
 
-std::shared_ptr<dist::Strategy> make_pipeline(const PipelineStrategyOptions& options,
-                                              comm::CommunicatorPtr workers) {
+std::shared_ptr<distribute::Strategy> make_pipeline(const PipelineStrategyOptions& options,
+                                                    comm::CommunicatorPtr workers) {
   return std::make_shared<PipelineStrategy>(options, std::move(workers));
 }
 
-const PipelineReport* pipeline_report(const dist::Strategy& strategy) {
+const PipelineReport* pipeline_report(const distribute::Strategy& strategy) {
   const auto* p = dynamic_cast<const PipelineStrategy*>(&strategy);
   return p ? p->report() : nullptr;
 }

@@ -49,7 +49,7 @@ Trainer::Trainer(std::shared_ptr<nn::Module> model, std::shared_ptr<optim::Optim
       schedule_(schedule ? std::move(schedule) : std::make_shared<optim::ConstantLr>()),
       base_lr_(optimizer_->lr()) {}
 
-Trainer::Trainer(std::shared_ptr<dist::Strategy> strategy,
+Trainer::Trainer(std::shared_ptr<distribute::Strategy> strategy,
                  std::shared_ptr<optim::LrSchedule> schedule)
     : Trainer(strategy->model(), strategy->optimizer(), std::move(schedule)) {
   strategy_ = std::move(strategy);
@@ -110,7 +110,7 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
     throw TrainingError(os.str());
   };
   if (strategy_) {
-    const dist::StepResult r =
+    const distribute::StepResult r =
         strategy_->train_step(batch, objective, options_.clip_grad_norm, stop_signalled());
     stop_agreed_ = r.stop_requested;
     if (!r.finite) stopped("not finite (NaN or Inf on some replica)");
@@ -120,10 +120,10 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   }
   stop_agreed_ = stop_signalled();
   optimizer_->zero_grad();
-  dist::ReplicaStepOptions o;
+  distribute::ReplicaStepOptions o;
   o.micro_batches = options_.accumulation_steps;
   o.precision = options_.precision;
-  const dist::ReplicaStepResult r = dist::replica_step(*model_, objective, batch, o);
+  const distribute::ReplicaStepResult r = distribute::replica_step(*model_, objective, batch, o);
   if (!r.finite) stopped(std::isnan(r.bad_value) ? "NaN" : "Inf");
   if (options_.clip_grad_norm > 0.0f) {
     optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
@@ -215,7 +215,7 @@ void Trainer::write_backup(data::Iterator* it, bool epoch_done, FitResult& resul
 FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* test,
                        const FitOptions& options) {
   options_ = options;
-  dist::micro_batches(0, options.accumulation_steps);  // validates it before any work
+  distribute::micro_batches(0, options.accumulation_steps);  // validates it before any work
   // Backups are deleted when the run finishes and both prune their oldest: sharing a directory
   // (in any spelling, or one inside the other) would delete checkpoints.
   if (!options.backup_dir.empty() && !options.checkpoint_dir.empty() &&

@@ -448,8 +448,8 @@ namespace {
 // A model of blocks from the config: a small ResNet trains on one device, through a 2-stage
 // pipeline cut between its blocks, and in two processes (multi_worker_mirrored), and resumes
 // from its checkpoint. BatchNorm normalizes by the rows each replica sees, so the multi-process
-// run is held to learning, not to the one-device numbers (tests/dist/models_test.cpp holds the
-// arithmetic to them with the same micro-batches).
+// run is held to learning, not to the one-device numbers (tests/distribute/models_test.cpp holds
+// the arithmetic to them with the same micro-batches).
 TEST(HpmModels, ResNetTrainsOnOneDeviceInAPipelineAndInTwoProcesses) {
   // Real images: the synthetic set's classes differ by the phase of a stripe pattern, which a
   // convolutional net that pools globally cannot see.

@@ -9,8 +9,8 @@
 #include "common/models.h"
 #include "common/training.h"
 #include "hpm/comm/local.h"
-#include "hpm/dist/strategy.h"
 #include "hpm/distill/distiller.h"
+#include "hpm/distribute/strategy.h"
 #include "hpm/nn/layers.h"
 
 namespace hpm::distill {
@@ -24,12 +24,12 @@ std::shared_ptr<const Distiller> two_teachers() {
   return std::make_shared<Distiller>(t, DistillOptions{0.7f, 2.0f});
 }
 
-std::vector<float> distill(dist::Strategy& s, const nn::Objective& objective, int steps) {
+std::vector<float> distill(distribute::Strategy& s, const nn::Objective& objective, int steps) {
   manual_seed(7);
   s.scope(testing::small_model, testing::sgd);
   for (int k = 0; k < steps; ++k) {
     const testing::Batch b = testing::random_batch(24, 50 + static_cast<std::uint64_t>(k));
-    const dist::StepResult r = s.train_step({b.x, b.y}, objective, 0.0f);
+    const distribute::StepResult r = s.train_step({b.x, b.y}, objective, 0.0f);
     EXPECT_TRUE(r.finite);
     EXPECT_EQ(r.samples, 24);
   }
@@ -42,20 +42,20 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b, cons
 
 TEST(DistillUnderStrategies, EqualsOneDevice) {
   const DistillationObjective objective(two_teachers());
-  const auto ref = distill(*dist::make_one_device(), objective, 5);
-  dist::StrategyOptions o;
+  const auto ref = distill(*distribute::make_one_device(), objective, 5);
+  distribute::StrategyOptions o;
   o.replicas = 2;
   o.threads = 2;
-  expect_close(ref, distill(*dist::make_mirrored(o), objective, 5), "mirrored x2");
+  expect_close(ref, distill(*distribute::make_mirrored(o), objective, 5), "mirrored x2");
   o.replicas = 3;  // 24 rows as 8/8/8
-  expect_close(ref, distill(*dist::make_mirrored(o), objective, 5), "mirrored x3");
+  expect_close(ref, distill(*distribute::make_mirrored(o), objective, 5), "mirrored x3");
   o.replicas = 2;
-  expect_close(ref, distill(*dist::make_central_storage(o), objective, 5), "central storage");
+  expect_close(ref, distill(*distribute::make_central_storage(o), objective, 5), "central storage");
 
   auto workers = comm::make_local_group(2, 20s);
   std::vector<std::vector<float>> got(2);
   testing::on_workers(2, 7, [&](int w) {
-    auto s = dist::make_multi_worker_mirrored(workers[static_cast<std::size_t>(w)], {});
+    auto s = distribute::make_multi_worker_mirrored(workers[static_cast<std::size_t>(w)], {});
     s->scope(testing::small_model, testing::sgd);
     for (int k = 0; k < 5; ++k) {
       const testing::Batch b = testing::random_batch(24, 50 + static_cast<std::uint64_t>(k));
@@ -85,7 +85,7 @@ TEST(DistillUnderStrategies, LanguageModelEqualsOneDevice) {
       std::make_shared<Distiller>(std::vector<Teacher>{{teacher, 1.0f}},
                                   DistillOptions{0.5f, 2.0f}),
       std::make_shared<nn::LanguageModelling>());
-  const auto train = [&](dist::Strategy& s) {
+  const auto train = [&](distribute::Strategy& s) {
     manual_seed(9);
     s.scope(testing::tiny_gpt, testing::sgd);
     for (int k = 0; k < 4; ++k) {
@@ -94,15 +94,15 @@ TEST(DistillUnderStrategies, LanguageModelEqualsOneDevice) {
     }
     return testing::flat_parameters(*s.model());
   };
-  const auto ref = train(*dist::make_one_device());
-  dist::StrategyOptions o;
+  const auto ref = train(*distribute::make_one_device());
+  distribute::StrategyOptions o;
   o.replicas = 2;
   o.threads = 2;
-  expect_close(ref, train(*dist::make_mirrored(o)), "mirrored x2");
+  expect_close(ref, train(*distribute::make_mirrored(o)), "mirrored x2");
   // The teacher's term moved the student: the same steps on the base objective alone differ.
   const nn::LanguageModelling alone;
   manual_seed(9);
-  auto s = dist::make_one_device();
+  auto s = distribute::make_one_device();
   s->scope(testing::tiny_gpt, testing::sgd);
   for (int k = 0; k < 4; ++k)
     s->train_step(testing::token_batch(6, 8, 32, 70 + static_cast<std::uint64_t>(k)), alone, 0.0f);

@@ -3,6 +3,7 @@
 // through the layers it depends on) in the table of ../shared/DESIGN.md. A new include across the
 // map fails here until the code or the map changes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -18,9 +20,6 @@ namespace fs = std::filesystem;
 using Graph = std::map<std::string, std::set<std::string>>;
 
 const fs::path kSource = HPM_SOURCE_DIR;
-
-// DESIGN.md names a layer in words where its folder (and include path) is shorter.
-std::string folder_of(const std::string& layer) { return layer == "distribute" ? "dist" : layer; }
 
 // The "| layer | owns | depends on |" table: layer folder -> the layer folders in its last column.
 Graph read_design_table(const fs::path& design) {
@@ -37,8 +36,7 @@ Graph read_design_table(const fs::path& design) {
     if (line.rfind("|---", 0) == 0) continue;
     if (line.empty() || line[0] != '|') break;
     const auto first = line.find('|', 1), last = line.rfind('|', line.size() - 2);
-    const std::string layer =
-        folder_of(std::regex_replace(line.substr(1, first - 1), std::regex("\\s"), ""));
+    const std::string layer = std::regex_replace(line.substr(1, first - 1), std::regex("\\s"), "");
     std::string deps = line.substr(last + 1);
     deps = deps.substr(0, deps.find('|'));
     auto& out = g[layer];
@@ -49,7 +47,7 @@ Graph read_design_table(const fs::path& design) {
     static const std::regex word("[a-z]+");
     for (auto it = std::sregex_iterator(deps.begin(), deps.end(), word);
          it != std::sregex_iterator(); ++it)
-      out.insert(folder_of(it->str()));
+      out.insert(it->str());
   }
   return g;
 }
@@ -117,6 +115,57 @@ TEST(Layering, TheCheckCatchesAnIncludeAgainstTheMap) {
   EXPECT_TRUE(pipeline.count("autograd")) << "through nn";
   EXPECT_FALSE(pipeline.count("train")) << "the pipeline knows no Trainer";
   EXPECT_TRUE(allowed(g, "cli").count("distill"));
+}
+
+// The backend seam, checked: outside the tensor layer only the layers whose business is host
+// bytes read a tensor's memory (data<T>(), raw_data()) or call the CPU backend's kernels by name:
+// io (files), data (the input pipeline, on the host), comm (gloo's byte buffers). Everything
+// else goes through the ops of hpm/tensor/kernels.h, so it runs on any device.
+const std::set<std::string> kHostViewLayers = {"tensor", "io", "data", "comm"};
+
+std::vector<std::string> host_views_outside(const fs::path& root) {
+  static const std::regex view(R"((\.|->)data<|raw_data\(|"hpm/tensor/backend/cpu\.h")");
+  std::vector<std::string> found;
+  for (const auto& layer_dir : fs::directory_iterator(root)) {
+    if (!layer_dir.is_directory()) continue;
+    if (kHostViewLayers.count(layer_dir.path().filename().string())) continue;
+    for (const auto& f : fs::recursive_directory_iterator(layer_dir.path())) {
+      if (!f.is_regular_file()) continue;
+      std::ifstream in(f.path());
+      std::string line;
+      for (int n = 1; std::getline(in, line); ++n) {
+        if (std::regex_search(line, view)) {
+          found.push_back(f.path().lexically_relative(root).string() + ":" + std::to_string(n) +
+                          ": " + line);
+        }
+      }
+    }
+  }
+  return found;
+}
+
+TEST(BackendSeam, OnlyHostByteLayersReadTensorMemory) {
+  int checked = 0;
+  for (const fs::path& root : {kSource / "src", kSource / "include" / "hpm"}) {
+    for (const std::string& hit : host_views_outside(root)) {
+      ADD_FAILURE() << hit << "\n  (a host pointer above the tensor layer: use a kernels.h op, or "
+                    << "to_vector()/to_bytes()/assign_bytes() where a value must reach the host)";
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
+}
+
+TEST(BackendSeam, TheCheckCatchesAHostPointer) {
+  const fs::path dir = fs::temp_directory_path() / ("hpm-seam-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "nn");
+  std::ofstream(dir / "nn" / "bad.cpp") << "float* p = x.data<float>();\n";
+  fs::create_directories(dir / "io");  // io may
+  std::ofstream(dir / "io" / "ok.cpp") << "float* p = x.data<float>();\n";
+  const auto found = host_views_outside(dir);
+  fs::remove_all(dir);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_NE(found[0].find("nn/bad.cpp:1"), std::string::npos) << found[0];
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 // Pipelines over models that are not stacks: a GPT cut between its blocks (embeddings, transformer
 // blocks, head) trained through every schedule, on threads and on one process per stage, equals
-// the unsplit model on one device (1e-4 relative after N SGD steps, as tests/dist/models_test.cpp),
-// with its token embedding and head untied and tied (the tied weight's two stages each add their
-// part of its gradient: into one tensor on threads, summed across processes).
+// the unsplit model on one device (1e-4 relative after N SGD steps, as
+// tests/distribute/models_test.cpp), with its token embedding and head untied and tied (the tied
+// weight's two stages each add their part of its gradient: into one tensor on threads, summed
+// across processes).
 #include "common/models.h"
 
 #include <gtest/gtest.h>
@@ -15,7 +16,7 @@
 
 #include "common/training.h"
 #include "hpm/comm/local.h"
-#include "hpm/dist/strategy.h"
+#include "hpm/distribute/strategy.h"
 #include "hpm/pipeline/strategy.h"
 #include "hpm/tensor/kernels.h"
 
@@ -30,11 +31,12 @@ std::shared_ptr<nn::Module> untied_gpt() {
 
 const nn::LanguageModelling objective;
 
-std::vector<float> train(dist::Strategy& s, const dist::ModelFactory& model, int steps) {
+std::vector<float> train(distribute::Strategy& s, const distribute::ModelFactory& model,
+                         int steps) {
   manual_seed(7);
   s.scope(model, testing::sgd);
   for (int k = 0; k < steps; ++k) {
-    const dist::StepResult r = s.train_step(
+    const distribute::StepResult r = s.train_step(
         testing::token_batch(8, 8, 32, 100 + static_cast<std::uint64_t>(k)), objective, 1.0f);
     EXPECT_TRUE(r.finite);
     EXPECT_EQ(r.metrics.count("loss"), 64.0) << "every token counted once, on the last stage";
@@ -50,8 +52,9 @@ void expect_close(const std::vector<float>& a, const std::vector<float>& b,
 
 TEST(PipelineModels, GptThroughEveryScheduleMatchesOneDevice) {
   for (const bool tied : {false, true}) {
-    const dist::ModelFactory model = tied ? dist::ModelFactory(testing::tiny_gpt) : untied_gpt;
-    const auto ref = train(*dist::make_one_device(), model, 3);
+    const distribute::ModelFactory model =
+        tied ? distribute::ModelFactory(testing::tiny_gpt) : untied_gpt;
+    const auto ref = train(*distribute::make_one_device(), model, 3);
     struct Case {
       ScheduleKind kind;
       int chunks_per_stage;
@@ -82,8 +85,9 @@ TEST(PipelineModels, GptThroughEveryScheduleMatchesOneDevice) {
 // gradients the other process waits for.
 TEST(PipelineModels, GptWithOneProcessPerStageMatchesOneDeviceUnderEverySchedule) {
   for (const bool tied : {false, true}) {
-    const dist::ModelFactory model = tied ? dist::ModelFactory(testing::tiny_gpt) : untied_gpt;
-    const auto ref = train(*dist::make_one_device(), model, 3);
+    const distribute::ModelFactory model =
+        tied ? distribute::ModelFactory(testing::tiny_gpt) : untied_gpt;
+    const auto ref = train(*distribute::make_one_device(), model, 3);
     for (const auto& [kind, chunks_per_stage] :
          {std::pair{ScheduleKind::kOneFOneB, 1}, std::pair{ScheduleKind::kInterleaved, 2},
           std::pair{ScheduleKind::kZeroBubbleH1, 1}}) {
@@ -111,7 +115,7 @@ TEST(PipelineModels, GptWithOneProcessPerStageMatchesOneDeviceUnderEverySchedule
 TEST(PipelineModels, ATiedWeightOnTwoStagesIsClippedOnce) {
   nn::GPT probe(testing::tiny_gpt_config());
   ASSERT_EQ(probe.head->weight.impl(), probe.tok->weight.impl()) << "tiny_gpt ties its weights";
-  const auto run = [](dist::Strategy& s) {
+  const auto run = [](distribute::Strategy& s) {
     manual_seed(7);
     s.scope(testing::tiny_gpt, testing::sgd);
     for (int k = 0; k < 3; ++k) {
@@ -122,7 +126,7 @@ TEST(PipelineModels, ATiedWeightOnTwoStagesIsClippedOnce) {
     s.synchronize();
     return testing::flat_parameters(*s.model());
   };
-  const auto ref = run(*dist::make_one_device());
+  const auto ref = run(*distribute::make_one_device());
   PipelineStrategyOptions o;
   o.pipeline.micro_batches = 4;
   o.partition = PartitionMethod::kUniform;
@@ -146,7 +150,7 @@ TEST(PipelineModels, ATiedWeightOnTwoStagesIsClippedOnce) {
 // same micro-batches as gradient accumulation.
 TEST(PipelineModels, ResNetThroughEveryScheduleMatchesOneDeviceWithTheSameMicroBatches) {
   const nn::Classification classify;
-  const auto run = [&](dist::Strategy& s) {
+  const auto run = [&](distribute::Strategy& s) {
     manual_seed(7);
     s.scope(testing::tiny_resnet, testing::sgd);
     for (int k = 0; k < 3; ++k) {
@@ -156,9 +160,9 @@ TEST(PipelineModels, ResNetThroughEveryScheduleMatchesOneDeviceWithTheSameMicroB
     }
     return testing::flat_parameters(*s.model());
   };
-  dist::StrategyOptions one;
+  distribute::StrategyOptions one;
   one.accumulation_steps = 4;
-  const auto ref = run(*dist::make_one_device(one));
+  const auto ref = run(*distribute::make_one_device(one));
   for (ScheduleKind kind : {ScheduleKind::kGPipe, ScheduleKind::kOneFOneB,
                             ScheduleKind::kInterleaved, ScheduleKind::kZeroBubbleH1}) {
     PipelineStrategyOptions o;
@@ -180,7 +184,7 @@ TEST(PipelineModels, Bf16StagesMatchOneDeviceInBf16) {
   const nn::Classification classify;
   struct Model {
     const char* name;
-    dist::ModelFactory make;
+    distribute::ModelFactory make;
     std::function<nn::Batch(std::uint64_t)> batch;
     const nn::Objective* objective;
   };
@@ -189,7 +193,7 @@ TEST(PipelineModels, Bf16StagesMatchOneDeviceInBf16) {
               [](std::uint64_t seed) { return testing::token_batch(8, 8, 32, seed); }, &objective},
         Model{"resnet", testing::tiny_resnet,
               [](std::uint64_t seed) { return testing::image_batch(8, seed); }, &classify}}) {
-    const auto run = [&](dist::Strategy& s, autograd::Precision p) {
+    const auto run = [&](distribute::Strategy& s, autograd::Precision p) {
       manual_seed(7);
       s.set_precision(p);
       s.scope(m.make, testing::sgd);
@@ -199,9 +203,9 @@ TEST(PipelineModels, Bf16StagesMatchOneDeviceInBf16) {
       s.synchronize();
       return testing::flat_parameters(*s.model());
     };
-    dist::StrategyOptions one;
+    distribute::StrategyOptions one;
     one.accumulation_steps = 4;
-    const auto ref = run(*dist::make_one_device(one), autograd::Precision::BF16);
+    const auto ref = run(*distribute::make_one_device(one), autograd::Precision::BF16);
     for (ScheduleKind kind : {ScheduleKind::kOneFOneB, ScheduleKind::kInterleaved}) {
       PipelineStrategyOptions o;
       o.pipeline.micro_batches = 4;

@@ -14,7 +14,7 @@
 #include "common/training.h"
 #include "hpm/autograd/ops.h"
 #include "hpm/comm/local.h"
-#include "hpm/dist/strategy.h"
+#include "hpm/distribute/strategy.h"
 #include "hpm/nn/layers.h"
 #include "hpm/pipeline/strategy.h"
 #include "hpm/tensor/random.h"
@@ -145,7 +145,7 @@ TEST(Pipeline, AFirstChunkWithoutParametersRunsEverySchedule) {
   }
 }
 
-std::vector<float> train(dist::Strategy& s, int steps) {
+std::vector<float> train(distribute::Strategy& s, int steps) {
   s.scope([] { return mlp(9); },
           [](nn::Module& m) {
             return std::make_shared<optim::Adam>(m.named_parameters(), optim::AdamOptions{});
@@ -173,7 +173,7 @@ std::vector<float> flat_optimizer_state(const optim::Optimizer& o) {
 }
 
 TEST(PipelineStrategy, NStepsMatchOneDeviceForEverySchedule) {
-  const std::vector<float> reference = train(*dist::make_one_device(), 6);
+  const std::vector<float> reference = train(*distribute::make_one_device(), 6);
   for (auto [kind, v] :
        std::vector<std::pair<ScheduleKind, int>>{{ScheduleKind::kGPipe, 1},
                                                  {ScheduleKind::kOneFOneB, 1},
@@ -199,7 +199,7 @@ TEST(PipelineStrategy, NStepsMatchOneDeviceForEverySchedule) {
 // The same model trained through the strategy, its first stage the flatten alone (no parameters
 // to update): N steps match one device.
 TEST(PipelineStrategy, AFirstStageWithoutParametersTrainsAsOneDevice) {
-  const auto steps = [](dist::Strategy& s) {
+  const auto steps = [](distribute::Strategy& s) {
     s.scope([] { return flattening_mlp(9); },
             [](nn::Module& m) {
               return std::make_shared<optim::Adam>(m.named_parameters(), optim::AdamOptions{});
@@ -211,7 +211,7 @@ TEST(PipelineStrategy, AFirstStageWithoutParametersTrainsAsOneDevice) {
     s.synchronize();
     return testing::flat_parameters(*s.model());
   };
-  const std::vector<float> reference = steps(*dist::make_one_device());
+  const std::vector<float> reference = steps(*distribute::make_one_device());
   PipelineStrategyOptions o;
   o.pipeline.stages = 3;
   o.pipeline.micro_batches = 4;
@@ -449,7 +449,7 @@ TEST(PipelineStrategy, BatchNormRunningStatisticsAreCommittedOncePerMiniBatch) {
     return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.0f, 0.0f});
   };
   const Batch b = batch(20, 8);
-  auto one = dist::make_one_device();
+  auto one = distribute::make_one_device();
   one->scope(make_model, opt);
   one->train_step(b.x, b.y, loss_fn, 0.0f);
   PipelineStrategyOptions o;
@@ -478,7 +478,7 @@ namespace {
 // One process per stage (here: threads with their own communicators, the path gloo takes):
 // after N steps every process holds the whole model, equal to one device's.
 TEST(PipelineStrategy, OneProcessPerStageMatchesOneDeviceAndSharesTheModel) {
-  const std::vector<float> reference = train(*dist::make_one_device(), 4);
+  const std::vector<float> reference = train(*distribute::make_one_device(), 4);
   auto comms = comm::make_local_group(2);
   std::vector<std::vector<float>> got(2);
   std::vector<std::thread> threads;
@@ -503,7 +503,7 @@ TEST(PipelineStrategy, OneProcessPerStageMatchesOneDeviceAndSharesTheModel) {
 // brings the other stages' weights and their optimizer state (Adam's moments), so that a backup
 // written by process 0 continues the run exactly.
 TEST(PipelineStrategy, SynchronizeSharesTheOtherStagesWeightsAndOptimizerState) {
-  auto one = dist::make_one_device();
+  auto one = distribute::make_one_device();
   const std::vector<float> reference = train(*one, 3);
   const std::vector<float> reference_state = flat_optimizer_state(*one->optimizer());
   auto comms = comm::make_local_group(2);

@@ -81,9 +81,9 @@ TEST(TrainerMemory, AStepOverTheBudgetNamesItsNeedAndTheBudget) {
 
 TEST(TrainerMemory, ReplicasInSyncOverTheBudgetNameTheBudget) {
   // Central storage: replicas without collectives, so one running out cannot strand the others.
-  dist::StrategyOptions so;
+  distribute::StrategyOptions so;
   so.replicas = 2;
-  auto strategy = dist::make_central_storage(so);
+  auto strategy = distribute::make_central_storage(so);
   strategy->scope(
       [] { return std::shared_ptr<nn::Module>(model(512)); },
       [](nn::Module& m) {

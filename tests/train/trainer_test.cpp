@@ -351,9 +351,9 @@ FitResult fit_plain_and_mirrored(const data::LabelledData& data, const FitOption
   Trainer plain(model, sgd(*model));
   setup(plain);
   plain.fit(data, nullptr, o);
-  dist::StrategyOptions so;
+  distribute::StrategyOptions so;
   so.replicas = 2;
-  auto strategy = dist::make_mirrored(so);
+  auto strategy = distribute::make_mirrored(so);
   manual_seed(5);
   strategy->scope(build, sgd);
   Trainer mirrored(strategy);

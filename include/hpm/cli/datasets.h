@@ -7,14 +7,14 @@
 #include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/data/token_shard.h"
-#include "hpm/dist/strategy.h"
+#include "hpm/distribute/strategy.h"
 
 namespace hpm::cli {
 
 // The training pipeline; `*examples` is the training set's size (-1 when reading TFRecord files).
 // With a `strategy` spanning workers and [strategy] shard other than "batch", this worker's shard.
 data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
-                                const dist::Strategy* strategy = nullptr);
+                                const distribute::Strategy* strategy = nullptr);
 // A language model's training tokens (source "text" or "tokens"), as training_pipeline reads them.
 data::TokenSequence training_tokens(const Config& cfg);
 // The evaluation set ([data] test_limit applied).

@@ -1,11 +1,11 @@
-// The [strategy] section and the worker flags, turned into a dist::Strategy.
+// The [strategy] section and the worker flags, turned into a distribute::Strategy.
 #pragma once
 #include <memory>
 #include <string>
 
 #include "hpm/cli/config.h"
 #include "hpm/comm/communicator.h"
-#include "hpm/dist/strategy.h"
+#include "hpm/distribute/strategy.h"
 
 namespace hpm::cli {
 
@@ -26,7 +26,7 @@ struct WorkerFlags {
 // (distill's student, then its baseline): made at the first multi-worker strategy, reused by the
 // next. A second rendezvous at the launcher's address would meet the first one's store (rank 0's
 // port still bound, its keys still there) and fail or hang.
-std::shared_ptr<dist::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags,
-                                               comm::CommunicatorPtr* workers = nullptr);
+std::shared_ptr<distribute::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags,
+                                                     comm::CommunicatorPtr* workers = nullptr);
 
 }  // namespace hpm::cli

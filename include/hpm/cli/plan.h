@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "hpm/dist/strategy.h"
+#include "hpm/distribute/strategy.h"
 
 namespace CLI {
 class App;
@@ -31,6 +31,6 @@ int run_plan(const PlanCommandOptions& options);
 
 // The pipeline strategy's partition and last step (bubble, per-stage peak memory) for hpm train's
 // report; null when `strategy` is not a pipeline.
-nlohmann::json pipeline_report_json(const dist::Strategy* strategy);
+nlohmann::json pipeline_report_json(const distribute::Strategy* strategy);
 
 }  // namespace hpm::cli

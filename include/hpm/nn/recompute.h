@@ -34,20 +34,21 @@ enum class RecomputeMode { Never, Always, ExceptLast };
 RecomputeMode parse_recompute_mode(const std::string& text);
 std::string to_string(RecomputeMode mode);
 
-// True on the calling thread while a checkpoint re-runs a forward for backward.
+// True on the calling thread while a recomputation re-runs a forward for backward.
 bool recomputing();
 
 // module.forward(x) without keeping its inner activations; backward re-runs it (same RNG state,
 // grad on) and backpropagates through the re-run. Without grad mode it is module.forward(x).
-Tensor checkpoint(Module& module, const Tensor& x);
+// (PyTorch's torch.utils.checkpoint; named apart from saved checkpoints.)
+Tensor forward_recomputed(Module& module, const Tensor& x);
 
 // The units a Sequential runs as one step: [begin, end) layer ranges, where a Conv2d followed by a
 // ReLU is one unit (Sequential fuses them). Segments and offload groups never split a unit.
 std::vector<std::pair<std::size_t, std::size_t>> sequential_units(const Sequential& model);
 
 // A Sequential whose layers are grouped into segments of `every` layers (units, as above), each
-// run through checkpoint() per `mode`. It holds the same layers under the same names, so its
-// state_dict and checkpoints are the model's. every >= 1 (std::invalid_argument otherwise).
+// run through forward_recomputed() per `mode`. It holds the same layers under the same names, so
+// its state_dict and checkpoints are the model's. every >= 1 (std::invalid_argument otherwise).
 std::shared_ptr<Module> with_recomputation(std::shared_ptr<Sequential> model, int every,
                                            RecomputeMode mode);
 

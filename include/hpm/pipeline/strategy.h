@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "hpm/dist/strategy.h"
+#include "hpm/distribute/strategy.h"
 #include "hpm/pipeline/partition.h"
 #include "hpm/pipeline/runtime.h"
 
@@ -24,8 +24,8 @@ struct PipelineStrategyOptions {
 // under `hpm launch`), stage workers->rank() here. Every process passes the same batches and
 // updates its own stage; after synchronize() (which the Trainer calls before it evaluates, saves
 // or backs up) every process holds the whole updated model and optimizer state.
-std::shared_ptr<dist::Strategy> make_pipeline(const PipelineStrategyOptions& options,
-                                              comm::CommunicatorPtr workers = nullptr);
+std::shared_ptr<distribute::Strategy> make_pipeline(const PipelineStrategyOptions& options,
+                                                    comm::CommunicatorPtr workers = nullptr);
 
 // The strategy's view of its pipeline, for reports and `hpm plan`.
 struct PipelineReport {
@@ -34,6 +34,6 @@ struct PipelineReport {
   StepStats last_step;
 };
 // Null until the first step built the pipeline, or when `strategy` is not a pipeline.
-const PipelineReport* pipeline_report(const dist::Strategy& strategy);
+const PipelineReport* pipeline_report(const distribute::Strategy& strategy);
 
 }  // namespace hpm::pipeline

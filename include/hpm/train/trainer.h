@@ -13,7 +13,7 @@
 #include "hpm/autograd/autocast.h"
 #include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
-#include "hpm/dist/strategy.h"
+#include "hpm/distribute/strategy.h"
 #include "hpm/nn/module.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/optim/schedule.h"
@@ -52,8 +52,8 @@ struct FitOptions {
   std::uint64_t seed = 0;
   float label_smoothing = 0.0f;
   float clip_grad_norm = 0.0f;  // 0 = off
-  // Gradient accumulation: each batch runs as this many micro-batches (dist::micro_batches), one
-  // optimizer step per batch, the update the whole batch's (see StrategyOptions).
+  // Gradient accumulation: each batch runs as this many micro-batches (distribute::micro_batches),
+  // one optimizer step per batch, the update the whole batch's (see StrategyOptions).
   int accumulation_steps = 1;
   // Mixed precision of the training steps, with or without a strategy (autograd/autocast.h).
   // Evaluation computes in f32.
@@ -164,7 +164,7 @@ class Trainer {
   // Trains through a distribution strategy whose scope() has built the replicas: each batch is
   // one global batch, split among the replicas in sync. Evaluation, prediction and checkpoints
   // use the strategy's primary copy of the variables; only worker 0 writes checkpoints.
-  Trainer(std::shared_ptr<dist::Strategy> strategy,
+  Trainer(std::shared_ptr<distribute::Strategy> strategy,
           std::shared_ptr<optim::LrSchedule> schedule = nullptr);
 
   // `train` yields (inputs, labels) batches; each epoch runs a new iterator (make_iterator(epoch)),
@@ -212,7 +212,7 @@ class Trainer {
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
   std::shared_ptr<optim::LrSchedule> schedule_;
-  std::shared_ptr<dist::Strategy> strategy_;  // null: the model trains on the caller's thread
+  std::shared_ptr<distribute::Strategy> strategy_;  // null: the model trains on the caller's thread
   std::shared_ptr<const nn::Objective> objective_;
   nn::Metrics last_metrics_;
   FitOptions options_;

@@ -1,0 +1,65 @@
+// The one training step of a replica, shared by every path that trains (the Trainer, every
+// strategy, the pipeline's last stage, the parameter-server worker, distillation): the model's
+// forward on each micro-batch, the Objective's loss and metrics, the non-finite verdict, the
+// weighting that makes micro-batches and replicas of any size add up to the step's mean, and
+// backward (with the reducer's hooks all-reducing as gradients become ready).
+//
+// Weighting: a micro-batch holding w of the step's W weight units (rows, or counted tokens) over
+// R replicas in sync scales its mean loss by R * w / W, so that summing micro-batches and then
+// averaging over replicas gives the gradient of the whole step's mean.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "hpm/autograd/autocast.h"
+#include "hpm/distribute/reducer.h"
+#include "hpm/nn/module.h"
+#include "hpm/nn/objective.h"
+
+namespace hpm::distribute {
+
+// The micro-batches `rows` rows split into for accumulation over `steps`: [first, count) ranges of
+// ceil(rows / steps) rows each, the last possibly smaller (fewer than `steps` when rows do not
+// fill them; none for 0 rows). Throws std::invalid_argument when steps < 1.
+std::vector<std::pair<std::int64_t, std::int64_t>> micro_batches(std::int64_t rows, int steps);
+
+// One micro-batch's loss, ready for backward: the objective on `outputs`, scaled by `scale`
+// (R * w / W above; no multiplication at exactly 1, so a whole-batch step is the plain mean).
+struct WeightedLoss {
+  Tensor loss;  // what backward runs on
+  nn::Metrics metrics;
+  float value = 0;  // the unscaled mean loss
+  bool finite = true;
+};
+WeightedLoss weighted_loss(const nn::Objective& objective, const Tensor& outputs,
+                           const nn::Batch& micro, double scale);
+
+struct ReplicaStepOptions {
+  int micro_batches = 1;       // gradient accumulation
+  int replicas_in_sync = 1;    // R
+  double step_weight = 0;      // W, over every replica; 0: this replica's batch is the step
+  Reducer* reducer = nullptr;  // all-reduces during the last micro-batch's backward
+  // Forward and backward run under autograd::AutocastScope(precision) on the calling thread.
+  autograd::Precision precision = autograd::Precision::F32;
+  // Called with each micro-batch's verdict before its backward (and so before this replica joins
+  // an all-reduce): replicas in one process learn of a NaN before anyone updates.
+  std::function<void(bool finite)> on_loss;
+};
+
+struct ReplicaStepResult {
+  nn::Metrics metrics;  // summed over the micro-batches
+  std::int64_t rows = 0;
+  bool finite = true;
+  float bad_value = 0;  // the first non-finite loss
+};
+
+// Forward and backward of `model` on `batch` (gradients accumulate into the parameters' .grad:
+// zero them first). Without a reducer, a non-finite loss stops the step before its backward;
+// with one, backward still runs so that the other replicas' all-reduces complete, and the caller
+// must not update.
+ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective,
+                               const nn::Batch& batch, const ReplicaStepOptions& options);
+
+}  // namespace hpm::distribute

@@ -1,0 +1,73 @@
+#include "hpm/distribute/replica_step.h"
+
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "hpm/trace/trace.h"
+
+namespace hpm::distribute {
+
+std::vector<std::pair<std::int64_t, std::int64_t>> micro_batches(std::int64_t rows, int steps) {
+  if (steps < 1) {
+    throw std::invalid_argument("accumulation_steps must be at least 1, got " +
+                                std::to_string(steps));
+  }
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  const std::int64_t each = (rows + steps - 1) / steps;
+  for (std::int64_t begin = 0; begin < rows; begin += each)
+    out.emplace_back(begin, std::min(each, rows - begin));
+  return out;
+}
+
+WeightedLoss weighted_loss(const nn::Objective& objective, const Tensor& outputs,
+                           const nn::Batch& micro, double scale) {
+  nn::ObjectiveResult r = objective.compute(outputs, micro);
+  WeightedLoss w;
+  w.value = r.loss.item();
+  w.finite = std::isfinite(w.value);
+  w.metrics = std::move(r.metrics);
+  w.loss = scale != 1.0 ? mul(r.loss, static_cast<float>(scale)) : r.loss;
+  return w;
+}
+
+ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective,
+                               const nn::Batch& batch, const ReplicaStepOptions& o) {
+  ReplicaStepResult out;
+  out.rows = batch.rows();
+  const autograd::AutocastScope precision(o.precision);
+  const auto micro = micro_batches(batch.rows(), o.micro_batches);
+  const double step_weight = o.step_weight > 0 ? o.step_weight : objective.weight(batch);
+  Reducer* reducer = o.reducer;
+  for (std::size_t m = 0; m < micro.size(); ++m) {
+    const bool last = m + 1 == micro.size();
+    // Micro-batches before the last accumulate locally; the last one's backward reduces the sum.
+    std::optional<NoSync> local_only;
+    if (reducer && !last) local_only.emplace(*reducer);
+    if (reducer && last) reducer->prepare_for_backward();
+    const auto [begin, count] = micro[m];
+    const nn::Batch part =
+        micro.size() == 1 && count == batch.rows() ? batch : batch.slice(begin, count);
+    const Tensor outputs = model.forward(part.inputs);
+    const double share =
+        micro.size() == 1 && o.step_weight <= 0 ? step_weight : objective.weight(part);
+    const double scale = static_cast<double>(o.replicas_in_sync) * share / step_weight;
+    WeightedLoss w = weighted_loss(objective, outputs, part, scale);
+    if (o.on_loss) o.on_loss(w.finite);
+    out.metrics.merge(w.metrics);
+    if (!w.finite && out.finite) {
+      out.finite = false;
+      out.bad_value = w.value;
+    }
+    if (!out.finite && reducer == nullptr) return out;  // nobody waits for this replica's gradients
+    trace::Span span("backward", "compute");
+    w.loss.backward();
+  }
+  // A replica without rows still takes part: its gradients count as zeros.
+  if (reducer && micro.empty()) reducer->prepare_for_backward();
+  if (reducer) reducer->finalize();
+  return out;
+}
+
+}  // namespace hpm::distribute
