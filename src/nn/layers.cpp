@@ -5,6 +5,8 @@
 #include <stdexcept>
 
 #include "hpm/nn/recompute.h"
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/placement.h"
 
 namespace hpm::nn {
 
@@ -155,7 +157,7 @@ void BatchNorm::count_batch() {
 
 void BatchNorm::defer_running_stats(bool on) {
   deferred_ = on;
-  Device& device = running_mean.defined() ? running_mean.device() : Device::current();
+  Device& device = running_mean.defined() ? device_beside(running_mean) : Device::current();
   sum_ = Tensor::zeros({o_.num_features}, DType::F64, device);
   sum_squares_ = Tensor::zeros({o_.num_features}, DType::F64, device);
   count_ = 0;

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "hpm/tensor/kernels.h"
+#include "hpm/tensor/placement.h"
 
 namespace hpm::optim {
 
@@ -50,7 +51,7 @@ Tensor Optimizer::buffer(std::size_t i, const std::string& name) {
   for (auto& [n, t] : buffers_[i])
     if (n == name) return t;
   const Tensor& p = params_[i].second;
-  buffers_[i].emplace_back(name, Tensor::zeros(p.shape(), DType::F32, p.device()));
+  buffers_[i].emplace_back(name, Tensor::zeros(p.shape(), DType::F32, device_beside(p)));
   return buffers_[i].back().second;
 }
 
@@ -123,12 +124,9 @@ void SGD::update(std::size_t i, Tensor& p, const Tensor& g) {
   const bool first = mom != 0.0f && !has_buffer(i, "momentum_buffer");
   Tensor buf = mom != 0.0f ? buffer(i, "momentum_buffer") : Tensor();
   // torch: the first step seeds the buffer with the gradient itself (no dampening).
-  const kernels::SgdStep s{lr_,
-                           o_.weight_decay,
-                           mom,
-                           first ? 0.0f : mom,
-                           first ? 1.0f : 1.0f - o_.dampening,
-                           o_.nesterov};
+  const kernels::SgdStep s{
+      lr_,        o_.weight_decay, mom, first ? 0.0f : mom, first ? 1.0f : 1.0f - o_.dampening,
+      o_.nesterov};
   kernels::sgd_step_(s, p, g, buf);
 }
 

@@ -6,6 +6,7 @@
 
 #include "hpm/tensor/backend.h"
 #include "hpm/tensor/kernels.h"
+#include "hpm/tensor/placement.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm {
@@ -318,6 +319,11 @@ std::string Tensor::str(int max_elements) const {
   if (n < numel()) os << ", ...";
   os << "])";
   return os.str();
+}
+
+Device& device_beside(const Tensor& t) {
+  Device& current = Device::current();
+  return t.device().id() == current.id() ? current : t.device();
 }
 
 void check_shape(const Tensor& t, const Shape& expected, const char* what) {

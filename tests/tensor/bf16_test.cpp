@@ -62,9 +62,9 @@ TEST(Bf16, GemmEqualsF32GemmOfRoundedOperands) {
       Tensor c = Tensor::randn({m, n}, gen);
       Tensor expected = c.clone();
       cpu::gemm(ta, tb, m, n, k, 0.5f, kernels::to_f32(ab).data<float>(), a.size(1),
-                    kernels::to_f32(bb).data<float>(), b.size(1), 2.0f, expected.data<float>(), n);
+                kernels::to_f32(bb).data<float>(), b.size(1), 2.0f, expected.data<float>(), n);
       cpu::gemm_bf16(ta, tb, m, n, k, 0.5f, ab.data<std::uint16_t>(), a.size(1),
-                         bb.data<std::uint16_t>(), b.size(1), 2.0f, c.data<float>(), n);
+                     bb.data<std::uint16_t>(), b.size(1), 2.0f, c.data<float>(), n);
       const auto got = c.to_vector(), want = expected.to_vector();
       for (std::size_t i = 0; i < got.size(); ++i)
         ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::fabs(want[i]))) << i;
@@ -91,16 +91,16 @@ TEST(Bf16, ConvolutionEqualsF32ConvolutionOfRoundedOperands) {
   };
   // y is rounded to bf16 (as torch.autocast gives it): a bf16 value, within half a bf16 unit
   // (at most 2^-8 relative) of the f32 result, plus the accumulation order's difference.
-  const Tensor y = kernels::conv2d_forward(x, w, bias, pb);
+  const Tensor y = cpu::conv2d_forward(x, w, bias, pb);
   EXPECT_EQ(y.to_vector(), rounded(y).to_vector()) << "y is not rounded to bf16";
   const auto got = y.to_vector();
-  const auto want = kernels::conv2d_forward(rounded(x), rounded(w), bias, p).to_vector();
+  const auto want = cpu::conv2d_forward(rounded(x), rounded(w), bias, p).to_vector();
   for (std::size_t i = 0; i < got.size(); ++i)
     ASSERT_NEAR(got[i], want[i], 1e-4f + std::ldexp(std::fabs(want[i]), -8)) << "y " << i;
   const Tensor gy = Tensor::randn(y.shape(), gen);
   Tensor gx, gw, gb, ex, ew, eb;
-  kernels::conv2d_backward(gy, x, w, pb, &gx, &gw, &gb);
-  kernels::conv2d_backward(rounded(gy), rounded(x), rounded(w), p, &ex, &ew, &eb);
+  cpu::conv2d_backward(gy, x, w, pb, &gx, &gw, &gb);
+  cpu::conv2d_backward(rounded(gy), rounded(x), rounded(w), p, &ex, &ew, &eb);
   expect_near(gx, ex, "grad_x");
   expect_near(gw, ew, "grad_w");
   // The bias gradient sums grad_y itself; oneDNN may sum the rounded or the f32 values.
@@ -120,8 +120,7 @@ TEST(Bf16, MatmulChecksItsOperands) {
         }
       },
       std::invalid_argument);
-  EXPECT_THROW(cpu::matmul_bf16(kernels::to_bf16(f), kernels::to_bf16(f)),
-               std::invalid_argument);
+  EXPECT_THROW(cpu::matmul_bf16(kernels::to_bf16(f), kernels::to_bf16(f)), std::invalid_argument);
 }
 
 // The point of bf16 is the native instructions: oneDNN must pick its AVX512_BF16 kernels (or, on
@@ -192,6 +191,26 @@ TEST(Float16, NarrowingRoundsToNearestEven) {
   EXPECT_EQ(df.data<float>()[0], 1.0f / 3.0f);
   EXPECT_TRUE(std::isinf(df.data<float>()[1]));
   EXPECT_THROW(kernels::to_f32(Tensor::zeros({2}, DType::I64)), std::invalid_argument);
+}
+
+// Autocast asks for bf16; the CPU backend takes it for a convolution only where it pays: at least
+// 32 products per output (cpu_backend.cpp), or the fused convolution with a 2x2/2 pool.
+TEST(Bf16, TheCpuBackendTakesBf16ForConvolutionsWhereItPays) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "this CPU has no AVX512_BF16";
+  Generator gen(5);
+  const auto rounded = [](const Tensor& t) { return kernels::to_f32(kernels::to_bf16(t)); };
+  kernels::Conv2dParams f32, bf16;
+  f32.pad_h = f32.pad_w = bf16.pad_h = bf16.pad_w = 1;
+  bf16.bf16 = true;
+  // One input channel: 9 products per output, f32.
+  const Tensor x1 = Tensor::randn({2, 1, 8, 8}, gen), w1 = Tensor::randn({4, 1, 3, 3}, gen);
+  EXPECT_EQ(kernels::conv2d_forward(x1, w1, Tensor(), bf16).to_vector(),
+            kernels::conv2d_forward(x1, w1, Tensor(), f32).to_vector());
+  // Four: 36, bf16 (the output rounded to it).
+  const Tensor x4 = Tensor::randn({2, 4, 8, 8}, gen), w4 = Tensor::randn({4, 4, 3, 3}, gen);
+  const Tensor y = kernels::conv2d_forward(x4, w4, Tensor(), bf16);
+  EXPECT_EQ(y.to_vector(), rounded(y).to_vector());
+  EXPECT_NE(y.to_vector(), kernels::conv2d_forward(x4, w4, Tensor(), f32).to_vector());
 }
 
 }  // namespace

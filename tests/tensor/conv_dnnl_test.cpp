@@ -63,8 +63,8 @@ TEST(ConvDnnl, ForwardMatchesIm2col) {
     Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
     Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
     Tensor b = Tensor::randn({c.oc}, gen);
-    expect_close(cpu::conv2d_forward_dnnl(x, w, b, c.p),
-                 cpu::conv2d_forward_im2col(x, w, b, c.p), c.str() + " with bias");
+    expect_close(cpu::conv2d_forward_dnnl(x, w, b, c.p), cpu::conv2d_forward_im2col(x, w, b, c.p),
+                 c.str() + " with bias");
     expect_close(cpu::conv2d_forward_dnnl(x, w, Tensor(), c.p),
                  cpu::conv2d_forward_im2col(x, w, Tensor(), c.p), c.str() + " no bias");
   }
@@ -118,10 +118,10 @@ TEST(ConvDnnl, DispatchMatchesIm2col) {
   Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
   Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
   Tensor b = Tensor::randn({c.oc}, gen);
-  Tensor y = kernels::conv2d_forward(x, w, b, c.p);
+  Tensor y = cpu::conv2d_forward(x, w, b, c.p);
   expect_close(y, cpu::conv2d_forward_im2col(x, w, b, c.p), c.str());
   Tensor gy = Tensor::randn(y.shape(), gen), gx, gw, gb, rx, rw, rb;
-  kernels::conv2d_backward(gy, x, w, c.p, &gx, &gw, &gb);
+  cpu::conv2d_backward(gy, x, w, c.p, &gx, &gw, &gb);
   cpu::conv2d_backward_im2col(gy, x, w, c.p, &rx, &rw, &rb);
   expect_close(gx, rx, c.str() + " grad_x");
   expect_close(gw, rw, c.str() + " grad_w");
@@ -153,8 +153,8 @@ TEST(ConvDnnl, FusedReluMaxPoolMatchesTheOpsApart) {
       Tensor w = Tensor::randn({c.oc, c.c, 3, 3}, gen);
       Tensor b = Tensor::full({c.oc}, -1.0f);
       Tensor argmax, ref_argmax;
-      const Tensor pooled = kernels::conv2d_relu_max_pool2d_forward(x, w, b, p, pool, argmax);
-      const Tensor y = kernels::conv2d_forward(x, w, b, p);
+      const Tensor pooled = cpu::conv2d_relu_max_pool2d_forward(x, w, b, p, pool, argmax);
+      const Tensor y = cpu::conv2d_forward(x, w, b, p);
       const Tensor ref = kernels::max_pool2d_forward(y, pool, ref_argmax);
       EXPECT_EQ(pooled.to_vector(), ref.to_vector()) << what;
       const auto winners = [](const Tensor& t) {
@@ -167,17 +167,16 @@ TEST(ConvDnnl, FusedReluMaxPoolMatchesTheOpsApart) {
 
       const Tensor gp = Tensor::randn(pooled.shape(), gen);
       Tensor gx, gw, gb, rx, rw, rb;
-      kernels::conv2d_relu_max_pool2d_backward(gp, argmax, x, w, p, pool, &gx, &gw, &gb);
-      kernels::conv2d_backward(kernels::max_pool2d_backward(gp, argmax, y.shape()), x, w, p, &rx,
-                               &rw, &rb);
+      cpu::conv2d_relu_max_pool2d_backward(gp, argmax, x, w, p, pool, &gx, &gw, &gb);
+      cpu::conv2d_backward(kernels::max_pool2d_backward(gp, argmax, y.shape()), x, w, p, &rx, &rw,
+                           &rb);
       EXPECT_EQ(gx.to_vector(), rx.to_vector()) << what << " grad_x";
       EXPECT_EQ(gw.to_vector(), rw.to_vector()) << what << " grad_w";
       EXPECT_EQ(gb.to_vector(), rb.to_vector()) << what << " grad_bias";
       Tensor gw_alone, rw_alone;  // a first layer: no grad_x
-      kernels::conv2d_relu_max_pool2d_backward(gp, argmax, x, w, p, pool, nullptr, &gw_alone,
-                                               nullptr);
-      kernels::conv2d_backward(kernels::max_pool2d_backward(gp, argmax, y.shape()), x, w, p,
-                               nullptr, &rw_alone, nullptr);
+      cpu::conv2d_relu_max_pool2d_backward(gp, argmax, x, w, p, pool, nullptr, &gw_alone, nullptr);
+      cpu::conv2d_backward(kernels::max_pool2d_backward(gp, argmax, y.shape()), x, w, p, nullptr,
+                           &rw_alone, nullptr);
       EXPECT_EQ(gw_alone.to_vector(), rw_alone.to_vector()) << what << " grad_w alone";
     }
   }

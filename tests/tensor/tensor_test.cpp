@@ -5,8 +5,8 @@
 #include <cmath>
 #include <thread>
 
-#include "hpm/tensor/device.h"
 #include "hpm/tensor/backend/cpu.h"
+#include "hpm/tensor/device.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
@@ -170,7 +170,7 @@ TEST(Kernels, GemmThroughPaddedCopyOfBMatchesNaiveProduct) {
   Tensor c = Tensor::randn({m, ldc}, gen);
   const std::vector<float> c0 = c.to_vector();
   cpu::gemm(false, false, m, n, k, 0.5f, a.data<float>(), k, b.data<float>(), ldb, 2.0f,
-                c.data<float>(), ldc);
+            c.data<float>(), ldc);
   for (std::int64_t i = 0; i < m; ++i)
     for (std::int64_t j = 0; j < ldc; ++j) {
       const std::size_t at = static_cast<std::size_t>(i * ldc + j);

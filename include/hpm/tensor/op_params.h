@@ -12,9 +12,10 @@ struct Conv2dParams {
   // Forward only: apply ReLU to the output in the same pass (oneDNN post-op), saving the separate
   // ReLU's read and write of the whole activation. Backward kernels ignore it.
   bool relu = false;
-  // bf16 operands (x, w, grad_y rounded), f32 accumulation, y rounded to bf16 (as PyTorch's
-  // autocast), grad_x and grad_w in f32: oneDNN's native bf16 convolutions. The im2col fallback,
-  // for shapes oneDNN rejects, computes in f32.
+  // Autocast asks for bf16: operands (x, w, grad_y rounded), f32 accumulation, y rounded to bf16
+  // (as PyTorch's autocast), grad_x and grad_w in f32. The backend decides where it pays: the
+  // CPU's only where oneDNN's native bf16 convolutions gain (cpu_backend.cpp); its im2col
+  // fallback, for shapes oneDNN rejects, computes in f32.
   bool bf16 = false;
 };
 

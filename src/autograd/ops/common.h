@@ -1,0 +1,29 @@
+// What every file of autograd's gradient rules shares: the recording helpers' names and
+// SavedActivation (autocast.h's rule for what backward keeps).
+#pragma once
+#include <vector>
+
+#include "hpm/autograd/autocast.h"
+#include "hpm/autograd/node.h"
+#include "hpm/autograd/ops.h"
+#include "hpm/tensor/kernels.h"
+
+namespace hpm::autograd::rules {
+
+using Needs = std::vector<bool>;
+
+// An activation kept for backward, as autocast.h's rule says: under bf16 a bf16 copy (half the
+// bytes), widened back to f32 when backward needs it; otherwise the tensor itself.
+class SavedActivation {
+ public:
+  explicit SavedActivation(const Tensor& x)
+      : rounded_(autocast_precision() == Precision::BF16 && x.dtype() == DType::F32),
+        t_(rounded_ ? kernels::to_bf16(x) : x) {}
+  Tensor get() const { return rounded_ ? kernels::to_f32(t_) : t_; }
+
+ private:
+  bool rounded_;
+  Tensor t_;
+};
+
+}  // namespace hpm::autograd::rules

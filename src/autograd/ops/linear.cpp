@@ -1,0 +1,130 @@
+// Products (matmul, batched matmul, Linear; bf16 under autocast) and their gradient rules.
+// Rules save inputs as they are and outputs detached (an output saving itself would be a
+// reference cycle).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+
+#include "autograd/ops/common.h"
+#include "hpm/autograd/deferred.h"
+
+namespace hpm {
+
+using autograd::accumulate_into;
+using autograd::autocast_precision;
+using autograd::Precision;
+using autograd::record;
+using autograd::Tensors;
+using autograd::rules::Needs;
+using autograd::rules::SavedActivation;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+
+// ---- linear algebra --------------------------------------------------------------------------
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (a.dim() != 2 || b.dim() != 2) {
+    const Shape sa = a.shape(), sb = b.shape();
+    return record("BatchedMatMul", {a, b}, kernels::bmm(a, b),
+                  [a, b, sa, sb](const Tensor& g, const Needs& n) {
+                    // dA = G B^T, dB = A^T G, each summed over the batch dimensions it was
+                    // broadcast along.
+                    return Tensors{
+                        n[0] ? kernels::sum_to(kernels::bmm(g, b, false, true), sa) : Tensor(),
+                        n[1] ? kernels::sum_to(kernels::bmm(a, g, true, false), sb) : Tensor()};
+                  });
+  }
+  if (autocast_precision() == Precision::BF16) {
+    // Operands kept in bf16 for backward: dA = G B^T, dB = A^T G with G rounded to bf16.
+    const Tensor ab = kernels::to_bf16(a), bb = kernels::to_bf16(b);
+    return record("MatMulBF16", {a, b}, kernels::matmul(ab, bb),
+                  [ab, bb](const Tensor& g, const Needs& n) {
+                    const Tensor gb = kernels::to_bf16(g);
+                    return Tensors{n[0] ? kernels::matmul(gb, bb, false, true) : Tensor(),
+                                   n[1] ? kernels::matmul(ab, gb, true, false) : Tensor()};
+                  });
+  }
+  return record("MatMul", {a, b}, kernels::matmul(a, b), [a, b](const Tensor& g, const Needs& n) {
+    // dA = G B^T, dB = A^T G
+    return Tensors{n[0] ? kernels::matmul(g, b, false, true) : Tensor(),
+                   n[1] ? kernels::matmul(a, g, true, false) : Tensor()};
+  });
+}
+
+namespace {
+
+// dW = g^T x for a Linear, added by the GEMM itself into W's gradient when that is the same thing
+// (see accumulate_into); otherwise returned for the caller to accumulate.
+Tensor linear_weight_gradient(const Tensor& g, const Tensor& x, const Tensor& weight) {
+  Tensor acc = accumulate_into(weight);
+  if (acc.defined() && acc.shape() == weight.shape()) {
+    kernels::matmul_add_(acc, g, x, true, false);
+    return Tensor();
+  }
+  return kernels::matmul(g, x, true, false);
+}
+
+// What the engine would do with a gradient for `leaf`: its accumulator adds it (hooks included).
+void add_to_leaf(const Tensor& leaf, const Tensor& grad) {
+  if (!grad.defined()) return;
+  autograd::gradient_edge(leaf).fn->apply(Tensors{grad});
+}
+
+// The same in bf16: g and x already rounded, the sum in f32.
+Tensor linear_weight_gradient_bf16(const Tensor& gb, const Tensor& xb, const Tensor& weight) {
+  Tensor acc = accumulate_into(weight);
+  if (acc.defined() && acc.shape() == weight.shape()) {
+    kernels::matmul_add_(acc, gb, xb, true, false);
+    return Tensor();
+  }
+  return kernels::matmul(gb, xb, true, false);
+}
+
+// What a Linear's backward does after dx: dW (by `weight_gradient`) and db now, or, in a
+// zero-bubble pipeline's B pass, queued for its W pass. Shared by the f32 and bf16 Linears.
+Tensors linear_gradients(const Tensor& g, const Needs& n, Tensor gx, const Tensor& weight,
+                         const Tensor& bias, std::function<Tensor()> weight_gradient) {
+  autograd::DeferredWeightGradients* later = autograd::deferred_weight_gradients();
+  if (later != nullptr && (n[1] || n[2]) && (!n[1] || weight.is_leaf()) &&
+      (!n[2] || bias.is_leaf())) {
+    later->push(
+        [g, weight, bias, weight_gradient = std::move(weight_gradient), nw = n[1], nb = n[2]] {
+          if (nw) add_to_leaf(weight, weight_gradient());
+          if (nb) add_to_leaf(bias, kernels::sum_dim(g, 0, false));
+        });
+    return Tensors{std::move(gx), Tensor(), Tensor()};
+  }
+  return Tensors{std::move(gx), n[1] ? weight_gradient() : Tensor(),
+                 n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
+}
+
+// A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product, x kept so
+// for backward, which rounds g too and W again (a weight is not an activation: rounding it twice
+// costs less than keeping a copy per use); bias, outputs and gradients f32.
+Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const Tensor xb = kernels::to_bf16(x);
+  Tensor y = kernels::linear(xb, kernels::to_bf16(weight), bias);
+  return record(
+      "LinearBF16", {x, weight, bias}, y, [xb, weight, bias](const Tensor& g, const Needs& n) {
+        const Tensor gb = kernels::to_bf16(g);
+        return linear_gradients(
+            g, n, n[0] ? kernels::matmul(gb, kernels::to_bf16(weight)) : Tensor(), weight, bias,
+            [gb, xb, weight] { return linear_weight_gradient_bf16(gb, xb, weight); });
+      });
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast_precision() == Precision::BF16) return linear_bf16(x, weight, bias);
+  Tensor y = kernels::linear(x, weight, bias);
+  return record("Linear", {x, weight, bias}, y, [x, weight, bias](const Tensor& g, const Needs& n) {
+    // g(N,OUT): dx = g W (N,IN), dW = g^T x (OUT,IN), db = sum_rows g (OUT)
+    return linear_gradients(g, n, n[0] ? kernels::matmul(g, weight) : Tensor(), weight, bias,
+                            [g, x, weight] { return linear_weight_gradient(g, x, weight); });
+  });
+}
+
+}  // namespace hpm

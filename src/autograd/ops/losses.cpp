@@ -1,0 +1,86 @@
+// Softmax and the losses and their gradient rules.
+// Rules save inputs as they are and outputs detached (an output saving itself would be a
+// reference cycle).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+
+#include "autograd/ops/common.h"
+#include "hpm/autograd/deferred.h"
+
+namespace hpm {
+
+using autograd::accumulate_into;
+using autograd::autocast_precision;
+using autograd::Precision;
+using autograd::record;
+using autograd::Tensors;
+using autograd::rules::Needs;
+using autograd::rules::SavedActivation;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+
+// ---- softmax and losses ----------------------------------------------------------------------
+
+Tensor softmax(const Tensor& x, int dim) {
+  Tensor y = kernels::softmax(x, dim);
+  Tensor yd = y.detach();
+  return record("Softmax", {x}, y, [yd, dim](const Tensor& g, const Needs&) {
+    return Tensors{kernels::softmax_backward(g, yd, dim)};
+  });
+}
+
+Tensor log_softmax(const Tensor& x, int dim) {
+  Tensor y = kernels::log_softmax(x, dim);
+  Tensor yd = y.detach();
+  return record("LogSoftmax", {x}, y, [yd, dim](const Tensor& g, const Needs&) {
+    return Tensors{kernels::log_softmax_backward(g, yd, dim)};
+  });
+}
+
+Tensor masked_softmax(const Tensor& x, const Tensor& mask, int dim) {
+  return softmax(masked_fill(x, mask, -std::numeric_limits<float>::infinity()), dim);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                     std::int64_t ignore_index) {
+  if (label_smoothing < 0.0f || label_smoothing > 1.0f) {
+    throw std::invalid_argument("label_smoothing must be in [0, 1]");
+  }
+  Tensor probs;
+  Tensor loss =
+      kernels::cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index);
+  return record("CrossEntropy", {logits}, loss,
+                [probs, labels, label_smoothing, ignore_index](const Tensor& g, const Needs&) {
+                  return Tensors{kernels::cross_entropy_backward(probs, labels, label_smoothing, g,
+                                                                 ignore_index)};
+                });
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& labels) {
+  const Shape s = log_probs.shape();
+  return record("NllLoss", {log_probs}, kernels::nll_loss_forward(log_probs, labels),
+                [labels, s](const Tensor& g, const Needs&) {
+                  return Tensors{kernels::nll_loss_backward(g, labels, s)};
+                });
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  check_shape(target, input.shape(), "mse_loss: target");
+  return mean(square(sub(input, target)));
+}
+
+Tensor kl_div(const Tensor& input_log_probs, const Tensor& target_probs) {
+  return record("KlDiv", {input_log_probs, target_probs},
+                kernels::kl_div_forward(input_log_probs, target_probs),
+                [input_log_probs, target_probs](const Tensor& g, const Needs& n) {
+                  Tensor gx, gt;
+                  kernels::kl_div_backward(g, input_log_probs, target_probs, n[0] ? &gx : nullptr,
+                                           n[1] ? &gt : nullptr);
+                  return Tensors{gx, gt};
+                });
+}
+
+}  // namespace hpm

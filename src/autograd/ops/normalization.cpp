@@ -1,0 +1,75 @@
+// Normalization, embedding and dropout and their gradient rules.
+// Rules save inputs as they are and outputs detached (an output saving itself would be a
+// reference cycle).
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+
+#include "autograd/ops/common.h"
+#include "hpm/autograd/deferred.h"
+
+namespace hpm {
+
+using autograd::accumulate_into;
+using autograd::autocast_precision;
+using autograd::Precision;
+using autograd::record;
+using autograd::Tensors;
+using autograd::rules::Needs;
+using autograd::rules::SavedActivation;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+
+// ---- normalization, embedding, dropout -------------------------------------------------------
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
+                  Tensor running_var, bool training, float momentum, float eps) {
+  Tensor mean, invstd;
+  Tensor y = kernels::batch_norm_forward(x, weight, bias, running_mean, running_var, training,
+                                         momentum, eps, mean, invstd);
+  return record("BatchNorm", {x, weight, bias}, y,
+                [x, weight, mean, invstd, training](const Tensor& g, const Needs& n) {
+                  Tensor gx, gw, gb;
+                  kernels::batch_norm_backward(g, x, weight, mean, invstd, training,
+                                               n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                                               n[2] ? &gb : nullptr);
+                  return Tensors{gx, gw, gb};
+                });
+}
+
+Tensor layer_norm(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                  const Tensor& bias, float eps) {
+  Tensor mean, rstd;
+  Tensor y = kernels::layer_norm_forward(x, normalized, weight, bias, eps, mean, rstd);
+  return record(
+      "LayerNorm", {x, weight, bias}, y,
+      [xs = SavedActivation(x), normalized, weight, mean, rstd](const Tensor& g, const Needs& n) {
+        Tensor gx, gw, gb;
+        kernels::layer_norm_backward(g, xs.get(), normalized, weight, mean, rstd,
+                                     n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                                     n[2] ? &gb : nullptr);
+        return Tensors{gx, gw.defined() ? gw.reshape(weight.shape()) : gw,
+                       gb.defined() ? gb.reshape(weight.shape()) : gb};
+      });
+}
+
+Tensor embedding(const Tensor& table, const Tensor& indices) {
+  return record("Embedding", {table}, kernels::embedding_forward(table, indices),
+                [table, indices](const Tensor& g, const Needs&) {
+                  Tensor gt = Tensor::zeros(table.shape(), DType::F32, table.device());
+                  kernels::embedding_backward(g, indices, gt);
+                  return Tensors{gt};
+                });
+}
+
+Tensor dropout(const Tensor& x, float p, bool training, Generator& gen) {
+  if (p < 0.0f || p >= 1.0f) {
+    throw std::invalid_argument("dropout probability must be in [0, 1), got " + std::to_string(p));
+  }
+  if (!training || p == 0.0f) return x;
+  return mul(x, kernels::dropout_mask(x.shape(), p, gen));
+}
+
+}  // namespace hpm
