@@ -6,21 +6,21 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "hpm/data/pipeline.h"
+#include "hpm/data/input_pipeline.h"
 
 int main(int argc, char** argv) {
   using namespace hpm::data;
   const int calls = argc > 1 ? std::atoi(argv[1]) : kAutotune;
   const int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
   const LabelledData train = load_mnist_split("/usr/share/datasets/fashion-mnist", "train");
-  PipelineSpec spec;
+  InputPipelineSpec spec;
   spec.shuffle_buffer = -1;
   spec.batch_size = 128;
   spec.drop_remainder = false;
   spec.parallel_calls = calls;
   spec.augment = {{"random_crop", 4, 28, 28, {}, {}}, {"random_flip", 0, 0, 0, {}, {}},
                   {"normalize", 0, 0, 0, {0.2860f}, {0.3530f}}};
-  const Dataset d = build_pipeline(train, spec);
+  const Dataset d = build_input_pipeline(train, spec);
   std::vector<double> rates;
   for (int r = 0; r < repeats; ++r) {
     auto it = d.make_iterator(r);

@@ -100,12 +100,12 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
         data::random_windows(tokens, cfg.gpt.block_size, cfg.batch_size, ccfg.seed, cfg.eval_every),
         &test, fo);
   } else {
-    data::PipelineSpec spec = pipeline_spec(ccfg);
+    data::InputPipelineSpec spec = pipeline_spec(ccfg);
     if (cfg.codistill.shards == "disjoint") {
       spec.num_shards = copies;
       spec.shard_index = rank;
     }
-    fit = trainer.fit(data::build_pipeline(train, spec), nullptr, fo);
+    fit = trainer.fit(data::build_input_pipeline(train, spec), nullptr, fo);
   }
 
   CopyResult out;

@@ -100,7 +100,7 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
     return data::random_windows(t.train, cfg.gpt.block_size, cfg.batch_size, cfg.seed,
                                 cfg.eval_every);
   }
-  data::PipelineSpec spec = pipeline_spec(cfg);
+  data::InputPipelineSpec spec = pipeline_spec(cfg);
   if (strategy != nullptr && strategy->num_workers() > 1 && cfg.shard != "batch") {
     spec.num_shards = strategy->num_workers();
     spec.shard_index = strategy->worker_rank();
@@ -117,12 +117,12 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
                         "\": no training example (the files hold no record)");
     }
     spec.limit = cfg.train_limit;
-    return data::build_tfrecord_pipeline(cfg.files, compression, spec);
+    return data::build_tfrecord_input_pipeline(cfg.files, compression, spec);
   }
   const data::LabelledData train =
       limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
   *examples = train.size();
-  return data::build_pipeline(train, spec);
+  return data::build_input_pipeline(train, spec);
 }
 
 data::TokenSequence training_tokens(const Config& cfg) { return language_model_tokens(cfg).train; }

@@ -22,11 +22,6 @@ double since(Clock::time_point t0) {
 }
 }  // namespace
 
-Device& host_memory() {
-  static Device host("host");
-  return host;
-}
-
 // ---------------------------------------------------------------------------------------------
 // The prefetch thread: runs copy jobs in the order asked, one at a time.
 
@@ -210,7 +205,7 @@ Tensor OffloadedSequential::forward(const Tensor& x) {
   if (!autograd::grad_enabled() || !is_training()) return Sequential::forward(x);
   const std::size_t n = units_.size();
   auto step = std::make_shared<OffloadedStep>(prefetcher_, n);
-  Device& host = host_memory();
+  Device& host = Device::host();
   Tensor h = x;
   std::vector<std::weak_ptr<Storage>> pending;  // allocated in forward, not yet moved
   for (std::size_t u = 0; u < n; ++u) {

@@ -161,6 +161,11 @@ Device& Device::cpu() {
   return *device;
 }
 
+Device& Device::host() {
+  static Device* device = new Device("host", kUnlimited, 1);  // leaked, as cpu()
+  return *device;
+}
+
 namespace {
 thread_local Device* current_device = nullptr;
 }  // namespace

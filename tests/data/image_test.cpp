@@ -4,7 +4,7 @@
 
 #include <numeric>
 
-#include "hpm/data/pipeline.h"
+#include "hpm/data/input_pipeline.h"
 
 namespace hpm::data {
 namespace {
@@ -95,7 +95,7 @@ std::vector<std::vector<float>> run(const Dataset& d, std::int64_t epoch = 0) {
 
 TEST(Pipeline, AugmentationIsDeterministicAcrossParallelismAndVariesByEpoch) {
   const LabelledData data = tiny(40);
-  PipelineSpec spec;
+  InputPipelineSpec spec;
   spec.shuffle_buffer = -1;
   spec.seed = 9;
   spec.batch_size = 8;
@@ -103,31 +103,31 @@ TEST(Pipeline, AugmentationIsDeterministicAcrossParallelismAndVariesByEpoch) {
                   {"random_flip", 0, 0, 0, {}, {}},
                   {"normalize", 0, 0, 0, {0.5f}, {2.0f}}};
   spec.parallel_calls = 1;
-  const auto sequential = run(build_pipeline(data, spec));
+  const auto sequential = run(build_input_pipeline(data, spec));
   spec.parallel_calls = 2;
-  EXPECT_EQ(run(build_pipeline(data, spec)), sequential);
+  EXPECT_EQ(run(build_input_pipeline(data, spec)), sequential);
   spec.parallel_calls = kAutotune;
-  EXPECT_EQ(run(build_pipeline(data, spec)), sequential);
-  EXPECT_NE(run(build_pipeline(data, spec), 1), sequential);
+  EXPECT_EQ(run(build_input_pipeline(data, spec)), sequential);
+  EXPECT_NE(run(build_input_pipeline(data, spec), 1), sequential);
   EXPECT_EQ(sequential.size(), 5u);
 }
 
 TEST(Pipeline, ResumesMidEpochExactly) {
   const LabelledData data = tiny(48);
-  PipelineSpec spec;
+  InputPipelineSpec spec;
   spec.shuffle_buffer = 10;
   spec.seed = 4;
   spec.batch_size = 4;
   spec.parallel_calls = 2;
   spec.augment = {{"random_crop", 1, 6, 6, {}, {}}};
-  const Dataset d = build_pipeline(data, spec);
+  const Dataset d = build_input_pipeline(data, spec);
   const auto full = run(d);
   auto it = d.make_iterator();
   Element e;
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(it->next(e));
   StateWriter w;
   it->save(w);
-  auto resumed = build_pipeline(data, spec).make_iterator();
+  auto resumed = build_input_pipeline(data, spec).make_iterator();
   StateReader r(w.bytes());
   resumed->restore(r);
   std::vector<std::vector<float>> rest;
@@ -139,9 +139,9 @@ TEST(Pipeline, ResumesMidEpochExactly) {
 }
 
 TEST(Pipeline, RejectsUnknownOps) {
-  PipelineSpec spec;
+  InputPipelineSpec spec;
   spec.augment = {{"rotate", 0, 0, 0, {}, {}}};
-  EXPECT_THROW(build_pipeline(tiny(4), spec), std::invalid_argument);
+  EXPECT_THROW(build_input_pipeline(tiny(4), spec), std::invalid_argument);
 }
 
 }  // namespace

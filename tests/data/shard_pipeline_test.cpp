@@ -1,10 +1,10 @@
-// build_pipeline's worker shards (tf.data auto-sharding by elements): the shards are disjoint,
+// build_input_pipeline's worker shards (tf.data auto-sharding by elements): the shards are disjoint,
 // cover the data, and each batches at the batch size it is given.
 #include <gtest/gtest.h>
 
 #include <set>
 
-#include "hpm/data/pipeline.h"
+#include "hpm/data/input_pipeline.h"
 
 namespace hpm::data {
 namespace {
@@ -19,14 +19,14 @@ TEST(PipelineShards, DisjointAndCoveringByElements) {
   }
   std::set<std::int64_t> seen;
   for (std::int64_t shard = 0; shard < 3; ++shard) {
-    PipelineSpec spec;
+    InputPipelineSpec spec;
     spec.batch_size = 5;
     spec.drop_remainder = false;
     spec.prefetch = 0;
     spec.shuffle_buffer = -1;
     spec.num_shards = 3;
     spec.shard_index = shard;
-    auto it = build_pipeline(d, spec).make_iterator();
+    auto it = build_input_pipeline(d, spec).make_iterator();
     Element e;
     while (it->next(e)) {
       EXPECT_LE(e[1].numel(), 5);
@@ -43,13 +43,13 @@ TEST(PipelineShards, DisjointAndCoveringByElements) {
 
 TEST(PipelineShards, BadShardsAreRejected) {
   LabelledData d{Tensor::zeros({4, 2}), Tensor::zeros({4}, DType::I64)};
-  PipelineSpec spec;
+  InputPipelineSpec spec;
   spec.num_shards = 2;
   spec.shard_index = 2;
-  EXPECT_THROW(build_pipeline(d, spec), std::invalid_argument);
+  EXPECT_THROW(build_input_pipeline(d, spec), std::invalid_argument);
   spec.shard_index = 0;
   spec.shard_files = true;
-  EXPECT_THROW(build_pipeline(d, spec), std::invalid_argument);
+  EXPECT_THROW(build_input_pipeline(d, spec), std::invalid_argument);
 }
 
 }  // namespace

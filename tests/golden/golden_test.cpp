@@ -13,7 +13,7 @@
 #include "hpm/nn/losses.h"
 #include "hpm/nn/resnet.h"
 #include "hpm/optim/optimizer.h"
-#include "hpm/optim/schedule.h"
+#include "hpm/optim/lr_schedule.h"
 
 namespace hpm {
 namespace {

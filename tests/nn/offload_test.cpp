@@ -64,7 +64,7 @@ TEST(Offload, GradientsAreBitIdenticalAndEverythingComesBack) {
   EXPECT_GT(st.storages_offloaded, 0u);
   EXPECT_GT(st.bytes_offloaded, 0u);
   EXPECT_EQ(st.bytes_prefetched, st.bytes_offloaded);
-  EXPECT_EQ(host_memory().stats().current_bytes, 0u) << "activations left behind on the host";
+  EXPECT_EQ(Device::host().stats().current_bytes, 0u) << "activations left behind on the host";
 
   const Tensor images = Tensor::randn({6, 1, 16, 16}, gen);
   EXPECT_EQ(step(*cnn(), images).grads,

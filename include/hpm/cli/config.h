@@ -11,14 +11,14 @@
 #include <string>
 #include <vector>
 
-#include "hpm/data/pipeline.h"
+#include "hpm/data/input_pipeline.h"
 #include "hpm/data/tokenizer.h"
 #include "hpm/nn/gpt.h"
 #include "hpm/nn/module.h"
 #include "hpm/nn/objective.h"
 #include "hpm/nn/resnet.h"
 #include "hpm/optim/optimizer.h"
-#include "hpm/optim/schedule.h"
+#include "hpm/optim/lr_schedule.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::cli {
@@ -259,7 +259,7 @@ std::shared_ptr<nn::Module> build_model(const Config& config);
 std::shared_ptr<nn::Module> with_memory_options(const Config& config,
                                                 std::shared_ptr<nn::Module> model);
 // The training input pipeline the [data] section describes (seeded by [train] seed).
-data::PipelineSpec pipeline_spec(const Config& config);
+data::InputPipelineSpec pipeline_spec(const Config& config);
 // The [train] and [schedule] settings every training run shares (epochs, seed, smoothing,
 // clipping, schedule unit, checkpoints), as Trainer::fit takes them.
 train::FitOptions fit_options(const Config& config);

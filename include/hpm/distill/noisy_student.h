@@ -21,10 +21,10 @@
 #include <vector>
 
 #include "hpm/data/in_memory.h"
-#include "hpm/data/pipeline.h"
+#include "hpm/data/input_pipeline.h"
 #include "hpm/distill/distiller.h"
 #include "hpm/nn/module.h"
-#include "hpm/optim/schedule.h"
+#include "hpm/optim/lr_schedule.h"
 #include "hpm/tensor/tensor.h"
 
 namespace hpm::distill {

@@ -7,7 +7,7 @@
 // How: during forward, an AllocationLog records the storages each unit (a layer, or a fused
 // Conv2d+ReLU) allocates. After unit j's forward, every recorded storage still alive (so held by
 // the autograd graph: saved for backward) and at least `threshold_bytes` large moves to
-// host_memory(), except unit j's output, which the next unit reads; that one moves after the next
+// Device::host(), except unit j's output, which the next unit reads; that one moves after the next
 // unit. The last unit keeps its storages, since backward starts there. An identity node at each
 // unit's output runs in backward just before that unit's own backward: it waits for the unit's
 // storages to be back (on the Device they came from) and asks the prefetch thread for the previous
@@ -30,9 +30,6 @@
 #include "hpm/tensor/device.h"
 
 namespace hpm::nn {
-
-// Host memory: where offloaded activations wait, outside every Device's budget ("host").
-Device& host_memory();
 
 struct OffloadOptions {
   std::size_t threshold_bytes = 64 << 10;  // smaller storages stay on the device

@@ -30,6 +30,10 @@ class Device {
 
   // The process-wide default device ("cpu"), unlimited unless set_budget is called.
   static Device& cpu();
+  // Host memory that tensors of a device are swapped out to (offload): a logical CPU device of its
+  // own, so that what is parked there is counted apart from what computes (a GPU's runtime would
+  // hand out pinned memory here).
+  static Device& host();
   // Where the calling thread's new tensors go unless a device is named: cpu() unless a
   // DeviceGuard says otherwise. This is how a pipeline stage's thread keeps its activations
   // (and their accounting) on its own Device without every op taking a device argument; an op

@@ -16,7 +16,7 @@
 #include "hpm/distribute/strategy.h"
 #include "hpm/nn/module.h"
 #include "hpm/optim/optimizer.h"
-#include "hpm/optim/schedule.h"
+#include "hpm/optim/lr_schedule.h"
 #include "hpm/train/checkpoint.h"
 
 namespace hpm::train {

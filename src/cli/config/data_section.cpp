@@ -173,8 +173,8 @@ void read_data(const Source& s, Config& c) {
 
 namespace hpm::cli {
 
-data::PipelineSpec pipeline_spec(const Config& c) {
-  data::PipelineSpec spec;
+data::InputPipelineSpec pipeline_spec(const Config& c) {
+  data::InputPipelineSpec spec;
   spec.shuffle_buffer = c.shuffle ? c.shuffle_buffer : 0;
   spec.seed = c.seed;
   spec.augment = c.augment;

@@ -14,7 +14,7 @@
 #include <type_traits>
 
 #include "hpm/cli/config.h"
-#include "hpm/data/pipeline.h"
+#include "hpm/data/input_pipeline.h"
 
 namespace hpm::cli::config {
 

@@ -1,4 +1,4 @@
-#include "hpm/optim/schedule.h"
+#include "hpm/optim/lr_schedule.h"
 
 #include <cmath>
 #include <stdexcept>

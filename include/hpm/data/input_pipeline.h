@@ -21,7 +21,7 @@ struct AugmentOp {
   std::vector<float> mean, std;        // normalize
 };
 
-struct PipelineSpec {
+struct InputPipelineSpec {
   std::int64_t shuffle_buffer = 0;  // 0: no shuffle; -1: the whole data set
   std::uint64_t seed = 0;
   std::vector<AugmentOp> augment;
@@ -36,20 +36,20 @@ struct PipelineSpec {
   // i % num_shards; with shard_files, TFRecord files are dealt out instead of elements.
   std::int64_t num_shards = 1, shard_index = 0;
   bool shard_files = false;
-  // build_tfrecord_pipeline: the first `limit` records (0: all), in file order (the files are
+  // build_tfrecord_input_pipeline: the first `limit` records (0: all), in file order (the files are
   // then not shuffled), the same every epoch; with shard_files, this worker's share of them.
   std::int64_t limit = 0;
 };
 
 // Throws std::invalid_argument naming a bad op or setting.
-Dataset build_pipeline(const LabelledData& data, const PipelineSpec& spec);
+Dataset build_input_pipeline(const LabelledData& data, const InputPipelineSpec& spec);
 
 // The same over TFRecord files of tf.train.Example {image: raw square grey bytes or PNG/JPEG,
 // label: int64} (what `hpm data convert` writes): list_files -> interleave (parallel reads) ->
 // map(decode) -> [cache] -> shuffle (a full shuffle becomes a 10k buffer) -> augment -> batch ->
 // [prefetch].
-Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression,
-                                const PipelineSpec& spec);
+Dataset build_tfrecord_input_pipeline(const std::string& files, io::Compression compression,
+                                const InputPipelineSpec& spec);
 // The records of the matching files (std::invalid_argument when none matches; IoErrors name a
 // corrupt or mis-compressed file and the byte).
 std::int64_t count_tfrecords(const std::string& files, io::Compression compression);

@@ -1,4 +1,4 @@
-#include "hpm/data/pipeline.h"
+#include "hpm/data/input_pipeline.h"
 
 #include <algorithm>
 #include <cmath>
@@ -108,7 +108,7 @@ Element decode_image_example(Element record) {
 }
 
 namespace {
-void check_shards(const PipelineSpec& spec) {
+void check_shards(const InputPipelineSpec& spec) {
   if (spec.num_shards < 1 || spec.shard_index < 0 || spec.shard_index >= spec.num_shards) {
     throw std::invalid_argument("shard " + std::to_string(spec.shard_index) + " of " +
                                 std::to_string(spec.num_shards) + " does not exist");
@@ -133,8 +133,8 @@ LabelledData shard_rows(const LabelledData& data, std::int64_t num_shards, std::
 }
 }  // namespace
 
-Dataset build_tfrecord_pipeline(const std::string& files, io::Compression compression,
-                                const PipelineSpec& spec) {
+Dataset build_tfrecord_input_pipeline(const std::string& files, io::Compression compression,
+                                const InputPipelineSpec& spec) {
   check_augment(spec.augment);
   check_shards(spec);
   if (spec.limit < 0) throw std::invalid_argument("the record limit must be >= 0");
@@ -195,13 +195,13 @@ std::int64_t count_tfrecords(const std::string& files, io::Compression compressi
 }
 
 LabelledData load_tfrecord_examples(const std::string& files, io::Compression compression) {
-  PipelineSpec spec;
+  InputPipelineSpec spec;
   spec.shuffle_buffer = 0;
   spec.batch_size = 1 << 30;  // one batch holding everything
   spec.drop_remainder = false;
   spec.prefetch = 0;
   spec.parallel_calls = 1;
-  auto it = build_tfrecord_pipeline(files, compression, spec).make_iterator();
+  auto it = build_tfrecord_input_pipeline(files, compression, spec).make_iterator();
   Element all;
   LabelledData d;
   if (it->next(all)) {
@@ -225,7 +225,7 @@ std::string key_of(const LabelledData& d) {
 
 }  // namespace
 
-Dataset build_pipeline(const LabelledData& all, const PipelineSpec& spec) {
+Dataset build_input_pipeline(const LabelledData& all, const InputPipelineSpec& spec) {
   check_augment(spec.augment);
   check_shards(spec);
   if (spec.shard_files)
