@@ -35,8 +35,10 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # that OpenMP's uninstrumented team does not show up as races.
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -L nn -R Offload
-  # An optimizer updated in parts from several threads (as pipeline stages do).
-  TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L optim
+  # An optimizer updated in parts from several threads (as pipeline stages do), and the models
+  # on a second device type. One kernel thread, as above: OpenMP's team is not instrumented.
+  OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
+    ctest --test-dir build-tsan --output-on-failure -L optim
   # Pipeline stages on threads exchanging activations by send/recv, stage Devices, the stage pool.
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -L pipeline
