@@ -12,16 +12,6 @@
 
 namespace hpm {
 
-using autograd::accumulate_into;
-using autograd::autocast_precision;
-using autograd::Precision;
-using autograd::record;
-using autograd::Tensors;
-using autograd::rules::Needs;
-using autograd::rules::SavedActivation;
-using kernels::BinaryOp;
-using kernels::UnaryOp;
-
 // ---- attention -------------------------------------------------------------------------------
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

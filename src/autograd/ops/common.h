@@ -1,5 +1,5 @@
-// What every file of autograd's gradient rules shares: the recording helpers' names and
-// SavedActivation (autocast.h's rule for what backward keeps).
+// What every file of autograd's gradient rules (this folder) shares: SavedActivation (autocast.h's
+// rule for what backward keeps) and the names of the recording helpers.
 #pragma once
 #include <vector>
 
@@ -27,3 +27,16 @@ class SavedActivation {
 };
 
 }  // namespace hpm::autograd::rules
+
+// The names every rule file uses, for the files of this folder alone.
+namespace hpm {
+using autograd::accumulate_into;
+using autograd::autocast_precision;
+using autograd::Precision;
+using autograd::record;
+using autograd::Tensors;
+using autograd::rules::Needs;
+using autograd::rules::SavedActivation;
+using kernels::BinaryOp;
+using kernels::UnaryOp;
+}  // namespace hpm

@@ -12,16 +12,6 @@
 
 namespace hpm {
 
-using autograd::accumulate_into;
-using autograd::autocast_precision;
-using autograd::Precision;
-using autograd::record;
-using autograd::Tensors;
-using autograd::rules::Needs;
-using autograd::rules::SavedActivation;
-using kernels::BinaryOp;
-using kernels::UnaryOp;
-
 // ---- normalization, embedding, dropout -------------------------------------------------------
 
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor running_mean,
