@@ -158,9 +158,10 @@ void Adam::update(std::size_t i, Tensor& p, const Tensor& g) {
 }
 
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
-  double total = 0.0;
+  std::vector<Tensor> grads;
   for (const auto& p : params)
-    if (p.grad().defined()) total += kernels::sum_squares(p.grad()).item<double>();
+    if (p.grad().defined()) grads.push_back(p.grad());
+  const double total = kernels::squared_norm(grads).item<double>();
   const auto norm = static_cast<float>(std::sqrt(total));
   const float coef = max_norm / (norm + 1e-6f);
   if (coef < 1.0f) {

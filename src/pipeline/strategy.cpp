@@ -260,11 +260,11 @@ class PipelineStrategy final : public distribute::Strategy {
       optim::clip_grad_norm(rep.model->parameters(), max_norm);
       return;
     }
-    double local = 0;
+    std::vector<Tensor> grads;
     for (const Tensor& p : rep.model->parameters()) {
-      if (p.grad().defined() && counts_in_norm(p))
-        local += kernels::sum_squares(p.grad()).item<double>();
+      if (p.grad().defined() && counts_in_norm(p)) grads.push_back(p.grad());
     }
+    const double local = kernels::squared_norm(grads).item<double>();
     Tensor t = Tensor::from({static_cast<float>(local)}, {1});
     workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
     const float coef = max_norm / (std::sqrt(t.item()) + 1e-6f);

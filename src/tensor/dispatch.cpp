@@ -99,6 +99,7 @@ const char* op_name(Op op) {
       "kl_div_backward",
       "channel_moments_",
       "running_stats_update_",
+      "squared_norm",
       "dropout_mask",
   };
   return names[static_cast<int>(op)];
@@ -530,6 +531,11 @@ void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tens
   OpScope scope(Op::kRunningStatsUpdate, {&running_mean, &running_var, &sum, &sum_squares});
   scope.backend().running_stats_update_(running_mean, running_var, sum, sum_squares, count,
                                         momentum);
+}
+
+Tensor squared_norm(const std::vector<Tensor>& xs) {
+  OpScope scope(Op::kSquaredNorm, xs);
+  return scope.backend().squared_norm(xs);
 }
 
 Tensor dropout_mask(const Shape& shape, float p, Generator& gen) {

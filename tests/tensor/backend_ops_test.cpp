@@ -193,6 +193,9 @@ std::vector<Case> cases() {
   c.push_back({"sum_squares", Op::kSumSquares, [](Generator& g, const To& to) {
                  return Outputs{kernels::sum_squares(to(randn(g, {5, 9})))};
                }});
+  c.push_back({"squared_norm", Op::kSquaredNorm, [](Generator& g, const To& to) {
+                 return Outputs{kernels::squared_norm({to(randn(g, {5, 9})), to(randn(g, {7}))})};
+               }});
   c.push_back({"sum_dim", Op::kSumDim, [](Generator& g, const To& to) {
                  const Tensor x = to(randn(g, {3, 4, 5}));
                  return Outputs{kernels::sum_dim(x, 1, false), kernels::sum_dim(x, -1, true)};

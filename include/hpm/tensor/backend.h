@@ -87,9 +87,10 @@ enum class Op : int {
   kKlDivBackward,
   kChannelMoments,
   kRunningStatsUpdate,
+  kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 64;
+inline constexpr int kOps = 65;
 const char* op_name(Op op);
 
 class Backend {
@@ -221,6 +222,7 @@ class Backend {
   virtual void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
                                      const Tensor& sum_squares, std::int64_t count,
                                      float momentum) = 0;
+  virtual Tensor squared_norm(const std::vector<Tensor>& xs) = 0;
   virtual Tensor dropout_mask(const Shape& shape, float p, Generator& gen) = 0;
 };
 

@@ -60,6 +60,9 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const T
 Tensor sum_all(const Tensor& x);
 // The sum of the squares, accumulated in double: a 0-d F64 tensor.
 Tensor sum_squares(const Tensor& x);
+// The same over several tensors, added in order (a global gradient norm's square, for clipping):
+// one 0-d F64 tensor, so that clipping waits for the device once.
+Tensor squared_norm(const std::vector<Tensor>& xs);
 Tensor sum_dim(const Tensor& x, int dim, bool keepdim);
 // Reduces a broadcast result back to `shape` (the backward of broadcasting).
 Tensor sum_to(const Tensor& x, const Shape& shape);

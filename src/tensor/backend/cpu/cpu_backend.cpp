@@ -123,6 +123,14 @@ class CpuBackend final : public Backend {
     return s;
   }
 
+  Tensor squared_norm(const std::vector<Tensor>& xs) override {
+    double total = 0.0;
+    for (const Tensor& x : xs) total += cpu::sum_squares(x);
+    Tensor s = Tensor::empty(Shape{}, DType::F64);
+    *s.data<double>() = total;
+    return s;
+  }
+
   Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
                                Tensor& probs, std::int64_t ignore_index) override {
     return Tensor::scalar(
