@@ -32,7 +32,7 @@
 #include <thread>
 
 #include "comm/duration_text.h"
-#include "comm/local_group.h"
+#include "comm/values_text.h"
 #include "comm/work_queue.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/store.h"

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "comm/local_group.h"
+#include "comm/values_text.h"
 #include "comm/work_queue.h"
 #include "hpm/comm/local.h"
 #include "hpm/tensor/backend/cpu.h"  // host views: bf16 messages as bytes

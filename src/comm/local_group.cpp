@@ -8,6 +8,8 @@
 #include <immintrin.h>
 #endif
 
+#include "comm/values_text.h"
+
 namespace hpm::comm {
 
 namespace {
@@ -55,17 +57,6 @@ void reduce_range(float* out, const Buffers& buffers, int size, std::int64_t lo,
 std::int64_t part(std::int64_t n, int i, int parts) { return n * i / parts; }
 
 }  // namespace
-
-const char* values_of(DType dtype) {
-  switch (dtype) {
-    case DType::F32:
-      return "floats";
-    case DType::U8:
-      return "bytes";
-    default:
-      return dtype_name(dtype);
-  }
-}
 
 std::string CollectiveDesc::str() const {
   std::ostringstream os;

@@ -18,9 +18,6 @@ namespace hpm::comm {
 using Clock = std::chrono::steady_clock;
 
 // What a rank says it is doing; ranks that disagree get an error naming both calls.
-// How messages count a dtype's elements: "floats" (F32), "bytes" (U8), else its name.
-const char* values_of(DType dtype);
-
 struct CollectiveDesc {
   const char* kind = "";
   std::int64_t count = 0;
