@@ -54,6 +54,7 @@ struct Common {
   std::string report;
   int threads = 0;
   std::int64_t seed = -1;
+  std::string device;
 };
 
 void add_common(CLI::App* cmd, Common& c) {
@@ -63,10 +64,14 @@ void add_common(CLI::App* cmd, Common& c) {
   cmd->add_option("--threads", c.threads, "intra-op threads (default: [train] threads, else 1)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")->check(seed_range());
+  cmd->add_option("--device", c.device,
+                  "where to run: cpu, cuda or cuda:N (overrides [train] device)");
 }
 
 Config configure(const Common& c) {
-  Config cfg = load_config(c.config_path, c.overrides);
+  std::vector<std::string> overrides = c.overrides;
+  if (!c.device.empty()) overrides.push_back("train.device=" + c.device);  // after --set: it wins
+  Config cfg = load_config(c.config_path, overrides);
   if (c.threads > 0) cfg.threads = c.threads;
   if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
   warn_if_oversubscribed(cfg.threads);
@@ -114,6 +119,14 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
     trainer_ptr = std::make_unique<train::Trainer>(model, build_optimizer(cfg, *model), schedule);
   }
   train::Trainer& trainer = *trainer_ptr;
+  if (cfg.device != "cpu") {
+    if (strategy) {
+      refuse_setting(cfg, "train", "device",
+                     "= \"" + cfg.device + "\" trains one replica on one GPU; [strategy] " +
+                         strategy->name() + " and [pipeline] run on the CPU for now");
+    }
+    trainer.set_device(config_device(cfg));
+  }
   if (cfg.model_kind == "gpt") trainer.set_objective(build_objective(cfg));
   // In a multi-worker job only worker 0 speaks (progress, report); the others report errors.
   const bool chief = !strategy || strategy->worker_rank() == 0;
@@ -163,6 +176,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
         cfg.path.c_str(), static_cast<long long>(model->num_parameters()),
         static_cast<long long>(train_examples), static_cast<long long>(test.size()),
         static_cast<long long>(cfg.batch_size), cfg.threads);
+    if (cfg.device != "cpu") std::printf(", on %s", trainer.device().id().str().c_str());
     if (cfg.pipeline.present) {
       // One model, cut: replicas would say nothing here; the cut and the schedule do.
       std::printf(", pipeline: %d stages (%s), %d micro-batches, schedule %s", cfg.pipeline.stages,
@@ -184,7 +198,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   }
   train::FitResult r;
   if (cfg.device_budget_mb > 0 && !cfg.pipeline.present)  // [memory]: what training may hold
-    Device::cpu().set_budget(static_cast<std::size_t>(cfg.device_budget_mb * 1024.0 * 1024.0));
+    trainer.device().set_budget(static_cast<std::size_t>(cfg.device_budget_mb * 1024.0 * 1024.0));
   try {
     r = trainer.fit(pipeline, &test, fo);
   } catch (const train::TrainingError& e) {

@@ -11,6 +11,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -102,6 +105,28 @@ void refuse_train_only_settings(const Config& config, const std::string& command
   if (!config.best_checkpoint_dir.empty())
     refuse_setting(config, "train", "best_checkpoint_dir", why);
   if (config.device_budget_mb > 0) refuse_setting(config, "memory", "device_budget_mb", why);
+}
+
+Device& config_device(const Config& config) {
+  const DeviceId id = parse_device_id(config.device);  // checked when the config was read
+  if (id.type == DeviceType::kCpu) return Device::cpu();
+  static std::mutex mu;
+  static auto* devices = new std::map<std::string, std::unique_ptr<Device>>();  // for the process
+  std::lock_guard lock(mu);
+  auto& d = (*devices)[id.str()];
+  if (!d) {
+    try {
+      d = std::make_unique<Device>(id, id.str());
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      refuse_setting(config, "train", "device",
+                     "= \"" + config.device + "\" cannot be used: " +
+                         (what.find("no backend") != std::string::npos
+                              ? "this hpm was built without CUDA (HPM_CUDA=OFF, or no nvcc)"
+                              : what));
+    }
+  }
+  return *d;
 }
 
 void refuse_setting(const Config& config, const std::string& section, const std::string& key,

@@ -159,7 +159,12 @@ std::string encode_safetensors(const NamedTensors& tensors,
   out += text;
   for (const auto& entry : tensors) {
     const Tensor& t = entry.second;
-    out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+    // A GPU's tensor comes to the host first: a file saved on any device reads on any other.
+    if (t.device().is_host()) {
+      out.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+    } else {
+      out += t.to_bytes();
+    }
   }
   return out;
 }

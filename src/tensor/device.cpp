@@ -2,8 +2,11 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
+#include <stdexcept>
 
 #include "hpm/tensor/backend.h"
 
@@ -40,6 +43,19 @@ std::string DeviceId::str() const {
   return std::string(device_type_name(type)) + ":" + std::to_string(index);
 }
 
+DeviceId parse_device_id(const std::string& text) {
+  if (text == "cpu") return {};
+  if (text == "cuda") return {DeviceType::kCuda, 0};
+  const std::string prefix = "cuda:";
+  if (text.rfind(prefix, 0) == 0 && text.size() > prefix.size() &&
+      text.size() <= prefix.size() + 3 &&
+      text.find_first_not_of("0123456789", prefix.size()) == std::string::npos) {
+    return {DeviceType::kCuda, std::stoi(text.substr(prefix.size()))};
+  }
+  throw std::invalid_argument("device must be \"cpu\", \"cuda\" or \"cuda:N\", got \"" + text +
+                              "\"");
+}
+
 std::shared_ptr<Event> InlineStream::record() {
   struct Done final : Event {
     void synchronize() override {}
@@ -51,6 +67,15 @@ std::shared_ptr<Event> InlineStream::record() {
 // ---- memory ------------------------------------------------------------------------------------
 
 void* HostMemory::allocate(std::size_t bytes) { return std::aligned_alloc(64, bytes); }
+void MemoryResource::fill(void* ptr, std::size_t bytes, unsigned char byte) {
+  std::memset(ptr, byte, bytes);
+}
+
+namespace {
+std::atomic<bool> poison_allocations{false};
+}  // namespace
+
+void Allocator::set_poison(bool on) { poison_allocations = on; }
 void HostMemory::free(void* ptr, std::size_t) { std::free(ptr); }
 
 Allocator::Allocator(std::string device_name, std::shared_ptr<MemoryResource> memory,
@@ -65,7 +90,7 @@ Allocator::~Allocator() {
 }
 
 void* Allocator::allocate(std::size_t bytes) {
-  const std::size_t size = round_up(bytes == 0 ? 1 : bytes);
+  const std::size_t size = memory_->round_size(bytes == 0 ? 1 : bytes);
   std::lock_guard lock(mu_);
   ++stats_.allocations;
   if (stats_.current_bytes + size > stats_.budget_bytes) {
@@ -99,12 +124,13 @@ void* Allocator::allocate(std::size_t bytes) {
   }
   stats_.current_bytes += size;
   if (stats_.current_bytes > stats_.peak_bytes) stats_.peak_bytes = stats_.current_bytes;
+  if (poison_allocations.load(std::memory_order_relaxed)) memory_->fill(ptr, size, 0xFF);
   return ptr;
 }
 
 void Allocator::deallocate(void* ptr, std::size_t bytes) {
   if (ptr == nullptr) return;
-  const std::size_t size = round_up(bytes == 0 ? 1 : bytes);
+  const std::size_t size = memory_->round_size(bytes == 0 ? 1 : bytes);
   std::lock_guard lock(mu_);
   stats_.current_bytes -= size;
   free_blocks_[size].push_back(ptr);

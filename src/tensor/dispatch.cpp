@@ -23,6 +23,11 @@ struct Registry {
   Registry() {
     owned[0] = make_cpu_backend(DeviceType::kCpu);
     backends[0] = owned[0].get();
+#ifdef HPM_HAVE_CUDA
+    constexpr auto cuda = static_cast<std::size_t>(DeviceType::kCuda);
+    owned[cuda] = make_cuda_backend();
+    backends[cuda] = owned[cuda].get();
+#endif
   }
 };
 
@@ -130,6 +135,12 @@ Backend& backend(DeviceType type) {
   return *b;
 }
 
+namespace {
+thread_local const char* last_op = nullptr;
+}  // namespace
+
+const char* last_dispatched_op() { return last_op; }
+
 std::uint64_t dispatch_count(DeviceType type, Op op) {
   return registry().counts[static_cast<std::size_t>(type)][static_cast<std::size_t>(op)].load();
 }
@@ -176,6 +187,7 @@ class OpScope {
     const DeviceId id = device_->id();
     if (current.id() != id) guard_.emplace(*device_);
     backend_ = &hpm::backend(id.type);
+    last_op = op_name(op_);
     ++registry().counts[static_cast<std::size_t>(id.type)][static_cast<std::size_t>(op_)];
   }
 

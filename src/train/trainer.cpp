@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "hpm/autograd/grad_mode.h"
@@ -55,6 +56,16 @@ Trainer::Trainer(std::shared_ptr<distribute::Strategy> strategy,
   strategy_ = std::move(strategy);
 }
 
+void Trainer::set_device(Device& device) {
+  if (strategy_) {
+    throw std::invalid_argument("set_device: a strategy places its replicas itself (" +
+                                strategy_->name() + ")");
+  }
+  // Storages, not tensors: views (a tied weight) follow their storage, once.
+  for (const auto& [name, t] : model_->state_dict()) t.impl()->storage->move_to(device);
+  device_ = &device;
+}
+
 void Trainer::set_lr(float lr) {
   if (strategy_)
     strategy_->set_lr(lr);
@@ -101,7 +112,9 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   trace::Span span("train step", "train");
   const nn::Classification by_default(options_.label_smoothing);
   const nn::Objective& objective = objective_ ? *objective_ : by_default;
-  const nn::Batch batch{x, y};
+  std::optional<DeviceGuard> on;
+  if (device_ != nullptr) on.emplace(*device_);
+  const nn::Batch batch = device_ ? nn::Batch{x.to(*device_), y.to(*device_)} : nn::Batch{x, y};
   const auto stopped = [this](const char* what) {
     std::ostringstream os;
     os << "loss is " << what << " at epoch " << state_.epoch + 1 << ", step "
@@ -136,7 +149,7 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
 
 void Trainer::explain_out_of_memory(const Tensor& x, const Tensor& y,
                                     const OutOfMemoryError& error) {
-  Device& device = Device::cpu();
+  Device& device = this->device();
   const std::size_t budget = device.stats().budget_bytes;
   if (budget == Device::kUnlimited) throw error;
   constexpr double kMiB = 1024.0 * 1024.0;
@@ -326,7 +339,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   // Fail before any work if checkpoints or backups could not be written.
   if (!options.checkpoint_dir.empty()) io::ensure_directory(options.checkpoint_dir);
   if (!options.backup_dir.empty() && is_chief()) io::ensure_directory(options.backup_dir);
-  Device& device = Device::cpu();
+  Device& device = this->device();
 
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
   if (!result.restored_from.empty()) {
@@ -489,10 +502,13 @@ EvalResult Trainer::evaluate(const data::LabelledData& data, std::int64_t batch_
   const nn::Classification labels_alone;
   const nn::Objective* own = objective_ ? objective_->evaluation() : nullptr;
   const nn::Objective& objective = own ? *own : labels_alone;
+  std::optional<DeviceGuard> on;
+  if (device_ != nullptr) on.emplace(*device_);
   EvalResult r;
   for (std::int64_t begin = 0; begin < data.size(); begin += batch_size) {
     const std::int64_t n = std::min(batch_size, data.size() - begin);
-    const nn::Batch b{data.inputs.narrow(begin, n), data.labels.narrow(begin, n)};
+    nn::Batch b{data.inputs.narrow(begin, n), data.labels.narrow(begin, n)};
+    if (device_ != nullptr) b = {b.inputs.to(*device_), b.targets.to(*device_)};
     r.metrics.merge(objective.compute(model_->forward(b.inputs), b).metrics);
     r.samples += n;
   }
@@ -512,13 +528,16 @@ Tensor Trainer::predict(const Tensor& inputs, std::int64_t batch_size) {
   model_->eval();
   std::vector<Tensor> parts;
   std::int64_t classes = 0;
+  std::optional<DeviceGuard> on;
+  if (device_ != nullptr) on.emplace(*device_);
   for (std::int64_t begin = 0; begin < inputs.size(0); begin += batch_size) {
     const std::int64_t n = std::min(batch_size, inputs.size(0) - begin);
-    parts.push_back(model_->forward(inputs.narrow(begin, n)));
+    const Tensor x = inputs.narrow(begin, n);
+    parts.push_back(model_->forward(device_ ? x.to(*device_) : x));
     classes = parts.back().size(1);
   }
   model_->train(was_training);
-  Tensor out = Tensor::empty({inputs.size(0), classes});
+  Tensor out = Tensor::empty({inputs.size(0), classes}, DType::F32, Device::cpu());
   std::int64_t row = 0;
   for (auto& p : parts) {
     out.narrow(row, p.size(0)).copy_(p);

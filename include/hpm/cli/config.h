@@ -19,6 +19,7 @@
 #include "hpm/nn/resnet.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/optim/lr_schedule.h"
+#include "hpm/tensor/device.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::cli {
@@ -173,6 +174,8 @@ struct Config {
   float gamma = 0.1f, eta_min = 0.0f, warmup_start_factor = 0.1f;
 
   // [train]
+  // Where the model trains: "cpu", "cuda" (cuda:0) or "cuda:N" (--device overrides it).
+  std::string device = "cpu";
   std::int64_t epochs = 1;
   std::uint64_t seed = 0;
   int threads = 1;
@@ -238,6 +241,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // A setting the running command cannot honour: throws ConfigError "WHERE: [section] key why"
 // (key empty: "WHERE: [section] why"), WHERE being where the config gave it (config.given), else
 // its path.
+// The Device [train] device names, made on first use and kept for the process: the CPU's, or a
+// GPU's. A GPU this machine lacks (no driver, no device, a higher index than it has; a build
+// without CUDA) is a ConfigError naming the setting and what was found.
+Device& config_device(const Config& config);
+
 [[noreturn]] void refuse_setting(const Config& config, const std::string& section,
                                  const std::string& key, const std::string& why);
 

@@ -35,6 +35,12 @@ class MemoryResource {
   // nullptr when the device has no more.
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void free(void* ptr, std::size_t bytes) = 0;
+  // The size class a request is served from (and cached under): a multiple of 64 bytes.
+  virtual std::size_t round_size(std::size_t bytes) const {
+    return (bytes + 63) & ~std::size_t{63};
+  }
+  // Sets `bytes` bytes at ptr to `byte` (poisoning, below), ordered with the device's work.
+  virtual void fill(void* ptr, std::size_t bytes, unsigned char byte);
 };
 
 // Host memory from aligned_alloc.
@@ -62,8 +68,12 @@ class Allocator {
   void reset_peak();
   void empty_cache();
 
+  // While on (every Allocator of the process), each block handed out is first filled with 0xFF
+  // bytes (NaN in every float type), so that a kernel leaving an element of its output unwritten
+  // fails a comparison instead of passing on a stale value; the conformance tests turn it on.
+  static void set_poison(bool on);
+
  private:
-  static std::size_t round_up(std::size_t bytes) { return (bytes + 63) & ~std::size_t{63}; }
   void release_cache_locked();
 
   std::string device_name_;

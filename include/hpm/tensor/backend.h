@@ -233,9 +233,17 @@ bool has_backend(DeviceType type);
 Backend& backend(DeviceType type);
 // How many times `op` was dispatched to the backend of `type` since the process started.
 std::uint64_t dispatch_count(DeviceType type, Op op);
+// The name of the op the calling thread dispatched last (nullptr before any): errors that
+// surface after the op returned (a GPU kernel's fault, reported at the next synchronization) name
+// it.
+const char* last_dispatched_op();
 
 // The CPU backend (src/tensor/backend/cpu/), registered under `type`: kCpu, or kPrivateUse for
 // the conformance test's second device type.
 std::shared_ptr<Backend> make_cpu_backend(DeviceType type = DeviceType::kCpu);
+// The CUDA backend (src/tensor/backend/cuda/), registered from the start in a build with
+// HPM_CUDA; it touches the driver only when a cuda:N Device is made, which throws saying what
+// was found (no driver, no device, fewer devices) on a machine without that GPU.
+std::shared_ptr<Backend> make_cuda_backend();
 
 }  // namespace hpm

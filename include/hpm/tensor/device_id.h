@@ -21,4 +21,7 @@ struct DeviceId {
   bool operator==(const DeviceId&) const = default;
 };
 
+// "cpu", "cuda" (cuda:0) or "cuda:N"; throws std::invalid_argument quoting the text otherwise.
+DeviceId parse_device_id(const std::string& text);
+
 }  // namespace hpm

@@ -15,8 +15,8 @@
 #include "hpm/data/in_memory.h"
 #include "hpm/distribute/strategy.h"
 #include "hpm/nn/module.h"
-#include "hpm/optim/optimizer.h"
 #include "hpm/optim/lr_schedule.h"
+#include "hpm/optim/optimizer.h"
 #include "hpm/train/checkpoint.h"
 
 namespace hpm::train {
@@ -178,6 +178,14 @@ class Trainer {
   EvalResult evaluate(const data::LabelledData& data, std::int64_t batch_size = 1000);
   Tensor predict(const Tensor& inputs, std::int64_t batch_size = 1000);  // logits
 
+  // Where the model trains (a GPU, "cuda:0"; the CPU by default): moves the model's parameters
+  // and buffers there now; each batch goes there as its step begins, and the step's new tensors
+  // (optimizer state, masks) are made there. Checkpoints hold host bytes, so a run saved on one
+  // device continues on another. Not with a strategy (it places its replicas itself): throws
+  // std::invalid_argument.
+  void set_device(Device& device);
+  Device& device() const { return device_ != nullptr ? *device_ : Device::cpu(); }
+
   void add_callback(std::shared_ptr<Callback> cb) { callbacks_.push_back(std::move(cb)); }
   // What a batch's loss and metrics are (default: Classification with the fit options' label
   // smoothing). Runs on one device and under every strategy alike.
@@ -214,6 +222,7 @@ class Trainer {
   std::shared_ptr<optim::LrSchedule> schedule_;
   std::shared_ptr<distribute::Strategy> strategy_;  // null: the model trains on the caller's thread
   std::shared_ptr<const nn::Objective> objective_;
+  Device* device_ = nullptr;  // null: the CPU
   nn::Metrics last_metrics_;
   FitOptions options_;
   TrainerState state_;

@@ -41,9 +41,16 @@ void read_train(const Source& s, Config& c) {
   tr.get("best_checkpoint_dir", c.best_checkpoint_dir);
   tr.get("best_checkpoint_monitor", c.best_checkpoint_monitor);  // checked with [early_stopping]
   tr.get_positive("accumulation_steps", c.accumulation_steps);
+  tr.get("device", c.device);
+  try {
+    parse_device_id(c.device);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(tr.at("device") + ": [train] " + e.what());
+  }
   tr.get("precision", c.precision);
   try {
-    if (autograd::parse_precision(c.precision) == autograd::Precision::BF16)
+    // A GPU multiplies bf16 natively; the CPU may not (checked here, before any work).
+    if (autograd::parse_precision(c.precision) == autograd::Precision::BF16 && c.device == "cpu")
       autograd::require_native_bf16();
   } catch (const std::invalid_argument& e) {
     throw ConfigError(tr.at("precision") + ": [train] " + e.what());

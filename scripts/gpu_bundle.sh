@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Packs what the GPU check (scripts/gpu_check.sh) needs on a GPU machine that has the CUDA 13
+# runtime, cuBLAS and PyTorch but none of Debian's packages, into .gpu/ (ignored by git; a device
+# call carries it): the Release build's hpm and CUDA suite, stripped, with every shared library
+# they load except glibc's and CUDA's; the Fashion-MNIST and fortunes data; the PyTorch peer.
+# Everything travels in one xz archive (the carried tree must stay under 64 MiB).
+#   scripts/gpu_bundle.sh            # after ./scripts/setup.sh (HPM_CUDA on)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD_DIR:-build}
+OUT=.gpu
+rm -rf "$OUT" && mkdir -p "$OUT/stage/bin" "$OUT/stage/lib" "$OUT/stage/data" "$OUT/stage/peers"
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >>.git/info/exclude
+
+for b in "$BUILD/hpm" "$BUILD/tests/test_cuda"; do
+  strip -o "$OUT/stage/bin/$(basename "$b")" "$b"
+done
+cp "$BUILD/libhpm_sentencepiece.so" "$OUT/stage/lib/"
+# Shared libraries: all but the C library's and the GPU's own (the GPU machine has those, matched
+# to its driver).
+for b in "$BUILD/hpm" "$BUILD/tests/test_cuda" "$BUILD/libhpm_sentencepiece.so"; do
+  ldd "$b" | awk '/=>/ {print $3}'
+done | sort -u | grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so' |
+  while read -r lib; do cp -L "$lib" "$OUT/stage/lib/"; done
+strip --strip-unneeded "$OUT"/stage/lib/*.so* 2>/dev/null || true
+
+cp /usr/share/datasets/fashion-mnist/*.gz "$OUT/stage/data/"
+mkdir -p "$OUT/stage/data/fortunes"
+find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' -exec cp {} "$OUT/stage/data/fortunes/" \;
+cp ../shared/peers/torch_gpt.py ../shared/peers/peer_env.py "$OUT/stage/peers/"
+
+tar -C "$OUT/stage" -cf - . | xz -T2 -6 >"$OUT/bundle.tar.xz"
+rm -rf "$OUT/stage"
+du -h "$OUT/bundle.tar.xz"

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The GPU check, in one go on a machine with an NVIDIA GPU (the device tool's), from the bundle
+# scripts/gpu_bundle.sh made here: the CUDA suite, compute-sanitizer's memcheck and racecheck on
+# the conformance cases, the fortunes GPT and the Fashion-MNIST mlp trained on the GPU, and the
+# PyTorch peer's GPT on the same GPU for speed. Logs and a summary go to OUT (at most 8 files, as
+# the device tool brings back); each step has a time limit, so a hang costs one step, not the run.
+#   scripts/gpu_check.sh OUT [BUNDLE]         (BUNDLE: .gpu/bundle.tar.xz)
+set -uo pipefail
+OUT=${1:?usage: gpu_check.sh OUT [BUNDLE]}
+BUNDLE=${2:-.gpu/bundle.tar.xz}
+ONLY=${GPU_CHECK_ONLY:-}  # space-separated step names: run only those
+mkdir -p "$OUT"
+W=$(mktemp -d)
+tar -C "$W" -xJf "$BUNDLE" || { echo "cannot unpack $BUNDLE" >"$OUT/summary.txt"; exit 1; }
+S=$OUT/summary.txt
+: >"$S"
+
+# CUDA's libraries where this machine keeps them (the toolkit's, or PyTorch's wheels').
+cuda_dirs=$( (ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null
+  find / -xdev \( -name 'libcublasLt.so.13*' -o -name 'libcudnn.so.9*' \) 2>/dev/null |
+    xargs -r -n1 dirname) | sort -u | paste -sd: -)
+export LD_LIBRARY_PATH="$W/lib:$cuda_dirs"
+export HPM_SENTENCEPIECE_LIBRARY="$W/lib/libhpm_sentencepiece.so"
+export PATH="$W/bin:$PATH:/usr/local/cuda/bin"
+
+want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+# step NAME LIMIT_S LOG COMMAND...: runs it, appends its output to LOG, records rc and seconds.
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  want "$name" || return 0
+  local t0=$SECONDS
+  echo "=== $name: $*" >>"$OUT/$log"
+  timeout -k 5 "$limit" "$@" >>"$OUT/$log" 2>&1
+  local rc=$?
+  echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$S"
+}
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ldd "$W/bin/hpm" | grep -E 'not found|cublas|cudart' || true
+  command -v compute-sanitizer
+  python3 -c 'import torch; print("torch", torch.__version__)'
+} >"$OUT/env.log" 2>&1
+
+fortunes=("$W"/data/fortunes/*)
+step tests 100 tests.log test_cuda --gtest_brief=1
+step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda \
+  --set "data.files=$W/data/fortunes/*" --report "$OUT/gpt_cuda.json"
+step mlp 90 train.log hpm train examples/fashion_mlp.toml --device cuda \
+  --set "data.dir=$W/data" --report "$OUT/mlp_cuda.json"
+step memcheck 90 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+  test_cuda --gtest_filter='CudaOps.EveryOp*:CudaOps.Copies*' --gtest_brief=1
+HPM_BACKEND_CASES=attention step racecheck 45 sanitizer.log compute-sanitizer --tool racecheck \
+  --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+step peer_gpt 90 peer.log python3 "$W/peers/torch_gpt.py" --device cuda --iters 2000 \
+  --text "${fortunes[@]}"
+HPM_BACKEND_CASES=softmax step racecheck_softmax 30 sanitizer.log compute-sanitizer \
+  --tool racecheck --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+grep -h '^{' "$OUT/peer.log" | tail -1 >>"$S"
+grep -hE 'test_loss|accuracy|samples/s|error' "$OUT/train.log" | tail -6 >>"$S"
+rm -rf "$W"

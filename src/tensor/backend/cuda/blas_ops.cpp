@@ -1,0 +1,205 @@
+// Products on cuBLAS. hpm's tensors are row-major and cuBLAS's matrices column-major: a row-major
+// X (r x c) is the column-major X^T with leading dimension c, so C = op(A) op(B) is computed as
+// C^T = op(B)^T op(A)^T, B's view first.
+#include "tensor/backend/cuda/blas_ops.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tensor/backend/cuda/bias_rows.h"
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm::cuda {
+
+namespace {
+
+bool allow_tf32() {
+  static const bool on = [] {
+    const char* v = std::getenv("HPM_CUDA_ALLOW_TF32");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+bool both_bf16(const Tensor& a, const Tensor& b) {
+  return a.dtype() == DType::BF16 && b.dtype() == DType::BF16;
+}
+
+void check_operands(const Tensor& a, const Tensor& b, const char* op) {
+  const bool f32 = a.dtype() == DType::F32 && b.dtype() == DType::F32;
+  if (!f32 && !both_bf16(a, b)) {
+    throw std::invalid_argument(std::string(op) + ": operands must be both F32 or both BF16, got " +
+                                dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()));
+  }
+}
+
+// c (M x N, F32, leading dimension ldc) = alpha op(a) op(b) + beta c, `batches` times with the
+// given strides (in elements; 0 shares an operand across the batch).
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
+          std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
+          std::int64_t stride_b, float beta, float* c, std::int64_t stride_c, std::int64_t batches,
+          bool bf16) {
+  if (m == 0 || n == 0 || batches == 0) return;
+  Context& ctx = current_context();
+  const float alpha = 1.0f;
+  const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cublasComputeType_t compute =
+      bf16 ? CUBLAS_COMPUTE_32F
+           : (allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (k == 0) {
+    // An empty sum: cuBLAS would leave C alone; the product is zero (times alpha) plus beta C.
+    if (beta == 0.0f) {
+      HPM_CUDA_CHECK(
+          cudaMemsetAsync(c, 0, static_cast<std::size_t>(m * n * batches) * 4, ctx.compute));
+    }
+    return;
+  }
+  if (batches == 1) {
+    HPM_CUBLAS_CHECK(cublasGemmEx(ctx.blas, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                  static_cast<int>(k), &alpha, b, in, static_cast<int>(ldb), a, in,
+                                  static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(n),
+                                  compute, CUBLAS_GEMM_DEFAULT));
+  } else {
+    HPM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        ctx.blas, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
+        b, in, static_cast<int>(ldb), stride_b, a, in, static_cast<int>(lda), stride_a, &beta, c,
+        CUDA_R_32F, static_cast<int>(n), stride_c, static_cast<int>(batches), compute,
+        CUBLAS_GEMM_DEFAULT));
+  }
+}
+
+std::string t_suffix(bool t) { return t ? "^T" : ""; }
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  if (a.dim() != 2 || b.dim() != 2) {
+    throw std::invalid_argument("matmul needs 2-D tensors, got " + a.shape().str() + " and " +
+                                b.shape().str());
+  }
+  check_operands(a, b, "matmul");
+  const std::int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
+  const std::int64_t kb = trans_b ? b.size(1) : b.size(0), n = trans_b ? b.size(0) : b.size(1);
+  if (k != kb) {
+    throw std::invalid_argument("matmul: inner dimensions differ: " + a.shape().str() +
+                                t_suffix(trans_a) + " x " + b.shape().str() + t_suffix(trans_b));
+  }
+  Tensor c = Tensor::empty({m, n}, DType::F32, a.device());
+  gemm(trans_a, trans_b, m, n, k, device_ptr(a), a.size(1), 0, device_ptr(b), b.size(1), 0, 0.0f,
+       ptr<float>(c), 0, 1, both_bf16(a, b));
+  return c;
+}
+
+void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  if (a.dim() != 2 || b.dim() != 2) {
+    throw std::invalid_argument("matmul_add_: 2-D operands expected, got " + a.shape().str() +
+                                " and " + b.shape().str());
+  }
+  check_operands(a, b, "matmul_add_");
+  const std::int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
+  const std::int64_t n = trans_b ? b.size(0) : b.size(1);
+  if ((trans_b ? b.size(1) : b.size(0)) != k) {
+    throw std::invalid_argument("matmul_add_: inner dimensions differ: " + a.shape().str() +
+                                " and " + b.shape().str());
+  }
+  if (c.shape() != Shape{m, n} || c.dtype() != DType::F32) {
+    throw std::invalid_argument("matmul_add_ accumulator: expected F32 " + Shape{m, n}.str() +
+                                ", got " + c.shape().str());
+  }
+  gemm(trans_a, trans_b, m, n, k, device_ptr(a), a.size(1), 0, device_ptr(b), b.size(1), 0, 1.0f,
+       ptr<float>(c), 0, 1, both_bf16(a, b));
+}
+
+Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+  if (a.dim() < 2 || b.dim() < 2 || a.dtype() != DType::F32 || b.dtype() != DType::F32) {
+    throw std::invalid_argument("bmm: expected float tensors of rank >= 2, got " + a.shape().str() +
+                                " and " + b.shape().str());
+  }
+  const std::int64_t m = trans_a ? a.size(-1) : a.size(-2), k = trans_a ? a.size(-2) : a.size(-1);
+  const std::int64_t kb = trans_b ? b.size(-1) : b.size(-2), n = trans_b ? b.size(-2) : b.size(-1);
+  if (k != kb) {
+    throw std::invalid_argument("bmm: inner dimensions differ: " + a.shape().str() +
+                                t_suffix(trans_a) + " x " + b.shape().str() + t_suffix(trans_b));
+  }
+  const int rank = std::max(a.dim(), b.dim()) - 2;
+  auto batch = [rank](const Tensor& t) {
+    std::vector<std::int64_t> d(static_cast<std::size_t>(rank), 1);
+    const int own = t.dim() - 2;
+    for (int i = 0; i < own; ++i) d[static_cast<std::size_t>(rank - own + i)] = t.size(i);
+    return d;
+  };
+  const auto da = batch(a), db = batch(b);
+  std::vector<std::int64_t> out;
+  std::int64_t batches = 1;
+  for (int i = 0; i < rank; ++i) {
+    const auto ai = da[static_cast<std::size_t>(i)], bi = db[static_cast<std::size_t>(i)];
+    if (ai != bi && ai != 1 && bi != 1) {
+      throw std::invalid_argument("bmm: batch dimensions do not broadcast: " + a.shape().str() +
+                                  " and " + b.shape().str());
+    }
+    out.push_back(std::max(ai, bi));
+    batches *= out.back();
+  }
+  std::vector<std::int64_t> shape = out;
+  shape.push_back(m);
+  shape.push_back(n);
+  Tensor y = Tensor::empty(Shape(shape), DType::F32, a.device());
+  const std::int64_t sa = a.size(-1) * a.size(-2), sb = b.size(-1) * b.size(-2);
+  std::int64_t a_batches = 1, b_batches = 1;
+  for (auto d : da) a_batches *= d;
+  for (auto d : db) b_batches *= d;
+  const auto* pa = static_cast<const float*>(device_ptr(a));
+  const auto* pb = static_cast<const float*>(device_ptr(b));
+  float* py = ptr<float>(y);
+  // One strided call when each operand is either whole or shared (a 2-D weight, attention's
+  // heads); other broadcasts, one call per output matrix.
+  if ((a_batches == batches || a_batches == 1) && (b_batches == batches || b_batches == 1)) {
+    gemm(trans_a, trans_b, m, n, k, pa, a.size(-1), a_batches == 1 ? 0 : sa, pb, b.size(-1),
+         b_batches == 1 ? 0 : sb, 0.0f, py, m * n, batches, false);
+    return y;
+  }
+  for (std::int64_t flat = 0; flat < batches; ++flat) {
+    std::int64_t oa = 0, ob = 0, stride_a = 1, stride_b = 1, rest = flat;
+    for (int i = rank; i-- > 0;) {
+      const auto idx = rest % out[static_cast<std::size_t>(i)];
+      rest /= out[static_cast<std::size_t>(i)];
+      if (da[static_cast<std::size_t>(i)] != 1) oa += idx * stride_a;
+      if (db[static_cast<std::size_t>(i)] != 1) ob += idx * stride_b;
+      stride_a *= da[static_cast<std::size_t>(i)];
+      stride_b *= db[static_cast<std::size_t>(i)];
+    }
+    gemm(trans_a, trans_b, m, n, k, pa + oa * sa, a.size(-1), 0, pb + ob * sb, b.size(-1), 0, 0.0f,
+         py + flat * m * n, 0, 1, false);
+  }
+  return y;
+}
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+  if (x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(1)) {
+    throw std::invalid_argument("linear: input " + x.shape().str() + " does not match weight " +
+                                w.shape().str());
+  }
+  check_operands(x, w, "linear");
+  const std::int64_t n = x.size(0), out = w.size(0);
+  Tensor y = Tensor::empty({n, out}, DType::F32, x.device());
+  float beta = 0.0f;
+  if (bias.defined()) {
+    // Every row seeded with the bias, which the product then adds into (beta 1), as the CPU.
+    if (bias.dtype() != DType::F32 || bias.numel() != out) {
+      throw std::invalid_argument("linear: bias " + bias.shape().str() + " does not match weight " +
+                                  w.shape().str());
+    }
+    bias_rows(ptr<float>(y), ptr<float>(bias), n, out);
+    beta = 1.0f;
+  }
+  gemm(false, true, n, out, x.size(1), device_ptr(x), x.size(1), 0, device_ptr(w), w.size(1), 0,
+       beta, ptr<float>(y), 0, 1, both_bf16(x, w));
+  return y;
+}
+
+}  // namespace hpm::cuda

@@ -1,0 +1,313 @@
+// The CUDA backend: cuda:N devices (device_memory.h), products on cuBLAS (blas_ops.h), the
+// kernels of this folder (basic_ops.h, nn_ops.h), and, for the ops without a kernel yet
+// (convolution, pooling, batch norm, the distillation losses, dropout's mask), the CPU's over host
+// copies (host_fallback.h).
+#include <stdexcept>
+#include <string>
+
+#include "hpm/tensor/backend.h"
+#include "hpm/tensor/random.h"
+#include "tensor/backend/cuda/basic_ops.h"
+#include "tensor/backend/cuda/blas_ops.h"
+#include "tensor/backend/cuda/device_memory.h"
+#include "tensor/backend/cuda/host_fallback.h"
+#include "tensor/backend/cuda/nn_ops.h"
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm {
+namespace {
+
+using cuda::HostFallback;
+
+class CudaBackend final : public Backend {
+ public:
+  DeviceType type() const override { return DeviceType::kCuda; }
+  bool is_host() const override { return false; }
+  std::shared_ptr<MemoryResource> memory(int index) override {
+    const int n = cuda::device_count();
+    if (index < 0 || index >= n) {
+      throw std::runtime_error("cuda:" + std::to_string(index) +
+                               " was asked for, but this machine has " + std::to_string(n) +
+                               " CUDA device(s) (cuda:0" +
+                               (n > 1 ? " to cuda:" + std::to_string(n - 1) : std::string()) + ")");
+    }
+    cuda::context(index);  // streams and handles now, so that a broken driver shows here
+    return std::make_shared<cuda::DeviceMemory>(index);
+  }
+  std::unique_ptr<Stream> make_stream(DeviceId id) override {
+    return cuda::make_compute_stream(id);
+  }
+  void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
+                  std::size_t bytes) override {
+    cuda::copy_bytes(dst, dst_device, src, src_device, bytes);
+  }
+  bool native_bf16() const override { return true; }
+
+  // -- conversions, products, element-wise -------------------------------------------------
+  Tensor to_bf16(const Tensor& x) override { return cuda::to_bf16(x); }
+  Tensor to_f32(const Tensor& x) override { return cuda::to_f32(x); }
+  Tensor to_f16(const Tensor& x) override { return cuda::to_f16(x); }
+  void fill_(Tensor& x, float value) override { cuda::fill_(x, value); }
+  Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override {
+    return cuda::matmul(a, b, trans_a, trans_b);
+  }
+  void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
+                   bool trans_b) override {
+    cuda::matmul_add_(c, a, b, trans_a, trans_b);
+  }
+  Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override {
+    return cuda::bmm(a, b, trans_a, trans_b);
+  }
+  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) override {
+    return cuda::linear(x, w, bias);
+  }
+  Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override {
+    return cuda::binary(op, a, b);
+  }
+  Tensor add_scalar(const Tensor& a, float s) override { return cuda::add_scalar(a, s); }
+  Tensor mul_scalar(const Tensor& a, float s) override { return cuda::mul_scalar(a, s); }
+  void axpy_(Tensor& y, float alpha, const Tensor& x) override { cuda::axpy_(y, alpha, x); }
+  void scale_(Tensor& y, float alpha) override { cuda::scale_(y, alpha); }
+  Tensor unary(UnaryOp op, const Tensor& x) override { return cuda::unary(op, x); }
+  Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
+                        const Tensor& y) override {
+    return cuda::unary_backward(op, grad_y, x, y);
+  }
+  Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) override {
+    return cuda::where(cond, a, b);
+  }
+  Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) override {
+    return cuda::masked_fill(x, mask, value);
+  }
+
+  // -- reductions ----------------------------------------------------------------------------
+  Tensor sum_all(const Tensor& x) override { return cuda::sum_all(x); }
+  Tensor sum_squares(const Tensor& x) override { return cuda::sum_squares(x); }
+  Tensor squared_norm(const std::vector<Tensor>& xs) override { return cuda::squared_norm(xs); }
+  Tensor sum_dim(const Tensor& x, int dim, bool keepdim) override {
+    return cuda::sum_dim(x, dim, keepdim);
+  }
+  Tensor sum_to(const Tensor& x, const Shape& shape) override { return cuda::sum_to(x, shape); }
+  Tensor broadcast_to(const Tensor& x, const Shape& shape) override {
+    return cuda::broadcast_to(x, shape);
+  }
+  Tensor argmax_last(const Tensor& x) override { return cuda::argmax_last(x); }
+
+  // -- layout --------------------------------------------------------------------------------
+  Tensor transpose2d(const Tensor& x) override { return cuda::transpose2d(x); }
+  Tensor permute(const Tensor& x, const std::vector<int>& perm) override {
+    return cuda::permute(x, perm);
+  }
+  Tensor concat(const std::vector<Tensor>& xs, int dim) override { return cuda::concat(xs, dim); }
+  Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length) override {
+    return cuda::narrow_copy(x, dim, start, length);
+  }
+  void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) override {
+    cuda::narrow_add_(y, dim, start, part);
+  }
+  void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
+                       Tensor& v) override {
+    cuda::split_qkv_heads(qkv, heads, dtype, q, k, v);
+  }
+  Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) override {
+    return cuda::merge_qkv_heads(q, k, v);
+  }
+  Tensor split_heads(const Tensor& x, std::int64_t heads) override {
+    return cuda::split_heads(x, heads);
+  }
+  Tensor merge_heads(const Tensor& y) override { return cuda::merge_heads(y); }
+  Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) override {
+    return cuda::index_select0(x, indices);
+  }
+
+  // -- softmax, losses, attention --------------------------------------------------------------
+  Tensor softmax(const Tensor& x, int dim) override { return cuda::softmax(x, dim); }
+  Tensor log_softmax(const Tensor& x, int dim) override { return cuda::log_softmax(x, dim); }
+  Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override {
+    return cuda::softmax_backward(grad_y, y, dim);
+  }
+  Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override {
+    return cuda::log_softmax_backward(grad_y, y, dim);
+  }
+  Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                               Tensor& probs, std::int64_t ignore_index) override {
+    return cuda::cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index);
+  }
+  Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
+                                const Tensor& grad, std::int64_t ignore_index) override {
+    return cuda::cross_entropy_backward(probs, labels, label_smoothing, grad, ignore_index);
+  }
+  Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                           float scale, Tensor& lse) override {
+    return cuda::attention_forward(q, k, v, causal, scale, lse);
+  }
+  void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& out, const Tensor& lse, bool causal, float scale,
+                          Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) override {
+    cuda::attention_backward(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v);
+  }
+
+  // -- normalization, embedding, optimizers -----------------------------------------------------
+  Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                            const Tensor& bias, float eps, Tensor& save_mean,
+                            Tensor& save_rstd) override {
+    return cuda::layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd);
+  }
+  void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                           const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
+                           Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {
+    cuda::layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x,
+                              grad_weight, grad_bias);
+  }
+  Tensor embedding_forward(const Tensor& table, const Tensor& indices) override {
+    return cuda::embedding_forward(table, indices);
+  }
+  void embedding_backward(const Tensor& grad_y, const Tensor& indices,
+                          Tensor& grad_table) override {
+    cuda::embedding_backward(grad_y, indices, grad_table);
+  }
+  void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
+                  Tensor& vmax) override {
+    cuda::adam_step_(s, p, g, m, v, vmax);
+  }
+  void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) override {
+    cuda::sgd_step_(s, p, g, buf);
+  }
+
+  // -- on the host for now (host_fallback.h) ---------------------------------------------------
+  Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                        const Conv2dParams& p) override {
+    HostFallback h;
+    return h.out(h.cpu().conv2d_forward(h.in(x), h.in(w), h.in(bias), p));
+  }
+  void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
+                       const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
+                       Tensor* grad_bias) override {
+    HostFallback h;
+    Tensor gx, gw, gb;
+    h.cpu().conv2d_backward(h.in(grad_y), h.in(x), h.in(w), p, grad_x ? &gx : nullptr,
+                            grad_w ? &gw : nullptr, grad_bias ? &gb : nullptr);
+    h.out_ptr(grad_x, gx);
+    h.out_ptr(grad_w, gw);
+    h.out_ptr(grad_bias, gb);
+  }
+  Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) override {
+    HostFallback h;
+    Tensor a;
+    Tensor y = h.cpu().max_pool2d_forward(h.in(x), p, a);
+    argmax = h.out(a);
+    return h.out(y);
+  }
+  Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax,
+                             const Shape& x_shape) override {
+    HostFallback h;
+    return h.out(h.cpu().max_pool2d_backward(h.in(grad_y), h.in(argmax), x_shape));
+  }
+  Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
+                                        const Conv2dParams& p, const Pool2dParams& pool,
+                                        Tensor& argmax) override {
+    HostFallback h;
+    Tensor a;
+    Tensor y = h.cpu().conv2d_relu_max_pool2d_forward(h.in(x), h.in(w), h.in(bias), p, pool, a);
+    argmax = h.out(a);
+    return h.out(y);
+  }
+  void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax,
+                                       const Tensor& x, const Tensor& w, const Conv2dParams& p,
+                                       const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
+                                       Tensor* grad_bias) override {
+    HostFallback h;
+    Tensor gx, gw, gb;
+    h.cpu().conv2d_relu_max_pool2d_backward(h.in(grad_pooled), h.in(argmax), h.in(x), h.in(w), p,
+                                            pool, grad_x ? &gx : nullptr, grad_w ? &gw : nullptr,
+                                            grad_bias ? &gb : nullptr);
+    h.out_ptr(grad_x, gx);
+    h.out_ptr(grad_w, gw);
+    h.out_ptr(grad_bias, gb);
+  }
+  Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) override {
+    HostFallback h;
+    return h.out(h.cpu().avg_pool2d_forward(h.in(x), p));
+  }
+  Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape,
+                             const Pool2dParams& p) override {
+    HostFallback h;
+    return h.out(h.cpu().avg_pool2d_backward(h.in(grad_y), x_shape, p));
+  }
+  Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                            Tensor& running_mean, Tensor& running_var, bool training,
+                            float momentum, float eps, Tensor& save_mean,
+                            Tensor& save_invstd) override {
+    HostFallback h;
+    Tensor rm = h.in(running_mean), rv = h.in(running_var), sm, si;
+    Tensor y = h.cpu().batch_norm_forward(h.in(x), h.in(weight), h.in(bias), rm, rv, training,
+                                          momentum, eps, sm, si);
+    HostFallback::write_back(running_mean, rm);
+    HostFallback::write_back(running_var, rv);
+    save_mean = h.out(sm);
+    save_invstd = h.out(si);
+    return h.out(y);
+  }
+  void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
+                           const Tensor& save_mean, const Tensor& save_invstd, bool training,
+                           Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {
+    HostFallback h;
+    Tensor gx, gw, gb;
+    h.cpu().batch_norm_backward(h.in(grad_y), h.in(x), h.in(weight), h.in(save_mean),
+                                h.in(save_invstd), training, grad_x ? &gx : nullptr,
+                                grad_weight ? &gw : nullptr, grad_bias ? &gb : nullptr);
+    h.out_ptr(grad_x, gx);
+    h.out_ptr(grad_weight, gw);
+    h.out_ptr(grad_bias, gb);
+  }
+  Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) override {
+    HostFallback h;
+    return h.out(h.cpu().nll_loss_forward(h.in(log_probs), h.in(labels)));
+  }
+  Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& shape) override {
+    HostFallback h;
+    return h.out(h.cpu().nll_loss_backward(h.in(grad), h.in(labels), shape));
+  }
+  Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) override {
+    HostFallback h;
+    return h.out(h.cpu().kl_div_forward(h.in(input_log_probs), h.in(target_probs)));
+  }
+  void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs,
+                       const Tensor& target_probs, Tensor* grad_input,
+                       Tensor* grad_target) override {
+    HostFallback h;
+    Tensor gi, gt;
+    h.cpu().kl_div_backward(h.in(grad), h.in(input_log_probs), h.in(target_probs),
+                            grad_input ? &gi : nullptr, grad_target ? &gt : nullptr);
+    h.out_ptr(grad_input, gi);
+    h.out_ptr(grad_target, gt);
+  }
+  void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x) override {
+    HostFallback h;
+    Tensor s = h.in(sum), ss = h.in(sum_squares);
+    h.cpu().channel_moments_(s, ss, h.in(x));
+    HostFallback::write_back(sum, s);
+    HostFallback::write_back(sum_squares, ss);
+  }
+  void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
+                             const Tensor& sum_squares, std::int64_t count,
+                             float momentum) override {
+    HostFallback h;
+    Tensor rm = h.in(running_mean), rv = h.in(running_var);
+    h.cpu().running_stats_update_(rm, rv, h.in(sum), h.in(sum_squares), count, momentum);
+    HostFallback::write_back(running_mean, rm);
+    HostFallback::write_back(running_var, rv);
+  }
+  // The CPU's generator draws the mask, so a run on the GPU drops the same units as on the CPU
+  // from the same seed.
+  Tensor dropout_mask(const Shape& shape, float p, Generator& gen) override {
+    HostFallback h;
+    return h.out(h.cpu().dropout_mask(shape, p, gen));
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Backend> make_cuda_backend() { return std::make_shared<CudaBackend>(); }
+
+}  // namespace hpm

@@ -1,0 +1,55 @@
+// The CUDA backend's neural-network ops: softmax and cross-entropy (softmax.cu), layer norm
+// (norm.cu), embedding (embedding.cu), the optimizer updates (optimizer.cu) and fused attention
+// (attention.cu). Each has the parameter list of its Backend virtual (backend.h; kernels.h
+// documents what it computes) and matches the CPU backend's results, dtypes and host-side errors.
+// Every kernel runs on the current device's compute stream; results are deterministic run to run
+// (fixed reduction orders, no float atomics).
+#pragma once
+#include <cstdint>
+
+#include "hpm/tensor/op_params.h"
+#include "hpm/tensor/tensor.h"
+
+namespace hpm::cuda {
+
+// ---- softmax and cross-entropy (softmax.cu) ---------------------------------------------------
+Tensor softmax(const Tensor& x, int dim);
+Tensor log_softmax(const Tensor& x, int dim);
+Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
+Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
+// Returns a 0-d F32 tensor on the device. Checks the labels on the device and waits for that
+// check (one synchronous copy of an error slot) so that a bad label throws std::out_of_range as
+// the CPU's does.
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                             Tensor& probs, std::int64_t ignore_index);
+// `grad` is the 0-d upstream gradient on the device, read by the kernel (no host wait).
+Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
+                              const Tensor& grad, std::int64_t ignore_index);
+
+// ---- attention (attention.cu) -----------------------------------------------------------------
+// F32 or BF16 q, k, v (the BF16 path rounds as attention_bf16.cpp); head size up to 256.
+Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                         float scale, Tensor& lse);
+void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse, bool causal, float scale,
+                        Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);
+
+// ---- layer norm (norm.cu) ---------------------------------------------------------------------
+Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                          const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd);
+void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                         const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
+
+// ---- embedding (embedding.cu) -----------------------------------------------------------------
+// The forward checks the indices on the device and waits for that check (one synchronous copy),
+// throwing std::out_of_range as the CPU's does.
+Tensor embedding_forward(const Tensor& table, const Tensor& indices);
+void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table);
+
+// ---- optimizer updates (optimizer.cu) ---------------------------------------------------------
+void adam_step_(const kernels::AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
+                Tensor& vmax);
+void sgd_step_(const kernels::SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf);
+
+}  // namespace hpm::cuda

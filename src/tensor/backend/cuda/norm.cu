@@ -1,0 +1,295 @@
+// Layer norm over the trailing `normalized` elements of each row: norm.cpp's formulas (two passes,
+// mean then the centred variance, summed in double; the backward's row sums in double too).
+//
+// A team of threads shares each row: a warp when the row is short (<= 1024 elements), else a
+// block. The backward's weight and bias gradients are column sums over all rows; they run in two
+// deterministic stages instead of atomics: each block column sums a fixed span of rows into its
+// own slot, then one thread per column adds the slots in span order. The spans depend only on
+// the shape, so the result is the same run to run.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "tensor/backend/cuda/nn_ops.h"
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;
+constexpr std::int64_t kWarpRowMax = 1024;
+constexpr unsigned kMaxGrid = 65535u * 8u;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr std::int64_t kSpanRows = 64;     // rows one slot of the column sums covers (at least)
+constexpr std::int64_t kMaxSpans = 65535;  // gridDim.y's limit
+
+void expect_f32(const Tensor& t) {
+  if (t.dtype() != DType::F32) {
+    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
+                           " accessed as F32");
+  }
+}
+
+unsigned grid_for(std::int64_t blocks) {
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks));
+}
+
+__device__ double warp_sum(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
+  return v;
+}
+
+// The block's sum, in every thread (all must call; blockDim.x a multiple of 32).
+__device__ double block_sum(double v) {
+  __shared__ double partial[32];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // a previous call's readers are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0;
+  return warp_sum(v);
+}
+
+// The threads sharing a row: a warp (kWarp) or the whole block.
+template <bool kWarp>
+struct Team {
+  int rank, size;
+  std::int64_t first_row, row_stride;
+  __device__ Team() {
+    if constexpr (kWarp) {
+      const int warps = static_cast<int>(blockDim.x) >> 5;
+      rank = static_cast<int>(threadIdx.x) & 31;
+      size = 32;
+      first_row = static_cast<std::int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5);
+      row_stride = static_cast<std::int64_t>(gridDim.x) * warps;
+    } else {
+      rank = static_cast<int>(threadIdx.x);
+      size = static_cast<int>(blockDim.x);
+      first_row = blockIdx.x;
+      row_stride = gridDim.x;
+    }
+  }
+  __device__ double sum(double v) const {
+    if constexpr (kWarp) {
+      return warp_sum(v);
+    } else {
+      return block_sum(v);
+    }
+  }
+};
+
+// y = (x - mean) * rstd * w + b per row (w, b optional); mean and rstd saved for the backward.
+template <bool kWarp>
+__global__ void layer_norm_forward_kernel(const float* __restrict__ x, const float* __restrict__ w,
+                                          const float* __restrict__ b, float* __restrict__ y,
+                                          float* __restrict__ mean, float* __restrict__ rstd,
+                                          std::int64_t rows, std::int64_t n, float eps) {
+  const Team<kWarp> team;
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    double s = 0.0;
+    for (std::int64_t k = team.rank; k < n; k += team.size) s += xr[k];
+    const double mu = team.sum(s) * inv_n;
+    double ss = 0.0;
+    for (std::int64_t k = team.rank; k < n; k += team.size) ss += (xr[k] - mu) * (xr[k] - mu);
+    ss = team.sum(ss);
+    const auto m = static_cast<float>(mu);
+    const auto rs = static_cast<float>(1.0 / sqrt(ss * inv_n + eps));
+    if (team.rank == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+    for (std::int64_t k = team.rank; k < n; k += team.size)
+      yr[k] = (xr[k] - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
+  }
+}
+
+// dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)) per row.
+template <bool kWarp>
+__global__ void layer_norm_backward_kernel(const float* __restrict__ g, const float* __restrict__ x,
+                                           const float* __restrict__ w,
+                                           const float* __restrict__ mean,
+                                           const float* __restrict__ rstd, float* __restrict__ dx,
+                                           std::int64_t rows, std::int64_t n) {
+  const Team<kWarp> team;
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
+    const float* gr = g + r * n;
+    const float* xr = x + r * n;
+    const float mu = mean[r], rs = rstd[r];
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+    for (std::int64_t k = team.rank; k < n; k += team.size) {
+      const float xhat = (xr[k] - mu) * rs;
+      const float dxhat = gr[k] * (w ? w[k] : 1.0f);
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+    }
+    sum_dxhat = team.sum(sum_dxhat);
+    sum_dxhat_xhat = team.sum(sum_dxhat_xhat);
+    const auto a = static_cast<float>(sum_dxhat * inv_n);
+    const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
+    float* dr = dx + r * n;
+    for (std::int64_t k = team.rank; k < n; k += team.size) {
+      const float xhat = (xr[k] - mu) * rs;
+      dr[k] = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
+    }
+  }
+}
+
+// Stage 1 of dw = sum_r g xhat and db = sum_r g: block (x, span) sums rows
+// [span * span_rows, ...) of columns x * blockDim.x + threadIdx.x into its slot.
+__global__ void layer_norm_column_partials_kernel(
+    const float* __restrict__ g, const float* __restrict__ x, const float* __restrict__ mean,
+    const float* __restrict__ rstd, double* __restrict__ dw_part, double* __restrict__ db_part,
+    std::int64_t rows, std::int64_t n, std::int64_t span_rows) {
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const std::int64_t span = blockIdx.y;
+  const std::int64_t r0 = span * span_rows, r1 = r0 + span_rows < rows ? r0 + span_rows : rows;
+  double dw = 0.0, db = 0.0;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float gv = g[r * n + k];
+    const float xhat = (x[r * n + k] - mean[r]) * rstd[r];
+    dw += static_cast<double>(gv) * xhat;
+    db += gv;
+  }
+  dw_part[span * n + k] = dw;
+  db_part[span * n + k] = db;
+}
+
+// Stage 2: each column's slots added in span order.
+__global__ void layer_norm_column_sums_kernel(const double* __restrict__ dw_part,
+                                              const double* __restrict__ db_part,
+                                              float* __restrict__ dw, float* __restrict__ db,
+                                              std::int64_t spans, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += stride) {
+    double sw = 0.0, sb = 0.0;
+    for (std::int64_t s = 0; s < spans; ++s) {
+      sw += dw_part[s * n + k];
+      sb += db_part[s * n + k];
+    }
+    if (dw != nullptr) dw[k] = static_cast<float>(sw);
+    if (db != nullptr) db[k] = static_cast<float>(sb);
+  }
+}
+
+// weight / bias: optional, F32 with one value per normalized element (the CPU reads them so
+// without checking; here a wrong size is an error rather than a stray read).
+const float* affine(const Tensor& t, std::int64_t normalized, const char* what) {
+  if (!t.defined()) return nullptr;
+  expect_f32(t);
+  if (t.numel() != normalized) {
+    throw std::invalid_argument(std::string("layer_norm: ") + what + " of " + t.shape().str() +
+                                " for " + std::to_string(normalized) + " normalized elements");
+  }
+  return ptr<float>(t);
+}
+
+}  // namespace
+
+Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                          const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
+  if (normalized <= 0 || x.numel() % normalized != 0) {
+    throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
+                                std::to_string(normalized) + " trailing elements");
+  }
+  expect_f32(x);
+  const float* pw = affine(weight, normalized, "weight");
+  const float* pb = affine(bias, normalized, "bias");
+  const std::int64_t rows = x.numel() / normalized;
+  save_mean = Tensor::empty({rows}, DType::F32);
+  save_rstd = Tensor::empty({rows}, DType::F32);
+  Tensor y = Tensor::empty(x.shape(), DType::F32);
+  if (rows == 0) return y;
+  cudaStream_t stream = current_stream();
+  if (normalized <= kWarpRowMax) {
+    layer_norm_forward_kernel<true>
+        <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+            ptr<float>(x), pw, pb, ptr<float>(y), ptr<float>(save_mean), ptr<float>(save_rstd),
+            rows, normalized, eps);
+    HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_kernel (warp)");
+  } else {
+    layer_norm_forward_kernel<false><<<grid_for(rows), kBlock, 0, stream>>>(
+        ptr<float>(x), pw, pb, ptr<float>(y), ptr<float>(save_mean), ptr<float>(save_rstd), rows,
+        normalized, eps);
+    HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_kernel (block)");
+  }
+  return y;
+}
+
+void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                         const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+  if (normalized <= 0 || x.numel() % normalized != 0) {
+    throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
+                                std::to_string(normalized) + " trailing elements");
+  }
+  const std::int64_t rows = x.numel() / normalized;
+  expect_f32(grad_y);
+  expect_f32(x);
+  expect_f32(save_mean);
+  expect_f32(save_rstd);
+  if (grad_y.numel() != x.numel()) check_shape(grad_y, x.shape(), "layer_norm backward: grad_y");
+  if (save_mean.numel() != rows || save_rstd.numel() != rows) {
+    throw std::invalid_argument("layer_norm backward: saved statistics of " +
+                                save_mean.shape().str() + " and " + save_rstd.shape().str() +
+                                " for " + std::to_string(rows) + " rows");
+  }
+  const float* pw = affine(weight, normalized, "weight");
+  const float* pg = ptr<float>(grad_y);
+  const float* px = ptr<float>(x);
+  const float* pm = ptr<float>(save_mean);
+  const float* pr = ptr<float>(save_rstd);
+  cudaStream_t stream = current_stream();
+  if (grad_x != nullptr) {
+    *grad_x = Tensor::empty(x.shape(), DType::F32);
+    if (rows > 0 && normalized <= kWarpRowMax) {
+      layer_norm_backward_kernel<true>
+          <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+              pg, px, pw, pm, pr, ptr<float>(*grad_x), rows, normalized);
+      HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (warp)");
+    } else if (rows > 0) {
+      layer_norm_backward_kernel<false><<<grid_for(rows), kBlock, 0, stream>>>(
+          pg, px, pw, pm, pr, ptr<float>(*grad_x), rows, normalized);
+      HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (block)");
+    }
+  }
+  if (grad_weight == nullptr && grad_bias == nullptr) return;
+  float* pdw = nullptr;
+  float* pdb = nullptr;
+  if (grad_weight != nullptr) {
+    *grad_weight = Tensor::empty({normalized}, DType::F32);
+    pdw = ptr<float>(*grad_weight);
+  }
+  if (grad_bias != nullptr) {
+    *grad_bias = Tensor::empty({normalized}, DType::F32);
+    pdb = ptr<float>(*grad_bias);
+  }
+  // Spans of at least kSpanRows rows, few enough for gridDim.y; none when there are no rows (the
+  // sums kernel then writes zeros).
+  const std::int64_t span_rows = std::max(kSpanRows, (rows + kMaxSpans - 1) / kMaxSpans);
+  const std::int64_t spans = (rows + span_rows - 1) / span_rows;
+  Tensor dw_part = Tensor::empty({std::max<std::int64_t>(spans, 1) * normalized}, DType::F64);
+  Tensor db_part = Tensor::empty({std::max<std::int64_t>(spans, 1) * normalized}, DType::F64);
+  if (spans > 0) {
+    const dim3 grid(static_cast<unsigned>((normalized + kBlock - 1) / kBlock),
+                    static_cast<unsigned>(spans));
+    layer_norm_column_partials_kernel<<<grid, kBlock, 0, stream>>>(
+        pg, px, pm, pr, ptr<double>(dw_part), ptr<double>(db_part), rows, normalized, span_rows);
+    HPM_CUDA_LAUNCH_CHECK("layer_norm_column_partials_kernel");
+  }
+  layer_norm_column_sums_kernel<<<blocks_for(normalized, kBlock), kBlock, 0, stream>>>(
+      ptr<double>(dw_part), ptr<double>(db_part), pdw, pdb, spans, normalized);
+  HPM_CUDA_LAUNCH_CHECK("layer_norm_column_sums_kernel");
+}
+
+}  // namespace hpm::cuda

@@ -1,0 +1,490 @@
+// Reductions on the GPU (sum_all, sum_squares, squared_norm, sum_dim, sum_to), broadcast_to and
+// argmax_last. Every sum is one plan: x's dimensions split into kept ones (the output's, in
+// order) and reduced ones, each run of neighbours of one kind merged into a single dimension
+// (sum_dim is always outer-kept, reduced, inner-kept). Sums accumulate in double, in a fixed
+// order that depends only on the shapes, so that a result is the same bits on every run (no
+// float atomics):
+//   - pass 1 cuts each output's reduced range into `splits` chunks, one work item per
+//     (chunk, output), and sums each item: one thread per item when the kept dimensions are the
+//     contiguous ones (neighbouring threads then read neighbouring addresses: a bias gradient's
+//     (N, C) -> (C)), else one block per item with a shared-memory tree (a row's sum);
+//   - pass 2, when there is more than one chunk, adds each output's chunk sums in chunk order.
+// The chunk counts are picked to fill the GPU: a whole-tensor sum runs on ~1024 blocks, not one.
+#include <algorithm>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "basic_ops.h"
+#include "runtime.h"
+
+namespace hpm::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxDims = 8;
+// Pass 1's work: about this many threads (one item each), or blocks (one item each).
+constexpr std::int64_t kTargetThreads = std::int64_t{1} << 17;
+constexpr std::int64_t kTargetBlocks = 1024;
+// ... without cutting an output's range finer than this many elements per thread.
+constexpr std::int64_t kMinPerThread = 64;
+constexpr std::int64_t kMinPerBlockThread = 8;
+constexpr std::int64_t kMaxGrid = 65535 * 8;
+
+void require(const Tensor& t, DType expected) {
+  if (t.dtype() != expected) {
+    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
+                           " accessed as " + dtype_name(expected));
+  }
+}
+
+__device__ inline std::int64_t first_index() {
+  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline std::int64_t grid_stride() {
+  return static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// ---- the sum plan ---------------------------------------------------------------------------
+
+// Kept dimensions (row-major: output element o decomposes over them) and reduced ones (element
+// r of an output's range decomposes over them, in x's order, so that r increasing walks x
+// forwards), each with its stride in x.
+struct ReducePlan {
+  int nk = 0, nr = 0;
+  std::int64_t kdims[kMaxDims] = {}, kstrides[kMaxDims] = {};
+  std::int64_t rdims[kMaxDims] = {}, rstrides[kMaxDims] = {};
+  std::int64_t outputs = 1, count = 1;  // output elements; summands per output
+
+  __device__ std::int64_t kept_offset(std::int64_t o) const {
+    std::int64_t off = 0;
+    for (int d = nk - 1; d >= 0; --d) {
+      off += (o % kdims[d]) * kstrides[d];
+      o /= kdims[d];
+    }
+    return off;
+  }
+  __device__ std::int64_t reduced_offset(std::int64_t r) const {
+    if (nr == 1) return r * rstrides[0];
+    std::int64_t off = 0;
+    for (int d = nr - 1; d >= 0; --d) {
+      off += (r % rdims[d]) * rstrides[d];
+      r /= rdims[d];
+    }
+    return off;
+  }
+};
+
+// The plan for a contiguous tensor of `shape` with dimension d summed where reduced[d].
+ReducePlan make_plan(const Shape& shape, const std::vector<bool>& reduced, const char* what) {
+  ReducePlan p;
+  std::vector<std::int64_t> strides(static_cast<std::size_t>(shape.rank()));
+  std::int64_t stride = 1;
+  for (int d = shape.rank() - 1; d >= 0; --d) {
+    strides[static_cast<std::size_t>(d)] = stride;
+    stride *= shape[d];
+  }
+  int last = -1;  // the kind of the last dimension taken (0 kept, 1 reduced)
+  for (int d = 0; d < shape.rank(); ++d) {
+    const auto du = static_cast<std::size_t>(d);
+    const std::int64_t size = shape[d];
+    if (size == 1) continue;  // offsets nothing
+    const int kind = reduced[du] ? 1 : 0;
+    int& n = kind ? p.nr : p.nk;
+    std::int64_t* dims = kind ? p.rdims : p.kdims;
+    std::int64_t* st = kind ? p.rstrides : p.kstrides;
+    if (kind == last) {
+      // x is contiguous: the previous dimension of this kind (only size-1 ones between) steps
+      // exactly `size` of this one, so the two are one dimension.
+      dims[n - 1] *= size;
+      st[n - 1] = strides[du];
+    } else {
+      if (n == kMaxDims) {
+        throw std::invalid_argument(std::string(what) + ": " + shape.str() +
+                                    " alternates summed and kept dimensions too often");
+      }
+      dims[n] = size;
+      st[n] = strides[du];
+      ++n;
+    }
+    last = kind;
+  }
+  p.outputs = 1;
+  for (int d = 0; d < p.nk; ++d) p.outputs *= p.kdims[d];
+  p.count = 1;
+  for (int d = 0; d < p.nr; ++d) p.count *= p.rdims[d];
+  return p;
+}
+
+// ---- the sum kernels --------------------------------------------------------------------
+
+template <bool Square>
+__device__ inline double term(float v) {
+  const double d = v;
+  return Square ? d * d : d;
+}
+
+// Writes an item's sum: straight to the output when there is one chunk, else to its slot
+// (chunk-major: partials[s * outputs + o]).
+template <typename Out>
+__device__ inline void store(double sum, std::int64_t item, std::int64_t o, std::int64_t splits,
+                             Out* y, double* partials) {
+  if (splits == 1) {
+    y[o] = static_cast<Out>(sum);
+  } else {
+    partials[item] = sum;
+  }
+}
+
+// One thread per (chunk, output); neighbouring threads take neighbouring outputs.
+template <bool Square, typename Out>
+__global__ void reduce_threads_kernel(const float* x, ReducePlan p, std::int64_t splits,
+                                      std::int64_t chunk, Out* y, double* partials) {
+  const std::int64_t items = p.outputs * splits;
+  for (std::int64_t item = first_index(); item < items; item += grid_stride()) {
+    const std::int64_t s = item / p.outputs, o = item % p.outputs;
+    const float* base = x + p.kept_offset(o);
+    const std::int64_t r0 = s * chunk, r1 = min(p.count, r0 + chunk);
+    double sum = 0.0;
+    if (p.nr <= 1) {
+      const std::int64_t st = p.nr == 1 ? p.rstrides[0] : 0;
+      for (std::int64_t r = r0; r < r1; ++r) sum += term<Square>(base[r * st]);
+    } else {
+      // Walk the reduced multi-index forwards instead of dividing at every element.
+      std::int64_t idx[kMaxDims];
+      std::int64_t rest = r0, off = 0;
+      for (int d = p.nr - 1; d >= 0; --d) {
+        idx[d] = rest % p.rdims[d];
+        rest /= p.rdims[d];
+        off += idx[d] * p.rstrides[d];
+      }
+      for (std::int64_t r = r0; r < r1; ++r) {
+        sum += term<Square>(base[off]);
+        for (int d = p.nr - 1; d >= 0; --d) {
+          off += p.rstrides[d];
+          if (++idx[d] < p.rdims[d]) break;
+          off -= p.rstrides[d] * p.rdims[d];
+          idx[d] = 0;
+        }
+      }
+    }
+    store(sum, item, o, splits, y, partials);
+  }
+}
+
+// The block's values summed by a fixed tree (the same order every run); every thread gets it.
+__device__ double block_sum(double v, double* shared) {
+  shared[threadIdx.x] = v;
+  __syncthreads();
+  for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) shared[threadIdx.x] += shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double total = shared[0];
+  __syncthreads();  // before the next use of `shared`
+  return total;
+}
+
+// One block per (chunk, output): its threads stride the chunk, then a tree adds them.
+template <bool Square, typename Out>
+__global__ void reduce_blocks_kernel(const float* x, ReducePlan p, std::int64_t splits,
+                                     std::int64_t chunk, Out* y, double* partials) {
+  __shared__ double shared[kThreads];
+  const std::int64_t items = p.outputs * splits;
+  for (std::int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const std::int64_t s = item / p.outputs, o = item % p.outputs;
+    const float* base = x + p.kept_offset(o);
+    const std::int64_t r0 = s * chunk, r1 = min(p.count, r0 + chunk);
+    double sum = 0.0;
+    for (std::int64_t r = r0 + threadIdx.x; r < r1; r += blockDim.x) {
+      sum += term<Square>(base[p.reduced_offset(r)]);
+    }
+    sum = block_sum(sum, shared);
+    if (threadIdx.x == 0) store(sum, item, o, splits, y, partials);
+  }
+}
+
+// Pass 2: each output's chunk sums, added in chunk order.
+template <typename Out>
+__global__ void reduce_finish_kernel(const double* partials, std::int64_t outputs,
+                                     std::int64_t splits, Out* y) {
+  for (std::int64_t o = first_index(); o < outputs; o += grid_stride()) {
+    double sum = 0.0;
+    for (std::int64_t s = 0; s < splits; ++s) sum += partials[s * outputs + o];
+    y[o] = static_cast<Out>(sum);
+  }
+}
+
+// Sums x (F32, laid out as `p` says) into y[0, p.outputs): Out is float or double.
+template <bool Square, typename Out>
+void run_reduce(const Tensor& x, const ReducePlan& p, Out* y, const char* name) {
+  if (p.outputs == 0) return;
+  const float* px = ptr<const float>(x);
+  // Threads when the kept dimensions include x's innermost one (coalesced across outputs) or
+  // there is little to sum per output; blocks when each output sums a contiguous range.
+  const bool threads = (p.nk > 0 && p.kstrides[p.nk - 1] == 1) || p.count <= 32;
+  std::int64_t splits = 1;
+  if (p.count > 0) {
+    const std::int64_t want = ceil_div(threads ? kTargetThreads : kTargetBlocks, p.outputs);
+    const std::int64_t most =
+        ceil_div(p.count, threads ? kMinPerThread : kMinPerBlockThread * kThreads);
+    splits = std::max<std::int64_t>(1, std::min(want, most));
+  }
+  const std::int64_t chunk = std::max<std::int64_t>(1, ceil_div(p.count, splits));
+  if (p.count > 0) splits = ceil_div(p.count, chunk);  // no empty trailing chunk
+  const std::int64_t items = p.outputs * splits;
+  Tensor partials;
+  double* pp = nullptr;
+  if (splits > 1) {
+    partials = Tensor::empty(Shape{items}, DType::F64, x.device());
+    pp = ptr<double>(partials);
+  }
+  cudaStream_t stream = current_stream();
+  if (threads) {
+    reduce_threads_kernel<Square, Out>
+        <<<blocks_for(items, kThreads), kThreads, 0, stream>>>(px, p, splits, chunk, y, pp);
+  } else {
+    const auto blocks = static_cast<unsigned>(std::min(items, kMaxGrid));
+    reduce_blocks_kernel<Square, Out><<<blocks, kThreads, 0, stream>>>(px, p, splits, chunk, y, pp);
+  }
+  HPM_CUDA_LAUNCH_CHECK(name);
+  if (splits > 1) {
+    reduce_finish_kernel<Out>
+        <<<blocks_for(p.outputs, kThreads), kThreads, 0, stream>>>(pp, p.outputs, splits, y);
+    HPM_CUDA_LAUNCH_CHECK(name);
+  }
+  // `partials` may be freed now: the allocator hands it out again only to work issued later on
+  // this same stream.
+}
+
+// Every element of x as one range.
+ReducePlan whole(const Tensor& x) {
+  ReducePlan p;
+  p.nr = 1;
+  p.rdims[0] = x.numel();
+  p.rstrides[0] = 1;
+  p.outputs = 1;
+  p.count = x.numel();
+  return p;
+}
+
+// Adds n doubles in index order into *total (squared_norm's last step: the CPU's loop).
+__global__ void add_in_order_kernel(const double* values, std::int64_t n, double* total) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  double sum = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) sum += values[i];
+  *total = sum;
+}
+
+// ---- gathers ----------------------------------------------------------------------------
+
+// An output of `dims` (coalesced) read from x at the strides given per dimension.
+struct Gather {
+  int rank = 0;
+  std::int64_t dims[kMaxDims] = {}, strides[kMaxDims] = {};
+
+  __device__ std::int64_t offset(std::int64_t flat) const {
+    std::int64_t off = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      off += (flat % dims[d]) * strides[d];
+      flat /= dims[d];
+    }
+    return off;
+  }
+};
+
+Gather make_gather(const Shape& out, const std::vector<std::int64_t>& strides, const char* what) {
+  Gather g;
+  for (int d = 0; d < out.rank(); ++d) {
+    const std::int64_t size = out[d];
+    const std::int64_t st = strides[static_cast<std::size_t>(d)];
+    if (size == 1) continue;
+    if (g.rank > 0 && g.strides[g.rank - 1] == st * size) {
+      g.dims[g.rank - 1] *= size;
+      g.strides[g.rank - 1] = st;
+      continue;
+    }
+    if (g.rank == kMaxDims) {
+      throw std::invalid_argument(std::string(what) + ": " + out.str() +
+                                  " needs more than 8 dimensions");
+    }
+    g.dims[g.rank] = size;
+    g.strides[g.rank] = st;
+    ++g.rank;
+  }
+  return g;
+}
+
+__global__ void gather_kernel(const float* x, float* y, std::int64_t n, Gather g) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] = x[g.offset(i)];
+}
+
+// ---- argmax -------------------------------------------------------------------------------
+
+// (value, index) of the first largest non-NaN element seen; index -1 for none yet.
+struct Best {
+  float value;
+  std::int64_t index;
+};
+__device__ inline Best better(Best a, Best b) {
+  if (b.index < 0) return a;
+  if (a.index < 0) return b;
+  if (b.value > a.value || (b.value == a.value && b.index < a.index)) return b;
+  return a;
+}
+
+// One warp per row. The CPU keeps the first j with row[j] > row[best], starting from best = 0:
+// the first largest of the non-NaN values, except that a NaN first element (which no comparison
+// beats) stays the answer; an all-NaN row gives 0 too.
+__global__ void argmax_last_kernel(const float* x, std::int64_t rows, std::int64_t d,
+                                   std::int64_t* y) {
+  const unsigned lane = threadIdx.x % 32;
+  const std::int64_t warps = grid_stride() / 32;
+  for (std::int64_t r = first_index() / 32; r < rows; r += warps) {
+    const float* row = x + r * d;
+    Best best{0.0f, -1};
+    for (std::int64_t j = lane; j < d; j += 32) {
+      const float v = row[j];
+      if (v == v && (best.index < 0 || v > best.value)) best = {v, j};  // first max in the lane
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const Best other{__shfl_down_sync(0xffffffffu, best.value, offset),
+                       __shfl_down_sync(0xffffffffu, best.index, offset)};
+      best = better(best, other);
+    }
+    if (lane == 0) {
+      const float first = row[0];
+      y[r] = (first != first || best.index < 0) ? 0 : best.index;
+    }
+  }
+}
+
+}  // namespace
+
+Tensor sum_all(const Tensor& x) {
+  require(x, DType::F32);
+  Tensor y = Tensor::empty(Shape{}, DType::F32, x.device());
+  run_reduce<false>(x, whole(x), ptr<float>(y), "sum_all");
+  return y;
+}
+
+Tensor sum_squares(const Tensor& x) {
+  require(x, DType::F32);
+  Tensor y = Tensor::empty(Shape{}, DType::F64, x.device());
+  run_reduce<true>(x, whole(x), ptr<double>(y), "sum_squares");
+  return y;
+}
+
+Tensor squared_norm(const std::vector<Tensor>& xs) {
+  for (const Tensor& x : xs) require(x, DType::F32);
+  Device& device = xs.empty() ? Device::current() : xs[0].device();
+  Tensor total = Tensor::empty(Shape{}, DType::F64, device);
+  if (xs.empty()) {
+    HPM_CUDA_CHECK(cudaMemsetAsync(ptr<double>(total), 0, sizeof(double), current_stream()));
+    return total;
+  }
+  // Each tensor's sum of squares in double into its slot, then the slots added in order.
+  const auto n = static_cast<std::int64_t>(xs.size());
+  Tensor each = Tensor::empty(Shape{n}, DType::F64, device);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const Tensor& x = xs[static_cast<std::size_t>(i)];
+    run_reduce<true>(x, whole(x), ptr<double>(each) + i, "squared_norm");
+  }
+  add_in_order_kernel<<<1, 1, 0, current_stream()>>>(ptr<const double>(each), n,
+                                                     ptr<double>(total));
+  HPM_CUDA_LAUNCH_CHECK("squared_norm");
+  return total;
+}
+
+Tensor sum_dim(const Tensor& x, int dim, bool keepdim) {
+  const int d = x.shape().wrap(dim);
+  require(x, DType::F32);
+  std::vector<std::int64_t> dims = x.shape().dims();
+  if (keepdim) {
+    dims[static_cast<std::size_t>(d)] = 1;
+  } else {
+    dims.erase(dims.begin() + d);
+  }
+  Tensor y = Tensor::empty(Shape(dims), DType::F32, x.device());
+  std::vector<bool> reduced(static_cast<std::size_t>(x.dim()), false);
+  reduced[static_cast<std::size_t>(d)] = true;
+  run_reduce<false>(x, make_plan(x.shape(), reduced, "sum_dim"), ptr<float>(y), "sum_dim");
+  return y;
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;  // the CPU's identity: the tensor itself, any dtype
+  require(x, DType::F32);
+  Tensor y = Tensor::empty(shape, DType::F32, x.device());
+  if (shape.numel() == 1) {  // one output, whatever the ranks (the CPU: a full of sum_all)
+    run_reduce<false>(x, whole(x), ptr<float>(y), "sum_to");
+    return y;
+  }
+  // shape aligned with x's trailing dimensions: a dimension is summed where shape has 1 (or
+  // nothing) and x more. The CPU does not check this (it would index out of bounds).
+  const int lead = x.dim() - shape.rank();
+  std::vector<bool> reduced(static_cast<std::size_t>(x.dim()), true);
+  bool fits = lead >= 0;
+  for (int i = 0; fits && i < shape.rank(); ++i) {
+    const std::int64_t want = shape[i], have = x.size(lead + i);
+    fits = want == have || want == 1;
+    reduced[static_cast<std::size_t>(lead + i)] = want != have;
+  }
+  if (!fits) {
+    throw std::invalid_argument("sum_to: " + x.shape().str() + " does not reduce to " +
+                                shape.str());
+  }
+  run_reduce<false>(x, make_plan(x.shape(), reduced, "sum_to"), ptr<float>(y), "sum_to");
+  return y;
+}
+
+Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  // The CPU does not check this (it would read out of bounds).
+  if (x.dim() > shape.rank() || broadcast_shapes(x.shape(), shape) != shape) {
+    throw std::invalid_argument("broadcast_to: " + x.shape().str() + " does not broadcast to " +
+                                shape.str());
+  }
+  require(x, DType::F32);
+  // x's strides seen from `shape` (0 along broadcast dimensions), as cpu/broadcast.h.
+  std::vector<std::int64_t> st(static_cast<std::size_t>(shape.rank()), 0);
+  std::int64_t stride = 1;
+  for (int i = x.dim() - 1, j = shape.rank() - 1; i >= 0; --i, --j) {
+    st[static_cast<std::size_t>(j)] = x.size(i) == 1 ? 0 : stride;
+    stride *= x.size(i);
+  }
+  const Gather g = make_gather(shape, st, "broadcast_to");
+  Tensor y = Tensor::empty(shape, DType::F32, x.device());
+  const std::int64_t n = shape.numel();
+  if (n > 0) {
+    gather_kernel<<<blocks_for(n, kThreads), kThreads, 0, current_stream()>>>(ptr<const float>(x),
+                                                                              ptr<float>(y), n, g);
+    HPM_CUDA_LAUNCH_CHECK("broadcast_to");
+  }
+  return y;
+}
+
+Tensor argmax_last(const Tensor& x) {
+  const std::int64_t d = x.size(-1);
+  require(x, DType::F32);
+  if (d == 0) {  // the CPU would divide by zero
+    throw std::invalid_argument("argmax_last: empty last dimension in " + x.shape().str());
+  }
+  const std::int64_t rows = x.numel() / d;
+  std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
+  Tensor y = Tensor::empty(Shape(dims), DType::I64, x.device());
+  if (rows > 0) {
+    constexpr std::int64_t kRowsPerBlock = kThreads / 32;
+    const auto blocks = static_cast<unsigned>(std::min(ceil_div(rows, kRowsPerBlock), kMaxGrid));
+    argmax_last_kernel<<<blocks, kThreads, 0, current_stream()>>>(ptr<const float>(x), rows, d,
+                                                                  ptr<std::int64_t>(y));
+    HPM_CUDA_LAUNCH_CHECK("argmax_last");
+  }
+  return y;
+}
+
+}  // namespace hpm::cuda

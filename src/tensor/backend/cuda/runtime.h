@@ -1,0 +1,82 @@
+// The CUDA runtime as the backend uses it: checked calls (an error names the call, file:line,
+// CUDA's message and the op last dispatched), one context per device (its compute and copy
+// streams, cuBLAS handles, a cuBLAS workspace, pinned staging buffers for host copies), and the
+// device pointer of a tensor. Plain C++ over the CUDA runtime API: both the backend's .cpp files
+// and its kernels (.cu) include it.
+#pragma once
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "hpm/tensor/tensor.h"
+
+namespace hpm::cuda {
+
+// Throws std::runtime_error: "<call> failed at <file>:<line>: <message> (the last op issued on
+// this thread: <op>)".
+[[noreturn]] void fail(const char* call, const char* file, int line, const std::string& message);
+void check_cublas(cublasStatus_t status, const char* call, const char* file, int line);
+
+#define HPM_CUDA_CHECK(call)                                                             \
+  do {                                                                                   \
+    const cudaError_t hpm_cuda_error_ = (call);                                          \
+    if (hpm_cuda_error_ != cudaSuccess) {                                                \
+      ::hpm::cuda::fail(#call, __FILE__, __LINE__, cudaGetErrorString(hpm_cuda_error_)); \
+    }                                                                                    \
+  } while (0)
+#define HPM_CUBLAS_CHECK(call) ::hpm::cuda::check_cublas((call), #call, __FILE__, __LINE__)
+// After a kernel launch: a bad configuration is reported here, a fault inside the kernel at the
+// next synchronization (naming the op last issued; CUDA_LAUNCH_BLOCKING=1 pins it exactly).
+#define HPM_CUDA_LAUNCH_CHECK(kernel_name) \
+  ::hpm::cuda::check_launch(kernel_name, __FILE__, __LINE__)
+void check_launch(const char* kernel, const char* file, int line);
+
+// How many devices the driver reports; throws std::runtime_error saying what was found (no
+// driver, no device) when there are none.
+int device_count();
+
+// The per-device state. Made on first use of the device; lives for the process.
+struct Context {
+  int index = 0;
+  cudaStream_t compute = nullptr;  // every op of the device
+  cudaStream_t copy = nullptr;     // host -> device prefetch of input batches
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* workspace = nullptr;  // cuBLAS(Lt) workspace, on the compute stream
+  std::size_t workspace_bytes = 0;
+  // Pinned host buffers for copies: host <-> pinned by memcpy, pinned <-> device by DMA, two in
+  // turn so that filling one overlaps the other's transfer.
+  static constexpr int kStagingSlots = 2;
+  static constexpr std::size_t kStagingBytes = std::size_t{8} << 20;
+  void* staging[kStagingSlots] = {};
+  cudaEvent_t staging_done[kStagingSlots] = {};
+  std::mutex staging_mu;
+};
+Context& context(int index);
+// The context of the calling thread's current device (Device::current(), which the dispatch makes
+// the device of an op's inputs).
+Context& current_context();
+inline cudaStream_t current_stream() { return current_context().compute; }
+
+// The device address of a tensor's first element (Tensor::raw_data is for host memory only).
+inline void* device_ptr(const Tensor& t) {
+  return static_cast<char*>(t.impl()->storage->data()) +
+         t.impl()->offset * static_cast<std::int64_t>(dtype_size(t.dtype()));
+}
+template <typename T>
+T* ptr(const Tensor& t) {
+  return static_cast<T*>(device_ptr(t));
+}
+
+// Blocks of 256 threads over n elements, capped (grid-stride loops do the rest).
+inline unsigned blocks_for(std::int64_t n, int threads = 256) {
+  const std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 * 8 ? 65535 * 8 : b));
+}
+
+}  // namespace hpm::cuda

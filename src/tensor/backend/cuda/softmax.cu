@@ -1,0 +1,487 @@
+// Softmax, log-softmax, their backward passes and the fused cross-entropy of logits, along any
+// dimension: softmax.cpp's formulas and special cases (an all -inf row gives zeros, or -inf for
+// log-softmax; a row's sums in double).
+//
+// A tensor is seen as (outer, len, inner) around the softmax dimension. When inner == 1 (the last
+// dimension, the common case) the len elements of a row are contiguous, and a team of threads
+// shares each row: a warp when the row is short (<= 1024: at most 32 elements a lane), else a
+// whole block. When inner > 1, one thread per (outer, inner) column walks the len elements
+// inner apart: neighbouring threads read neighbouring columns, so the reads coalesce. Every
+// reduction has a fixed shape (strided per-thread partials, then a butterfly), so results do not
+// vary run to run.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "tensor/backend/cuda/nn_ops.h"
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;                 // threads of a block
+constexpr std::int64_t kWarpRowMax = 1024;  // longest row a warp takes alone
+constexpr unsigned kMaxGrid = 65535u * 8u;  // blocks_for's cap; loops stride past it
+constexpr unsigned kFull = 0xffffffffu;
+
+struct Axis {
+  std::int64_t outer, len, inner;
+};
+
+Axis split_axis(const Shape& s, int dim) {
+  const int d = s.wrap(dim);  // std::out_of_range for a bad dim, as the CPU's
+  return {s.numel() / s.numel_from(d), s[d], s.numel_from(d + 1)};
+}
+
+// What Tensor::data<T>() throws on the CPU for another dtype.
+void expect_dtype(const Tensor& t, DType dtype) {
+  if (t.dtype() != dtype) {
+    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
+                           " accessed as " + dtype_name(dtype));
+  }
+}
+
+unsigned grid_for(std::int64_t blocks) {
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks));
+}
+
+// ---- reductions: warp butterflies, and blocks as warps of warps --------------------------------
+
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// Every lane gets the reduction of the warp's 32 values.
+template <typename T, typename Op>
+__device__ T warp_reduce(T v, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFull, v, offset));
+  return v;
+}
+
+// Every thread of the block gets the reduction of the block's values (blockDim.x a multiple of 32;
+// every thread must call it).
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op, T identity) {
+  __shared__ T partial[32];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
+  v = warp_reduce(v, op);
+  __syncthreads();  // a previous call's readers are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : identity;
+  return warp_reduce(v, op);
+}
+
+// The threads sharing a row: a warp (kWarp) or the whole block.
+template <bool kWarp>
+struct Team {
+  int rank, size;
+  std::int64_t first_row, row_stride;
+  __device__ Team() {
+    if constexpr (kWarp) {
+      const int warps = static_cast<int>(blockDim.x) >> 5;
+      rank = static_cast<int>(threadIdx.x) & 31;
+      size = 32;
+      first_row = static_cast<std::int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5);
+      row_stride = static_cast<std::int64_t>(gridDim.x) * warps;
+    } else {
+      rank = static_cast<int>(threadIdx.x);
+      size = static_cast<int>(blockDim.x);
+      first_row = blockIdx.x;
+      row_stride = gridDim.x;
+    }
+  }
+  template <typename T, typename Op>
+  __device__ T reduce(T v, Op op, T identity) const {
+    if constexpr (kWarp) {
+      return warp_reduce(v, op);
+    } else {
+      return block_reduce(v, op, identity);
+    }
+  }
+};
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- softmax / log-softmax ---------------------------------------------------------------------
+
+// Rows of `len` contiguous elements.
+template <bool kLog, bool kWarp>
+__global__ void softmax_rows_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                    std::int64_t rows, std::int64_t len) {
+  const Team<kWarp> team;
+  // The loop bound is uniform across a team, so block reductions inside it are safe.
+  for (std::int64_t row = team.first_row; row < rows; row += team.row_stride) {
+    const float* xr = x + row * len;
+    float* yr = y + row * len;
+    float mx = kNegInf;
+    for (std::int64_t l = team.rank; l < len; l += team.size) mx = fmaxf(mx, xr[l]);
+    mx = team.reduce(mx, MaxOp{}, kNegInf);
+    if (mx == kNegInf) {
+      // Every entry masked: zeros (log: -inf), not NaN, so a padded row contributes nothing.
+      for (std::int64_t l = team.rank; l < len; l += team.size) yr[l] = kLog ? kNegInf : 0.0f;
+      continue;
+    }
+    double sum = 0.0;
+    for (std::int64_t l = team.rank; l < len; l += team.size) sum += expf(xr[l] - mx);
+    sum = team.reduce(sum, SumOp{}, 0.0);
+    if constexpr (kLog) {
+      const float lse = mx + static_cast<float>(log(sum));
+      for (std::int64_t l = team.rank; l < len; l += team.size) yr[l] = xr[l] - lse;
+    } else {
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (std::int64_t l = team.rank; l < len; l += team.size) yr[l] = expf(xr[l] - mx) * inv;
+    }
+  }
+}
+
+// One thread per (outer, inner) column, its len elements `inner` apart.
+template <bool kLog>
+__global__ void softmax_columns_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                       std::int64_t outer, std::int64_t len, std::int64_t inner) {
+  const std::int64_t columns = outer * inner;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < columns; c += stride) {
+    const std::int64_t base = (c / inner) * len * inner + c % inner;
+    const float* xr = x + base;
+    float* yr = y + base;
+    float mx = kNegInf;
+    for (std::int64_t l = 0; l < len; ++l) mx = fmaxf(mx, xr[l * inner]);
+    if (mx == kNegInf) {
+      for (std::int64_t l = 0; l < len; ++l) yr[l * inner] = kLog ? kNegInf : 0.0f;
+      continue;
+    }
+    double sum = 0.0;
+    for (std::int64_t l = 0; l < len; ++l) sum += expf(xr[l * inner] - mx);
+    if constexpr (kLog) {
+      const float lse = mx + static_cast<float>(log(sum));
+      for (std::int64_t l = 0; l < len; ++l) yr[l * inner] = xr[l * inner] - lse;
+    } else {
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (std::int64_t l = 0; l < len; ++l) yr[l * inner] = expf(xr[l * inner] - mx) * inv;
+    }
+  }
+}
+
+// ---- backward: softmax dx = y * (g - sum(g * y)); log-softmax dx = g - exp(y) * sum(g)
+// ------------
+
+template <bool kLog>
+__device__ double backward_term(float g, float y) {
+  return kLog ? static_cast<double>(g) : static_cast<double>(g) * y;
+}
+template <bool kLog>
+__device__ float backward_value(float g, float y, float s) {
+  return kLog ? g - expf(y) * s : y * (g - s);
+}
+
+template <bool kLog, bool kWarp>
+__global__ void softmax_backward_rows_kernel(const float* __restrict__ g,
+                                             const float* __restrict__ y, float* __restrict__ dx,
+                                             std::int64_t rows, std::int64_t len) {
+  const Team<kWarp> team;
+  for (std::int64_t row = team.first_row; row < rows; row += team.row_stride) {
+    const std::int64_t base = row * len;
+    double sum = 0.0;
+    for (std::int64_t l = team.rank; l < len; l += team.size)
+      sum += backward_term<kLog>(g[base + l], y[base + l]);
+    const auto s = static_cast<float>(team.reduce(sum, SumOp{}, 0.0));
+    for (std::int64_t l = team.rank; l < len; l += team.size)
+      dx[base + l] = backward_value<kLog>(g[base + l], y[base + l], s);
+  }
+}
+
+template <bool kLog>
+__global__ void softmax_backward_columns_kernel(const float* __restrict__ g,
+                                                const float* __restrict__ y, float* __restrict__ dx,
+                                                std::int64_t outer, std::int64_t len,
+                                                std::int64_t inner) {
+  const std::int64_t columns = outer * inner;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < columns; c += stride) {
+    const std::int64_t base = (c / inner) * len * inner + c % inner;
+    double sum = 0.0;
+    for (std::int64_t l = 0; l < len; ++l)
+      sum += backward_term<kLog>(g[base + l * inner], y[base + l * inner]);
+    const auto s = static_cast<float>(sum);
+    for (std::int64_t l = 0; l < len; ++l) {
+      const std::int64_t k = base + l * inner;
+      dx[k] = backward_value<kLog>(g[k], y[k], s);
+    }
+  }
+}
+
+template <bool kLog>
+Tensor softmax_impl(const Tensor& x, int dim) {
+  const Axis a = split_axis(x.shape(), dim);
+  expect_dtype(x, DType::F32);
+  Tensor y = Tensor::empty(x.shape(), DType::F32);
+  if (x.numel() == 0) return y;
+  const float* px = ptr<float>(x);
+  float* py = ptr<float>(y);
+  cudaStream_t stream = current_stream();
+  if (a.inner != 1) {
+    softmax_columns_kernel<kLog><<<blocks_for(a.outer * a.inner, kBlock), kBlock, 0, stream>>>(
+        px, py, a.outer, a.len, a.inner);
+    HPM_CUDA_LAUNCH_CHECK("softmax_columns_kernel");
+  } else if (a.len <= kWarpRowMax) {
+    softmax_rows_kernel<kLog, true>
+        <<<grid_for((a.outer + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+            px, py, a.outer, a.len);
+    HPM_CUDA_LAUNCH_CHECK("softmax_rows_kernel (warp)");
+  } else {
+    softmax_rows_kernel<kLog, false>
+        <<<grid_for(a.outer), kBlock, 0, stream>>>(px, py, a.outer, a.len);
+    HPM_CUDA_LAUNCH_CHECK("softmax_rows_kernel (block)");
+  }
+  return y;
+}
+
+template <bool kLog>
+Tensor softmax_backward_impl(const Tensor& grad_y, const Tensor& y, int dim) {
+  const Axis a = split_axis(y.shape(), dim);
+  expect_dtype(grad_y, DType::F32);
+  expect_dtype(y, DType::F32);
+  // The CPU reads grad_y as y's shape; here a mismatch is an error rather than a stray read.
+  check_shape(grad_y, y.shape(),
+              kLog ? "log_softmax_backward: grad_y" : "softmax_backward: grad_y");
+  Tensor gx = Tensor::empty(y.shape(), DType::F32);
+  if (y.numel() == 0) return gx;
+  const float* pg = ptr<float>(grad_y);
+  const float* py = ptr<float>(y);
+  float* px = ptr<float>(gx);
+  cudaStream_t stream = current_stream();
+  if (a.inner != 1) {
+    softmax_backward_columns_kernel<kLog>
+        <<<blocks_for(a.outer * a.inner, kBlock), kBlock, 0, stream>>>(pg, py, px, a.outer, a.len,
+                                                                       a.inner);
+    HPM_CUDA_LAUNCH_CHECK("softmax_backward_columns_kernel");
+  } else if (a.len <= kWarpRowMax) {
+    softmax_backward_rows_kernel<kLog, true>
+        <<<grid_for((a.outer + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+            pg, py, px, a.outer, a.len);
+    HPM_CUDA_LAUNCH_CHECK("softmax_backward_rows_kernel (warp)");
+  } else {
+    softmax_backward_rows_kernel<kLog, false>
+        <<<grid_for(a.outer), kBlock, 0, stream>>>(pg, py, px, a.outer, a.len);
+    HPM_CUDA_LAUNCH_CHECK("softmax_backward_rows_kernel (block)");
+  }
+  return gx;
+}
+
+// ---- cross-entropy
+// -------------------------------------------------------------------------------
+
+// "No bad label": the error slot's initial value (every byte 0xff), above any row index.
+constexpr unsigned long long kNoError = ~0ull;
+
+// Per row of `c` logits: probs = softmax, and the row's loss term (0 for an ignored row)
+//   (1 - eps) * (lse - x[label]) + eps * mean_c(lse - x[c])
+// in double, as the CPU's. A label neither ignore_index nor in [0, c) records its row in
+// *error (the smallest such row wins: atomicMin's result does not depend on the order) and
+// is not read through.
+template <bool kWarp>
+__global__ void cross_entropy_rows_kernel(const float* __restrict__ logits,
+                                          const std::int64_t* __restrict__ labels,
+                                          float* __restrict__ probs, double* __restrict__ row_loss,
+                                          unsigned long long* __restrict__ error, std::int64_t rows,
+                                          std::int64_t c, double smoothing,
+                                          std::int64_t ignore_index) {
+  const Team<kWarp> team;
+  for (std::int64_t row = team.first_row; row < rows; row += team.row_stride) {
+    const float* xr = logits + row * c;
+    float* pr = probs + row * c;
+    float mx = kNegInf;
+    for (std::int64_t j = team.rank; j < c; j += team.size) mx = fmaxf(mx, xr[j]);
+    mx = team.reduce(mx, MaxOp{}, kNegInf);
+    double sum = 0.0;
+    for (std::int64_t j = team.rank; j < c; j += team.size) sum += expf(xr[j] - mx);
+    sum = team.reduce(sum, SumOp{}, 0.0);
+    const double lse = mx + log(sum);
+    const auto inv = static_cast<float>(1.0 / sum);
+    double nll_sum = 0.0;
+    for (std::int64_t j = team.rank; j < c; j += team.size) {
+      pr[j] = expf(xr[j] - mx) * inv;
+      nll_sum += lse - xr[j];
+    }
+    nll_sum = team.reduce(nll_sum, SumOp{}, 0.0);
+    if (team.rank != 0) continue;
+    const std::int64_t y = labels[row];
+    double loss = 0.0;
+    if (y != ignore_index) {
+      if (y < 0 || y >= c) {
+        atomicMin(error, static_cast<unsigned long long>(row));
+      } else {
+        const double nll = lse - xr[y];
+        loss = (1.0 - smoothing) * nll + smoothing * nll_sum / static_cast<double>(c);
+      }
+    }
+    row_loss[row] = loss;
+  }
+}
+
+// One block: the mean of the row terms over the rows not ignored (NaN when none is, as the CPU's
+// 0/0), into the 0-d result. Strided partials, then the block's tree: a fixed order.
+__global__ void cross_entropy_mean_kernel(const double* __restrict__ row_loss,
+                                          const std::int64_t* __restrict__ labels,
+                                          std::int64_t rows, std::int64_t ignore_index,
+                                          float* __restrict__ loss) {
+  double total = 0.0, counted = 0.0;
+  for (std::int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    total += row_loss[i];
+    counted += labels[i] != ignore_index ? 1.0 : 0.0;  // exact in double up to 2^53 rows
+  }
+  total = block_reduce(total, SumOp{}, 0.0);
+  counted = block_reduce(counted, SumOp{}, 0.0);
+  if (threadIdx.x == 0) *loss = static_cast<float>(total / counted);
+}
+
+// softmax.cpp's check_labels, on the host: shapes and dtype (the range is checked on the device).
+std::int64_t check_labels(const Tensor& logits, const Tensor& labels) {
+  bool ok = logits.dim() >= 2 && labels.dim() == logits.dim() - 1 && labels.dtype() == DType::I64;
+  for (int i = 0; ok && i < labels.dim(); ++i) ok = labels.size(i) == logits.size(i);
+  if (!ok) {
+    throw std::invalid_argument(
+        "cross_entropy: expected logits (..., C) and I64 labels (...) with the same leading "
+        "dimensions, got " +
+        logits.shape().str() + " and " + labels.shape().str());
+  }
+  return labels.numel();
+}
+
+// The number of labels that are not ignore_index, into *count (one block, integer sums).
+__global__ void count_labels_kernel(const std::int64_t* __restrict__ labels, std::int64_t n,
+                                    std::int64_t ignore_index, float* __restrict__ count) {
+  double counted = 0.0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    counted += labels[i] != ignore_index ? 1.0 : 0.0;
+  counted = block_reduce(counted, SumOp{}, 0.0);
+  // The CPU's static_cast<float>(counted) of its integer count.
+  if (threadIdx.x == 0) *count = static_cast<float>(static_cast<std::int64_t>(counted));
+}
+
+// d loss / d logits = (p - eps / C) * scale, less (1 - eps) * scale at the label, with
+// scale = grad / counted (grad the 0-d upstream gradient on the device); 0 on ignored rows.
+__global__ void cross_entropy_backward_kernel(
+    const float* __restrict__ probs, const std::int64_t* __restrict__ labels,
+    const float* __restrict__ grad, const float* __restrict__ count, float* __restrict__ gx,
+    std::int64_t n, std::int64_t c, float smoothing, std::int64_t ignore_index) {
+  const float scale = *grad / *count;
+  const float smooth = smoothing / static_cast<float>(c);
+  const std::int64_t total = n * c;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
+       k += stride) {
+    const std::int64_t row = k / c, j = k - row * c;
+    const std::int64_t y = labels[row];
+    if (y == ignore_index) {
+      gx[k] = 0.0f;
+      continue;
+    }
+    float v = (probs[k] - smooth) * scale;
+    if (j == y) v -= (1.0f - smoothing) * scale;
+    gx[k] = v;
+  }
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int dim) { return softmax_impl<false>(x, dim); }
+Tensor log_softmax(const Tensor& x, int dim) { return softmax_impl<true>(x, dim); }
+Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
+  return softmax_backward_impl<false>(grad_y, y, dim);
+}
+Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
+  return softmax_backward_impl<true>(grad_y, y, dim);
+}
+
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                             Tensor& probs, std::int64_t ignore_index) {
+  const std::int64_t n = check_labels(logits, labels), c = logits.size(-1);
+  expect_dtype(logits, DType::F32);
+  probs = Tensor::empty(logits.shape(), DType::F32);
+  Tensor loss = Tensor::empty(Shape{}, DType::F32);
+  cudaStream_t stream = current_stream();
+  if (n == 0) {
+    // No rows: the mean kernel's 0 / 0 is NaN, as the CPU's.
+    cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(nullptr, nullptr, 0, ignore_index,
+                                                      ptr<float>(loss));
+    HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
+    return loss;
+  }
+  Tensor row_loss = Tensor::empty({n}, DType::F64);
+  Tensor error = Tensor::empty({1}, DType::I64);
+  auto* perr = ptr<unsigned long long>(error);
+  HPM_CUDA_CHECK(cudaMemsetAsync(perr, 0xff, sizeof(unsigned long long), stream));
+  const float* px = ptr<float>(logits);
+  const auto* py = ptr<std::int64_t>(labels);
+  if (c <= kWarpRowMax) {
+    cross_entropy_rows_kernel<true>
+        <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+            px, py, ptr<float>(probs), ptr<double>(row_loss), perr, n, c, label_smoothing,
+            ignore_index);
+    HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (warp)");
+  } else {
+    cross_entropy_rows_kernel<false>
+        <<<grid_for(n), kBlock, 0, stream>>>(px, py, ptr<float>(probs), ptr<double>(row_loss), perr,
+                                             n, c, label_smoothing, ignore_index);
+    HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (block)");
+  }
+  cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(ptr<double>(row_loss), py, n, ignore_index,
+                                                    ptr<float>(loss));
+  HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
+  // The one wait: the CPU throws for a bad label, so the caller must learn of it here.
+  unsigned long long bad = kNoError;
+  HPM_CUDA_CHECK(cudaMemcpyAsync(&bad, perr, sizeof(bad), cudaMemcpyDeviceToHost, stream));
+  HPM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (bad != kNoError) {
+    const auto row = static_cast<std::int64_t>(bad);
+    std::int64_t label = 0;
+    HPM_CUDA_CHECK(
+        cudaMemcpyAsync(&label, py + row, sizeof(label), cudaMemcpyDeviceToHost, stream));
+    HPM_CUDA_CHECK(cudaStreamSynchronize(stream));
+    throw std::out_of_range("cross_entropy: label " + std::to_string(label) + " at row " +
+                            std::to_string(row) + " is not a class index in [0, " +
+                            std::to_string(c) + ")");
+  }
+  return loss;
+}
+
+Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
+                              const Tensor& grad, std::int64_t ignore_index) {
+  expect_dtype(probs, DType::F32);
+  expect_dtype(labels, DType::I64);
+  if (grad.numel() != 1 || grad.dtype() != DType::F32) {
+    throw std::invalid_argument("cross_entropy_backward: expected a one-element F32 grad, got " +
+                                grad.shape().str() + " " + dtype_name(grad.dtype()));
+  }
+  const std::int64_t n = labels.numel(), c = probs.size(-1);
+  Tensor gx = Tensor::empty(probs.shape(), DType::F32);
+  if (n == 0 || c == 0) return gx;
+  cudaStream_t stream = current_stream();
+  Tensor count = Tensor::empty({1}, DType::F32);
+  const auto* py = ptr<std::int64_t>(labels);
+  count_labels_kernel<<<1, 1024, 0, stream>>>(py, n, ignore_index, ptr<float>(count));
+  HPM_CUDA_LAUNCH_CHECK("count_labels_kernel");
+  cross_entropy_backward_kernel<<<blocks_for(n * c), 256, 0, stream>>>(
+      ptr<float>(probs), py, ptr<float>(grad), ptr<float>(count), ptr<float>(gx), n, c,
+      label_smoothing, ignore_index);
+  HPM_CUDA_LAUNCH_CHECK("cross_entropy_backward_kernel");
+  return gx;
+}
+
+}  // namespace hpm::cuda

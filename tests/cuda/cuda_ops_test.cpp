@@ -1,0 +1,113 @@
+// The backend conformance test on cuda:0: every case of common/backend_cases.h (every op of the
+// Backend interface, gradients included, odd sizes, NaN and Inf) against the CPU kernel, with the
+// GPU's new memory poisoned so that an unwritten output element fails. Then the device itself:
+// copies, the allocator's accounting and its OOM, and the errors of devices that are not there.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+
+#include "common/backend_cases.h"
+#include "common/cuda_device.h"
+#include "hpm/tensor/backend.h"
+#include "hpm/tensor/kernels.h"
+
+namespace hpm {
+namespace {
+
+using testing::backend_cases::Case;
+
+TEST(CudaOps, EveryOpMatchesTheCpu) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  std::set<int> ran;
+  for (const Case& c : testing::backend_cases::cases()) {
+    testing::backend_cases::check(c, gpu);
+    ran.insert(static_cast<int>(c.op));
+  }
+  if (std::getenv("HPM_BACKEND_CASES") != nullptr) return;  // a subset: not every op ran
+  for (int op = 0; op < kOps; ++op) {
+    EXPECT_GT(dispatch_count(DeviceType::kCuda, static_cast<Op>(op)), 0u)
+        << op_name(static_cast<Op>(op)) << " never reached the CUDA backend";
+  }
+}
+
+TEST(CudaOps, CopiesRoundTripEveryDtypeAndLargeTensors) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  Generator g(3);
+  // Larger than the two pinned staging buffers together (2 x 8 MiB), and odd.
+  const Tensor big = Tensor::randn({5 * 1024 * 1024 + 3}, g);
+  EXPECT_EQ(big.to(gpu).to(Device::cpu()).to_vector(), big.to_vector());
+  const std::vector<std::int64_t> ids{-5, 0, 1LL << 40, 7};
+  EXPECT_EQ(Tensor::from_i64(ids, {4}, gpu).to_vector_i64(), ids);
+  const Tensor u8 = Tensor::from_bytes("bytes on a GPU", gpu);
+  EXPECT_EQ(u8.to_bytes(), "bytes on a GPU");
+  // Device to device: a clone is a copy, not an alias.
+  Tensor a = Tensor::ones({1000}, gpu);
+  Tensor b = a.clone();
+  kernels::scale_(a, 2.0f);
+  EXPECT_EQ(b.to_vector()[999], 1.0f);
+  EXPECT_EQ(a.to_vector()[999], 2.0f);
+  EXPECT_EQ(kernels::sum_all(a).item(), 2000.0f);
+}
+
+TEST(CudaOps, TheAllocatorReusesBlocksAndAccountsLikeTheCpus) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  gpu.empty_cache();
+  const MemoryStats before = gpu.stats();
+  for (int i = 0; i < 10; ++i) {
+    const Tensor t = Tensor::empty({1000, 1000}, DType::F32, gpu);
+    // Its size class: at most 1/16 more than asked for.
+    const std::size_t held = gpu.stats().current_bytes - before.current_bytes;
+    EXPECT_GE(held, 4000000u) << "iteration " << i;
+    EXPECT_LE(held, 4000000u + 4000000u / 16) << "iteration " << i;
+  }
+  const MemoryStats after = gpu.stats();
+  EXPECT_EQ(after.allocations - before.allocations, 10u);
+  EXPECT_EQ(after.cache_hits - before.cache_hits, 9u) << "the steady state reuses its block";
+  EXPECT_EQ(after.current_bytes, before.current_bytes);
+  EXPECT_GE(after.peak_bytes, before.current_bytes + 4000000u);
+}
+
+TEST(CudaOps, RunningPastTheBudgetIsAnOutOfMemoryErrorNamingTheBytes) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  Device small(DeviceId{DeviceType::kCuda, 0}, "cuda:0 (64 MiB)", std::size_t{64} << 20);
+  const Tensor kept = Tensor::ones({1000}, small);
+  try {
+    Tensor::empty({100, 1024, 1024}, DType::F32, small);
+    FAIL() << "no error";
+  } catch (const OutOfMemoryError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("out of memory on device 'cuda:0 (64 MiB)'"), std::string::npos) << m;
+    EXPECT_NE(m.find("400.00 MiB"), std::string::npos) << m;
+    EXPECT_NE(m.find("budget of 64.00 MiB"), std::string::npos) << m;
+  }
+  // What was there survives.
+  EXPECT_EQ(kernels::sum_all(kept).item(), 1000.0f);
+  // More than the card has: the device's own OOM, no crash.
+  try {
+    Tensor::empty({std::int64_t{1} << 42}, DType::F32, gpu);  // 16 TiB
+    FAIL() << "no error";
+  } catch (const OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what()).find("the device has no more"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kernels::sum_all(kept).item(), 1000.0f);
+}
+
+TEST(CudaOps, ADeviceThatIsNotThereIsAnErrorSayingWhatIs) {
+  if (!has_backend(DeviceType::kCuda)) GTEST_SKIP() << "this build has no CUDA backend";
+  try {
+    Device d(DeviceId{DeviceType::kCuda, 7}, "cuda:7");
+    FAIL() << "cuda:7 was made";
+  } catch (const std::runtime_error& e) {
+    const std::string m = e.what();
+    // With a GPU: "cuda:7 was asked for, but this machine has 1 CUDA device(s)"; without: what
+    // the driver said (no driver, no device).
+    EXPECT_TRUE(m.find("cuda:7 was asked for, but this machine has") != std::string::npos ||
+                m.find("CUDA") != std::string::npos)
+        << m;
+  }
+}
+
+}  // namespace
+}  // namespace hpm
