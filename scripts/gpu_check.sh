@@ -46,19 +46,34 @@ step() {
 } >"$OUT/env.log" 2>&1
 
 fortunes=("$W"/data/fortunes/*)
-step tests 100 tests.log test_cuda --gtest_brief=1
-step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda \
-  --set "data.files=$W/data/fortunes/*" --report "$OUT/gpt_cuda.json"
+text=(--set "data.files=$W/data/fortunes/*")
+step tests 120 tests.log test_cuda --gtest_brief=1
+# The fortunes GPT in f32 and bf16 on the GPU, then PyTorch's on the same card (eager), for
+# tokens/s side by side; the f32 run keeps a checkpoint that the CPU evaluates and the GPU samples.
+step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
+  --set "train.checkpoint_dir=$W/ckpt" --report "$OUT/gpt_cuda.json"
+step gpt_bf16 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
+  --set train.precision=bf16 --report "$OUT/gpt_cuda_bf16.json"
+step evaluate_on_cpu 60 train.log hpm evaluate examples/fortunes_gpt.toml "${text[@]}" \
+  --checkpoint "$W/ckpt"
+step sample 30 train.log hpm sample examples/fortunes_gpt.toml --checkpoint "$W/ckpt" \
+  --device cuda --tokens 200 "${text[@]}"
 step mlp 90 train.log hpm train examples/fashion_mlp.toml --device cuda \
   --set "data.dir=$W/data" --report "$OUT/mlp_cuda.json"
-step memcheck 90 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
-  test_cuda --gtest_filter='CudaOps.EveryOp*:CudaOps.Copies*' --gtest_brief=1
-HPM_BACKEND_CASES=attention step racecheck 45 sanitizer.log compute-sanitizer --tool racecheck \
-  --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+step cnn 90 train.log hpm train examples/fashion_cnn.toml --device cuda \
+  --set "data.dir=$W/data" --set train.epochs=1
+step oom 30 train.log hpm train examples/fashion_mlp.toml --device cuda \
+  --set "data.dir=$W/data" --set memory.device_budget_mb=1
 step peer_gpt 90 peer.log python3 "$W/peers/torch_gpt.py" --device cuda --iters 2000 \
   --text "${fortunes[@]}"
-HPM_BACKEND_CASES=softmax step racecheck_softmax 30 sanitizer.log compute-sanitizer \
-  --tool racecheck --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
-grep -h '^{' "$OUT/peer.log" | tail -1 >>"$S"
-grep -hE 'test_loss|accuracy|samples/s|error' "$OUT/train.log" | tail -6 >>"$S"
+step peer_gpt_bf16 90 peer.log python3 "$W/peers/torch_gpt.py" --device cuda --iters 2000 \
+  --precision bf16 --text "${fortunes[@]}"
+step memcheck 120 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+  test_cuda --gtest_filter='CudaOps.*:CudaTraining.*' --gtest_brief=1
+for cases in attention softmax pool batch_norm layer_norm sum; do
+  HPM_BACKEND_CASES=$cases step "racecheck_$cases" 40 sanitizer.log compute-sanitizer \
+    --tool racecheck --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+done
+grep -h '^{' "$OUT/peer.log" >>"$S"
+grep -hE '^(val loss|test accuracy|hpm: error|[0-9]+ tokens in)' "$OUT/train.log" >>"$S"
 rm -rf "$W"

@@ -345,6 +345,7 @@ int run_evaluate(const Common& c, const std::string& checkpoint, const std::stri
   auto optimizer = build_optimizer(cfg, *model);
   const data::LabelledData test = test_set(cfg);
   train::Trainer trainer(model, optimizer);
+  if (cfg.device != "cpu") trainer.set_device(config_device(cfg));
   // Scored as training scores it: a GPT by next-token loss, token accuracy and perplexity.
   trainer.set_objective(build_objective(cfg));
   const train::EvalResult ev = trainer.evaluate(test);

@@ -124,6 +124,8 @@ CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
       ->check(non_negative_number());
   cmd->add_option("--seed", o.seed, "random seed (0)")->check(seed_range());
   cmd->add_option("--threads", o.threads, "kernel threads (1)")->check(CLI::Range(1, 1024));
+  cmd->add_option("--device", o.device,
+                  "where to run: cpu, cuda or cuda:N (overrides [train] device)");
   cmd->add_flag("--no-cache", o.no_cache, "re-run the window for each token (for comparison)");
   cmd->add_option("--report", o.report, "write tokens/s and the text as JSON");
   return cmd;
@@ -133,7 +135,9 @@ int run_sample(const SampleCommandOptions& o) {
   // The logits are divided by it: a value that is 0 or infinite as a float would draw NaNs.
   if (!(o.temperature > 0.0f) || !std::isfinite(o.temperature))
     throw ConfigError("--temperature: too small or too large for a 32-bit float");
-  const Config cfg = load_config(o.config_path, o.overrides);
+  std::vector<std::string> overrides = o.overrides;
+  if (!o.device.empty()) overrides.push_back("train.device=" + o.device);
+  const Config cfg = load_config(o.config_path, overrides);
   if (cfg.model_kind != "gpt") {
     throw ConfigError(cfg.path + ": hpm sample draws from a [model] kind = \"gpt\", this is \"" +
                       cfg.model_kind + "\"");
@@ -144,6 +148,11 @@ int run_sample(const SampleCommandOptions& o) {
   check_checkpoint_tokenizer(train::load_checkpoint(o.checkpoint, model, nullptr), cfg,
                              "the checkpoint " + o.checkpoint);
   model.eval();
+  // On a GPU: the weights move there, and every tensor of the drawing (the key/value cache, the
+  // logits) is made there; only each token's logits come back to the host to be drawn from.
+  Device& device = config_device(cfg);
+  for (const auto& [name, t] : model.state_dict()) t.impl()->storage->move_to(device);
+  DeviceGuard on(device);
   const std::int64_t vocab = cfg.gpt.vocab_size, block = cfg.gpt.block_size;
   const data::Tokenizer& tok = tokenizer_of(cfg);
   std::vector<std::int64_t> tokens = prompt_ids(o.prompt, tok, vocab);

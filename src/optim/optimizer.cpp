@@ -93,7 +93,11 @@ void Optimizer::load_state(const NamedTensors& state) {
       if (key.size() > pname.size() + 1 && key.compare(0, pname.size(), pname) == 0 &&
           key[pname.size()] == '.' && key.find('.', pname.size() + 1) == std::string::npos) {
         check_shape(t, params_[i].second.shape(), ("optimizer state '" + key + "'").c_str());
-        loaded[i].emplace_back(key.substr(pname.size() + 1), t.clone());
+        // A copy beside its parameter: state saved from a GPU's run may resume on the CPU, and
+        // the other way.
+        Tensor copy = Tensor::empty(t.shape(), t.dtype(), device_beside(params_[i].second));
+        copy.copy_(t);
+        loaded[i].emplace_back(key.substr(pname.size() + 1), copy);
         matched = true;
       }
     }

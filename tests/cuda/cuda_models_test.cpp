@@ -60,7 +60,11 @@ TrainingRun train(const Model& m, Device* device, int steps, autograd::Precision
   auto opt = adamw(*model);
   TrainingRun r;
   for (int s = 0; s < steps; ++s) {
-    nn::Batch b = m.batch(s % 4);
+    nn::Batch b;
+    {
+      DeviceGuard host(Device::cpu());  // the fixtures write their batches on the host
+      b = m.batch(s % 4);
+    }
     if (device != nullptr) b = {b.inputs.to(*device), b.targets.to(*device)};
     opt->zero_grad();
     Tensor loss;

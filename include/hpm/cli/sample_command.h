@@ -26,6 +26,7 @@ struct SampleCommandOptions {
   std::int64_t top_k = 0;  // 0: every token
   std::int64_t seed = 0;
   int threads = 1;
+  std::string device;  // overrides [train] device: the model and its key/value cache live there
   bool no_cache = false;
   std::string report;
 };

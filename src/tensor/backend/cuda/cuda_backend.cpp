@@ -1,7 +1,6 @@
-// The CUDA backend: cuda:N devices (device_memory.h), products on cuBLAS (blas_ops.h), the
-// kernels of this folder (basic_ops.h, nn_ops.h), and, for the ops without a kernel yet
-// (convolution, pooling, batch norm, the distillation losses, dropout's mask), the CPU's over host
-// copies (host_fallback.h).
+// The CUDA backend: cuda:N devices (device_memory.h), products on cuBLAS (blas_ops.h),
+// convolution on cuDNN (convolution.h), the kernels of this folder (basic_ops.h, nn_ops.h,
+// vision_ops.h), and dropout's mask drawn by the host's generator (host_fallback.h).
 #include <stdexcept>
 #include <string>
 
@@ -9,10 +8,12 @@
 #include "hpm/tensor/random.h"
 #include "tensor/backend/cuda/basic_ops.h"
 #include "tensor/backend/cuda/blas_ops.h"
+#include "tensor/backend/cuda/convolution.h"
 #include "tensor/backend/cuda/device_memory.h"
 #include "tensor/backend/cuda/host_fallback.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
+#include "tensor/backend/cuda/vision_ops.h"
 
 namespace hpm {
 namespace {
@@ -174,130 +175,87 @@ class CudaBackend final : public Backend {
     cuda::sgd_step_(s, p, g, buf);
   }
 
-  // -- on the host for now (host_fallback.h) ---------------------------------------------------
+  // -- convolution (cuDNN), pooling, batch norm, distillation losses --------------------------
   Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                         const Conv2dParams& p) override {
-    HostFallback h;
-    return h.out(h.cpu().conv2d_forward(h.in(x), h.in(w), h.in(bias), p));
+    return cuda::conv2d_forward(x, w, bias, p);
   }
   void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
                        const Conv2dParams& p, Tensor* grad_x, Tensor* grad_w,
                        Tensor* grad_bias) override {
-    HostFallback h;
-    Tensor gx, gw, gb;
-    h.cpu().conv2d_backward(h.in(grad_y), h.in(x), h.in(w), p, grad_x ? &gx : nullptr,
-                            grad_w ? &gw : nullptr, grad_bias ? &gb : nullptr);
-    h.out_ptr(grad_x, gx);
-    h.out_ptr(grad_w, gw);
-    h.out_ptr(grad_bias, gb);
+    cuda::conv2d_backward(grad_y, x, w, p, grad_x, grad_w, grad_bias);
   }
   Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax) override {
-    HostFallback h;
-    Tensor a;
-    Tensor y = h.cpu().max_pool2d_forward(h.in(x), p, a);
-    argmax = h.out(a);
-    return h.out(y);
+    return cuda::max_pool2d_forward(x, p, argmax);
   }
   Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax,
                              const Shape& x_shape) override {
-    HostFallback h;
-    return h.out(h.cpu().max_pool2d_backward(h.in(grad_y), h.in(argmax), x_shape));
+    return cuda::max_pool2d_backward(grad_y, argmax, x_shape);
   }
+  // The fused op as its parts, as the CPU's fallback composes it: the convolution with its ReLU
+  // (cuDNN), then the pooling; backward, the unpooled gradient into the convolution's.
   Tensor conv2d_relu_max_pool2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
                                         const Conv2dParams& p, const Pool2dParams& pool,
                                         Tensor& argmax) override {
-    HostFallback h;
-    Tensor a;
-    Tensor y = h.cpu().conv2d_relu_max_pool2d_forward(h.in(x), h.in(w), h.in(bias), p, pool, a);
-    argmax = h.out(a);
-    return h.out(y);
+    Conv2dParams relu = p;
+    relu.relu = true;
+    return cuda::max_pool2d_forward(cuda::conv2d_forward(x, w, bias, relu), pool, argmax);
   }
   void conv2d_relu_max_pool2d_backward(const Tensor& grad_pooled, const Tensor& argmax,
                                        const Tensor& x, const Tensor& w, const Conv2dParams& p,
                                        const Pool2dParams& pool, Tensor* grad_x, Tensor* grad_w,
                                        Tensor* grad_bias) override {
-    HostFallback h;
-    Tensor gx, gw, gb;
-    h.cpu().conv2d_relu_max_pool2d_backward(h.in(grad_pooled), h.in(argmax), h.in(x), h.in(w), p,
-                                            pool, grad_x ? &gx : nullptr, grad_w ? &gw : nullptr,
-                                            grad_bias ? &gb : nullptr);
-    h.out_ptr(grad_x, gx);
-    h.out_ptr(grad_w, gw);
-    h.out_ptr(grad_bias, gb);
+    const std::int64_t oh = (x.size(2) + 2 * p.pad_h - w.size(2)) / p.stride_h + 1;
+    const std::int64_t ow = (x.size(3) + 2 * p.pad_w - w.size(3)) / p.stride_w + 1;
+    (void)pool;  // the argmax holds the windows' winners
+    cuda::conv2d_backward(
+        cuda::max_pool2d_backward(grad_pooled, argmax, Shape{x.size(0), w.size(0), oh, ow}), x, w,
+        p, grad_x, grad_w, grad_bias);
   }
   Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) override {
-    HostFallback h;
-    return h.out(h.cpu().avg_pool2d_forward(h.in(x), p));
+    return cuda::avg_pool2d_forward(x, p);
   }
   Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape,
                              const Pool2dParams& p) override {
-    HostFallback h;
-    return h.out(h.cpu().avg_pool2d_backward(h.in(grad_y), x_shape, p));
+    return cuda::avg_pool2d_backward(grad_y, x_shape, p);
   }
   Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias,
                             Tensor& running_mean, Tensor& running_var, bool training,
                             float momentum, float eps, Tensor& save_mean,
                             Tensor& save_invstd) override {
-    HostFallback h;
-    Tensor rm = h.in(running_mean), rv = h.in(running_var), sm, si;
-    Tensor y = h.cpu().batch_norm_forward(h.in(x), h.in(weight), h.in(bias), rm, rv, training,
-                                          momentum, eps, sm, si);
-    HostFallback::write_back(running_mean, rm);
-    HostFallback::write_back(running_var, rv);
-    save_mean = h.out(sm);
-    save_invstd = h.out(si);
-    return h.out(y);
+    return cuda::batch_norm_forward(x, weight, bias, running_mean, running_var, training, momentum,
+                                    eps, save_mean, save_invstd);
   }
   void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& weight,
                            const Tensor& save_mean, const Tensor& save_invstd, bool training,
                            Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {
-    HostFallback h;
-    Tensor gx, gw, gb;
-    h.cpu().batch_norm_backward(h.in(grad_y), h.in(x), h.in(weight), h.in(save_mean),
-                                h.in(save_invstd), training, grad_x ? &gx : nullptr,
-                                grad_weight ? &gw : nullptr, grad_bias ? &gb : nullptr);
-    h.out_ptr(grad_x, gx);
-    h.out_ptr(grad_weight, gw);
-    h.out_ptr(grad_bias, gb);
-  }
-  Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) override {
-    HostFallback h;
-    return h.out(h.cpu().nll_loss_forward(h.in(log_probs), h.in(labels)));
-  }
-  Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& shape) override {
-    HostFallback h;
-    return h.out(h.cpu().nll_loss_backward(h.in(grad), h.in(labels), shape));
-  }
-  Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) override {
-    HostFallback h;
-    return h.out(h.cpu().kl_div_forward(h.in(input_log_probs), h.in(target_probs)));
-  }
-  void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs,
-                       const Tensor& target_probs, Tensor* grad_input,
-                       Tensor* grad_target) override {
-    HostFallback h;
-    Tensor gi, gt;
-    h.cpu().kl_div_backward(h.in(grad), h.in(input_log_probs), h.in(target_probs),
-                            grad_input ? &gi : nullptr, grad_target ? &gt : nullptr);
-    h.out_ptr(grad_input, gi);
-    h.out_ptr(grad_target, gt);
+    cuda::batch_norm_backward(grad_y, x, weight, save_mean, save_invstd, training, grad_x,
+                              grad_weight, grad_bias);
   }
   void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x) override {
-    HostFallback h;
-    Tensor s = h.in(sum), ss = h.in(sum_squares);
-    h.cpu().channel_moments_(s, ss, h.in(x));
-    HostFallback::write_back(sum, s);
-    HostFallback::write_back(sum_squares, ss);
+    cuda::channel_moments_(sum, sum_squares, x);
   }
   void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
                              const Tensor& sum_squares, std::int64_t count,
                              float momentum) override {
-    HostFallback h;
-    Tensor rm = h.in(running_mean), rv = h.in(running_var);
-    h.cpu().running_stats_update_(rm, rv, h.in(sum), h.in(sum_squares), count, momentum);
-    HostFallback::write_back(running_mean, rm);
-    HostFallback::write_back(running_var, rv);
+    cuda::running_stats_update_(running_mean, running_var, sum, sum_squares, count, momentum);
   }
+  Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) override {
+    return cuda::nll_loss_forward(log_probs, labels);
+  }
+  Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& shape) override {
+    return cuda::nll_loss_backward(grad, labels, shape);
+  }
+  Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) override {
+    return cuda::kl_div_forward(input_log_probs, target_probs);
+  }
+  void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs,
+                       const Tensor& target_probs, Tensor* grad_input,
+                       Tensor* grad_target) override {
+    cuda::kl_div_backward(grad, input_log_probs, target_probs, grad_input, grad_target);
+  }
+
+  // -- on the host for now (host_fallback.h) ---------------------------------------------------
   // The CPU's generator draws the mask, so a run on the GPU drops the same units as on the CPU
   // from the same seed.
   Tensor dropout_mask(const Shape& shape, float p, Generator& gen) override {

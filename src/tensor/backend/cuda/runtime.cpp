@@ -1,6 +1,8 @@
 // The CUDA runtime as the backend uses it: checked calls and the per-device contexts.
 #include "tensor/backend/cuda/runtime.h"
 
+#include <dlfcn.h>
+
 #include <array>
 #include <memory>
 #include <stdexcept>
@@ -42,8 +44,15 @@ int device_count() {
   if (e == cudaErrorInsufficientDriver || e == cudaErrorInitializationError ||
       e == cudaErrorSystemDriverMismatch || e == cudaErrorCompatNotSupportedOnDevice) {
     (void)cudaGetLastError();
-    throw std::runtime_error("no usable CUDA driver on this machine (cudaGetDeviceCount: " +
-                             std::string(cudaGetErrorString(e)) + ")");
+    // The runtime says "insufficient driver" both when there is none and when it is too old.
+    void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (driver == nullptr) driver = dlopen("libcuda.so.1", RTLD_LAZY);
+    const std::string found = driver == nullptr
+                                  ? "no CUDA driver is installed (libcuda.so.1 not found)"
+                                  : "the CUDA driver is older than this build's CUDA runtime";
+    if (driver != nullptr) dlclose(driver);
+    throw std::runtime_error("no usable CUDA driver on this machine: " + found +
+                             " (cudaGetDeviceCount: " + cudaGetErrorString(e) + ")");
   }
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
