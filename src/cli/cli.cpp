@@ -293,6 +293,8 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                 {"seconds", r.seconds},
                 {"train_seconds", r.train_seconds},
                 {"step_peak_bytes", r.step_peak_bytes},
+                {"device_peak_bytes", r.device_peak_bytes},
+                {"device", trainer.device().id().str()},
                 {"input_wait_seconds", r.input_wait_seconds},
                 {"threads", cfg.threads},
                 {"strategy", strategy ? strategy->name() : std::string("one_device")},

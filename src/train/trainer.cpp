@@ -411,6 +411,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       }
       const double dt = since(t0);
       result.step_peak_bytes = std::max(result.step_peak_bytes, device.stats().peak_bytes - before);
+      result.device_peak_bytes = std::max(result.device_peak_bytes, device.stats().peak_bytes);
       epoch_seconds += dt;
       loss_sum += loss;
       seen += x.size(0);

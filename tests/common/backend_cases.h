@@ -360,13 +360,16 @@ inline std::vector<Case> cases() {
     const Conv2dParams p{1, 1, 1, 1, true, bf16};
     const Pool2dParams two{2, 2, 2, 2, 0, 0, true};
     const float tol = bf16 ? bf16_tolerance : 1e-4f;
-    c.push_back({"conv2d_relu_max_pool2d_forward", Op::kConv2dReluMaxPool2dForward,
+    c.push_back({std::string("conv2d_relu_max_pool2d_forward") + (bf16 ? " bf16" : ""),
+                 Op::kConv2dReluMaxPool2dForward,
                  [=](Generator& g, const To& to) {
                    Tensor argmax;
                    const Tensor y = kernels::conv2d_relu_max_pool2d_forward(
                        to(randn(g, {2, 3, 8, 8})), to(randn(g, {16, 3, 3, 3})), to(randn(g, {16})),
                        p, two, argmax);
-                   return Outputs{y, argmax};
+                   // Under bf16 the CPU rounds the operands, and windows whose two largest
+                   // values lie within that rounding may pick another winner: the values then.
+                   return bf16 ? Outputs{y} : Outputs{y, argmax};
                  },
                  tol});
     c.push_back({"conv2d_relu_max_pool2d_backward", Op::kConv2dReluMaxPool2dBackward,

@@ -1,7 +1,15 @@
 // The models on the GPU against the CPU: the mlp, the cnn, the ResNet and the GPT trained 50
-// steps of AdamW on cuda:0 and on the CPU from the same initial weights and batches. In f32 (no
-// TF32) the losses agree to about 1e-4 relative; the GPT under bf16 autocast as the CPU's bf16
-// does. And the GPU's run repeats bit for bit (deterministic kernels, no atomics).
+// steps of AdamW on cuda:0 and on the CPU from the same initial weights and batches.
+//
+// Two runs that round differently drift apart as training amplifies the difference (AdamW's
+// normalized steps, BatchNorm over a batch of 16): after 50 steps at lr 1e-2 the ResNet's
+// losses differ by 1e-2 between the GPU and the CPU although its first steps agree to 1e-4 (run 2
+// of docs/gpu_runs.md). So the first step is held to 1e-4 (the loss, every gradient and every
+// parameter after the update), and the 50 steps to what the CPU's own run does when its weights
+// are perturbed by one rounding (a relative 1e-7) at the start and after every step: the GPU may
+// drift from the CPU no more than 4x as far, and at least within 2e-4 where that drift is smaller.
+// The GPT under bf16 autocast is held to the CPU's bf16. And the GPU's run repeats bit for bit
+// (deterministic kernels, no atomics).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -46,17 +54,32 @@ std::shared_ptr<nn::Module> cnn() {
       std::make_shared<nn::Linear>(8 * 4 * 4, 4, true, gen)});
 }
 
+constexpr int kSteps = 50;
+
 struct TrainingRun {
   std::vector<float> losses;
-  std::vector<Tensor> parameters;  // after the last step, on the host
+  std::vector<Tensor> first_gradients;  // of the first step, on the host
+  std::vector<Tensor> first_update;     // the parameters after the first step, on the host
+  std::vector<Tensor> parameters;       // after the last step, on the host
 };
 
+// Every parameter times (1 + 1e-7 u), u uniform in [-1, 1): one rounding's worth of difference.
+void perturb(nn::Module& model, std::uint64_t seed) {
+  Generator gen(seed);
+  for (Tensor& p : model.parameters()) {
+    const Tensor noise = Tensor::uniform(p.shape(), gen, 1.0f - 1e-7f, 1.0f + 1e-7f, p.device());
+    p.copy_(mul(p.detach(), noise).detach());
+  }
+}
+
 // `steps` AdamW steps on `device` (nullptr: the CPU), batches cycling over 4.
-TrainingRun train(const Model& m, Device* device, int steps, autograd::Precision precision) {
+TrainingRun train(const Model& m, Device* device, int steps, autograd::Precision precision,
+                  bool perturbed = false) {
   std::optional<DeviceGuard> on;
   if (device != nullptr) on.emplace(*device);
   manual_seed(11);
   auto model = m.build();
+  if (perturbed) perturb(*model, 1000);
   auto opt = adamw(*model);
   TrainingRun r;
   for (int s = 0; s < steps; ++s) {
@@ -75,31 +98,81 @@ TrainingRun train(const Model& m, Device* device, int steps, autograd::Precision
       loss = cross_entropy(logits, b.targets.reshape({-1}), 0.1f);
     }
     loss.backward();
+    if (s == 0) {
+      for (const Tensor& p : model->parameters())
+        r.first_gradients.push_back(p.grad().to(Device::cpu()));
+    }
     opt->step();
+    // Rounding differs at every op of every step, not once: so does the perturbation.
+    if (perturbed) perturb(*model, static_cast<std::uint64_t>(s));
+    if (s == 0) {
+      for (const Tensor& p : model->parameters())
+        r.first_update.push_back(p.detach().to(Device::cpu()));
+    }
     r.losses.push_back(loss.item());
   }
   for (const Tensor& p : model->parameters()) r.parameters.push_back(p.detach().to(Device::cpu()));
   return r;
 }
 
-void expect_close(const TrainingRun& got, const TrainingRun& want, double tolerance) {
+double max_abs_difference(const Tensor& a, const Tensor& b) {
+  const auto va = a.to_vector(), vb = b.to_vector();
+  double worst = 0;
+  for (std::size_t j = 0; j < va.size(); ++j)
+    worst = std::max(worst, static_cast<double>(std::abs(va[j] - vb[j])));
+  return worst;
+}
+
+double max_abs(const Tensor& a) {
+  double m = 0;
+  for (float v : a.to_vector()) m = std::max(m, static_cast<double>(std::abs(v)));
+  return m;
+}
+
+// The first step to 1e-4 relative (to each tensor's largest magnitude).
+void expect_first_step_close(const TrainingRun& got, const TrainingRun& want) {
+  EXPECT_NEAR(got.losses[0], want.losses[0], 1e-4 * std::max(1.0f, std::abs(want.losses[0])));
+  for (std::size_t i = 0; i < want.first_gradients.size(); ++i) {
+    EXPECT_LE(max_abs_difference(got.first_gradients[i], want.first_gradients[i]),
+              1e-4 * std::max(1e-3, max_abs(want.first_gradients[i])))
+        << "gradient " << i;
+    EXPECT_LE(max_abs_difference(got.first_update[i], want.first_update[i]),
+              1e-4 * std::max(1e-3, max_abs(want.first_update[i])))
+        << "parameter " << i << " after the first update";
+  }
+}
+
+// The whole run: no further from the CPU's than 4x the CPU's own drift under one rounding.
+void expect_within_drift(const TrainingRun& got, const TrainingRun& want,
+                         const TrainingRun& perturbed) {
   ASSERT_EQ(got.losses.size(), want.losses.size());
+  double drift = 0, gap = 0;
   for (std::size_t s = 0; s < want.losses.size(); ++s) {
-    EXPECT_NEAR(got.losses[s], want.losses[s], tolerance * std::max(1.0f, std::abs(want.losses[s])))
-        << "step " << s;
+    const double scale = std::max(1.0f, std::abs(want.losses[s]));
+    drift = std::max(drift, std::abs(perturbed.losses[s] - want.losses[s]) / scale);
+    gap = std::max(gap, std::abs(got.losses[s] - want.losses[s]) / scale);
   }
-  ASSERT_EQ(got.parameters.size(), want.parameters.size());
+  EXPECT_LE(gap, std::max(2e-4, 4 * drift))
+      << "the GPU's losses drift " << gap
+      << " from the CPU's; the CPU's own under one rounding: " << drift;
+  double param_drift = 0, param_gap = 0;
   for (std::size_t i = 0; i < want.parameters.size(); ++i) {
-    const auto g = got.parameters[i].to_vector(), w = want.parameters[i].to_vector();
-    double worst = 0, scale = 1e-3;
-    for (std::size_t j = 0; j < w.size(); ++j) {
-      worst = std::max(worst, static_cast<double>(std::abs(g[j] - w[j])));
-      scale = std::max(scale, static_cast<double>(std::abs(w[j])));
-    }
-    // Parameters drift further than losses over 50 AdamW steps (its normalized updates amplify
-    // rounding where a gradient is near zero): an order of magnitude more room.
-    EXPECT_LE(worst, 10 * tolerance * scale) << "parameter " << i;
+    const double scale = std::max(1e-3, max_abs(want.parameters[i]));
+    param_drift = std::max(param_drift,
+                           max_abs_difference(perturbed.parameters[i], want.parameters[i]) / scale);
+    param_gap =
+        std::max(param_gap, max_abs_difference(got.parameters[i], want.parameters[i]) / scale);
   }
+  EXPECT_LE(param_gap, std::max(2e-3, 4 * param_drift))
+      << "the GPU's parameters drift " << param_gap << "; the CPU's own: " << param_drift;
+}
+
+void expect_same_training(const Model& m, Device& gpu) {
+  const auto f32 = autograd::Precision::F32;
+  const TrainingRun want = train(m, nullptr, kSteps, f32);
+  const TrainingRun got = train(m, &gpu, kSteps, f32);
+  expect_first_step_close(got, want);
+  expect_within_drift(got, want, train(m, nullptr, kSteps, f32, true));
 }
 
 const Model kMlp{mlp, [](int s) { return image_batch(16, 100 + s); }};
@@ -107,31 +180,24 @@ const Model kCnn{cnn, [](int s) { return image_batch(16, 200 + s); }};
 const Model kResNet{tiny_resnet, [](int s) { return image_batch(16, 300 + s); }};
 const Model kGpt{tiny_gpt, [](int s) { return token_batch(4, 8, 32, 400 + s); }, true};
 
-constexpr int kSteps = 50;
-constexpr double kF32Tolerance = 2e-4;
-
 TEST(CudaModels, MlpTrainsOnTheGpuAsOnTheCpu) {
   HPM_CUDA_DEVICE_OR_SKIP(gpu);
-  expect_close(train(kMlp, &gpu, kSteps, autograd::Precision::F32),
-               train(kMlp, nullptr, kSteps, autograd::Precision::F32), kF32Tolerance);
+  expect_same_training(kMlp, gpu);
 }
 
 TEST(CudaModels, CnnTrainsOnTheGpuAsOnTheCpu) {
   HPM_CUDA_DEVICE_OR_SKIP(gpu);
-  expect_close(train(kCnn, &gpu, kSteps, autograd::Precision::F32),
-               train(kCnn, nullptr, kSteps, autograd::Precision::F32), kF32Tolerance);
+  expect_same_training(kCnn, gpu);
 }
 
 TEST(CudaModels, ResNetTrainsOnTheGpuAsOnTheCpu) {
   HPM_CUDA_DEVICE_OR_SKIP(gpu);
-  expect_close(train(kResNet, &gpu, kSteps, autograd::Precision::F32),
-               train(kResNet, nullptr, kSteps, autograd::Precision::F32), kF32Tolerance);
+  expect_same_training(kResNet, gpu);
 }
 
 TEST(CudaModels, GptTrainsOnTheGpuAsOnTheCpu) {
   HPM_CUDA_DEVICE_OR_SKIP(gpu);
-  expect_close(train(kGpt, &gpu, kSteps, autograd::Precision::F32),
-               train(kGpt, nullptr, kSteps, autograd::Precision::F32), kF32Tolerance);
+  expect_same_training(kGpt, gpu);
 }
 
 TEST(CudaModels, GptTrainsUnderBf16AutocastAsOnTheCpu) {

@@ -127,7 +127,10 @@ struct FitResult {
   double train_seconds = 0;         // time inside training steps (no evaluation)
   double seconds = 0;               // wall time of fit
   std::size_t step_peak_bytes = 0;  // max Device bytes a training step added over its start
-  double input_wait_seconds = 0;    // waiting for batches from the input pipeline
+  // The most the training Device held during any step, the model and optimizer state included
+  // (PyTorch's torch.cuda.max_memory_allocated over the steps).
+  std::size_t device_peak_bytes = 0;
+  double input_wait_seconds = 0;  // waiting for batches from the input pipeline
   std::string last_checkpoint;
   bool preempted = false;           // stopped by stop_signal; a backup was written
   std::string restored_from;        // the backup this run continued from, if any

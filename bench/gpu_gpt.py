@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""hpm's GPT on one GPU against PyTorch 2 on the same card, in one call: tokens/s, the ratio to
+PyTorch eager and to torch.compile, the model FLOPs utilization against the card's bf16 GEMM rate
+measured in the same call (a large product on random data through torch.matmul, i.e. cuBLASLt),
+and peak device memory for both. Runs on the GPU machine (scripts/gpu_check.sh calls it with the
+bundle's hpm).
+
+usage: gpu_gpt.py --hpm PATH --peer torch_gpt.py --text FILE... [--sizes fortunes,shakespeare,gpt2]
+                  [--steps 200] [--precision bf16] [--json OUT]
+
+Sizes (issue 32): fortunes = 4 layers, 4 heads, 128 wide, block 64, batch 12 (the default GPT);
+shakespeare = nanoGPT's shakespeare model, 6/6/384, block 256, batch 64; gpt2 = GPT-2 small,
+12/12/768, block 1024, batch 16, vocabulary 50304 on random tokens (timing only: hpm has no
+random-token source yet, so only the peer runs it). Byte-level sizes train on the --text files.
+
+Both sides exclude warm-up: the peer times from a synchronize after its first 10 steps; hpm's
+tokens/s divides the tokens of the run by its training seconds, warm-up included (a handicap of
+at most its first few steps' share). Each side synchronizes at its ends.
+"""
+import argparse, json, os, subprocess, sys, tempfile, time
+
+SIZES = {
+    "fortunes": dict(layers=4, heads=4, embd=128, block=64, batch=12, vocab=256),
+    "shakespeare": dict(layers=6, heads=6, embd=384, block=256, batch=64, vocab=256),
+    "gpt2": dict(layers=12, heads=12, embd=768, block=1024, batch=16, vocab=50304),
+}
+
+
+def gemm_rate_tflops():
+    import torch
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    reps = 10
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+def run_peer(args, size, compile_):
+    s = SIZES[size]
+    cmd = [sys.executable, args.peer, "--device", "cuda", "--precision", args.precision,
+           "--layers", str(s["layers"]), "--heads", str(s["heads"]), "--embd", str(s["embd"]),
+           "--block", str(s["block"]), "--batch", str(s["batch"]), "--iters", str(args.steps),
+           "--timing-only"]
+    if s["vocab"] != 256:
+        cmd += ["--vocab", str(s["vocab"]), "--random-tokens"]
+    else:
+        cmd += ["--text"] + args.text
+    if compile_:
+        cmd.append("--compile")
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stderr or out.stdout)[-400:]}
+    return json.loads(lines[-1])
+
+
+def run_hpm(args, size):
+    s = SIZES[size]
+    if s["vocab"] != 256:
+        return {"error": "no random-token source in hpm yet"}
+    with tempfile.TemporaryDirectory() as tmp:
+        report = os.path.join(tmp, "report.json")
+        sets = {"model.n_layer": s["layers"], "model.n_head": s["heads"], "model.n_embd": s["embd"],
+                "model.block_size": s["block"], "data.batch_size": s["batch"],
+                "train.max_steps": args.steps, "train.eval_every": args.steps,
+                "train.eval_iters": 1, "train.precision": args.precision,
+                "schedule.t_max": args.steps, "schedule.warmup": 10}
+        cmd = [args.hpm, "train", args.config, "--device", "cuda", "--report", report,
+               "--set", "data.files=" + args.text_glob]
+        for k, v in sets.items():
+            cmd += ["--set", f"{k}={v}"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        if out.returncode != 0 or not os.path.exists(report):
+            return {"error": (out.stderr or out.stdout)[-400:]}
+        with open(report) as f:
+            return json.load(f)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--hpm", required=True)
+    p.add_argument("--peer", required=True)
+    p.add_argument("--text", nargs="+", required=True)
+    p.add_argument("--config", default="examples/fortunes_gpt.toml")
+    p.add_argument("--sizes", default="fortunes,shakespeare,gpt2")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--precision", default="bf16", choices=["f32", "bf16"])
+    p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--json", default="")
+    args = p.parse_args()
+    args.text_glob = os.path.join(os.path.dirname(args.text[0]), "*")
+    peak = gemm_rate_tflops()
+    print(f"bf16 GEMM 8192^3 on this card: {peak:.0f} TFLOP/s", flush=True)
+    rows = []
+    for size in args.sizes.split(","):
+        r = {"size": size, "hpm": run_hpm(args, size), "eager": run_peer(args, size, False),
+             "compile": run_peer(args, size, True)}
+        rows.append(r)
+        print(json.dumps(r)[:2000], flush=True)
+    print(f"\n{'size':12} {'hpm tok/s':>11} {'eager':>11} {'compile':>11} {'/eager':>7} "
+          f"{'/compile':>8} {'MFU hpm':>8} {'MFU comp':>8} {'hpm MiB':>8} {'torch MiB':>9}")
+    for r in rows:
+        h, e, c = r["hpm"], r["eager"], r["compile"]
+        ht = h.get("train_tokens_per_s")
+        et, ct = e.get("train_tokens_per_s"), c.get("train_tokens_per_s")
+        fpt = e.get("flops_per_token") or c.get("flops_per_token")
+        fmt = lambda v, spec: format(v, spec) if v is not None else "n/a"
+        ratio = lambda a, b: a / b if a and b else None
+        mfu = lambda t: t * fpt / (peak * 1e12) if t and fpt else None
+        hm = h.get("device_peak_bytes")
+        tm = e.get("peak_memory_bytes")
+        print(f"{r['size']:12} {fmt(ht, '11.0f')} {fmt(et, '11.0f')} {fmt(ct, '11.0f')} "
+              f"{fmt(ratio(ht, et), '7.2f')} {fmt(ratio(ht, ct), '8.2f')} {fmt(mfu(ht), '8.1%')} "
+              f"{fmt(mfu(ct), '8.1%')} {fmt(hm and hm / 2**20, '8.0f')} {fmt(tm and tm / 2**20, '9.0f')}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"gemm_tflops": peak, "precision": args.precision, "steps": args.steps,
+                       "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
