@@ -63,6 +63,14 @@ struct TrainingRun {
   std::vector<Tensor> parameters;       // after the last step, on the host
 };
 
+// A copy on the host (Tensor::to returns the tensor itself when it is there already: a CPU
+// run's parameter would go on changing under the snapshot).
+Tensor host_copy(const Tensor& t) {
+  Tensor h = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+  h.copy_(t);
+  return h;
+}
+
 // Every parameter times (1 + 1e-7 u), u uniform in [-1, 1): one rounding's worth of difference.
 void perturb(nn::Module& model, std::uint64_t seed) {
   Generator gen(seed);
@@ -99,19 +107,17 @@ TrainingRun train(const Model& m, Device* device, int steps, autograd::Precision
     }
     loss.backward();
     if (s == 0) {
-      for (const Tensor& p : model->parameters())
-        r.first_gradients.push_back(p.grad().to(Device::cpu()));
+      for (const Tensor& p : model->parameters()) r.first_gradients.push_back(host_copy(p.grad()));
     }
     opt->step();
     // Rounding differs at every op of every step, not once: so does the perturbation.
     if (perturbed) perturb(*model, static_cast<std::uint64_t>(s));
     if (s == 0) {
-      for (const Tensor& p : model->parameters())
-        r.first_update.push_back(p.detach().to(Device::cpu()));
+      for (const Tensor& p : model->parameters()) r.first_update.push_back(host_copy(p.detach()));
     }
     r.losses.push_back(loss.item());
   }
-  for (const Tensor& p : model->parameters()) r.parameters.push_back(p.detach().to(Device::cpu()));
+  for (const Tensor& p : model->parameters()) r.parameters.push_back(host_copy(p.detach()));
   return r;
 }
 
