@@ -4,12 +4,11 @@
 // Two runs that round differently drift apart as training amplifies the difference (AdamW's
 // normalized steps, BatchNorm over a batch of 16): after 50 steps at lr 1e-2 the ResNet's
 // losses differ by 1e-2 between the GPU and the CPU although its first steps agree to 1e-4 (run 2
-// of docs/gpu_runs.md). So the first step is held to 1e-4 (the loss, every gradient and every
-// parameter after the update), and the 50 steps to what the CPU's own run does when its weights
-// are perturbed by one rounding (a relative 1e-7) at the start and after every step: the GPU may
-// drift from the CPU no more than 4x as far, and at least within 2e-4 where that drift is smaller.
-// The GPT under bf16 autocast is held to the CPU's bf16. And the GPU's run repeats bit for bit
-// (deterministic kernels, no atomics).
+// of docs/gpu_runs.md). So the first step is held to 1e-4 (the loss and every gradient), and the 50
+// steps to what the CPU's own run does when its weights are perturbed by one rounding (a relative
+// 1e-7) at the start and after every step: the GPU may drift from the CPU no more than 4x as far,
+// and at least within 2e-4 where that drift is smaller. The GPT under bf16 autocast is held to the
+// CPU's bf16. And the GPU's run repeats bit for bit (deterministic kernels, no atomics).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -59,7 +58,6 @@ constexpr int kSteps = 50;
 struct TrainingRun {
   std::vector<float> losses;
   std::vector<Tensor> first_gradients;  // of the first step, on the host
-  std::vector<Tensor> first_update;     // the parameters after the first step, on the host
   std::vector<Tensor> parameters;       // after the last step, on the host
 };
 
@@ -112,9 +110,6 @@ TrainingRun train(const Model& m, Device* device, int steps, autograd::Precision
     opt->step();
     // Rounding differs at every op of every step, not once: so does the perturbation.
     if (perturbed) perturb(*model, static_cast<std::uint64_t>(s));
-    if (s == 0) {
-      for (const Tensor& p : model->parameters()) r.first_update.push_back(host_copy(p.detach()));
-    }
     r.losses.push_back(loss.item());
   }
   for (const Tensor& p : model->parameters()) r.parameters.push_back(host_copy(p.detach()));
@@ -135,16 +130,17 @@ double max_abs(const Tensor& a) {
   return m;
 }
 
-// The first step to 1e-4 relative (to each tensor's largest magnitude).
+// The first step's loss and every gradient to 1e-4 relative (to each tensor's largest
+// magnitude). Not the parameters after it: AdamW's first update is lr * g / (|g| + eps), which
+// turns a gradient element near eps (rounding noise on either device) into a difference of up to
+// lr itself (run 4 of docs/gpu_runs.md: 5e-6 on a bias whose gradient was ~1e-8); the optimizer's
+// kernel is held to the CPU's by the conformance cases, and the run's parameters by the drift.
 void expect_first_step_close(const TrainingRun& got, const TrainingRun& want) {
   EXPECT_NEAR(got.losses[0], want.losses[0], 1e-4 * std::max(1.0f, std::abs(want.losses[0])));
   for (std::size_t i = 0; i < want.first_gradients.size(); ++i) {
     EXPECT_LE(max_abs_difference(got.first_gradients[i], want.first_gradients[i]),
               1e-4 * std::max(1e-3, max_abs(want.first_gradients[i])))
         << "gradient " << i;
-    EXPECT_LE(max_abs_difference(got.first_update[i], want.first_update[i]),
-              1e-4 * std::max(1e-3, max_abs(want.first_update[i])))
-        << "parameter " << i << " after the first update";
   }
 }
 
