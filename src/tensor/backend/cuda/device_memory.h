@@ -11,8 +11,7 @@ namespace hpm::cuda {
 // cudaMalloc'd global memory of one device. The Allocator above it caches freed blocks by size
 // class, so the steady state of training calls neither cudaMalloc nor cudaFree. Every op of a
 // device runs on its one compute stream, so a block freed by one op and handed to the next is
-// used in stream order: no event is needed between them. (Work on another stream, the copy
-// stream's prefetch, makes the compute stream wait for it before the block is used.)
+// used in stream order: no event is needed between them.
 class DeviceMemory final : public MemoryResource {
  public:
   explicit DeviceMemory(int index) : index_(index) {}

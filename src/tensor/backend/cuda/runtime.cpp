@@ -70,9 +70,8 @@ std::unique_ptr<Context> make_context(int index) {
   auto c = std::make_unique<Context>();
   c->index = index;
   HPM_CUDA_CHECK(cudaSetDevice(index));
-  // Non-blocking: the legacy default stream, which nothing here uses, does not serialize them.
+  // Non-blocking: the legacy default stream, which nothing here uses, does not serialize it.
   HPM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
-  HPM_CUDA_CHECK(cudaStreamCreateWithFlags(&c->copy, cudaStreamNonBlocking));
   HPM_CUBLAS_CHECK(cublasCreate(&c->blas));
   HPM_CUBLAS_CHECK(cublasLtCreate(&c->lt));
   c->workspace_bytes = std::size_t{32} << 20;  // what cuBLAS asks for on Hopper

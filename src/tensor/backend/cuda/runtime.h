@@ -1,6 +1,6 @@
 // The CUDA runtime as the backend uses it: checked calls (an error names the call, file:line,
-// CUDA's message and the op last dispatched), one context per device (its compute and copy
-// streams, cuBLAS handles, a cuBLAS workspace, pinned staging buffers for host copies), and the
+// CUDA's message and the op last dispatched), one context per device (its compute stream,
+// cuBLAS handles, a cuBLAS workspace, pinned staging buffers for host copies), and the
 // device pointer of a tensor. Plain C++ over the CUDA runtime API: both the backend's .cpp files
 // and its kernels (.cu) include it.
 #pragma once
@@ -43,8 +43,10 @@ int device_count();
 // The per-device state. Made on first use of the device; lives for the process.
 struct Context {
   int index = 0;
-  cudaStream_t compute = nullptr;  // every op of the device
-  cudaStream_t copy = nullptr;     // host -> device prefetch of input batches
+  // Every op of the device, and the copies to and from it. (A second stream for copies would
+  // overlap nothing while each step ends reading its loss on the host; it comes with steps that do
+  // not wait, and an input iterator that runs a batch ahead of its saved position.)
+  cudaStream_t compute = nullptr;
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;  // cuBLAS(Lt) workspace, on the compute stream
