@@ -44,9 +44,10 @@ std::string signature(nn::Module& layer, const Tensor& x, bool gradient_flows_ba
 
 std::vector<LayerCost> profile_layers(const nn::Sequential& model, const Tensor& sample,
                                       int repeats) {
+  // Before every tensor of this function: they are freed to it, so it must outlive them.
+  Device scratch("profile");
   std::vector<LayerCost> out;
   Tensor x = sample;
-  Device scratch("profile");
   // A layer computes its input's gradient only when something before it learns: the first
   // layers with parameters skip it, in training as here, so their backward is cheaper.
   bool gradient_flows_back = false;
