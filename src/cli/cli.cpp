@@ -57,8 +57,10 @@ struct Common {
   std::string device;
 };
 
-void add_common(CLI::App* cmd, Common& c) {
-  cmd->add_option("config", c.config_path, "TOML run configuration")->required();
+// `config_required` false: a command that can take the configuration a checkpoint recorded.
+void add_common(CLI::App* cmd, Common& c, bool config_required = true) {
+  CLI::Option* config = cmd->add_option("config", c.config_path, "TOML run configuration");
+  if (config_required) config->required();
   cmd->add_option("--set", c.overrides, "override a config value: section.key=value (repeatable)");
   cmd->add_option("--report", c.report, "write a JSON report to this file");
   cmd->add_option("--threads", c.threads, "intra-op threads (default: [train] threads, else 1)")
@@ -68,10 +70,14 @@ void add_common(CLI::App* cmd, Common& c) {
                   "where to run: cpu, cuda or cuda:N (overrides [train] device)");
 }
 
-Config configure(const Common& c) {
+// The command's configuration: its config file with --set and --device applied; or, for a command
+// reading `checkpoint`, the one that checkpoint recorded when no file is given
+// (config_for_checkpoint).
+Config configure(const Common& c, const std::string& checkpoint = "") {
   std::vector<std::string> overrides = c.overrides;
   if (!c.device.empty()) overrides.push_back("train.device=" + c.device);  // after --set: it wins
-  Config cfg = load_config(c.config_path, overrides);
+  Config cfg = checkpoint.empty() ? load_config(c.config_path, overrides)
+                                  : config_for_checkpoint(c.config_path, checkpoint, overrides);
   if (c.threads > 0) cfg.threads = c.threads;
   if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
   warn_if_oversubscribed(cfg.threads);
@@ -319,10 +325,19 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
 }
 
 int run_evaluate(const Common& c, const std::string& checkpoint, const std::string& weights) {
-  Config cfg = configure(c);
   if (checkpoint.empty() == weights.empty()) {
     throw ConfigError("hpm evaluate: give --checkpoint DIR or --weights FILE.safetensors (one)");
   }
+  if (checkpoint.empty() && c.config_path.empty()) {
+    throw ConfigError("hpm evaluate --weights: give the config of the model the weights are for");
+  }
+  // A parameter-server checkpoint records no configuration of its own (yet): it needs the file.
+  const bool ps = !checkpoint.empty() && !distribute::ps::ps_checkpoint_dir(checkpoint).empty();
+  if (ps && c.config_path.empty()) {
+    throw ConfigError("hpm evaluate: the parameter-server checkpoint " + checkpoint +
+                      " records no config: give the config it was trained with");
+  }
+  Config cfg = configure(c, ps ? "" : checkpoint);
   // As [model] init_from loads it: every weight of the model, each of the right shape, unless
   // the config says init_strict = false.
   if (!weights.empty()) cfg.init_from = weights;
@@ -543,7 +558,7 @@ int main(int argc, char** argv) {
                         "address this worker's collectives bind to (default 127.0.0.1)");
   CLI::App* eval_cmd =
       app.add_subcommand("evaluate", "evaluate a checkpoint or a weights file on the test set");
-  add_common(eval_cmd, eval_opts);
+  add_common(eval_cmd, eval_opts, false);
   std::string weights;
   eval_cmd->add_option("--checkpoint", checkpoint, "checkpoint directory");
   eval_cmd->add_option("--weights", weights,

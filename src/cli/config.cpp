@@ -20,6 +20,7 @@
 
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
+#include "hpm/train/checkpoint.h"
 
 namespace hpm::cli {
 
@@ -41,8 +42,6 @@ void warn_if_oversubscribed(int threads) {
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  using namespace config;
-  toml::table root;
   // Read here rather than by toml::parse_file, which cannot read a pipe (/dev/stdin, <(...)) and
   // parses a directory as an empty file (then "missing [model] section").
   std::error_code ec;
@@ -54,8 +53,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw ConfigError(path + ": cannot read: " + std::strerror(errno));
+  return load_config_text(text.str(), path, overrides);
+}
+
+Config load_config_text(const std::string& text, const std::string& path,
+                        const std::vector<std::string>& overrides) {
+  using namespace config;
+  toml::table root;
   try {
-    root = toml::parse(text.str(), path);
+    root = toml::parse(text, path);
   } catch (const toml::parse_error& e) {
     std::ostringstream os;
     os << where(path, e.source()) << ": " << e.description();
@@ -66,6 +72,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
   Config c;
   c.path = path;
+  {
+    std::ostringstream resolved;
+    resolved << root;
+    c.resolved = resolved.str();
+  }
   for (const auto& [k, v] : root) {
     const std::string key(k.str());
     c.given[key] = where(path, v);
@@ -105,6 +116,71 @@ void refuse_train_only_settings(const Config& config, const std::string& command
   if (!config.best_checkpoint_dir.empty())
     refuse_setting(config, "train", "best_checkpoint_dir", why);
   if (config.device_budget_mb > 0) refuse_setting(config, "memory", "device_budget_mb", why);
+}
+
+namespace {
+
+// The [model] table of a resolved configuration.
+toml::table model_table(const std::string& resolved) {
+  const toml::table root = toml::parse(resolved);
+  if (const toml::table* m = root["model"].as_table()) return *m;
+  return {};
+}
+
+std::string toml_text(const toml::node& node) {
+  std::ostringstream os;
+  node.visit([&os](const auto& v) { os << v; });
+  return os.str();
+}
+
+// Every [model] key that `config` and the checkpoint's configuration both set, to different values
+// (dropout aside), is refused: the weights are the checkpoint's.
+void check_against_checkpoint(const Config& config, const std::string& recorded,
+                              const std::string& checkpoint) {
+  const toml::table mine = model_table(config.resolved), theirs = model_table(recorded);
+  for (const auto& [key, value] : mine) {
+    const std::string k(key.str());
+    const toml::node* other = theirs.get(k);
+    if (k == "dropout" || other == nullptr || toml_text(value) == toml_text(*other)) continue;
+    const auto at = config.given.find("model." + k);
+    throw ConfigError((at != config.given.end() ? at->second : config.path) + ": [model] " + k +
+                      " = " + toml_text(value) + " contradicts the checkpoint " + checkpoint +
+                      ", whose model has " + k + " = " + toml_text(*other));
+  }
+}
+
+}  // namespace
+
+Config config_for_checkpoint(const std::string& path, const std::string& checkpoint,
+                             const std::vector<std::string>& overrides) {
+  train::TrainerState state;
+  try {
+    state = train::read_checkpoint_state(checkpoint);
+  } catch (const std::exception& e) {
+    if (path.empty()) throw ConfigError(e.what());
+    return load_config(path, overrides);  // the checkpoint's own load reports it again
+  }
+  const auto recorded = state.metadata.find("config");
+  if (recorded == state.metadata.end()) {
+    if (path.empty()) {
+      throw ConfigError("the checkpoint " + checkpoint +
+                        " does not hold the config it was trained with (an older hpm saved it): "
+                        "give that config, with the run's --set overrides");
+    }
+    return load_config(path, overrides);
+  }
+  Config c;
+  if (path.empty()) {
+    const auto where = state.metadata.find("config_path");
+    c = load_config_text(recorded->second,
+                         where != state.metadata.end() ? where->second : checkpoint, overrides);
+    // Its starting weights were the training's business; the checkpoint holds the trained ones.
+    c.init_from.clear();
+  } else {
+    c = load_config(path, overrides);
+  }
+  check_against_checkpoint(c, recorded->second, checkpoint);
+  return c;
 }
 
 Device& config_device(const Config& config) {

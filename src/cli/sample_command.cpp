@@ -112,8 +112,9 @@ class TextStream {
 
 CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand("sample", "text from a trained GPT, printed as it is drawn");
-  cmd->add_option("config", o.config_path, "the TOML config the model was trained with")
-      ->required();
+  cmd->add_option("config", o.config_path,
+                  "the TOML config the model was trained with (default: the one the checkpoint "
+                  "recorded)");
   cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
   cmd->add_option("--checkpoint", o.checkpoint, "checkpoint directory")->required();
   cmd->add_option("--prompt", o.prompt, "text to continue (default: a newline)");
@@ -137,7 +138,7 @@ int run_sample(const SampleCommandOptions& o) {
     throw ConfigError("--temperature: too small or too large for a 32-bit float");
   std::vector<std::string> overrides = o.overrides;
   if (!o.device.empty()) overrides.push_back("train.device=" + o.device);
-  const Config cfg = load_config(o.config_path, overrides);
+  const Config cfg = config_for_checkpoint(o.config_path, o.checkpoint, overrides);
   if (cfg.model_kind != "gpt") {
     throw ConfigError(cfg.path + ": hpm sample draws from a [model] kind = \"gpt\", this is \"" +
                       cfg.model_kind + "\"");
@@ -200,6 +201,9 @@ int run_sample(const SampleCommandOptions& o) {
   const std::string rest = stream.finish();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::printf("\n");
+  // The text is done before the status goes to stderr: on a terminal both share the screen, and
+  // the status must not land inside the text.
+  std::fflush(stdout);
   const std::string text = tok.decode(stream.ids());
   std::fprintf(stderr, "%lld tokens in %.2f s: %.0f tokens/s (%s)\n",
                static_cast<long long>(o.tokens), seconds, static_cast<double>(o.tokens) / seconds,

@@ -1,8 +1,8 @@
 #include "hpm/train/checkpoint.h"
 
 #include <algorithm>
-#include <iterator>
 #include <filesystem>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "hpm/io/atomic_file.h"
@@ -198,6 +198,17 @@ io::NamedTensors load_checkpoint_weights(const std::string& path) {
   const OpenedCheckpoint c(path);
   return io::decode_safetensors(c.verified("model.safetensors"), c.dir + "/model.safetensors")
       .tensors;
+}
+
+TrainerState read_checkpoint_state(const std::string& path) {
+  const OpenedCheckpoint c(path);
+  TrainerState s;
+  try {
+    read_state_fields(c.j, s);
+  } catch (const json::exception& e) {
+    throw CheckpointError(c.state_path + ": " + e.what());
+  }
+  return s;
 }
 
 TrainerState load_checkpoint(const std::string& path, nn::Module& model,

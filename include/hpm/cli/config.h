@@ -17,8 +17,8 @@
 #include "hpm/nn/module.h"
 #include "hpm/nn/objective.h"
 #include "hpm/nn/resnet.h"
-#include "hpm/optim/optimizer.h"
 #include "hpm/optim/lr_schedule.h"
+#include "hpm/optim/optimizer.h"
 #include "hpm/tensor/device.h"
 #include "hpm/train/trainer.h"
 
@@ -119,6 +119,10 @@ struct PipelineSection {
 
 struct Config {
   std::string path;
+  // The configuration as resolved: the file with its --set overrides applied, in TOML. Checkpoints
+  // record it (with the file's absolute path, which relative paths in it are taken from), so that
+  // they describe their model.
+  std::string resolved;
   // Where the file (or a --set) gave each section and key: "train" and "train.backup_dir" ->
   // "FILE:LINE:COL" or "--set train.backup_dir=...". What refuse_setting names.
   std::map<std::string, std::string> given;
@@ -237,6 +241,19 @@ struct Config {
 // Parses `path`, then applies `overrides` ("section.key=value", value in TOML syntax, or a bare
 // string).
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same for TOML `text` read as if it were the file at `path` (its relative paths and the
+// locations in its errors are that file's).
+Config load_config_text(const std::string& text, const std::string& path,
+                        const std::vector<std::string>& overrides = {});
+
+// The configuration of a command that reads a checkpoint (hpm sample, hpm evaluate): `path` with
+// `overrides` when a path is given, else the configuration the checkpoint recorded, with
+// `overrides` applied. Either way a [model] setting whose value differs from the checkpoint's is a
+// ConfigError naming where it was given and both values (dropout excepted: it changes no weight).
+// Without a path, a checkpoint that recorded no configuration (saved by an older hpm) is a
+// ConfigError asking for it.
+Config config_for_checkpoint(const std::string& path, const std::string& checkpoint,
+                             const std::vector<std::string>& overrides);
 
 // A setting the running command cannot honour: throws ConfigError "WHERE: [section] key why"
 // (key empty: "WHERE: [section] why"), WHERE being where the config gave it (config.given), else

@@ -49,6 +49,10 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
 TrainerState load_checkpoint(const std::string& path, nn::Module& model,
                              optim::Optimizer* optimizer);
 
+// The state of the checkpoint at `path` (a root or a ckpt-* directory) without its weights: what
+// a caller reads before it can build the model (the configuration recorded in its metadata).
+TrainerState read_checkpoint_state(const std::string& path);
+
 // Whether `name` is one save_checkpoint gives a directory: "ckpt-" and the global step.
 bool is_checkpoint_name(const std::string& name);
 

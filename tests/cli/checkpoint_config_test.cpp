@@ -1,0 +1,115 @@
+// Checkpoints that describe themselves: a run's checkpoint holds its resolved configuration, so
+// `hpm sample --checkpoint DIR` and `hpm evaluate --checkpoint DIR` need nothing else; a --set or
+// a config file whose [model] contradicts the checkpoint's is refused naming both values; a
+// checkpoint written before configs were recorded asks for its config.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "common/hpm_cli.h"
+#include "common/temp_dir.h"
+
+namespace hpm::testing {
+namespace {
+
+std::string corpus(const TempDir& dir) {
+  std::filesystem::create_directories(dir / "corpus");
+  std::ofstream out(dir / "corpus/a.txt");
+  for (int i = 0; i < 40; ++i) out << "the quick brown fox jumps over the lazy dog. ";
+  return dir / "corpus/*.txt";
+}
+
+std::string gpt_config(const TempDir& dir, const std::string& files, int n_layer = 1) {
+  const std::string path = dir / ("gpt" + std::to_string(n_layer) + ".toml");
+  std::ofstream(path) << "[model]\nkind = \"gpt\"\nn_layer = " << n_layer
+                      << "\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 256\n"
+                      << "[data]\nsource = \"text\"\nfiles = \"" << files << "\"\nbatch_size = 4\n"
+                      << "[optimizer]\nkind = \"adamw\"\nlr = 0.01\n"
+                      << "[train]\nmax_steps = 20\neval_every = 10\neval_iters = 3\n"
+                      << "checkpoint_dir = \"" << dir / "ckpt"
+                      << "\"\n";
+  return path;
+}
+
+// "val loss X" as printed by train and evaluate.
+std::string val_loss(const std::string& output) {
+  const auto at = output.find("val loss ");
+  return at == std::string::npos ? "" : output.substr(at + 9, 6);
+}
+
+struct Trained {
+  TempDir dir;
+  std::string config, ckpt, trained_loss;
+  Trained() {
+    config = gpt_config(dir, corpus(dir));
+    ckpt = dir / "ckpt";
+    const CommandResult r = run_hpm("train " + config + " --set model.n_embd=24");
+    EXPECT_EQ(r.code, 0) << r.output;
+    trained_loss = val_loss(r.output);
+  }
+};
+
+TEST(SelfDescribingCheckpoint, SampleAndEvaluateNeedNothingElse) {
+  Trained t;
+  // The run's --set (n_embd = 24) is in the checkpoint too: no config, no --set.
+  const CommandResult sample = run_hpm("sample --checkpoint " + t.ckpt + " --tokens 5");
+  EXPECT_EQ(sample.code, 0) << sample.output;
+  EXPECT_NE(sample.output.find("5 tokens in"), std::string::npos) << sample.output;
+  const CommandResult eval = run_hpm("evaluate --checkpoint " + t.ckpt);
+  ASSERT_EQ(eval.code, 0) << eval.output;
+  EXPECT_FALSE(t.trained_loss.empty());
+  EXPECT_EQ(val_loss(eval.output), t.trained_loss) << eval.output;
+  // Settings beside the model's may change: more evaluation windows.
+  EXPECT_EQ(run_hpm("evaluate --checkpoint " + t.ckpt + " --set train.eval_iters=5").code, 0);
+}
+
+TEST(SelfDescribingCheckpoint, ASetContradictingTheCheckpointIsRefusedNamingBoth) {
+  Trained t;
+  for (const std::string cmd : {"sample", "evaluate"}) {
+    const CommandResult r = run_hpm(cmd + " --checkpoint " + t.ckpt + " --set model.n_embd=32");
+    EXPECT_NE(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("[model] n_embd = 32"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("contradicts the checkpoint"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("n_embd = 24"), std::string::npos) << r.output;
+  }
+}
+
+TEST(SelfDescribingCheckpoint, AConfigContradictingTheCheckpointIsRefusedNamingBoth) {
+  Trained t;
+  // The config the run started from, without the run's --set: its n_embd (16) is not the model's.
+  const CommandResult r = run_hpm("evaluate " + t.config + " --checkpoint " + t.ckpt);
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("[model] n_embd = 16"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("n_embd = 24"), std::string::npos) << r.output;
+  // With the run's --set it agrees, and runs.
+  EXPECT_EQ(run_hpm("evaluate " + t.config + " --set model.n_embd=24 --checkpoint " + t.ckpt).code,
+            0);
+}
+
+TEST(SelfDescribingCheckpoint, ACheckpointWithoutItsConfigAsksForIt) {
+  Trained t;
+  // As an older hpm wrote it: no config in the state's metadata.
+  for (const auto& e : std::filesystem::directory_iterator(t.ckpt)) {
+    if (!e.is_directory()) continue;
+    const std::string state = e.path().string() + "/trainer_state.json";
+    auto j = nlohmann::json::parse(std::ifstream(state));
+    j["metadata"].erase("config");
+    j["metadata"].erase("config_path");
+    std::ofstream(state) << j.dump(2);
+  }
+  const CommandResult r = run_hpm("sample --checkpoint " + t.ckpt + " --tokens 5");
+  EXPECT_NE(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("does not hold the config it was trained with"), std::string::npos)
+      << r.output;
+  // Given it, it runs as before.
+  EXPECT_EQ(run_hpm("sample " + t.config + " --set model.n_embd=24 --checkpoint " + t.ckpt +
+                    " --tokens 5")
+                .code,
+            0);
+}
+
+}  // namespace
+}  // namespace hpm::testing
