@@ -312,6 +312,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                      "), or choose another directory; hpm does not overwrite them");
   }
   state_.metadata = options.metadata;
+  for (const auto& [key, value] : options.description) state_.metadata[key] = value;
   state_.batch_size = options.batch_size;                    // what later saves record
   const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
   if (steps_per_epoch == 0) {

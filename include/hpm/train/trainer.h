@@ -85,6 +85,9 @@ struct FitOptions {
   // that recorded another value under one of these keys is refused (an InputError naming both):
   // the CLI records the tokenizer, whose ids the weights were trained to mean.
   std::map<std::string, std::string> metadata;
+  // Recorded beside `metadata` but never compared: what describes the run for readers of its
+  // checkpoints (the CLI: the resolved configuration), which a continued run may change.
+  std::map<std::string, std::string> description;
   // Training by steps (a language model): each epoch is a stretch of the dataset's cardinality
   // (which must be known) in steps between evaluations, `epochs` stretches in all, and the data
   // is a function of the global step (data::random_windows). A resumed or restored run takes its

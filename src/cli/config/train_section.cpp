@@ -214,8 +214,8 @@ train::FitOptions fit_options(const Config& c) {
   fo.by_steps = c.token_source();  // epochs of eval_every steps (read_train)
   if (c.token_source()) fo.metadata["tokenizer"] = tokenizer_id(*c.text_tokenizer);
   // The checkpoint describes its model: sample, evaluate and export need nothing else.
-  fo.metadata["config"] = c.resolved;
-  fo.metadata["config_path"] = std::filesystem::absolute(c.path).string();
+  fo.description["config"] = c.resolved;
+  fo.description["config_path"] = std::filesystem::absolute(c.path).string();
   fo.seed = c.seed;
   fo.batch_size = c.batch_size;  // recorded with checkpoints and backups
   fo.label_smoothing = c.label_smoothing;

@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
 
@@ -41,7 +42,6 @@ constexpr int kWarps = 8;  // rows (queries or keys) a block owns, a warp each
 constexpr int kThreads = kWarps * 32;
 constexpr int kTile = 32;   // keys (or queries) staged at a time: one per lane
 constexpr int kMaxPer = 8;  // output columns a lane owns at most: D <= 256
-constexpr unsigned kFull = 0xffffffffu;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr std::size_t kDefaultSmem = 48 << 10;  // beyond this a kernel must opt in
 
@@ -64,11 +64,12 @@ __device__ __forceinline__ std::int64_t min64(std::int64_t a, std::int64_t b) {
 }
 
 __device__ __forceinline__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(kFullMask, v, offset));
   return v;
 }
 __device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
   return v;
 }
 
@@ -162,7 +163,7 @@ __global__ void __launch_bounds__(kThreads)
         p = round_bf16(expf(score - (m == kNegInf ? 0.0f : m)) * inv_l);
       }
       for (int jj = 0; jj < jn; ++jj) {
-        const float pj = __shfl_sync(kFull, p, jj);
+        const float pj = __shfl_sync(kFullMask, p, jj);
         const float* v_row = v_s + jj * d;
 #pragma unroll
         for (int x = 0; x < kPer; ++x) {
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kThreads)
       if (kBf16) ds = round_bf16(ds);
     }
     for (int jj = 0; jj < jn; ++jj) {
-      const float dsj = __shfl_sync(kFull, ds, jj);
+      const float dsj = __shfl_sync(kFullMask, ds, jj);
       const float* k_row = k_s + jj * ks;
 #pragma unroll
       for (int x = 0; x < kPer; ++x) {
@@ -319,8 +320,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
     for (int ii = 0; ii < in; ++ii) {
-      const float pi = __shfl_sync(kFull, p, ii);
-      const float dsi = __shfl_sync(kFull, ds, ii);
+      const float pi = __shfl_sync(kFullMask, p, ii);
+      const float dsi = __shfl_sync(kFullMask, ds, ii);
       const float* q_row = q_s + ii * ks;
       const float* g_row = g_s + ii * ks;
 #pragma unroll
@@ -376,13 +377,6 @@ Dims attention_dims(const Tensor& q, const Tensor& k, const Tensor& v, DType dty
                                 std::to_string(32 * kMaxPer) + " is not supported");
   }
   return {batch, q.size(-2), k.size(-2), q.size(-1)};
-}
-
-void expect_f32(const Tensor& t) {
-  if (t.dtype() != DType::F32) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as F32");
-  }
 }
 
 // Calls f with std::integral_constant<int, kPer>: the columns a lane owns for head size d.
@@ -513,9 +507,9 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
               bf16 ? "attention backward (bf16): grad_out" : "attention backward: grad_out");
   // The CPU's f32 path reads out and lse unchecked; here a mismatch is an error, not a stray read.
   check_shape(out, q.shape(), bf16 ? "attention backward (bf16): out" : "attention backward: out");
-  expect_f32(grad_out);
-  expect_f32(out);
-  expect_f32(lse);
+  require_dtype(grad_out, DType::F32);
+  require_dtype(out, DType::F32);
+  require_dtype(lse, DType::F32);
   if (lse.numel() != n.batch * n.t) {
     throw std::invalid_argument("attention backward: lse of " + lse.shape().str() + " for " +
                                 q.shape().str() + " queries");

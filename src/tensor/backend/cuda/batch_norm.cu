@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/runtime.h"
 #include "tensor/backend/cuda/vision_ops.h"
 
@@ -21,26 +22,6 @@ namespace {
 
 constexpr int kBlock = 256;         // element-wise kernels
 constexpr int kChannelBlock = 512;  // a channel's reduction
-constexpr unsigned kMaxGrid = 65535u * 8u;
-constexpr unsigned kFull = 0xffffffffu;
-
-void expect_f32(const Tensor& t) {
-  if (t.dtype() != DType::F32) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as F32");
-  }
-}
-
-void expect_f64(const Tensor& t) {
-  if (t.dtype() != DType::F64) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as F64");
-  }
-}
-
-unsigned grid_for(std::int64_t blocks) {
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks));
-}
 
 struct NCS {
   std::int64_t n, c, s;
@@ -56,29 +37,12 @@ NCS ncs(const Shape& x) {
 // when undefined. The CPU reads them unchecked; here a wrong size is an error, not a stray read.
 const float* per_channel(const Tensor& t, std::int64_t c, const char* what) {
   if (!t.defined()) return nullptr;
-  expect_f32(t);
+  require_dtype(t, DType::F32);
   if (t.numel() != c) {
     throw std::invalid_argument(std::string("batch_norm: ") + what + " of " + t.shape().str() +
                                 " for " + std::to_string(c) + " channels");
   }
   return ptr<float>(t);
-}
-
-__device__ double warp_sum(double v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
-  return v;
-}
-
-// The block's sum, in every thread (all must call; blockDim.x a multiple of 32).
-__device__ double block_sum(double v) {
-  __shared__ double partial[32];
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // a previous call's readers are done with `partial`
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0;
-  return warp_sum(v);
 }
 
 // Calls f(offset) for this thread's share of channel ch's n*s values of a (N,C,S) tensor: values
@@ -264,7 +228,7 @@ Tensor batch_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& b
   }
   save_mean = Tensor::empty({d.c}, DType::F32, x.device());
   save_invstd = Tensor::empty({d.c}, DType::F32, x.device());
-  expect_f32(x);
+  require_dtype(x, DType::F32);
   const float* pw = per_channel(weight, d.c, "weight");
   const float* pb = per_channel(bias, d.c, "bias");
   // Running statistics: both or neither in training (updated when given), both in evaluation.
@@ -303,8 +267,8 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
                          const Tensor& save_mean, const Tensor& save_invstd, bool training,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
   const NCS d = ncs(x.shape());
-  expect_f32(grad_y);
-  expect_f32(x);
+  require_dtype(grad_y, DType::F32);
+  require_dtype(x, DType::F32);
   // The CPU reads grad_y as x's shape; here a mismatch is an error rather than a stray read.
   check_shape(grad_y, x.shape(), "batch_norm backward: grad_y");
   const float* pm = per_channel(save_mean, d.c, "save_mean");
@@ -350,9 +314,9 @@ void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x) {
     throw std::invalid_argument("channel_moments_: accumulators of " + sum.shape().str() + " for " +
                                 std::to_string(c) + " channels");
   }
-  expect_f32(x);
-  expect_f64(sum);
-  expect_f64(sum_squares);
+  require_dtype(x, DType::F32);
+  require_dtype(sum, DType::F64);
+  require_dtype(sum_squares, DType::F64);
   if (c == 0) return;
   channel_moments_kernel<<<grid_for(c), kChannelBlock, 0, current_stream()>>>(
       ptr<float>(x), ptr<double>(sum), ptr<double>(sum_squares), n, c, inner);
@@ -361,10 +325,10 @@ void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x) {
 
 void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tensor& sum,
                            const Tensor& sum_squares, std::int64_t count, float momentum) {
-  expect_f32(running_mean);
-  expect_f32(running_var);
-  expect_f64(sum);
-  expect_f64(sum_squares);
+  require_dtype(running_mean, DType::F32);
+  require_dtype(running_var, DType::F32);
+  require_dtype(sum, DType::F64);
+  require_dtype(sum_squares, DType::F64);
   const std::int64_t c = running_mean.numel();
   // The CPU reads the others as running_mean's size; here a mismatch is an error.
   if (running_var.numel() != c || sum.numel() != c || sum_squares.numel() != c) {

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/runtime.h"
 #include "tensor/backend/cuda/vision_ops.h"
 
@@ -19,38 +20,12 @@ namespace {
 constexpr int kBlock = 256;
 constexpr int kReduceBlock = 1024;       // the one-block reductions
 constexpr std::int64_t kKlChunk = 8192;  // values one block of kl_div's first stage sums
-constexpr unsigned kFull = 0xffffffffu;
-constexpr unsigned long long kNoError = ~0ull;  // the error slot's initial value (bytes 0xff)
-
-void expect_dtype(const Tensor& t, DType dtype) {
-  if (t.dtype() != dtype) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as " + dtype_name(dtype));
-  }
-}
 
 void expect_grad(const Tensor& grad, const char* op) {
   if (grad.numel() != 1 || grad.dtype() != DType::F32) {
     throw std::invalid_argument(std::string(op) + ": expected a one-element F32 grad, got " +
                                 grad.shape().str() + " " + dtype_name(grad.dtype()));
   }
-}
-
-__device__ double warp_sum(double v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
-  return v;
-}
-
-// The block's sum, in every thread (all must call; blockDim.x a multiple of 32).
-__device__ double block_sum(double v) {
-  __shared__ double partial[32];
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // a previous call's readers are done with `partial`
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0;
-  return warp_sum(v);
 }
 
 // One block: loss = -sum_i log_probs[i, labels[i]] / n in double. A label outside [0, c) records
@@ -145,28 +120,20 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) {
     throw std::invalid_argument("nll_loss: expected (N,C) and (N), got " + log_probs.shape().str() +
                                 " and " + labels.shape().str());
   }
-  expect_dtype(log_probs, DType::F32);
-  expect_dtype(labels, DType::I64);
+  require_dtype(log_probs, DType::F32);
+  require_dtype(labels, DType::I64);
   const std::int64_t n = log_probs.size(0), c = log_probs.size(1);
   Tensor loss = Tensor::empty(Shape{}, DType::F32, log_probs.device());
   cudaStream_t stream = current_stream();
-  Tensor error = Tensor::empty({1}, DType::I64, log_probs.device());
-  auto* perr = ptr<unsigned long long>(error);
-  HPM_CUDA_CHECK(cudaMemsetAsync(perr, 0xff, sizeof(unsigned long long), stream));
+  const ErrorSlot error(log_probs.device(), stream);
+  unsigned long long* perr = error.device_word();
   const auto* py = ptr<std::int64_t>(labels);
   nll_loss_forward_kernel<<<1, kReduceBlock, 0, stream>>>(ptr<float>(log_probs), py, n, c, perr,
                                                           ptr<float>(loss));
   HPM_CUDA_LAUNCH_CHECK("nll_loss_forward_kernel");
   // The one wait: the CPU throws for a bad label, so the caller must learn of it here.
-  unsigned long long bad = kNoError;
-  HPM_CUDA_CHECK(cudaMemcpyAsync(&bad, perr, sizeof(bad), cudaMemcpyDeviceToHost, stream));
-  HPM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (bad != kNoError) {
-    const auto row = static_cast<std::int64_t>(bad);
-    std::int64_t label = 0;
-    HPM_CUDA_CHECK(
-        cudaMemcpyAsync(&label, py + row, sizeof(label), cudaMemcpyDeviceToHost, stream));
-    HPM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (const auto bad = error.first(py)) {
+    const auto [row, label] = *bad;
     throw std::out_of_range("nll_loss: label " + std::to_string(label) + " at row " +
                             std::to_string(row) + " out of range [0, " + std::to_string(c) + ")");
   }
@@ -181,7 +148,7 @@ Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& 
         "nll_loss_backward: expected a gradient of (N,C) and labels (N), got " + shape.str() +
         " and " + labels.shape().str());
   }
-  expect_dtype(labels, DType::I64);
+  require_dtype(labels, DType::I64);
   Tensor gx = Tensor::empty(shape, DType::F32, grad.device());
   const std::int64_t n = shape[0], c = shape[1];
   if (n * c == 0) return gx;
@@ -193,8 +160,8 @@ Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& 
 
 Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) {
   check_shape(target_probs, input_log_probs.shape(), "kl_div: target");
-  expect_dtype(input_log_probs, DType::F32);
-  expect_dtype(target_probs, DType::F32);
+  require_dtype(input_log_probs, DType::F32);
+  require_dtype(target_probs, DType::F32);
   const std::int64_t total = input_log_probs.numel();
   const std::int64_t chunks = (total + kKlChunk - 1) / kKlChunk;
   Tensor loss = Tensor::empty(Shape{}, DType::F32, input_log_probs.device());
@@ -215,11 +182,11 @@ Tensor kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs)
 void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs, const Tensor& target_probs,
                      Tensor* grad_input, Tensor* grad_target) {
   expect_grad(grad, "kl_div_backward");
-  expect_dtype(target_probs, DType::F32);
+  require_dtype(target_probs, DType::F32);
   if (grad_target != nullptr) {
     // The CPU reads the input as the target's shape; here a mismatch is an error.
     check_shape(input_log_probs, target_probs.shape(), "kl_div backward: input");
-    expect_dtype(input_log_probs, DType::F32);
+    require_dtype(input_log_probs, DType::F32);
   }
   float* pgi = nullptr;
   float* pgt = nullptr;

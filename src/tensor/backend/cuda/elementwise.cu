@@ -12,8 +12,9 @@
 #include <string>
 #include <type_traits>
 
-#include "basic_ops.h"
-#include "runtime.h"
+#include "tensor/backend/cuda/basic_ops.h"
+#include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/runtime.h"
 
 namespace hpm::cuda {
 
@@ -21,22 +22,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kMaxDims = 8;
-
-// The CPU kernels reach their operands through Tensor::data<T>(), which throws this on another
-// dtype: the same error here, before anything is launched.
-void require(const Tensor& t, DType expected) {
-  if (t.dtype() != expected) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as " + dtype_name(expected));
-  }
-}
-
-__device__ inline std::int64_t first_index() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline std::int64_t grid_stride() {
-  return static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-}
 
 // Launches kernel over n elements (nothing for none) and checks the launch.
 template <typename... Params, typename... Args>
@@ -426,7 +411,7 @@ void check_mask(const Tensor& mask, const char* what) {
 // For unary_backward: an operand the formula reads must cover grad_y's elements (the CPU reads
 // it unchecked).
 void check_operand(const Tensor& t, const Tensor& grad_y, const char* name) {
-  require(t, DType::F32);
+  require_dtype(t, DType::F32);
   if (t.numel() != grad_y.numel()) {
     throw std::invalid_argument(std::string("unary_backward: ") + name + " " + t.shape().str() +
                                 " beside grad_y " + grad_y.shape().str());
@@ -439,7 +424,7 @@ void check_operand(const Tensor& t, const Tensor& grad_y, const char* name) {
 
 Tensor to_bf16(const Tensor& x) {
   if (x.dtype() == DType::BF16) return x;
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
   launch("to_bf16", x.numel(), f32_to_bf16_kernel, ptr<const float>(x), ptr<std::uint16_t>(y),
          x.numel());
@@ -528,8 +513,8 @@ void fill_(Tensor& x, float value) {
 // ---- element-wise maps --------------------------------------------------------------------
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
-  require(a, DType::F32);
-  require(b, DType::F32);
+  require_dtype(a, DType::F32);
+  require_dtype(b, DType::F32);
   const Shape out = a.shape() == b.shape() ? a.shape() : broadcast_shapes(a.shape(), b.shape());
   const Shape* shapes[2] = {&a.shape(), &b.shape()};
   const Indexer<2> ix = make_indexer(out, shapes, "binary");
@@ -563,14 +548,14 @@ Tensor add_scalar(const Tensor& a, float s) {
            static_cast<std::int64_t>(s), ptr<std::int64_t>(y), n);
     return y;
   }
-  require(a, DType::F32);
+  require_dtype(a, DType::F32);
   Tensor y = Tensor::empty(a.shape(), DType::F32, a.device());
   launch("add_scalar", n, add_scalar_kernel, ptr<const float>(a), s, ptr<float>(y), n);
   return y;
 }
 
 Tensor mul_scalar(const Tensor& a, float s) {
-  require(a, DType::F32);
+  require_dtype(a, DType::F32);
   const std::int64_t n = a.numel();
   Tensor y = Tensor::empty(a.shape(), DType::F32, a.device());
   launch("mul_scalar", n, mul_scalar_kernel, ptr<const float>(a), s, ptr<float>(y), n);
@@ -581,18 +566,18 @@ void axpy_(Tensor& y, float alpha, const Tensor& x) {
   if (y.numel() != x.numel()) {
     throw std::invalid_argument("axpy_: " + y.shape().str() + " += " + x.shape().str());
   }
-  require(y, DType::F32);
-  require(x, DType::F32);
+  require_dtype(y, DType::F32);
+  require_dtype(x, DType::F32);
   launch("axpy_", y.numel(), axpy_kernel, ptr<float>(y), alpha, ptr<const float>(x), y.numel());
 }
 
 void scale_(Tensor& y, float alpha) {
-  require(y, DType::F32);
+  require_dtype(y, DType::F32);
   launch("scale_", y.numel(), scale_kernel, ptr<float>(y), alpha, y.numel());
 }
 
 Tensor unary(UnaryOp op, const Tensor& x) {
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   const std::int64_t n = x.numel();
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
   with_unary_op(op, [&](auto kop) {
@@ -602,7 +587,7 @@ Tensor unary(UnaryOp op, const Tensor& x) {
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
-  require(grad_y, DType::F32);
+  require_dtype(grad_y, DType::F32);
   // Relu reads only y and Gelu only x, which must be there; the other formulas read whichever
   // of x and y is defined and take 0 for the other, as the CPU's ternary map does.
   if (op == UnaryOp::Relu && !y.defined()) {
@@ -631,8 +616,8 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const T
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   check_mask(cond, "where");
   const Shape out = broadcast_shapes(cond.shape(), broadcast_shapes(a.shape(), b.shape()));
-  require(a, DType::F32);
-  require(b, DType::F32);
+  require_dtype(a, DType::F32);
+  require_dtype(b, DType::F32);
   const Shape* shapes[3] = {&cond.shape(), &a.shape(), &b.shape()};
   const Indexer<3> ix = make_indexer(out, shapes, "where");
   Tensor y = Tensor::empty(out, DType::F32, a.device());
@@ -648,7 +633,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) {
     throw std::invalid_argument("masked_fill: mask " + mask.shape().str() +
                                 " does not broadcast to " + x.shape().str());
   }
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   const Shape* shapes[1] = {&mask.shape()};
   const Indexer<1> ix = make_indexer(x.shape(), shapes, "masked_fill");
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());

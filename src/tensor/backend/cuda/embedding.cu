@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
 
@@ -25,19 +26,6 @@ namespace hpm::cuda {
 namespace {
 
 constexpr int kBlock = 256;
-constexpr unsigned kMaxGrid = 65535u * 8u;
-constexpr unsigned long long kNoError = ~0ull;  // the error slot's initial value (bytes 0xff)
-
-void expect_dtype(const Tensor& t, DType dtype) {
-  if (t.dtype() != dtype) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as " + dtype_name(dtype));
-  }
-}
-
-unsigned grid_for(std::int64_t blocks) {
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks));
-}
 
 // The smallest position whose index is outside [0, v), into *error.
 __global__ void check_indices_kernel(const std::int64_t* __restrict__ idx, std::int64_t n,
@@ -112,15 +100,14 @@ Tensor embedding_forward(const Tensor& table, const Tensor& indices) {
   std::vector<std::int64_t> dims = indices.shape().dims();
   dims.push_back(e);
   Tensor y = Tensor::empty(Shape(dims), DType::F32);
-  expect_dtype(indices, DType::I64);
-  expect_dtype(table, DType::F32);
+  require_dtype(indices, DType::I64);
+  require_dtype(table, DType::F32);
   const std::int64_t n = indices.numel();
   if (n == 0) return y;
   cudaStream_t stream = current_stream();
   const auto* pi = ptr<std::int64_t>(indices);
-  Tensor error = Tensor::empty({1}, DType::I64);
-  auto* perr = ptr<unsigned long long>(error);
-  HPM_CUDA_CHECK(cudaMemsetAsync(perr, 0xff, sizeof(unsigned long long), stream));
+  const ErrorSlot error(y.device(), stream);
+  unsigned long long* perr = error.device_word();
   check_indices_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(pi, n, v, perr);
   HPM_CUDA_LAUNCH_CHECK("check_indices_kernel");
   if (e > 0) {
@@ -129,15 +116,8 @@ Tensor embedding_forward(const Tensor& table, const Tensor& indices) {
     HPM_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
   }
   // The one wait: a bad index must throw here, as on the CPU.
-  unsigned long long bad = kNoError;
-  HPM_CUDA_CHECK(cudaMemcpyAsync(&bad, perr, sizeof(bad), cudaMemcpyDeviceToHost, stream));
-  HPM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (bad != kNoError) {
-    const auto position = static_cast<std::int64_t>(bad);
-    std::int64_t index = 0;
-    HPM_CUDA_CHECK(
-        cudaMemcpyAsync(&index, pi + position, sizeof(index), cudaMemcpyDeviceToHost, stream));
-    HPM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (const auto bad = error.first(pi)) {
+    const auto [position, index] = *bad;
     throw std::out_of_range("embedding: index " + std::to_string(index) + " at position " +
                             std::to_string(position) + " out of range for " + std::to_string(v) +
                             " rows");
@@ -147,9 +127,9 @@ Tensor embedding_forward(const Tensor& table, const Tensor& indices) {
 
 void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table) {
   const std::int64_t v = grad_table.size(0), e = grad_table.size(1);
-  expect_dtype(indices, DType::I64);
-  expect_dtype(grad_y, DType::F32);
-  expect_dtype(grad_table, DType::F32);
+  require_dtype(indices, DType::I64);
+  require_dtype(grad_y, DType::F32);
+  require_dtype(grad_table, DType::F32);
   const std::int64_t n = indices.numel();
   if (grad_y.numel() != n * e) {
     throw std::invalid_argument("embedding backward: grad_y of " + grad_y.shape().str() + " for " +

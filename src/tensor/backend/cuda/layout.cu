@@ -10,30 +10,16 @@
 #include <string>
 #include <vector>
 
-#include "basic_ops.h"
-#include "runtime.h"
+#include "tensor/backend/cuda/basic_ops.h"
+#include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/runtime.h"
 
 namespace hpm::cuda {
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kMaxDims = 8;
 constexpr std::int64_t kMaxGrid = 65535 * 8;
-
-void require(const Tensor& t, DType expected) {
-  if (t.dtype() != expected) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as " + dtype_name(expected));
-  }
-}
-
-__device__ inline std::int64_t first_index() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline std::int64_t grid_stride() {
-  return static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-}
 
 // ---- byte copies ------------------------------------------------------------------------
 
@@ -136,45 +122,6 @@ __global__ void transpose_kernel(const float* x, float* y, std::int64_t r, std::
     }
     __syncthreads();  // before the next tile overwrites this one
   }
-}
-
-// An output of `dims` (coalesced) read from x at the given strides per dimension.
-struct Gather {
-  int rank = 0;
-  std::int64_t dims[kMaxDims] = {}, strides[kMaxDims] = {};
-
-  __device__ std::int64_t offset(std::int64_t flat) const {
-    std::int64_t off = 0;
-    for (int d = rank - 1; d >= 0; --d) {
-      off += (flat % dims[d]) * strides[d];
-      flat /= dims[d];
-    }
-    return off;
-  }
-};
-
-// Size-1 dimensions dropped; neighbours merged where stepping the outer one steps the inner one
-// its full extent (a permutation that keeps some axes together moves them as one).
-Gather make_gather(const Shape& out, const std::vector<std::int64_t>& strides, const char* what) {
-  Gather g;
-  for (int d = 0; d < out.rank(); ++d) {
-    const std::int64_t size = out[d];
-    const std::int64_t st = strides[static_cast<std::size_t>(d)];
-    if (size == 1) continue;
-    if (g.rank > 0 && g.strides[g.rank - 1] == st * size) {
-      g.dims[g.rank - 1] *= size;
-      g.strides[g.rank - 1] = st;
-      continue;
-    }
-    if (g.rank == kMaxDims) {
-      throw std::invalid_argument(std::string(what) + ": " + out.str() +
-                                  " needs more than 8 dimensions");
-    }
-    g.dims[g.rank] = size;
-    g.strides[g.rank] = st;
-    ++g.rank;
-  }
-  return g;
 }
 
 __global__ void gather_kernel(const float* x, float* y, std::int64_t n, Gather g) {
@@ -309,7 +256,7 @@ void to_packed(Tensor& packed, HeadPtrs<const float> heads, const HeadsLayout& l
 
 Tensor transpose2d(const Tensor& x) {
   if (x.dim() != 2) throw std::invalid_argument("transpose2d needs 2-D, got " + x.shape().str());
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   const std::int64_t r = x.size(0), c = x.size(1);
   Tensor y = Tensor::empty({c, r}, DType::F32, x.device());
   if (r > 0 && c > 0) {
@@ -345,7 +292,7 @@ Tensor permute(const Tensor& x, const std::vector<int>& perm) {
     out_dims[static_cast<std::size_t>(i)] = x.size(p);
     src_strides[static_cast<std::size_t>(i)] = in_strides[static_cast<std::size_t>(p)];
   }
-  require(x, DType::F32);  // the CPU's permute reads F32 only
+  require_dtype(x, DType::F32);  // the CPU's permute reads F32 only
   const Shape out(out_dims);
   const Gather g = make_gather(out, src_strides, "permute");
   Tensor y = Tensor::empty(out, x.dtype(), x.device());
@@ -425,8 +372,8 @@ void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) {
                             std::to_string(start + part.size(d)) + ") is outside dimension " +
                             std::to_string(d) + " of " + y.shape().str());
   }
-  require(part, DType::F32);
-  require(y, DType::F32);
+  require_dtype(part, DType::F32);
+  require_dtype(y, DType::F32);
   const Around a = around(y.shape(), d);
   const std::int64_t run = part.size(d) * a.inner;
   const std::int64_t n = a.outer * run;

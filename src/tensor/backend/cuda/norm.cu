@@ -13,6 +13,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
 
@@ -22,38 +23,8 @@ namespace {
 
 constexpr int kBlock = 256;
 constexpr std::int64_t kWarpRowMax = 1024;
-constexpr unsigned kMaxGrid = 65535u * 8u;
-constexpr unsigned kFull = 0xffffffffu;
 constexpr std::int64_t kSpanRows = 64;     // rows one slot of the column sums covers (at least)
 constexpr std::int64_t kMaxSpans = 65535;  // gridDim.y's limit
-
-void expect_f32(const Tensor& t) {
-  if (t.dtype() != DType::F32) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as F32");
-  }
-}
-
-unsigned grid_for(std::int64_t blocks) {
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks));
-}
-
-__device__ double warp_sum(double v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFull, v, offset);
-  return v;
-}
-
-// The block's sum, in every thread (all must call; blockDim.x a multiple of 32).
-__device__ double block_sum(double v) {
-  __shared__ double partial[32];
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // a previous call's readers are done with `partial`
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  v = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0;
-  return warp_sum(v);
-}
 
 // The threads sharing a row: a warp (kWarp) or the whole block.
 template <bool kWarp>
@@ -186,7 +157,7 @@ __global__ void layer_norm_column_sums_kernel(const double* __restrict__ dw_part
 // without checking; here a wrong size is an error rather than a stray read).
 const float* affine(const Tensor& t, std::int64_t normalized, const char* what) {
   if (!t.defined()) return nullptr;
-  expect_f32(t);
+  require_dtype(t, DType::F32);
   if (t.numel() != normalized) {
     throw std::invalid_argument(std::string("layer_norm: ") + what + " of " + t.shape().str() +
                                 " for " + std::to_string(normalized) + " normalized elements");
@@ -202,7 +173,7 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
     throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
                                 std::to_string(normalized) + " trailing elements");
   }
-  expect_f32(x);
+  require_dtype(x, DType::F32);
   const float* pw = affine(weight, normalized, "weight");
   const float* pb = affine(bias, normalized, "bias");
   const std::int64_t rows = x.numel() / normalized;
@@ -234,10 +205,10 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
                                 std::to_string(normalized) + " trailing elements");
   }
   const std::int64_t rows = x.numel() / normalized;
-  expect_f32(grad_y);
-  expect_f32(x);
-  expect_f32(save_mean);
-  expect_f32(save_rstd);
+  require_dtype(grad_y, DType::F32);
+  require_dtype(x, DType::F32);
+  require_dtype(save_mean, DType::F32);
+  require_dtype(save_rstd, DType::F32);
   if (grad_y.numel() != x.numel()) check_shape(grad_y, x.shape(), "layer_norm backward: grad_y");
   if (save_mean.numel() != rows || save_rstd.numel() != rows) {
     throw std::invalid_argument("layer_norm backward: saved statistics of " +

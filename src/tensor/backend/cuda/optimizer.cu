@@ -5,20 +5,13 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
 
 namespace hpm::cuda {
 
 namespace {
-
-// What Tensor::data<float>() throws on the CPU for another dtype.
-void expect_f32(const Tensor& t) {
-  if (t.dtype() != DType::F32) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as F32");
-  }
-}
 
 // p = w - step * m / (sqrt(v or vmax) / bias2_sqrt + eps), w = p * decay, d = g + l2 * w.
 __global__ void adam_kernel(kernels::AdamStep s, float* __restrict__ p, const float* __restrict__ g,
@@ -78,9 +71,9 @@ void adam_step_(const kernels::AdamStep& s, Tensor& p, const Tensor& g, Tensor& 
   }
   for (const Tensor* t : {static_cast<const Tensor*>(&p), &g, static_cast<const Tensor*>(&m),
                           static_cast<const Tensor*>(&v)}) {
-    expect_f32(*t);
+    require_dtype(*t, DType::F32);
   }
-  if (vmax.defined()) expect_f32(vmax);
+  if (vmax.defined()) require_dtype(vmax, DType::F32);
   if (n == 0) return;
   adam_kernel<<<blocks_for(n), 256, 0, current_stream()>>>(
       s, ptr<float>(p), ptr<float>(g), ptr<float>(m), ptr<float>(v),
@@ -93,9 +86,9 @@ void sgd_step_(const kernels::SgdStep& s, Tensor& p, const Tensor& g, Tensor& bu
   if (g.numel() != n || (buf.defined() && buf.numel() != n)) {
     throw std::invalid_argument("sgd_step_: state of another size");
   }
-  expect_f32(p);
-  expect_f32(g);
-  if (buf.defined()) expect_f32(buf);
+  require_dtype(p, DType::F32);
+  require_dtype(g, DType::F32);
+  if (buf.defined()) require_dtype(buf, DType::F32);
   if (n == 0) return;
   sgd_kernel<<<blocks_for(n), 256, 0, current_stream()>>>(
       s, ptr<float>(p), ptr<float>(g), buf.defined() ? ptr<float>(buf) : nullptr, n);

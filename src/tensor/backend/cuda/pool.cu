@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/runtime.h"
 #include "tensor/backend/cuda/vision_ops.h"
 
@@ -24,13 +25,6 @@ namespace {
 using kernels::Pool2dParams;
 
 constexpr int kBlock = 256;
-
-void expect_dtype(const Tensor& t, DType dtype) {
-  if (t.dtype() != dtype) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as " + dtype_name(dtype));
-  }
-}
 
 struct PoolGeometry {
   std::int64_t planes, h, w, oh, ow;
@@ -248,7 +242,7 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax
   const PoolGeometry g = pool_geometry(x.shape(), p);
   Tensor y = Tensor::empty(pooled_shape(x.shape(), g), DType::F32, x.device());
   argmax = Tensor::empty(y.shape(), DType::I32, x.device());
-  expect_dtype(x, DType::F32);
+  require_dtype(x, DType::F32);
   const std::int64_t total = y.numel();
   if (total == 0) return y;
   max_pool2d_forward_kernel<<<blocks_for(total, kBlock), kBlock, 0, current_stream()>>>(
@@ -265,8 +259,8 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Sha
                                 " for an input of " + x_shape.str());
   }
   check_shape(argmax, grad_y.shape(), "max_pool2d_backward: argmax");
-  expect_dtype(grad_y, DType::F32);
-  expect_dtype(argmax, DType::I32);
+  require_dtype(grad_y, DType::F32);
+  require_dtype(argmax, DType::I32);
   const std::int64_t h = x_shape[2], w = x_shape[3];
   const std::int64_t oh = grad_y.size(2), ow = grad_y.size(3);
   Tensor gx = Tensor::empty(x_shape, DType::F32, grad_y.device());
@@ -294,7 +288,7 @@ Tensor max_pool2d_backward(const Tensor& grad_y, const Tensor& argmax, const Sha
 Tensor avg_pool2d_forward(const Tensor& x, const Pool2dParams& p) {
   const PoolGeometry g = pool_geometry(x.shape(), p);
   Tensor y = Tensor::empty(pooled_shape(x.shape(), g), DType::F32, x.device());
-  expect_dtype(x, DType::F32);
+  require_dtype(x, DType::F32);
   const std::int64_t total = y.numel();
   if (total == 0) return y;
   avg_pool2d_forward_kernel<<<blocks_for(total, kBlock), kBlock, 0, current_stream()>>>(
@@ -308,7 +302,7 @@ Tensor avg_pool2d_backward(const Tensor& grad_y, const Shape& x_shape, const Poo
   Tensor gx = Tensor::empty(x_shape, DType::F32, grad_y.device());
   // The CPU reads grad_y as the pooled shape; here a mismatch is an error rather than a stray read.
   check_shape(grad_y, pooled_shape(x_shape, g), "avg_pool2d_backward: grad_y");
-  expect_dtype(grad_y, DType::F32);
+  require_dtype(grad_y, DType::F32);
   const std::int64_t total = gx.numel();
   if (total == 0) return gx;
   avg_pool2d_backward_kernel<<<blocks_for(total, kBlock), kBlock, 0, current_stream()>>>(

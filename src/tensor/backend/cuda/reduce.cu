@@ -16,8 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "basic_ops.h"
-#include "runtime.h"
+#include "tensor/backend/cuda/basic_ops.h"
+#include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/runtime.h"
 
 namespace hpm::cuda {
 
@@ -32,20 +33,6 @@ constexpr std::int64_t kTargetBlocks = 1024;
 constexpr std::int64_t kMinPerThread = 64;
 constexpr std::int64_t kMinPerBlockThread = 8;
 constexpr std::int64_t kMaxGrid = 65535 * 8;
-
-void require(const Tensor& t, DType expected) {
-  if (t.dtype() != expected) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as " + dtype_name(expected));
-  }
-}
-
-__device__ inline std::int64_t first_index() {
-  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ inline std::int64_t grid_stride() {
-  return static_cast<std::int64_t>(blockDim.x) * gridDim.x;
-}
 
 std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
@@ -282,43 +269,6 @@ __global__ void add_in_order_kernel(const double* values, std::int64_t n, double
 
 // ---- gathers ----------------------------------------------------------------------------
 
-// An output of `dims` (coalesced) read from x at the strides given per dimension.
-struct Gather {
-  int rank = 0;
-  std::int64_t dims[kMaxDims] = {}, strides[kMaxDims] = {};
-
-  __device__ std::int64_t offset(std::int64_t flat) const {
-    std::int64_t off = 0;
-    for (int d = rank - 1; d >= 0; --d) {
-      off += (flat % dims[d]) * strides[d];
-      flat /= dims[d];
-    }
-    return off;
-  }
-};
-
-Gather make_gather(const Shape& out, const std::vector<std::int64_t>& strides, const char* what) {
-  Gather g;
-  for (int d = 0; d < out.rank(); ++d) {
-    const std::int64_t size = out[d];
-    const std::int64_t st = strides[static_cast<std::size_t>(d)];
-    if (size == 1) continue;
-    if (g.rank > 0 && g.strides[g.rank - 1] == st * size) {
-      g.dims[g.rank - 1] *= size;
-      g.strides[g.rank - 1] = st;
-      continue;
-    }
-    if (g.rank == kMaxDims) {
-      throw std::invalid_argument(std::string(what) + ": " + out.str() +
-                                  " needs more than 8 dimensions");
-    }
-    g.dims[g.rank] = size;
-    g.strides[g.rank] = st;
-    ++g.rank;
-  }
-  return g;
-}
-
 __global__ void gather_kernel(const float* x, float* y, std::int64_t n, Gather g) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] = x[g.offset(i)];
 }
@@ -366,21 +316,21 @@ __global__ void argmax_last_kernel(const float* x, std::int64_t rows, std::int64
 }  // namespace
 
 Tensor sum_all(const Tensor& x) {
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   Tensor y = Tensor::empty(Shape{}, DType::F32, x.device());
   run_reduce<false>(x, whole(x), ptr<float>(y), "sum_all");
   return y;
 }
 
 Tensor sum_squares(const Tensor& x) {
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   Tensor y = Tensor::empty(Shape{}, DType::F64, x.device());
   run_reduce<true>(x, whole(x), ptr<double>(y), "sum_squares");
   return y;
 }
 
 Tensor squared_norm(const std::vector<Tensor>& xs) {
-  for (const Tensor& x : xs) require(x, DType::F32);
+  for (const Tensor& x : xs) require_dtype(x, DType::F32);
   Device& device = xs.empty() ? Device::current() : xs[0].device();
   Tensor total = Tensor::empty(Shape{}, DType::F64, device);
   if (xs.empty()) {
@@ -402,7 +352,7 @@ Tensor squared_norm(const std::vector<Tensor>& xs) {
 
 Tensor sum_dim(const Tensor& x, int dim, bool keepdim) {
   const int d = x.shape().wrap(dim);
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   std::vector<std::int64_t> dims = x.shape().dims();
   if (keepdim) {
     dims[static_cast<std::size_t>(d)] = 1;
@@ -418,7 +368,7 @@ Tensor sum_dim(const Tensor& x, int dim, bool keepdim) {
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {
   if (x.shape() == shape) return x;  // the CPU's identity: the tensor itself, any dtype
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   Tensor y = Tensor::empty(shape, DType::F32, x.device());
   if (shape.numel() == 1) {  // one output, whatever the ranks (the CPU: a full of sum_all)
     run_reduce<false>(x, whole(x), ptr<float>(y), "sum_to");
@@ -449,7 +399,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
     throw std::invalid_argument("broadcast_to: " + x.shape().str() + " does not broadcast to " +
                                 shape.str());
   }
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   // x's strides seen from `shape` (0 along broadcast dimensions), as cpu/broadcast.h.
   std::vector<std::int64_t> st(static_cast<std::size_t>(shape.rank()), 0);
   std::int64_t stride = 1;
@@ -470,7 +420,7 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
 
 Tensor argmax_last(const Tensor& x) {
   const std::int64_t d = x.size(-1);
-  require(x, DType::F32);
+  require_dtype(x, DType::F32);
   if (d == 0) {  // the CPU would divide by zero
     throw std::invalid_argument("argmax_last: empty last dimension in " + x.shape().str());
   }

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
 
@@ -26,8 +27,6 @@ namespace {
 
 constexpr int kBlock = 256;                 // threads of a block
 constexpr std::int64_t kWarpRowMax = 1024;  // longest row a warp takes alone
-constexpr unsigned kMaxGrid = 65535u * 8u;  // blocks_for's cap; loops stride past it
-constexpr unsigned kFull = 0xffffffffu;
 
 struct Axis {
   std::int64_t outer, len, inner;
@@ -36,18 +35,6 @@ struct Axis {
 Axis split_axis(const Shape& s, int dim) {
   const int d = s.wrap(dim);  // std::out_of_range for a bad dim, as the CPU's
   return {s.numel() / s.numel_from(d), s[d], s.numel_from(d + 1)};
-}
-
-// What Tensor::data<T>() throws on the CPU for another dtype.
-void expect_dtype(const Tensor& t, DType dtype) {
-  if (t.dtype() != dtype) {
-    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
-                           " accessed as " + dtype_name(dtype));
-  }
-}
-
-unsigned grid_for(std::int64_t blocks) {
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kMaxGrid ? kMaxGrid : blocks));
 }
 
 // ---- reductions: warp butterflies, and blocks as warps of warps --------------------------------
@@ -65,7 +52,7 @@ struct SumOp {
 // Every lane gets the reduction of the warp's 32 values.
 template <typename T, typename Op>
 __device__ T warp_reduce(T v, Op op) {
-  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFull, v, offset));
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
   return v;
 }
 
@@ -228,7 +215,7 @@ __global__ void softmax_backward_columns_kernel(const float* __restrict__ g,
 template <bool kLog>
 Tensor softmax_impl(const Tensor& x, int dim) {
   const Axis a = split_axis(x.shape(), dim);
-  expect_dtype(x, DType::F32);
+  require_dtype(x, DType::F32);
   Tensor y = Tensor::empty(x.shape(), DType::F32);
   if (x.numel() == 0) return y;
   const float* px = ptr<float>(x);
@@ -254,8 +241,8 @@ Tensor softmax_impl(const Tensor& x, int dim) {
 template <bool kLog>
 Tensor softmax_backward_impl(const Tensor& grad_y, const Tensor& y, int dim) {
   const Axis a = split_axis(y.shape(), dim);
-  expect_dtype(grad_y, DType::F32);
-  expect_dtype(y, DType::F32);
+  require_dtype(grad_y, DType::F32);
+  require_dtype(y, DType::F32);
   // The CPU reads grad_y as y's shape; here a mismatch is an error rather than a stray read.
   check_shape(grad_y, y.shape(),
               kLog ? "log_softmax_backward: grad_y" : "softmax_backward: grad_y");
@@ -287,7 +274,6 @@ Tensor softmax_backward_impl(const Tensor& grad_y, const Tensor& y, int dim) {
 // -------------------------------------------------------------------------------
 
 // "No bad label": the error slot's initial value (every byte 0xff), above any row index.
-constexpr unsigned long long kNoError = ~0ull;
 
 // Per row of `c` logits: probs = softmax, and the row's loss term (0 for an ignored row)
 //   (1 - eps) * (lse - x[label]) + eps * mean_c(lse - x[c])
@@ -412,7 +398,7 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
                              Tensor& probs, std::int64_t ignore_index) {
   const std::int64_t n = check_labels(logits, labels), c = logits.size(-1);
-  expect_dtype(logits, DType::F32);
+  require_dtype(logits, DType::F32);
   probs = Tensor::empty(logits.shape(), DType::F32);
   Tensor loss = Tensor::empty(Shape{}, DType::F32);
   cudaStream_t stream = current_stream();
@@ -424,9 +410,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
     return loss;
   }
   Tensor row_loss = Tensor::empty({n}, DType::F64);
-  Tensor error = Tensor::empty({1}, DType::I64);
-  auto* perr = ptr<unsigned long long>(error);
-  HPM_CUDA_CHECK(cudaMemsetAsync(perr, 0xff, sizeof(unsigned long long), stream));
+  const ErrorSlot error(loss.device(), stream);
+  unsigned long long* perr = error.device_word();
   const float* px = ptr<float>(logits);
   const auto* py = ptr<std::int64_t>(labels);
   if (c <= kWarpRowMax) {
@@ -445,15 +430,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
                                                     ptr<float>(loss));
   HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
   // The one wait: the CPU throws for a bad label, so the caller must learn of it here.
-  unsigned long long bad = kNoError;
-  HPM_CUDA_CHECK(cudaMemcpyAsync(&bad, perr, sizeof(bad), cudaMemcpyDeviceToHost, stream));
-  HPM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (bad != kNoError) {
-    const auto row = static_cast<std::int64_t>(bad);
-    std::int64_t label = 0;
-    HPM_CUDA_CHECK(
-        cudaMemcpyAsync(&label, py + row, sizeof(label), cudaMemcpyDeviceToHost, stream));
-    HPM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (const auto bad = error.first(py)) {
+    const auto [row, label] = *bad;
     throw std::out_of_range("cross_entropy: label " + std::to_string(label) + " at row " +
                             std::to_string(row) + " is not a class index in [0, " +
                             std::to_string(c) + ")");
@@ -463,8 +441,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
 
 Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
                               const Tensor& grad, std::int64_t ignore_index) {
-  expect_dtype(probs, DType::F32);
-  expect_dtype(labels, DType::I64);
+  require_dtype(probs, DType::F32);
+  require_dtype(labels, DType::I64);
   if (grad.numel() != 1 || grad.dtype() != DType::F32) {
     throw std::invalid_argument("cross_entropy_backward: expected a one-element F32 grad, got " +
                                 grad.shape().str() + " " + dtype_name(grad.dtype()));

@@ -1,0 +1,136 @@
+// What the kernels of this folder share: the dtype check the CPU's Tensor::data<T>() makes, grid
+// sizes, grid-stride indices, warp and block sums in double, gathers through strides, and the
+// error slot through which a kernel reports the first bad index it met.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "hpm/tensor/tensor.h"
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm::cuda {
+
+inline constexpr unsigned kFullMask = 0xffffffffu;  // every lane of a warp
+inline constexpr unsigned kGridCap = 65535u * 8u;   // blocks_for's cap; loops stride past it
+inline constexpr int kMaxGatherDims = 8;
+inline constexpr unsigned long long kNoError = ~0ull;  // an error slot's word when none was met
+
+// The CPU kernels reach their operands through Tensor::data<T>(), which throws this on another
+// dtype: the same error here, before anything is launched.
+inline void require_dtype(const Tensor& t, DType expected) {
+  if (t.dtype() != expected) {
+    throw std::logic_error(std::string("tensor of dtype ") + dtype_name(t.dtype()) +
+                           " accessed as " + dtype_name(expected));
+  }
+}
+
+// `blocks` clamped to [1, kGridCap].
+inline unsigned grid_for(std::int64_t blocks) {
+  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > kGridCap ? kGridCap : blocks));
+}
+
+// An output of `dims` (contiguous) read from an input at the strides given per dimension.
+struct Gather {
+  int rank = 0;
+  std::int64_t dims[kMaxGatherDims] = {}, strides[kMaxGatherDims] = {};
+
+#ifdef __CUDACC__
+  __device__ std::int64_t offset(std::int64_t flat) const {
+    std::int64_t off = 0;
+    for (int d = rank - 1; d >= 0; --d) {
+      off += (flat % dims[d]) * strides[d];
+      flat /= dims[d];
+    }
+    return off;
+  }
+#endif
+};
+
+// Size-1 dimensions dropped; neighbours merged where stepping the outer one steps the inner one
+// its full extent (a permutation that keeps some axes together moves them as one). More than
+// kMaxGatherDims dimensions after merging is std::invalid_argument naming `what`.
+inline Gather make_gather(const Shape& out, const std::vector<std::int64_t>& strides,
+                          const char* what) {
+  Gather g;
+  for (int d = 0; d < out.rank(); ++d) {
+    const std::int64_t size = out[d];
+    const std::int64_t st = strides[static_cast<std::size_t>(d)];
+    if (size == 1) continue;
+    if (g.rank > 0 && g.strides[g.rank - 1] == st * size) {
+      g.dims[g.rank - 1] *= size;
+      g.strides[g.rank - 1] = st;
+      continue;
+    }
+    if (g.rank == kMaxGatherDims) {
+      throw std::invalid_argument(std::string(what) + ": " + out.str() +
+                                  " needs more than 8 dimensions");
+    }
+    g.dims[g.rank] = size;
+    g.strides[g.rank] = st;
+    ++g.rank;
+  }
+  return g;
+}
+
+// A device word in which kernels record the first bad position they meet (atomicMin), all ones
+// when none; first() is the one synchronization of an op that must throw as the CPU does.
+class ErrorSlot {
+ public:
+  ErrorSlot(Device& device, cudaStream_t stream)
+      : slot_(Tensor::empty({1}, DType::I64, device)), stream_(stream) {
+    HPM_CUDA_CHECK(cudaMemsetAsync(device_word(), 0xff, sizeof(unsigned long long), stream_));
+  }
+  unsigned long long* device_word() const { return ptr<unsigned long long>(slot_); }
+  // The position recorded and the I64 value `values` holds there; nullopt when none was.
+  std::optional<std::pair<std::int64_t, std::int64_t>> first(const std::int64_t* values) const {
+    unsigned long long bad = kNoError;
+    HPM_CUDA_CHECK(
+        cudaMemcpyAsync(&bad, device_word(), sizeof(bad), cudaMemcpyDeviceToHost, stream_));
+    HPM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (bad == kNoError) return std::nullopt;
+    const auto at = static_cast<std::int64_t>(bad);
+    std::int64_t value = 0;
+    HPM_CUDA_CHECK(
+        cudaMemcpyAsync(&value, values + at, sizeof(value), cudaMemcpyDeviceToHost, stream_));
+    HPM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return std::make_pair(at, value);
+  }
+
+ private:
+  Tensor slot_;
+  cudaStream_t stream_;
+};
+
+#ifdef __CUDACC__
+__device__ inline std::int64_t first_index() {
+  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ inline std::int64_t grid_stride() {
+  return static_cast<std::int64_t>(blockDim.x) * gridDim.x;
+}
+
+__device__ inline double warp_sum(double v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(kFullMask, v, offset);
+  return v;
+}
+
+// The block's sum, in every thread (all must call; blockDim.x a multiple of 32).
+__device__ inline double block_sum(double v) {
+  __shared__ double partial[32];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // a previous call's readers are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < static_cast<int>(blockDim.x >> 5) ? partial[lane] : 0.0;
+  return warp_sum(v);
+}
+#endif
+
+}  // namespace hpm::cuda
