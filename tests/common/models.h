@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "hpm/nn/gpt.h"
+#include "hpm/nn/layers.h"
 #include "hpm/nn/objective.h"
 #include "hpm/nn/resnet.h"
 #include "hpm/optim/optimizer.h"
@@ -21,6 +22,27 @@ inline nn::GPTConfig tiny_gpt_config() {
   c.block_size = 8;
   c.vocab_size = 32;
   return c;
+}
+
+// The mlp (64 -> 32 -> 4) and the cnn (a 3x3 convolution to 8 channels, ReLU, 2x2 pooling, a
+// linear head to 4 classes) of the device tests, on 1 x 8 x 8 images (image_batch).
+inline std::shared_ptr<nn::Module> tiny_mlp() {
+  Generator gen(3);
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64, 32, true, gen),
+      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(32, 4, true, gen)});
+}
+
+inline std::shared_ptr<nn::Module> tiny_cnn() {
+  Generator gen(4);
+  nn::Conv2dOptions o;
+  o.in_channels = 1;
+  o.out_channels = 8;
+  o.padding = 1;
+  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+      std::make_shared<nn::Conv2d>(o, gen), std::make_shared<nn::ReLU>(),
+      std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Flatten>(),
+      std::make_shared<nn::Linear>(8 * 4 * 4, 4, true, gen)});
 }
 
 inline std::shared_ptr<nn::Module> tiny_gpt() {

@@ -34,25 +34,6 @@ struct Model {
   bool language_model = false;
 };
 
-std::shared_ptr<nn::Module> mlp() {
-  Generator gen(3);
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64, 32, true, gen),
-      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(32, 4, true, gen)});
-}
-
-std::shared_ptr<nn::Module> cnn() {
-  Generator gen(4);
-  nn::Conv2dOptions o;
-  o.in_channels = 1;
-  o.out_channels = 8;
-  o.padding = 1;
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(o, gen), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Flatten>(),
-      std::make_shared<nn::Linear>(8 * 4 * 4, 4, true, gen)});
-}
-
 constexpr int kSteps = 50;
 
 struct TrainingRun {
@@ -177,8 +158,8 @@ void expect_same_training(const Model& m, Device& gpu) {
   expect_within_drift(got, want, train(m, nullptr, kSteps, f32, true));
 }
 
-const Model kMlp{mlp, [](int s) { return image_batch(16, 100 + s); }};
-const Model kCnn{cnn, [](int s) { return image_batch(16, 200 + s); }};
+const Model kMlp{tiny_mlp, [](int s) { return image_batch(16, 100 + s); }};
+const Model kCnn{tiny_cnn, [](int s) { return image_batch(16, 200 + s); }};
 const Model kResNet{tiny_resnet, [](int s) { return image_batch(16, 300 + s); }};
 const Model kGpt{tiny_gpt, [](int s) { return token_batch(4, 8, 32, 400 + s); }, true};
 

@@ -24,25 +24,6 @@ struct Model {
   bool language_model = false;
 };
 
-std::shared_ptr<nn::Module> mlp() {
-  Generator gen(3);
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(64, 32, true, gen),
-      std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(32, 4, true, gen)});
-}
-
-std::shared_ptr<nn::Module> cnn() {
-  Generator gen(4);
-  nn::Conv2dOptions o;
-  o.in_channels = 1;
-  o.out_channels = 8;
-  o.padding = 1;
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Conv2d>(o, gen), std::make_shared<nn::ReLU>(),
-      std::make_shared<nn::MaxPool2d>(2), std::make_shared<nn::Flatten>(),
-      std::make_shared<nn::Linear>(8 * 4 * 4, 4, true, gen)});
-}
-
 // Loss, gradients and the parameters after one AdamW step, on `device` (nullptr: the CPU).
 std::vector<Tensor> one_step(const Model& m, Device* device) {
   std::optional<DeviceGuard> on;
@@ -75,11 +56,11 @@ void expect_same_on_twin(const Model& m) {
 }
 
 TEST(DeviceModels, MlpTrainsOnASecondDeviceTypeAsOnTheCpu) {
-  expect_same_on_twin({mlp, [] { return image_batch(6, 1); }});
+  expect_same_on_twin({tiny_mlp, [] { return image_batch(6, 1); }});
 }
 
 TEST(DeviceModels, CnnTrainsOnASecondDeviceTypeAsOnTheCpu) {
-  expect_same_on_twin({cnn, [] { return image_batch(6, 2); }});
+  expect_same_on_twin({tiny_cnn, [] { return image_batch(6, 2); }});
 }
 
 TEST(DeviceModels, ResNetTrainsOnASecondDeviceTypeAsOnTheCpu) {
