@@ -71,13 +71,15 @@ void add_common(CLI::App* cmd, Common& c, bool config_required = true) {
 }
 
 // The command's configuration: its config file with --set and --device applied; or, for a command
-// reading `checkpoint`, the one that checkpoint recorded when no file is given
-// (config_for_checkpoint).
-Config configure(const Common& c, const std::string& checkpoint = "") {
+// reading `checkpoint` or `weights`, the one they recorded when no file is given
+// (config_for_checkpoint, config_for_weights).
+Config configure(const Common& c, const std::string& checkpoint = "",
+                 const std::string& weights = "") {
   std::vector<std::string> overrides = c.overrides;
   if (!c.device.empty()) overrides.push_back("train.device=" + c.device);  // after --set: it wins
-  Config cfg = checkpoint.empty() ? load_config(c.config_path, overrides)
-                                  : config_for_checkpoint(c.config_path, checkpoint, overrides);
+  Config cfg = !checkpoint.empty() ? config_for_checkpoint(c.config_path, checkpoint, overrides)
+               : !weights.empty()  ? config_for_weights(c.config_path, weights, overrides)
+                                   : load_config(c.config_path, overrides);
   if (c.threads > 0) cfg.threads = c.threads;
   if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
   warn_if_oversubscribed(cfg.threads);
@@ -328,16 +330,13 @@ int run_evaluate(const Common& c, const std::string& checkpoint, const std::stri
   if (checkpoint.empty() == weights.empty()) {
     throw ConfigError("hpm evaluate: give --checkpoint DIR or --weights FILE.safetensors (one)");
   }
-  if (checkpoint.empty() && c.config_path.empty()) {
-    throw ConfigError("hpm evaluate --weights: give the config of the model the weights are for");
-  }
   // A parameter-server checkpoint records no configuration of its own (yet): it needs the file.
   const bool ps = !checkpoint.empty() && !distribute::ps::ps_checkpoint_dir(checkpoint).empty();
   if (ps && c.config_path.empty()) {
     throw ConfigError("hpm evaluate: the parameter-server checkpoint " + checkpoint +
                       " records no config: give the config it was trained with");
   }
-  Config cfg = configure(c, ps ? "" : checkpoint);
+  Config cfg = configure(c, ps ? "" : checkpoint, weights);
   // As [model] init_from loads it: every weight of the model, each of the right shape, unless
   // the config says init_strict = false.
   if (!weights.empty()) cfg.init_from = weights;

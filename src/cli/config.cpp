@@ -20,6 +20,7 @@
 
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
+#include "hpm/io/safetensors.h"
 #include "hpm/train/checkpoint.h"
 
 namespace hpm::cli {
@@ -136,7 +137,7 @@ std::string toml_text(const toml::node& node) {
 // Every [model] key that `config` and the checkpoint's configuration both set, to different values
 // (dropout aside), is refused: the weights are the checkpoint's.
 void check_against_checkpoint(const Config& config, const std::string& recorded,
-                              const std::string& checkpoint) {
+                              const std::string& source) {
   const toml::table mine = model_table(config.resolved), theirs = model_table(recorded);
   for (const auto& [key, value] : mine) {
     const std::string k(key.str());
@@ -144,9 +145,43 @@ void check_against_checkpoint(const Config& config, const std::string& recorded,
     if (k == "dropout" || other == nullptr || toml_text(value) == toml_text(*other)) continue;
     const auto at = config.given.find("model." + k);
     throw ConfigError((at != config.given.end() ? at->second : config.path) + ": [model] " + k +
-                      " = " + toml_text(value) + " contradicts the checkpoint " + checkpoint +
-                      ", whose model has " + k + " = " + toml_text(*other));
+                      " = " + toml_text(value) + " contradicts " + source + ", whose model has " +
+                      k + " = " + toml_text(*other));
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The configuration of a command reading weights that recorded theirs (`recorded`, from the file
+// at `recorded_path`; null when they recorded none): see config_for_checkpoint.
+Config config_for_recorded(const std::string& path, const std::string* recorded,
+                           const std::string& recorded_path, const std::string& source,
+                           const std::vector<std::string>& overrides) {
+  if (recorded == nullptr) {
+    if (path.empty()) {
+      throw ConfigError(source +
+                        " does not hold the config it was trained with (an older hpm saved it, "
+                        "or not hpm): give that config, with the run's --set overrides");
+    }
+    return load_config(path, overrides);
+  }
+  Config c;
+  if (path.empty()) {
+    c = load_config_text(*recorded, recorded_path, overrides);
+    // Its starting weights were the training's business; the weights read are the trained ones.
+    c.init_from.clear();
+  } else {
+    c = load_config(path, overrides);
+  }
+  check_against_checkpoint(c, *recorded, source);
+  return c;
+}
+
+const std::string* find(const std::map<std::string, std::string>& m, const std::string& key) {
+  const auto it = m.find(key);
+  return it == m.end() ? nullptr : &it->second;
 }
 
 }  // namespace
@@ -160,27 +195,23 @@ Config config_for_checkpoint(const std::string& path, const std::string& checkpo
     if (path.empty()) throw ConfigError(e.what());
     return load_config(path, overrides);  // the checkpoint's own load reports it again
   }
-  const auto recorded = state.metadata.find("config");
-  if (recorded == state.metadata.end()) {
-    if (path.empty()) {
-      throw ConfigError("the checkpoint " + checkpoint +
-                        " does not hold the config it was trained with (an older hpm saved it): "
-                        "give that config, with the run's --set overrides");
-    }
-    return load_config(path, overrides);
+  const std::string* where = find(state.metadata, "config_path");
+  return config_for_recorded(path, find(state.metadata, "config"), where ? *where : checkpoint,
+                             "the checkpoint " + checkpoint, overrides);
+}
+
+Config config_for_weights(const std::string& path, const std::string& weights,
+                          const std::vector<std::string>& overrides) {
+  io::SafetensorsFile file;
+  try {
+    file = io::load_safetensors(weights);
+  } catch (const std::exception& e) {
+    if (path.empty()) throw ConfigError(e.what());
+    return load_config(path, overrides);  // the weights' own load reports it again
   }
-  Config c;
-  if (path.empty()) {
-    const auto where = state.metadata.find("config_path");
-    c = load_config_text(recorded->second,
-                         where != state.metadata.end() ? where->second : checkpoint, overrides);
-    // Its starting weights were the training's business; the checkpoint holds the trained ones.
-    c.init_from.clear();
-  } else {
-    c = load_config(path, overrides);
-  }
-  check_against_checkpoint(c, recorded->second, checkpoint);
-  return c;
+  const std::string* where = find(file.metadata, "hpm_config_path");
+  return config_for_recorded(path, find(file.metadata, "hpm_config"), where ? *where : weights,
+                             "the weights file " + weights, overrides);
 }
 
 Device& config_device(const Config& config) {

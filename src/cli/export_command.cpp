@@ -52,7 +52,17 @@ int run_export(const ExportCommandOptions& o) {
       out.emplace_back(name, o.dtype == "bf16" ? kernels::to_bf16(t) : kernels::to_f16(t));
     }
   }
-  io::save_safetensors(o.output, out, {{"format", "pt"}});
+  // The checkpoint's configuration travels with its weights: hpm evaluate --weights needs no
+  // config file for them (a parameter-server checkpoint records none yet).
+  std::map<std::string, std::string> metadata{{"format", "pt"}};
+  if (ps.empty()) {
+    const train::TrainerState state = train::read_checkpoint_state(dir);
+    for (const char* key : {"config", "config_path"}) {
+      if (const auto it = state.metadata.find(key); it != state.metadata.end())
+        metadata[std::string("hpm_") + key] = it->second;
+    }
+  }
+  io::save_safetensors(o.output, out, metadata);
   std::printf("exported %zu tensors of %s to %s (%s)\n", out.size(), dir.c_str(), o.output.c_str(),
               o.dtype.c_str());
   return 0;

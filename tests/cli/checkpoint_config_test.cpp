@@ -1,7 +1,8 @@
 // Checkpoints that describe themselves: a run's checkpoint holds its resolved configuration, so
-// `hpm sample --checkpoint DIR` and `hpm evaluate --checkpoint DIR` need nothing else; a --set or
-// a config file whose [model] contradicts the checkpoint's is refused naming both values; a
-// checkpoint written before configs were recorded asks for its config.
+// `hpm sample --checkpoint DIR` and `hpm evaluate --checkpoint DIR` need nothing else, nor does
+// `hpm evaluate --weights` on what `hpm export` wrote from it; a --set or a config file whose
+// [model] contradicts theirs is refused naming both values; a checkpoint written before configs
+// were recorded asks for its config.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -109,6 +110,19 @@ TEST(SelfDescribingCheckpoint, ACheckpointWithoutItsConfigAsksForIt) {
                     " --tokens 5")
                 .code,
             0);
+}
+
+TEST(SelfDescribingCheckpoint, ExportedWeightsCarryTheConfigToEvaluate) {
+  Trained t;
+  const std::string weights = t.dir / "model.safetensors";
+  ASSERT_EQ(run_hpm("export " + t.ckpt + " -o " + weights).code, 0);
+  const CommandResult eval = run_hpm("evaluate --weights " + weights);
+  ASSERT_EQ(eval.code, 0) << eval.output;
+  EXPECT_EQ(val_loss(eval.output), t.trained_loss) << eval.output;
+  const CommandResult wrong = run_hpm("evaluate --weights " + weights + " --set model.n_layer=2");
+  EXPECT_NE(wrong.code, 0) << wrong.output;
+  EXPECT_NE(wrong.output.find("contradicts the weights file"), std::string::npos) << wrong.output;
+  EXPECT_NE(wrong.output.find("n_layer = 1"), std::string::npos) << wrong.output;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // fixtures of tests/io/fixtures/generate_half_weights.py (the tests' small mlp).
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -68,7 +69,12 @@ TEST(WeightsCommand, ExportToBf16AndF16EvaluatesLikeTheCheckpoint) {
     const std::string file = dir / (std::string("w_") + dtype + ".safetensors");
     CommandResult ex = run_hpm("export " + dir / "ckpt" + " -o " + file + " --dtype " + dtype);
     ASSERT_EQ(ex.code, 0) << ex.output;
-    const std::string header = read_text(file).substr(8, 400);
+    // The whole JSON header (its length: the first 8 bytes, little-endian): the metadata, the
+    // checkpoint's config among it, comes first.
+    const std::string bytes = read_text(file);
+    std::uint64_t length = 0;
+    for (int b = 7; b >= 0; --b) length = length << 8 | static_cast<unsigned char>(bytes[b]);
+    const std::string header = bytes.substr(8, length);
     EXPECT_NE(header.find(std::string("\"") +
                           (dtype == std::string("f32")    ? "F32"
                            : dtype == std::string("bf16") ? "BF16"

@@ -254,6 +254,9 @@ Config load_config_text(const std::string& text, const std::string& path,
 // ConfigError asking for it.
 Config config_for_checkpoint(const std::string& path, const std::string& checkpoint,
                              const std::vector<std::string>& overrides);
+// The same for a weights file `hpm export` wrote (its safetensors metadata "hpm_config").
+Config config_for_weights(const std::string& path, const std::string& weights,
+                          const std::vector<std::string>& overrides);
 
 // A setting the running command cannot honour: throws ConfigError "WHERE: [section] key why"
 // (key empty: "WHERE: [section] why"), WHERE being where the config gave it (config.given), else
