@@ -150,10 +150,6 @@ void check_against_checkpoint(const Config& config, const std::string& recorded,
   }
 }
 
-}  // namespace
-
-namespace {
-
 // The configuration of a command reading weights that recorded theirs (`recorded`, from the file
 // at `recorded_path`; null when they recorded none): see config_for_checkpoint.
 Config config_for_recorded(const std::string& path, const std::string* recorded,
@@ -202,15 +198,15 @@ Config config_for_checkpoint(const std::string& path, const std::string& checkpo
 
 Config config_for_weights(const std::string& path, const std::string& weights,
                           const std::vector<std::string>& overrides) {
-  io::SafetensorsFile file;
+  std::map<std::string, std::string> metadata;
   try {
-    file = io::load_safetensors(weights);
+    metadata = io::read_safetensors_metadata(weights);  // the header: the tensors load later
   } catch (const std::exception& e) {
     if (path.empty()) throw ConfigError(e.what());
     return load_config(path, overrides);  // the weights' own load reports it again
   }
-  const std::string* where = find(file.metadata, "hpm_config_path");
-  return config_for_recorded(path, find(file.metadata, "hpm_config"), where ? *where : weights,
+  const std::string* where = find(metadata, "hpm_config_path");
+  return config_for_recorded(path, find(metadata, "hpm_config"), where ? *where : weights,
                              "the weights file " + weights, overrides);
 }
 

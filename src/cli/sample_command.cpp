@@ -152,7 +152,7 @@ int run_sample(const SampleCommandOptions& o) {
   // On a GPU: the weights move there, and every tensor of the drawing (the key/value cache, the
   // logits) is made there; only each token's logits come back to the host to be drawn from.
   Device& device = config_device(cfg);
-  for (const auto& [name, t] : model.state_dict()) t.impl()->storage->move_to(device);
+  model.move_to(device);
   DeviceGuard on(device);
   const std::int64_t vocab = cfg.gpt.vocab_size, block = cfg.gpt.block_size;
   const data::Tokenizer& tok = tokenizer_of(cfg);

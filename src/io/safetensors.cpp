@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -50,6 +53,87 @@ struct Entry {
   std::uint64_t begin = 0;
   std::uint64_t end = 0;
 };
+
+// The header's size from the first 8 bytes (at least 8 given), checked against the limit and
+// against the `remaining` bytes that follow them.
+std::uint64_t checked_header_size(std::string_view bytes, std::uint64_t remaining,
+                                  const std::string& path) {
+  if (bytes.size() < 8) {
+    fail(path, "file is too short for a safetensors file: expected at least 8 bytes (the header " +
+                   std::string("size), found ") + std::to_string(bytes.size()));
+  }
+  const std::uint64_t header_size = get_u64_le(bytes);
+  if (header_size > kMaxHeaderSize) {
+    fail(path, "header size " + std::to_string(header_size) + " (u64 at offset 0) exceeds the " +
+                   std::to_string(kMaxHeaderSize) + "-byte limit");
+  }
+  if (header_size > remaining) {
+    fail(path, "header size " + std::to_string(header_size) +
+                   " (u64 at offset 0) is larger than the file: only " + std::to_string(remaining) +
+                   " bytes follow it");
+  }
+  return header_size;
+}
+
+// The header's JSON object, its keys checked for duplicates (the JSON parser would silently keep
+// the last one).
+json parse_header(std::string_view text, const std::string& path) {
+  std::vector<std::set<std::string>> open_objects;
+  std::string top_key;    // the top-level key (tensor name) being parsed
+  std::string duplicate;  // the message for the first duplicate found
+  const json::parser_callback_t track = [&](int depth, json::parse_event_t ev, json& parsed) {
+    if (ev == json::parse_event_t::object_start) open_objects.emplace_back();
+    if (ev == json::parse_event_t::object_end) open_objects.pop_back();
+    if (ev == json::parse_event_t::key && !open_objects.empty()) {
+      const std::string key = parsed.get<std::string>();
+      if (depth == 1) top_key = key;
+      if (duplicate.empty() && !open_objects.back().insert(key).second) {
+        if (depth == 1) {
+          duplicate = "duplicate tensor name '" + key + "' in header";
+        } else if (top_key == "__metadata__") {
+          duplicate = "duplicate key '" + key + "' in __metadata__";
+        } else {
+          duplicate = "tensor '" + top_key + "': duplicate key '" + key + "' in its header entry";
+        }
+      }
+    }
+    return true;
+  };
+  json header;
+  try {
+    header = json::parse(text.begin(), text.end(), track);
+  } catch (const json::parse_error& ex) {
+    std::string what = ex.what();
+    if (const auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+    const std::uint64_t at = ex.byte > 0 ? ex.byte - 1 : 0;
+    fail(path, "header is not valid JSON (error at header byte " + std::to_string(at) +
+                   ", file offset " + std::to_string(8 + at) + "): " + what);
+  }
+  if (!header.is_object()) {
+    fail(path, std::string("header is not a JSON object (found ") + json_type(header) + ")");
+  }
+  if (text.empty() || text.front() != '{') {
+    fail(path, "header does not start with '{' at file offset 8");
+  }
+  if (!duplicate.empty()) fail(path, duplicate);
+  return header;
+}
+
+// The "__metadata__" object's strings.
+std::map<std::string, std::string> metadata_of(const json& value, const std::string& path) {
+  if (!value.is_object()) {
+    fail(path, std::string("__metadata__ must be an object of strings, found ") + json_type(value));
+  }
+  std::map<std::string, std::string> metadata;
+  for (const auto& [k, v] : value.items()) {
+    if (!v.is_string()) {
+      fail(path, "__metadata__ value of key '" + k + "' must be a string, found " + json_type(v) +
+                     " " + v.dump());
+    }
+    metadata[k] = v.get<std::string>();
+  }
+  return metadata;
+}
 
 // Parses one tensor's header entry; `where` is "<path>: tensor '<name>'".
 Entry parse_entry(const std::string& where, const std::string& name, const json& j) {
@@ -193,81 +277,19 @@ bool SafetensorsFile::contains(const std::string& name) const {
 }
 
 SafetensorsFile decode_safetensors(std::string_view bytes, const std::string& path) {
-  if (bytes.size() < 8) {
-    fail(path, "file is too short for a safetensors file: expected at least 8 bytes (the header " +
-                   std::string("size), found ") + std::to_string(bytes.size()));
-  }
-  const std::uint64_t header_size = get_u64_le(bytes);
-  const std::uint64_t remaining = bytes.size() - 8;
-  if (header_size > kMaxHeaderSize) {
-    fail(path, "header size " + std::to_string(header_size) + " (u64 at offset 0) exceeds the " +
-                   std::to_string(kMaxHeaderSize) + "-byte limit");
-  }
-  if (header_size > remaining) {
-    fail(path, "header size " + std::to_string(header_size) +
-                   " (u64 at offset 0) is larger than the file: only " + std::to_string(remaining) +
-                   " bytes follow it");
-  }
+  const std::uint64_t header_size =
+      checked_header_size(bytes, bytes.size() - std::min<std::size_t>(bytes.size(), 8), path);
   const std::string_view text = bytes.substr(8, header_size);
   const std::uint64_t data_start = 8 + header_size;
   const std::uint64_t data_size = bytes.size() - data_start;
-
-  // Reject duplicate keys (the JSON parser would silently keep the last one).
-  std::vector<std::set<std::string>> open_objects;
-  std::string top_key;    // the top-level key (tensor name) being parsed
-  std::string duplicate;  // the message for the first duplicate found
-  const json::parser_callback_t track = [&](int depth, json::parse_event_t ev, json& parsed) {
-    if (ev == json::parse_event_t::object_start) open_objects.emplace_back();
-    if (ev == json::parse_event_t::object_end) open_objects.pop_back();
-    if (ev == json::parse_event_t::key && !open_objects.empty()) {
-      const std::string key = parsed.get<std::string>();
-      if (depth == 1) top_key = key;
-      if (duplicate.empty() && !open_objects.back().insert(key).second) {
-        if (depth == 1) {
-          duplicate = "duplicate tensor name '" + key + "' in header";
-        } else if (top_key == "__metadata__") {
-          duplicate = "duplicate key '" + key + "' in __metadata__";
-        } else {
-          duplicate = "tensor '" + top_key + "': duplicate key '" + key + "' in its header entry";
-        }
-      }
-    }
-    return true;
-  };
-  json header;
-  try {
-    header = json::parse(text.begin(), text.end(), track);
-  } catch (const json::parse_error& ex) {
-    std::string what = ex.what();
-    if (const auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
-    const std::uint64_t at = ex.byte > 0 ? ex.byte - 1 : 0;
-    fail(path, "header is not valid JSON (error at header byte " + std::to_string(at) +
-                   ", file offset " + std::to_string(8 + at) + "): " + what);
-  }
-  if (!header.is_object()) {
-    fail(path, std::string("header is not a JSON object (found ") + json_type(header) + ")");
-  }
-  if (text.empty() || text.front() != '{') {
-    fail(path, "header does not start with '{' at file offset 8");
-  }
-  if (!duplicate.empty()) fail(path, duplicate);
+  const json header = parse_header(text, path);
 
   SafetensorsFile file;
   file.path = path;
   std::vector<Entry> entries;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
-      if (!value.is_object()) {
-        fail(path,
-             std::string("__metadata__ must be an object of strings, found ") + json_type(value));
-      }
-      for (const auto& [k, v] : value.items()) {
-        if (!v.is_string()) {
-          fail(path, "__metadata__ value of key '" + k + "' must be a string, found " +
-                         json_type(v) + " " + v.dump());
-        }
-        file.metadata[k] = v.get<std::string>();
-      }
+      file.metadata = metadata_of(value, path);
       continue;
     }
     entries.push_back(parse_entry(path + ": tensor '" + name + "'", name, value));
@@ -322,6 +344,25 @@ SafetensorsFile decode_safetensors(std::string_view bytes, const std::string& pa
 
 SafetensorsFile load_safetensors(const std::string& path) {
   return decode_safetensors(read_file(path), path);
+}
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw IoError("cannot open " + path + ": " + std::strerror(errno));
+  in.seekg(0, std::ios::end);
+  const auto file_size = static_cast<std::uint64_t>(in.tellg());
+  in.seekg(0);
+  std::string size_bytes(std::min<std::uint64_t>(file_size, 8), '\0');
+  in.read(size_bytes.data(), static_cast<std::streamsize>(size_bytes.size()));
+  const std::uint64_t header_size =
+      checked_header_size(size_bytes, file_size - size_bytes.size(), path);
+  std::string text(header_size, '\0');
+  if (!in.read(text.data(), static_cast<std::streamsize>(header_size))) {
+    throw IoError("cannot read " + path + ": " + std::strerror(errno));
+  }
+  const json header = parse_header(text, path);
+  const auto it = header.find("__metadata__");
+  return it == header.end() ? std::map<std::string, std::string>{} : metadata_of(*it, path);
 }
 
 }  // namespace hpm::io

@@ -158,6 +158,10 @@ void Module::zero_grad() {
     if (t.impl()->autograd) t.impl()->autograd->grad.reset();
 }
 
+void Module::move_to(Device& device) {
+  for (const auto& [name, t] : state_dict()) t.impl()->storage->move_to(device);
+}
+
 std::int64_t Module::num_parameters() const {
   std::int64_t n = 0;
   for (const auto& t : parameters()) n += t.numel();

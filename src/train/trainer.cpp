@@ -61,8 +61,7 @@ void Trainer::set_device(Device& device) {
     throw std::invalid_argument("set_device: a strategy places its replicas itself (" +
                                 strategy_->name() + ")");
   }
-  // Storages, not tensors: views (a tied weight) follow their storage, once.
-  for (const auto& [name, t] : model_->state_dict()) t.impl()->storage->move_to(device);
+  model_->move_to(device);
   device_ = &device;
 }
 

@@ -4,6 +4,8 @@
 
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "hpm/io/atomic_file.h"
 #include "io_test_util.h"
@@ -94,6 +96,28 @@ TEST_F(Safetensors, RoundTripsMetadataAndViews) {
   const SafetensorsFile f = load_safetensors(p);
   EXPECT_EQ(f.metadata, meta);
   EXPECT_EQ(f.at("rows").to_vector(), std::vector<float>({3, 4, 5, 6}));
+}
+
+// The metadata alone, from the header (hpm evaluate --weights reads an exported file's config so),
+// with the header's errors as a whole load makes them.
+TEST_F(Safetensors, MetadataReadsFromTheHeaderAlone) {
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"hpm_config", "[model]\n"}};
+  const std::string p = path("w.safetensors");
+  save_safetensors(p, {{"w", Tensor::ones({4, 4})}}, meta);
+  EXPECT_EQ(read_safetensors_metadata(p), meta);
+  save_safetensors(p, {{"w", Tensor::ones({2})}});
+  EXPECT_TRUE(read_safetensors_metadata(p).empty());
+  // A header claiming more bytes than the file has, a file too short for its size, bad JSON.
+  for (const auto& [bytes, phrase] : std::vector<std::pair<std::string, std::string>>{
+           {std::string("\x40\0\0\0\0\0\0\0{}", 10), "is larger than the file"},
+           {std::string("\x02\0\0", 3), "file is too short"},
+           {std::string("\x02\0\0\0\0\0\0\0{x", 10), "header is not valid JSON"}}) {
+    write_raw(p, bytes);
+    const std::string msg = io_error_of([&] { read_safetensors_metadata(p); });
+    EXPECT_CONTAINS(msg, p);
+    EXPECT_CONTAINS(msg, phrase);
+    EXPECT_EQ(msg, io_error_of([&] { load_safetensors(p); }));
+  }
 }
 
 TEST_F(Safetensors, SaveOverwritesAtomically) {

@@ -49,5 +49,8 @@ struct SafetensorsFile {
 // `path_for_errors` names the source in error messages and becomes SafetensorsFile::path.
 SafetensorsFile decode_safetensors(std::string_view bytes, const std::string& path_for_errors);
 SafetensorsFile load_safetensors(const std::string& path);
+// The "__metadata__" of the file at `path`, reading its header alone (not its tensors), with the
+// header's checks and errors as decode_safetensors makes them.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 
 }  // namespace hpm::io

@@ -74,6 +74,9 @@ class Module {
   bool is_training() const { return training_; }
   void zero_grad();  // drops gradients (set_to_none, PyTorch's default)
   std::int64_t num_parameters() const;
+  // Moves every parameter and buffer to `device` (module.to(device)): their storages move, so
+  // views of them (a tied weight) follow, and each moves once.
+  void move_to(Device& device);
 
  protected:
   // The blocks' forwards chained, each in this module's training mode: the forward of a model

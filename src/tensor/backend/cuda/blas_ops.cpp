@@ -4,7 +4,6 @@
 #include "tensor/backend/cuda/blas_ops.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -15,14 +14,6 @@
 namespace hpm::cuda {
 
 namespace {
-
-bool allow_tf32() {
-  static const bool on = [] {
-    const char* v = std::getenv("HPM_CUDA_ALLOW_TF32");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
 
 bool both_bf16(const Tensor& a, const Tensor& b) {
   return a.dtype() == DType::BF16 && b.dtype() == DType::BF16;

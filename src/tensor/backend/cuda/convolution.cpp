@@ -5,7 +5,6 @@
 #include <cudnn.h>
 
 #include <array>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -22,14 +21,6 @@ void check_cudnn(cudnnStatus_t status, const char* call, const char* file, int l
   if (status != CUDNN_STATUS_SUCCESS) fail(call, file, line, cudnnGetErrorString(status));
 }
 #define HPM_CUDNN_CHECK(call) check_cudnn((call), #call, __FILE__, __LINE__)
-
-bool allow_tf32() {
-  static const bool on = [] {
-    const char* v = std::getenv("HPM_CUDA_ALLOW_TF32");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
-}
 
 // One cuDNN handle per device, on its compute stream; made on first use.
 cudnnHandle_t handle() {

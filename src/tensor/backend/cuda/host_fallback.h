@@ -1,7 +1,7 @@
-// Ops without a CUDA kernel yet run on the CPU backend over host copies of their inputs, their
-// outputs copied back: correct and complete, slow (two transfers and a synchronization each).
-// Which ops take this path is listed in cuda_backend.cpp and docs/backends.md; the conformance
-// test holds them to the CPU's numbers like every other op.
+// An op run by the CPU backend over host copies of its inputs, its output copied back: dropout's
+// mask, which the host's generator draws so that a GPU run drops the units the CPU's does (the
+// one op on this path; cuda_backend.cpp and docs/backends.md name it). Correct, and a transfer
+// and a synchronization each.
 #pragma once
 #include "hpm/tensor/backend.h"
 
@@ -13,18 +13,8 @@ class HostFallback {
   // current, so that the CPU backend allocates on the host.
   HostFallback() : device_(Device::current()), guard_(Device::cpu()) {}
   Backend& cpu() const { return backend(DeviceType::kCpu); }
-  // An input's host copy (undefined stays undefined).
-  static Tensor in(const Tensor& t) { return t.defined() ? t.to(Device::cpu()) : t; }
   // A result brought back to the op's device.
   Tensor out(const Tensor& t) const { return t.defined() ? t.to(device_) : t; }
-  // A tensor updated in place on the host, written back into its device original.
-  static void write_back(Tensor& device_tensor, const Tensor& host) {
-    if (device_tensor.defined()) device_tensor.copy_(host);
-  }
-  // An optional output (a gradient pointer): the host result, moved to the device.
-  void out_ptr(Tensor* dst, const Tensor& host) const {
-    if (dst != nullptr) *dst = out(host);
-  }
 
  private:
   Device& device_;

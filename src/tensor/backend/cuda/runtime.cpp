@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <array>
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 
@@ -30,6 +31,14 @@ void check_launch(const char* kernel, const char* file, int line) {
   if (e != cudaSuccess) {
     fail((std::string("launching ") + kernel).c_str(), file, line, cudaGetErrorString(e));
   }
+}
+
+bool allow_tf32() {
+  static const bool on = [] {
+    const char* v = std::getenv("HPM_CUDA_ALLOW_TF32");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
 }
 
 int device_count() {

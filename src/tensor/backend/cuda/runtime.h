@@ -36,6 +36,10 @@ void check_cublas(cublasStatus_t status, const char* call, const char* file, int
   ::hpm::cuda::check_launch(kernel_name, __FILE__, __LINE__)
 void check_launch(const char* kernel, const char* file, int line);
 
+// Whether f32 products and convolutions may run in TF32 (HPM_CUDA_ALLOW_TF32=1, as PyTorch's
+// torch.backends.cuda.matmul.allow_tf32): off, they stay f32 throughout.
+bool allow_tf32();
+
 // How many devices the driver reports; throws std::runtime_error saying what was found (no
 // driver, no device) when there are none.
 int device_count();
