@@ -144,11 +144,13 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
 
   const bool tty = isatty(fileno(stdout)) != 0;
   if (chief)
-    trainer.add_callback(std::make_shared<train::ProgressCallback>(stdout, tty, cfg.epochs));
+    trainer.add_callback(
+        std::make_shared<train::ProgressCallback>(stdout, tty, progress_options(cfg)));
   if (!cfg.metrics_csv.empty() && chief)
     trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
   if (!cfg.tensorboard_dir.empty() && chief)
-    trainer.add_callback(std::make_shared<train::TensorBoardLogger>(cfg.tensorboard_dir));
+    trainer.add_callback(
+        std::make_shared<train::TensorBoardLogger>(cfg.tensorboard_dir, cfg.by_steps()));
   // Early stopping runs on every worker, not only the chief: each sees the same metrics (losses
   // are all-reduced, replicas identical), so all stop after the same epoch; a chief stopping
   // alone would leave the others waiting in a collective.
@@ -178,12 +180,17 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   }
 
   if (chief) {
-    std::printf(
-        "hpm train %s: %lld parameters, %lld training / %lld test examples, batch %lld, %d "
-        "thread(s)",
-        cfg.path.c_str(), static_cast<long long>(model->num_parameters()),
-        static_cast<long long>(train_examples), static_cast<long long>(test.size()),
-        static_cast<long long>(cfg.batch_size), cfg.threads);
+    std::printf("hpm train %s: %lld parameters, ", cfg.path.c_str(),
+                static_cast<long long>(model->num_parameters()));
+    if (cfg.token_source()) {  // windows drawn by step: the run's length is its steps
+      std::printf("%lld steps", static_cast<long long>(cfg.max_steps));
+    } else {
+      if (cfg.by_steps()) std::printf("%lld steps over ", static_cast<long long>(cfg.max_steps));
+      std::printf("%lld training", static_cast<long long>(train_examples));
+    }
+    std::printf(" / %lld %s examples, batch %lld, %d thread(s)",
+                static_cast<long long>(test.size()), cfg.token_source() ? "validation" : "test",
+                static_cast<long long>(cfg.batch_size), cfg.threads);
     if (cfg.device != "cpu") std::printf(", on %s", trainer.device().id().str().c_str());
     if (cfg.pipeline.present) {
       // One model, cut: replicas would say nothing here; the cut and the schedule do.
@@ -249,7 +256,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                  !resume.empty() ? ("resumed from " + resume).c_str()
                                  : ("continued from " + r.restored_from).c_str(),
                  static_cast<long long>(trainer.state().global_step),
-                 cfg.token_source() ? "max_steps" : "epochs");
+                 cfg.by_steps() ? "max_steps" : "epochs");
   }
   if (early && early->stopped_epoch() >= 0) {
     std::printf("early stopping after epoch %lld: best %s %.4f at epoch %lld%s\n",
@@ -326,17 +333,14 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   return 0;
 }
 
-int run_evaluate(const Common& c, const std::string& checkpoint, const std::string& weights) {
+int run_evaluate(Common c, std::string checkpoint, std::string weights) {
+  positional_checkpoint(c.config_path, checkpoint, &weights);
   if (checkpoint.empty() == weights.empty()) {
-    throw ConfigError("hpm evaluate: give --checkpoint DIR or --weights FILE.safetensors (one)");
+    throw ConfigError(
+        "hpm evaluate: give a checkpoint directory or a .safetensors weights file (one): hpm "
+        "evaluate CKPT, or hpm evaluate [CONFIG] --checkpoint DIR | --weights FILE");
   }
-  // A parameter-server checkpoint records no configuration of its own (yet): it needs the file.
-  const bool ps = !checkpoint.empty() && !distribute::ps::ps_checkpoint_dir(checkpoint).empty();
-  if (ps && c.config_path.empty()) {
-    throw ConfigError("hpm evaluate: the parameter-server checkpoint " + checkpoint +
-                      " records no config: give the config it was trained with");
-  }
-  Config cfg = configure(c, ps ? "" : checkpoint, weights);
+  Config cfg = configure(c, checkpoint, weights);
   // As [model] init_from loads it: every weight of the model, each of the right shape, unless
   // the config says init_strict = false.
   if (!weights.empty()) cfg.init_from = weights;

@@ -75,14 +75,14 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
   distill::attach(trainer, codistiller, build_objective(ccfg));  // with [train] label_smoothing
   if (rank == 0) {
     trainer.add_callback(std::make_shared<train::ProgressCallback>(
-        stdout, isatty(fileno(stdout)) != 0, ccfg.epochs));
+        stdout, isatty(fileno(stdout)) != 0, progress_options(ccfg)));
   }
   if (!cfg.metrics_csv.empty()) {
     trainer.add_callback(std::make_shared<train::CsvLogger>(copy_path(cfg.metrics_csv, rank)));
   }
   if (!cfg.tensorboard_dir.empty()) {  // one TensorBoard run per copy
-    trainer.add_callback(std::make_shared<train::TensorBoardLogger>(cfg.tensorboard_dir + "/copy-" +
-                                                                    std::to_string(rank)));
+    trainer.add_callback(std::make_shared<train::TensorBoardLogger>(
+        cfg.tensorboard_dir + "/copy-" + std::to_string(rank), cfg.by_steps()));
   }
   train::FitOptions fo = fit_options(ccfg);
   if (!fo.checkpoint_dir.empty()) fo.checkpoint_dir += "/copy-" + std::to_string(rank);
@@ -105,7 +105,7 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
       spec.num_shards = copies;
       spec.shard_index = rank;
     }
-    fit = trainer.fit(data::build_input_pipeline(train, spec), nullptr, fo);
+    fit = trainer.fit(in_stretches(cfg, data::build_input_pipeline(train, spec)), nullptr, fo);
   }
 
   CopyResult out;

@@ -14,12 +14,14 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
 
 #include "cli/config/reader.h"
 #include "cli/config/sections.h"
+#include "hpm/distribute/ps/checkpoint.h"
 #include "hpm/io/safetensors.h"
 #include "hpm/train/checkpoint.h"
 
@@ -182,17 +184,37 @@ const std::string* find(const std::map<std::string, std::string>& m, const std::
 
 }  // namespace
 
+std::map<std::string, std::string> checkpoint_description(const Config& config) {
+  toml::table root = toml::parse(config.resolved, config.path);
+  if (toml::table* data = root["data"].as_table()) {
+    for (const char* key : {"dir", "files", "test_files", "tokenizer"}) {
+      toml::node* v = data->get(key);
+      const std::optional<std::string> p =
+          v != nullptr ? v->value_exact<std::string>() : std::nullopt;
+      if (p && !p->empty() && std::filesystem::path(*p).is_relative())
+        data->insert_or_assign(key, std::filesystem::absolute(*p).lexically_normal().string());
+    }
+  }
+  std::ostringstream text;
+  text << root;
+  return {{"config", text.str()},
+          {"config_path", std::filesystem::absolute(config.path).lexically_normal().string()}};
+}
+
 Config config_for_checkpoint(const std::string& path, const std::string& checkpoint,
                              const std::vector<std::string>& overrides) {
-  train::TrainerState state;
+  std::map<std::string, std::string> metadata;
   try {
-    state = train::read_checkpoint_state(checkpoint);
+    // A parameter-server job's (its manifest), or a Trainer's.
+    const std::string ps = distribute::ps::ps_checkpoint_dir(checkpoint);
+    metadata = ps.empty() ? train::read_checkpoint_state(checkpoint).metadata
+                          : distribute::ps::read_ps_checkpoint_metadata(ps);
   } catch (const std::exception& e) {
     if (path.empty()) throw ConfigError(e.what());
     return load_config(path, overrides);  // the checkpoint's own load reports it again
   }
-  const std::string* where = find(state.metadata, "config_path");
-  return config_for_recorded(path, find(state.metadata, "config"), where ? *where : checkpoint,
+  const std::string* where = find(metadata, "config_path");
+  return config_for_recorded(path, find(metadata, "config"), where ? *where : checkpoint,
                              "the checkpoint " + checkpoint, overrides);
 }
 

@@ -91,6 +91,10 @@ LanguageModelTokens language_model_tokens(const Config& cfg) {
 
 }  // namespace
 
+data::Dataset in_stretches(const Config& cfg, data::Dataset epochs) {
+  return cfg.by_steps() ? epochs.stretches(cfg.eval_every) : epochs;
+}
+
 data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
                                 const distribute::Strategy* strategy) {
   if (cfg.token_source()) {
@@ -117,12 +121,12 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
                         "\": no training example (the files hold no record)");
     }
     spec.limit = cfg.train_limit;
-    return data::build_tfrecord_input_pipeline(cfg.files, compression, spec);
+    return in_stretches(cfg, data::build_tfrecord_input_pipeline(cfg.files, compression, spec));
   }
   const data::LabelledData train =
       limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
   *examples = train.size();
-  return data::build_input_pipeline(train, spec);
+  return in_stretches(cfg, data::build_input_pipeline(train, spec));
 }
 
 data::TokenSequence training_tokens(const Config& cfg) { return language_model_tokens(cfg).train; }
@@ -130,16 +134,8 @@ data::TokenSequence training_tokens(const Config& cfg) { return language_model_t
 data::LabelledData test_set(const Config& cfg) {
   if (cfg.token_source()) {
     // The validation split's sweep, eval_iters batches of it (all of it for 0).
-    const LanguageModelTokens t = language_model_tokens(cfg);
-    auto it = data::sequential_windows(t.val, cfg.gpt.block_size, cfg.batch_size).make_iterator();
-    std::vector<Tensor> inputs, targets;
-    data::Element e;
-    while ((cfg.eval_iters == 0 || static_cast<std::int64_t>(inputs.size()) < cfg.eval_iters) &&
-           it->next(e)) {
-      inputs.push_back(e[0]);
-      targets.push_back(e[1]);
-    }
-    return {kernels::concat(inputs, 0), kernels::concat(targets, 0)};
+    return data::validation_windows(language_model_tokens(cfg).val, cfg.gpt.block_size,
+                                    cfg.batch_size, cfg.eval_iters);
   }
   if (cfg.source == "tfrecord") {
     return limit(

@@ -101,8 +101,8 @@ Trained train_model(const Config& cfg, const char* what,
   std::int64_t examples = 0;
   const data::Dataset pipeline = training_pipeline(cfg, &examples, strategy.get());
   if (t.chief) {
-    trainer->add_callback(
-        std::make_shared<train::ProgressCallback>(stdout, isatty(fileno(stdout)) != 0, cfg.epochs));
+    trainer->add_callback(std::make_shared<train::ProgressCallback>(
+        stdout, isatty(fileno(stdout)) != 0, progress_options(cfg)));
     if (!cfg.metrics_csv.empty()) {
       trainer->add_callback(std::make_shared<train::CsvLogger>(
           csv_suffix.empty() ? cfg.metrics_csv : suffixed_path(cfg.metrics_csv, csv_suffix)));
@@ -111,7 +111,8 @@ Trained train_model(const Config& cfg, const char* what,
     // "baseline", ...), as TensorBoard lists runs.
     if (!cfg.tensorboard_dir.empty()) {
       trainer->add_callback(std::make_shared<train::TensorBoardLogger>(
-          csv_suffix.empty() ? cfg.tensorboard_dir : cfg.tensorboard_dir + "/" + csv_suffix));
+          csv_suffix.empty() ? cfg.tensorboard_dir : cfg.tensorboard_dir + "/" + csv_suffix,
+          cfg.by_steps()));
     }
   }
   train::FitOptions fo = fit_options(cfg);

@@ -53,14 +53,14 @@ int run_export(const ExportCommandOptions& o) {
     }
   }
   // The checkpoint's configuration travels with its weights: hpm evaluate --weights needs no
-  // config file for them (a parameter-server checkpoint records none yet).
+  // config file for them.
   std::map<std::string, std::string> metadata{{"format", "pt"}};
-  if (ps.empty()) {
-    const train::TrainerState state = train::read_checkpoint_state(dir);
-    for (const char* key : {"config", "config_path"}) {
-      if (const auto it = state.metadata.find(key); it != state.metadata.end())
-        metadata[std::string("hpm_") + key] = it->second;
-    }
+  const std::map<std::string, std::string> recorded =
+      ps.empty() ? train::read_checkpoint_state(dir).metadata
+                 : distribute::ps::read_ps_checkpoint_metadata(dir);
+  for (const char* key : {"config", "config_path"}) {
+    if (const auto it = recorded.find(key); it != recorded.end())
+      metadata[std::string("hpm_") + key] = it->second;
   }
   io::save_safetensors(o.output, out, metadata);
   std::printf("exported %zu tensors of %s to %s (%s)\n", out.size(), dir.c_str(), o.output.c_str(),

@@ -168,6 +168,7 @@ int run_coordinator(const Config& cfg, const PsCommandOptions& o) {
   co.lr = [&](std::int64_t epoch) { return schedule->lr(cfg.lr, epoch); };
   co.checkpoint_dir = cfg.ps.checkpoint_dir;
   co.checkpoint_every_tasks = cfg.ps.checkpoint_every_tasks;
+  co.metadata = checkpoint_description(cfg);  // evaluate and export need nothing else
   co.heartbeat_timeout =
       std::chrono::milliseconds(static_cast<std::int64_t>(cfg.ps.heartbeat_timeout_s * 1000));
   co.ps_wait = std::chrono::milliseconds(static_cast<std::int64_t>(cfg.ps.ps_wait_s * 1000));

@@ -113,10 +113,10 @@ class TextStream {
 CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand("sample", "text from a trained GPT, printed as it is drawn");
   cmd->add_option("config", o.config_path,
-                  "the TOML config the model was trained with (default: the one the checkpoint "
-                  "recorded)");
+                  "a checkpoint directory (hpm sample CKPT), or the TOML config the model was "
+                  "trained with (default: the one the checkpoint recorded)");
   cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
-  cmd->add_option("--checkpoint", o.checkpoint, "checkpoint directory")->required();
+  cmd->add_option("--checkpoint", o.checkpoint, "checkpoint directory");
   cmd->add_option("--prompt", o.prompt, "text to continue (default: a newline)");
   cmd->add_option("--tokens", o.tokens, "tokens to draw (200)")->check(positive_number());
   cmd->add_option("--temperature", o.temperature, "softmax temperature (0.8)")
@@ -132,7 +132,13 @@ CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
   return cmd;
 }
 
-int run_sample(const SampleCommandOptions& o) {
+int run_sample(SampleCommandOptions o) {
+  positional_checkpoint(o.config_path, o.checkpoint);
+  if (o.checkpoint.empty()) {
+    throw ConfigError(
+        "hpm sample: give the checkpoint to draw from: hpm sample CKPT [--prompt "
+        "TEXT], or hpm sample CONFIG --checkpoint CKPT");
+  }
   // The logits are divided by it: a value that is 0 or infinite as a float would draw NaNs.
   if (!(o.temperature > 0.0f) || !std::isfinite(o.temperature))
     throw ConfigError("--temperature: too small or too large for a 32-bit float");

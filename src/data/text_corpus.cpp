@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "hpm/data/file_sources.h"
+#include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::data {
@@ -155,6 +156,19 @@ Dataset sequential_windows(TokenSequence tokens, std::int64_t block, std::int64_
         return true;
       },
       elements);
+}
+
+LabelledData validation_windows(TokenSequence tokens, std::int64_t block, std::int64_t batch,
+                                std::int64_t max_batches) {
+  auto it = sequential_windows(std::move(tokens), block, batch).make_iterator();
+  std::vector<Tensor> inputs, targets;
+  Element e;
+  while ((max_batches == 0 || static_cast<std::int64_t>(inputs.size()) < max_batches) &&
+         it->next(e)) {
+    inputs.push_back(e[0]);
+    targets.push_back(e[1]);
+  }
+  return {kernels::concat(inputs, 0), kernels::concat(targets, 0)};
 }
 
 }  // namespace hpm::data

@@ -22,11 +22,26 @@ std::string eta(double seconds) {
 
 ProgressCallback::ProgressCallback(std::FILE* out, bool tty, std::int64_t epochs,
                                    std::int64_t every)
-    : out_(out), tty_(tty), epochs_(epochs), every_(every) {}
+    : ProgressCallback(out, tty, ProgressOptions{epochs, every, 0, 0}) {}
+
+ProgressCallback::ProgressCallback(std::FILE* out, bool tty, const ProgressOptions& options)
+    : out_(out), tty_(tty), options_(options) {}
 
 void ProgressCallback::on_epoch_begin(Trainer&, std::int64_t) {
   epoch_start_ = std::chrono::steady_clock::now();
   last_draw_ = {};
+  steps_this_epoch_ = 0;
+}
+
+std::string ProgressCallback::rate(double samples_per_s) const {
+  char buf[48];
+  if (options_.tokens_per_sample > 0) {
+    std::snprintf(buf, sizeof buf, "%.0f tokens/s",
+                  samples_per_s * static_cast<double>(options_.tokens_per_sample));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.0f samples/s", samples_per_s);
+  }
+  return buf;
 }
 
 namespace {
@@ -47,8 +62,42 @@ std::string shown(const BatchLogs& b) {
 
 }  // namespace
 
+// By steps: one count over the run, the rate in the run's unit, ETA to its last step.
+void ProgressCallback::step_line(const BatchLogs& b, std::chrono::steady_clock::time_point now) {
+  const std::int64_t total = options_.total_steps;
+  const double per_step = std::chrono::duration<double>(now - epoch_start_).count() /
+                          static_cast<double>(std::max<std::int64_t>(1, steps_this_epoch_));
+  const std::string remaining =
+      eta(per_step * static_cast<double>(std::max<std::int64_t>(0, total - b.global_step)));
+  const auto step = static_cast<long long>(b.global_step);
+  if (tty_) {
+    if (now - last_draw_ < std::chrono::milliseconds(100) && b.global_step != total) return;
+    last_draw_ = now;
+    constexpr int kWidth = 30;
+    const auto filled =
+        static_cast<int>(kWidth * std::min<std::int64_t>(b.global_step, total) / total);
+    std::fprintf(out_, "\r\033[Kstep %lld/%lld [%s%s] %s %s ETA %s", step,
+                 static_cast<long long>(total),
+                 std::string(static_cast<std::size_t>(filled), '=').c_str(),
+                 std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
+                 shown(b).c_str(), rate(b.samples_per_s).c_str(), remaining.c_str());
+  } else if (options_.every > 0 && b.global_step % options_.every == 0) {
+    std::fprintf(out_, "step %lld/%lld %s %s eta %s\n", step, static_cast<long long>(total),
+                 shown(b).c_str(), rate(b.samples_per_s).c_str(), remaining.c_str());
+  } else {
+    return;
+  }
+  std::fflush(out_);
+}
+
 void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
   const auto now = std::chrono::steady_clock::now();
+  ++steps_this_epoch_;
+  if (options_.total_steps > 0) {
+    step_line(b, now);
+    return;
+  }
+  const std::int64_t epochs = options_.epochs, every = options_.every;
   const bool known = b.steps_per_epoch > 0;  // pipelines of unknown length show no bar or ETA
   const double remaining = known && b.samples_per_s > 0
                                ? static_cast<double>(b.steps_per_epoch - b.step_in_epoch) *
@@ -61,7 +110,7 @@ void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
     last_draw_ = now;
     if (!known) {
       std::fprintf(out_, "\r\033[Kepoch %lld/%lld step %lld %s %.0f samples/s",
-                   static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs_),
+                   static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs),
                    static_cast<long long>(b.step_in_epoch), shown(b).c_str(), b.samples_per_s);
       std::fflush(out_);
       return;
@@ -69,13 +118,13 @@ void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
     constexpr int kWidth = 30;
     const auto filled = static_cast<int>(kWidth * b.step_in_epoch / b.steps_per_epoch);
     std::fprintf(out_, "\r\033[Kepoch %lld/%lld [%s%s] %lld/%lld %s %.0f samples/s ETA %s",
-                 static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs_),
+                 static_cast<long long>(b.epoch + 1), static_cast<long long>(epochs),
                  std::string(static_cast<std::size_t>(filled), '=').c_str(),
                  std::string(static_cast<std::size_t>(kWidth - filled), ' ').c_str(),
                  static_cast<long long>(b.step_in_epoch), static_cast<long long>(b.steps_per_epoch),
                  shown(b).c_str(), b.samples_per_s, eta(remaining).c_str());
     std::fflush(out_);
-  } else if (every_ > 0 && b.step_in_epoch % every_ == 0) {
+  } else if (every > 0 && b.step_in_epoch % every == 0) {
     if (known) {
       std::fprintf(out_, "epoch %lld step %lld/%lld %s samples/s %.0f eta %s\n",
                    static_cast<long long>(b.epoch + 1), static_cast<long long>(b.step_in_epoch),
@@ -90,14 +139,38 @@ void ProgressCallback::on_batch_end(Trainer&, const BatchLogs& b) {
   }
 }
 
+// By steps, at each evaluation: "step 1250/2000: train loss ..., val loss ..., 56789 tokens/s".
+void ProgressCallback::step_summary(const EpochLogs& e) {
+  std::fprintf(out_, "step %lld/%lld: train %s", static_cast<long long>(e.global_step),
+               static_cast<long long>(options_.total_steps),
+               metrics_text(e.train_metrics.entries().empty()
+                                ? classification_metrics(e.train_loss, e.train_accuracy)
+                                : e.train_metrics)
+                   .c_str());
+  if (e.test_accuracy >= 0) {
+    std::fprintf(out_, ", val %s",
+                 metrics_text(e.test_metrics.entries().empty()
+                                  ? classification_metrics(e.test_loss, e.test_accuracy)
+                                  : e.test_metrics)
+                     .c_str());
+  }
+  std::fprintf(out_, ", %s, %.1fs, input-bound %.1f%%\n", rate(e.samples_per_s).c_str(), e.seconds,
+               100.0 * e.input_bound);
+  std::fflush(out_);
+}
+
 void ProgressCallback::on_epoch_end(Trainer&, const EpochLogs& e) {
   if (tty_) std::fprintf(out_, "\n");
+  if (options_.total_steps > 0) {
+    step_summary(e);
+    return;
+  }
   const std::string train =
       e.train_metrics.entries().empty()
           ? metrics_text(classification_metrics(e.train_loss, e.train_accuracy))
           : metrics_text(e.train_metrics);
   std::fprintf(out_, "epoch %lld/%lld: %s", static_cast<long long>(e.epoch + 1),
-               static_cast<long long>(epochs_), train.c_str());
+               static_cast<long long>(options_.epochs), train.c_str());
   if (e.test_accuracy >= 0) {
     std::fprintf(out_, " test_loss %.4f test_acc %.4f", e.test_loss, e.test_accuracy);
   }

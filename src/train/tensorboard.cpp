@@ -101,22 +101,35 @@ void EventFileWriter::write_event(const std::string& event) {
   if (!out_) throw io::IoError("tensorboard: cannot write " + path_ + ": " + std::strerror(errno));
 }
 
-TensorBoardLogger::TensorBoardLogger(const std::string& run_dir)
-    : train_(run_dir + "/train"), validation_(run_dir + "/validation") {}
+TensorBoardLogger::TensorBoardLogger(const std::string& run_dir, bool by_steps)
+    : train_(run_dir + "/train"), validation_(run_dir + "/validation"), by_steps_(by_steps) {}
+
+namespace {
+
+// "epoch_loss", then "epoch_" + each other metric: the tags of either split.
+std::vector<std::pair<std::string, float>> tagged(const nn::Metrics& metrics, double loss,
+                                                  double accuracy) {
+  std::vector<std::pair<std::string, float>> out = {{"epoch_loss", static_cast<float>(loss)}};
+  if (metrics.entries().empty()) {  // logs made by hand carry no metrics
+    out.emplace_back("epoch_accuracy", static_cast<float>(accuracy));
+    return out;
+  }
+  for (const auto& m : metrics.entries()) {
+    if (m.name != "loss") out.emplace_back("epoch_" + m.name, static_cast<float>(m.mean()));
+  }
+  return out;
+}
+
+}  // namespace
 
 void TensorBoardLogger::on_epoch_end(Trainer&, const EpochLogs& e) {
-  std::vector<std::pair<std::string, float>> train = {
-      {"epoch_loss", static_cast<float>(e.train_loss)}};
-  for (const auto& m : e.train_metrics.entries()) {
-    if (m.name == "loss") continue;
-    train.emplace_back("epoch_" + m.name, static_cast<float>(e.train_metrics.mean(m.name)));
-  }
+  const std::int64_t x = by_steps_ ? e.global_step : e.epoch;
+  auto train = tagged(e.train_metrics, e.train_loss, e.train_accuracy);
   train.emplace_back("epoch_learning_rate", static_cast<float>(e.lr));
   train.emplace_back("epoch_samples_per_s", static_cast<float>(e.samples_per_s));
-  train_.add_scalars(e.epoch, train);
+  train_.add_scalars(x, train);
   if (e.test_accuracy >= 0) {
-    validation_.add_scalars(e.epoch, {{"epoch_loss", static_cast<float>(e.test_loss)},
-                                      {"epoch_accuracy", static_cast<float>(e.test_accuracy)}});
+    validation_.add_scalars(x, tagged(e.test_metrics, e.test_loss, e.test_accuracy));
   }
 }
 

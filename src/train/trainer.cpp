@@ -336,6 +336,13 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       replay_position = true;
     }
   }
+  // By steps with a step budget: as many stretches as reach it, the last one cut short.
+  const std::int64_t epochs = options.by_steps && options.max_steps > 0 && steps_per_epoch > 0
+                                  ? (options.max_steps + steps_per_epoch - 1) / steps_per_epoch
+                                  : options.epochs;
+  const auto budget_spent = [&] {
+    return options.by_steps && options.max_steps > 0 && state_.global_step >= options.max_steps;
+  };
   // Fail before any work if checkpoints or backups could not be written.
   if (!options.checkpoint_dir.empty()) io::ensure_directory(options.checkpoint_dir);
   if (!options.backup_dir.empty() && is_chief()) io::ensure_directory(options.backup_dir);
@@ -346,7 +353,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     for (auto& cb : callbacks_)
       cb->on_backup_restored(*this, result.restored_from, skipped_backups);
   }
-  for (; state_.epoch < options.epochs && !stop_; ++state_.epoch) {
+  for (; state_.epoch < epochs && !stop_ && !budget_spent(); ++state_.epoch) {
     model_->train();
     std::unique_ptr<data::Iterator> it = train.make_iterator(state_.epoch);
     if (state_.step_in_epoch > 0) {
@@ -375,6 +382,10 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     const auto epoch_start = Clock::now();
     data::Element batch;
     while (!stop_) {
+      if (budget_spent()) {  // the last stretch, cut short: it ends here as if complete
+        epoch_done = true;
+        break;
+      }
       bool got = false;
       {
         trace::Span span("next batch", "load");
@@ -435,7 +446,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
         stop_ = true;
         // After the epoch's last step, the epoch ends here (evaluation, callbacks, its backup)
         // as it would have: continued, it would otherwise log an epoch of no batches.
-        if (steps_per_epoch > 0 && state_.step_in_epoch >= steps_per_epoch) {
+        if ((steps_per_epoch > 0 && state_.step_in_epoch >= steps_per_epoch) || budget_spent()) {
           epoch_done = true;
           break;
         }
@@ -464,14 +475,16 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       const EvalResult ev = evaluate(*test, options.eval_batch_size);
       logs.test_loss = ev.loss;
       logs.test_accuracy = ev.accuracy;
+      logs.test_metrics = ev.metrics;
     }
+    logs.global_step = state_.global_step;
     if (epoch_done) {
       result.history.push_back(logs);
       for (auto& cb : callbacks_) cb->on_epoch_end(*this, logs);
       write_backup(it.get(), true, result);
     }
     // The run's last epoch: the configured one, or a callback's stop (early stopping).
-    const bool last = state_.epoch + 1 >= options.epochs || (stop_ && !result.preempted);
+    const bool last = state_.epoch + 1 >= epochs || budget_spent() || (stop_ && !result.preempted);
     if (!options.checkpoint_dir.empty() && is_chief() &&
         (!epoch_done || last || (state_.epoch + 1) % options.checkpoint_every == 0)) {
       result.last_checkpoint = save_checkpoint(options.checkpoint_dir, *model_, *optimizer_,

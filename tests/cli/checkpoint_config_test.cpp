@@ -35,9 +35,9 @@ std::string gpt_config(const TempDir& dir, const std::string& files, int n_layer
   return path;
 }
 
-// "val loss X" as printed by train and evaluate.
+// The last "val loss X" printed by train (its final evaluation) or evaluate.
 std::string val_loss(const std::string& output) {
-  const auto at = output.find("val loss ");
+  const auto at = output.rfind("val loss ");
   return at == std::string::npos ? "" : output.substr(at + 9, 6);
 }
 
@@ -65,6 +65,42 @@ TEST(SelfDescribingCheckpoint, SampleAndEvaluateNeedNothingElse) {
   EXPECT_EQ(val_loss(eval.output), t.trained_loss) << eval.output;
   // Settings beside the model's may change: more evaluation windows.
   EXPECT_EQ(run_hpm("evaluate --checkpoint " + t.ckpt + " --set train.eval_iters=5").code, 0);
+}
+
+// The checkpoint as the only argument: `hpm sample CKPT`, `hpm evaluate CKPT`, and the weights
+// `hpm export CKPT` writes as `hpm evaluate FILE.safetensors`.
+TEST(SelfDescribingCheckpoint, TheCheckpointAloneAsTheArgument) {
+  Trained t;
+  const CommandResult sample = run_hpm("sample " + t.ckpt + " --tokens 5 --prompt the");
+  EXPECT_EQ(sample.code, 0) << sample.output;
+  EXPECT_NE(sample.output.find("5 tokens in"), std::string::npos) << sample.output;
+  const CommandResult eval = run_hpm("evaluate " + t.ckpt);
+  ASSERT_EQ(eval.code, 0) << eval.output;
+  EXPECT_EQ(val_loss(eval.output), t.trained_loss) << eval.output;
+  const std::string weights = t.dir / "w.safetensors";
+  ASSERT_EQ(run_hpm("export " + t.ckpt + " -o " + weights).code, 0);
+  const CommandResult from_weights = run_hpm("evaluate " + weights);
+  ASSERT_EQ(from_weights.code, 0) << from_weights.output;
+  EXPECT_EQ(val_loss(from_weights.output), t.trained_loss) << from_weights.output;
+  const CommandResult nothing = run_hpm("sample --tokens 5");
+  EXPECT_NE(nothing.code, 0) << nothing.output;
+  EXPECT_NE(nothing.output.find("hpm sample: give the checkpoint to draw from"), std::string::npos)
+      << nothing.output;
+}
+
+// A run whose [data] paths are relative to where it ran records them absolute: its checkpoint
+// reads the same text from any working directory.
+TEST(SelfDescribingCheckpoint, RelativeDataPathsResolveFromAnyDirectory) {
+  TempDir dir;
+  corpus(dir);
+  const std::string cfg = gpt_config(dir, "corpus/*.txt");
+  const CommandResult r = run_shell("cd " + dir.path() + " && " + hpm_binary() + " train " + cfg);
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::filesystem::create_directories(dir / "elsewhere");
+  const CommandResult eval =
+      run_shell("cd " + dir / "elsewhere" + " && " + hpm_binary() + " evaluate " + dir / "ckpt");
+  ASSERT_EQ(eval.code, 0) << eval.output;
+  EXPECT_EQ(val_loss(eval.output), val_loss(r.output)) << eval.output;
 }
 
 TEST(SelfDescribingCheckpoint, ASetContradictingTheCheckpointIsRefusedNamingBoth) {

@@ -141,18 +141,19 @@ TEST(PsCommand, LaunchRunsAWholeJobWithAReport) {
   EXPECT_EQ(steps, 200);
   EXPECT_GT(j["epochs"][1]["test_accuracy"].get<double>(), 0.5);
 
-  // The job's checkpoint (manifest and shards) evaluates and exports like a Trainer's: the model
-  // of the last epoch's end, as the job evaluated it.
-  const CommandResult ev = run_hpm("evaluate " + job.config + " --checkpoint " + job.dir / "ckpt" +
-                                   " --report " + job.dir / "ev.json");
+  // The job's checkpoint (manifest and shards) evaluates and exports like a Trainer's, with
+  // nothing else (its manifest records the configuration): the model of the last epoch's end,
+  // as the job evaluated it.
+  const CommandResult ev =
+      run_hpm("evaluate " + job.dir / "ckpt" + " --report " + job.dir / "ev.json");
   ASSERT_EQ(ev.code, 0) << ev.output;
   const auto e = nlohmann::json::parse(read_text(job.dir / "ev.json"));
   EXPECT_NEAR(e["test_loss"].get<double>(), j["epochs"][1]["test_loss"].get<double>(), 1e-5);
   const CommandResult ex =
       run_hpm("export " + job.dir / "ckpt" + " -o " + job.dir / "w.safetensors");
   ASSERT_EQ(ex.code, 0) << ex.output;
-  const CommandResult ew = run_hpm("evaluate " + job.config + " --weights " +
-                                   job.dir / "w.safetensors" + " --report " + job.dir / "ew.json");
+  const CommandResult ew =
+      run_hpm("evaluate " + job.dir / "w.safetensors" + " --report " + job.dir / "ew.json");
   ASSERT_EQ(ew.code, 0) << ew.output;
   EXPECT_EQ(nlohmann::json::parse(read_text(job.dir / "ew.json"))["test_loss"], e["test_loss"]);
 }

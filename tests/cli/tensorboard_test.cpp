@@ -71,6 +71,36 @@ TEST(TensorBoard, EventFilesHoldWhatTheRunReports) {
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(tb + "/train"), {}), 2);
 }
 
+// A language model trained by steps: both splits carry the same tags (its token accuracy and
+// perplexity under one name each), at x = the global step of each evaluation, the last one at
+// max_steps though eval_every does not divide it.
+TEST(TensorBoard, StepRunsLogTheSameTagsForBothSplitsAtTheirSteps) {
+  TempDir dir;
+  write_word_files(dir);
+  const std::string cfg = dir / "gpt.toml";
+  std::ofstream(cfg) << "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
+                     << "block_size = 8\nvocab_size = 256\n"
+                     << "[data]\nsource = \"text\"\nfiles = \"" << dir / "text*.txt"
+                     << "\"\nbatch_size = 4\n[optimizer]\nkind = \"adamw\"\nlr = 0.01\n"
+                     << "[train]\nmax_steps = 20\neval_every = 7\neval_iters = 2\n"
+                     << "tensorboard_dir = \"" << dir / "tb"
+                     << "\"\n";
+  const CommandResult r = run_hpm("train " + cfg);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto t = by_tag(read_events(dir / "tb/train"));
+  const auto v = by_tag(read_events(dir / "tb/validation"));
+  for (const std::string tag : {"epoch_loss", "epoch_token_accuracy", "epoch_perplexity"}) {
+    ASSERT_TRUE(t.count(tag)) << tag;
+    ASSERT_TRUE(v.count(tag)) << tag;
+    for (const auto* split : {&t, &v}) {
+      std::vector<std::int64_t> steps;
+      for (const auto& [step, value] : split->at(tag)) steps.push_back(step);
+      EXPECT_EQ(steps, (std::vector<std::int64_t>{7, 14, 20})) << tag;
+    }
+  }
+  EXPECT_FALSE(v.count("epoch_accuracy")) << "the validation split names it as training does";
+}
+
 TEST(TensorBoard, AnUnwritableDirectoryFailsBeforeTraining) {
   TempDir dir;
   write_synthetic_mnist(dir.path(), 160, 48);

@@ -133,6 +133,15 @@ std::vector<Case> cases() {
                scalars({0, 1, 2, 0, 1, 2, 0, 1, 2}), 9});
   c.push_back({"repeat_infinite_take", [] { return Dataset::range(0, 4).repeat().take(10); },
                scalars({0, 1, 2, 3, 0, 1, 2, 3, 0, 1}), 10});
+  c.push_back({"stretches", [] { return Dataset::range(0, 4).stretches(6); },
+               scalars({0, 1, 2, 3, 0, 1}), 6});
+  c.push_back({"stretches_of_unknown_length",
+               [] {
+                 return Dataset::range(0, 9)
+                     .filter([](const Element& e) { return e[0].to_vector_i64()[0] % 4 == 0; })
+                     .stretches(4);
+               },
+               scalars({0, 4, 8, 0}), 4});
   c.push_back({"take", [] { return Dataset::range(0, 10).take(4); }, scalars({0, 1, 2, 3}), 4});
   c.push_back({"skip", [] { return Dataset::range(0, 10).skip(7); }, scalars({7, 8, 9}), 3});
   c.push_back(
@@ -252,6 +261,34 @@ TEST_P(Conformance, SaveRestoreAtBreakpoints) {
 
 INSTANTIATE_TEST_SUITE_P(AllOps, Conformance, ::testing::ValuesIn(cases()),
                          [](const auto& info) { return info.param.name; });
+
+// Stretch k of a dataset reshuffled each pass is elements k*n .. k*n+n-1 of its repetition,
+// whether the stretches are made in order (continuing one iterator), out of order, or restored.
+TEST(Dataset, StretchesCutTheRepeatedSequence) {
+  const Dataset epochs = Dataset::range(0, 10).shuffle(10, 5);
+  const Seq repeated = all(epochs.repeat(4));
+  const Dataset stretches = epochs.stretches(7);
+  EXPECT_EQ(stretches.cardinality(), 7);
+  Seq in_order;
+  for (std::int64_t k = 0; k < 5; ++k) {
+    auto it = stretches.make_iterator(k);
+    const Seq part = drain(*it);
+    ASSERT_EQ(part.size(), 7u) << k;
+    in_order.insert(in_order.end(), part.begin(), part.end());
+  }
+  EXPECT_EQ(in_order, Seq(repeated.begin(), repeated.begin() + 35));
+  for (std::int64_t k : {3, 1, 4, 0}) {  // out of order: each starts its pass and skips
+    auto it = Dataset::range(0, 10).shuffle(10, 5).stretches(7).make_iterator(k);
+    EXPECT_EQ(drain(*it), Seq(repeated.begin() + 7 * k, repeated.begin() + 7 * k + 7)) << k;
+  }
+}
+
+TEST(Dataset, StretchesOfNothingFailAtTheFirstElement) {
+  auto it = Dataset::range(0, 0).stretches(3).make_iterator(2);
+  Element e;
+  EXPECT_THROW(it->next(e), DataError);
+  EXPECT_THROW(Dataset::range(0, 3).stretches(0), std::invalid_argument);
+}
 
 TEST(Dataset, ShuffleIsAPermutationAndReshufflesPerEpoch) {
   const Dataset d = Dataset::range(0, 50).shuffle(10, 5);

@@ -236,6 +236,34 @@ TEST(Trainer, ByStepsContinuedInStretchesOfAnotherLengthEndsAtTheSameStep) {
   }
 }
 
+// A step budget the stretch length does not divide: evaluated at each stretch's end and at the
+// last step, the last stretch cut short, and the weights those of the same steps in stretches
+// that do divide it.
+TEST(Trainer, ByStepsWithABudgetTheStretchesDoNotDivide) {
+  const auto train = blobs(160, 3);  // 20 batches of 8
+  const auto test = blobs(40, 4);
+  FitOptions o;
+  o.batch_size = 8;
+  o.by_steps = true;
+  Rig straight = make();
+  FitOptions all = o;
+  all.epochs = 4;  // 4 stretches of 5: 20 steps
+  straight.trainer->fit(stretches(train, 5), nullptr, all);
+  Rig budget = make();
+  FitOptions cut = o;
+  cut.epochs = 1;  // ignored with max_steps
+  cut.max_steps = 20;
+  const FitResult r = budget.trainer->fit(stretches(train, 7), &test, cut);
+  EXPECT_EQ(r.steps, 20);
+  ASSERT_EQ(r.history.size(), 3u);
+  EXPECT_EQ(r.history[0].global_step, 7);
+  EXPECT_EQ(r.history[1].global_step, 14);
+  EXPECT_EQ(r.history[2].global_step, 20);
+  for (const auto& e : r.history)
+    EXPECT_GE(e.test_loss, 0) << "evaluated at step " << e.global_step;
+  EXPECT_EQ(flat_params(*budget.model), flat_params(*straight.model));
+}
+
 TEST(Trainer, UnwritableCheckpointDirectoryFailsBeforeTraining) {
   TempDir dir;
   std::ofstream(dir / "file") << "x";

@@ -20,6 +20,7 @@
 #include "hpm/optim/lr_schedule.h"
 #include "hpm/optim/optimizer.h"
 #include "hpm/tensor/device.h"
+#include "hpm/train/callbacks.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::cli {
@@ -196,10 +197,12 @@ struct Config {
   int accumulation_steps = 1;  // micro-batches per batch (gradient accumulation)
   // "f32" or "bf16": mixed precision of training steps (autograd/autocast.h); evaluation stays f32.
   std::string precision = "f32";
-  // Training by steps ([data] source = "text"): max_steps in all, evaluated every eval_every
-  // steps (0: once, at the end; each stretch is one of the Trainer's epochs) on eval_iters
-  // batches of the validation split's sweep (0: all of it).
+  // Training by steps (a language model always; any model given max_steps): max_steps in all,
+  // evaluated every eval_every steps and at the last one (0: once, at the end; each stretch
+  // between evaluations is one of the Trainer's epochs), a language model on eval_iters batches
+  // of the validation split's sweep (0: all of it).
   std::int64_t max_steps = 0, eval_every = 0, eval_iters = 0;
+  bool by_steps() const { return max_steps > 0; }
 
   // [early_stopping]: on when the section is present (keys as train::EarlyStoppingOptions)
   bool early_stopping = false;
@@ -291,6 +294,13 @@ data::InputPipelineSpec pipeline_spec(const Config& config);
 // The [train] and [schedule] settings every training run shares (epochs, seed, smoothing,
 // clipping, schedule unit, checkpoints), as Trainer::fit takes them.
 train::FitOptions fit_options(const Config& config);
+// What a checkpoint records to describe its run (config_for_checkpoint reads it back): "config",
+// the resolved configuration with its [data] paths made absolute (so that it reads the same
+// files from any working directory), and "config_path".
+std::map<std::string, std::string> checkpoint_description(const Config& config);
+// How progress reads: epochs, or (training by steps) "step N/M" with tokens/s for a language
+// model.
+train::ProgressOptions progress_options(const Config& config);
 // The tokenizer as checkpoints record it ("bytes", or "sentencepiece:" and the CRC32C of its
 // model file): the same text encodes to the same ids exactly when these agree.
 std::string tokenizer_id(const data::Tokenizer& tokenizer);

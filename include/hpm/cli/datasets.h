@@ -15,6 +15,9 @@ namespace hpm::cli {
 // With a `strategy` spanning workers and [strategy] shard other than "batch", this worker's shard.
 data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
                                 const distribute::Strategy* strategy = nullptr);
+// Training by steps (max_steps): the epochs of `epochs` repeated and cut into the stretches
+// between evaluations (Dataset::stretches); else `epochs` itself.
+data::Dataset in_stretches(const Config& cfg, data::Dataset epochs);
 // A language model's training tokens (source "text" or "tokens"), as training_pipeline reads them.
 data::TokenSequence training_tokens(const Config& cfg);
 // The evaluation set ([data] test_limit applied).

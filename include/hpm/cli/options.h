@@ -2,7 +2,9 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <cmath>
+#include <filesystem>
 #include <string>
+#include <utility>
 
 namespace hpm::cli {
 
@@ -45,6 +47,21 @@ inline CLI::Validator number_from_zero(bool zero_allowed) {
       },
       zero_allowed ? "NONNEGATIVE" : "POSITIVE");
 }
+// `hpm sample CKPT`, `hpm evaluate CKPT|FILE.safetensors`: a first argument that names a
+// directory is a checkpoint (a config is a file), one ending in .safetensors a weights file; it
+// moves from `config` to whichever it names, unless that was given as a flag too.
+inline void positional_checkpoint(std::string& config, std::string& checkpoint,
+                                  std::string* weights = nullptr) {
+  if (config.empty() || !checkpoint.empty() || (weights != nullptr && !weights->empty())) return;
+  std::error_code ec;
+  if (std::filesystem::is_directory(config, ec)) {
+    checkpoint = std::exchange(config, std::string());
+  } else if (weights != nullptr && config.size() > 12 &&
+             config.compare(config.size() - 12, 12, ".safetensors") == 0) {
+    *weights = std::exchange(config, std::string());
+  }
+}
+
 inline CLI::Validator positive_number() { return number_from_zero(false); }
 inline CLI::Validator non_negative_number() { return number_from_zero(true); }
 

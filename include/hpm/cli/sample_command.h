@@ -32,6 +32,6 @@ struct SampleCommandOptions {
 };
 
 CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& options);
-int run_sample(const SampleCommandOptions& options);
+int run_sample(SampleCommandOptions options);
 
 }  // namespace hpm::cli

@@ -148,6 +148,14 @@ class Dataset {
   Dataset unbatch() const;
   Dataset repeat(std::int64_t count = kInfinite) const;
   Dataset take(std::int64_t count) const;
+  // The endless repetition of this dataset (pass p is make_iterator(p), as repeat() makes them)
+  // cut into stretches of `steps` elements: make_iterator(k) yields elements k * steps to
+  // (k + 1) * steps - 1 of that sequence, and cardinality() is `steps`. Training by steps reads
+  // this (Keras' steps_per_epoch over a repeated dataset): the Trainer's epochs are the stretches
+  // between evaluations, each a function of its index alone, so a run resumed at any step sees
+  // what it would have. Stretches made in order continue one iterator; any other starts its pass
+  // and skips to its place. An input that yields nothing is a DataError at the first next().
+  Dataset stretches(std::int64_t steps) const;
   Dataset skip(std::int64_t count) const;
   Dataset shard(std::int64_t num_shards, std::int64_t index) const;
   Dataset enumerate(std::int64_t start = 0) const;  // prepends an I64 scalar index

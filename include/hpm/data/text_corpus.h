@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "hpm/data/dataset.h"
+#include "hpm/data/in_memory.h"
 #include "hpm/data/token_shard.h"
 #include "hpm/data/tokenizer.h"
 
@@ -65,5 +66,10 @@ Dataset random_windows(TokenSequence tokens, std::int64_t block, std::int64_t ba
 // `block` apart from the beginning, `batch` to an element (the last may be smaller), every token
 // of the split predicted once but the first.
 Dataset sequential_windows(TokenSequence tokens, std::int64_t block, std::int64_t batch);
+
+// The first `max_batches` elements of that sweep (0: all of it) as rows, inputs and targets
+// (N, block): what a language model is evaluated on (train::Trainer::evaluate).
+LabelledData validation_windows(TokenSequence tokens, std::int64_t block, std::int64_t batch,
+                                std::int64_t max_batches = 0);
 
 }  // namespace hpm::data

@@ -10,18 +10,34 @@
 
 namespace hpm::train {
 
+struct ProgressOptions {
+  std::int64_t epochs = 1;
+  std::int64_t every = 200;  // plain mode: a line every this many steps
+  // Training by steps (FitOptions::by_steps): "step 1250/2000" over the whole run rather than
+  // "epoch 3/8", each evaluation as "val loss ...", and ETA to the last step.
+  std::int64_t total_steps = 0;
+  // > 0: the rate in tokens/s, each sample holding this many (a language model's block size).
+  std::int64_t tokens_per_sample = 0;
+};
+
 class ProgressCallback : public Callback {
  public:
   // `tty` chooses the redrawn bar; plain mode prints a line every `every` steps and per epoch.
   ProgressCallback(std::FILE* out, bool tty, std::int64_t epochs, std::int64_t every = 200);
+  ProgressCallback(std::FILE* out, bool tty, const ProgressOptions& options);
   void on_epoch_begin(Trainer&, std::int64_t epoch) override;
   void on_batch_end(Trainer&, const BatchLogs& b) override;
   void on_epoch_end(Trainer&, const EpochLogs& e) override;
 
  private:
+  void step_line(const BatchLogs& b, std::chrono::steady_clock::time_point now);
+  void step_summary(const EpochLogs& e);
+  std::string rate(double samples_per_s) const;  // "1234 samples/s" or "56789 tokens/s"
+
   std::FILE* out_;
   bool tty_;
-  std::int64_t epochs_, every_;
+  ProgressOptions options_;
+  std::int64_t steps_this_epoch_ = 0;  // seen by this callback: a resumed stretch starts mid-way
   std::chrono::steady_clock::time_point last_draw_, epoch_start_;
 };
 

@@ -38,11 +38,15 @@ class TensorBoardLogger : public Callback {
  public:
   // The run directory; its train/ and validation/ files are created at once (so that an
   // unwritable directory fails before training).
-  explicit TensorBoardLogger(const std::string& run_dir);
+  // Both splits log the same tags (Keras': "epoch_loss", "epoch_" + each metric the objective
+  // names), so their curves overlay. `by_steps`: x is the global step at each evaluation, so runs
+  // evaluated at other intervals overlay too; else the epoch.
+  explicit TensorBoardLogger(const std::string& run_dir, bool by_steps = false);
   void on_epoch_end(Trainer&, const EpochLogs& e) override;
 
  private:
   EventFileWriter train_, validation_;
+  bool by_steps_;
 };
 
 }  // namespace hpm::train

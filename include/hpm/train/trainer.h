@@ -94,6 +94,10 @@ struct FitOptions {
   // epoch and step in it from the saved global step, so one continued with stretches of another
   // length (eval_every) still ends after epochs x stretch steps.
   bool by_steps = false;
+  // With by_steps: the run ends after this many steps in all (the global step), the last stretch
+  // cut short where the stretch length does not divide it, and `epochs` is ignored. 0: epochs x
+  // stretch steps.
+  std::int64_t max_steps = 0;
 };
 
 struct EpochLogs {
@@ -103,6 +107,8 @@ struct EpochLogs {
   // the epoch's training steps and every replica, derived metrics included.
   nn::Metrics train_metrics;
   double test_loss = -1, test_accuracy = -1;  // -1 when no evaluation data
+  nn::Metrics test_metrics;      // the evaluating objective's (empty when no evaluation data)
+  std::int64_t global_step = 0;  // steps trained in all when the epoch (or stretch) ended
   double samples_per_s = 0, seconds = 0, lr = 0;
   double input_bound = 0;  // share of the epoch's wall time spent waiting for the next batch
 };

@@ -79,8 +79,17 @@ void apply_override(toml::table& root, const std::string& assignment) {
     target = root.get(sec);
   }
   if (!target->is_table()) throw ConfigError(origin + ": [" + sec + "] is not a table");
-  target->as_table()->insert_or_assign(key, *parsed.get("v"));
-  overridden[target->as_table()->get(key)] = origin;
+  toml::table& table = *target->as_table();
+  table.insert_or_assign(key, *parsed.get("v"));
+  overridden[table.get(key)] = origin;
+  // How long to train is said once: an override of one measure replaces the file's other one
+  // (--set train.max_steps=500 on a config of epochs trains 500 steps).
+  if (sec == "train" && (key == "max_steps" || key == "epochs")) {
+    const char* other = key == "max_steps" ? "epochs" : "max_steps";
+    if (const toml::node* o = table.get(other); o != nullptr && !overridden.count(o)) {
+      table.erase(other);
+    }
+  }
 }
 
 void TableReader::get_integers(const std::string& key, std::vector<std::int64_t>& out) {

@@ -63,26 +63,27 @@ void read_train(const Source& s, Config& c) {
   tr.get("eval_iters", c.eval_iters);
   if (c.eval_iters < 0) tr.out_of_range(*tr.find("eval_iters"), "eval_iters", "0 (all) or more");
   tr.finish();
-  if (c.token_source()) {
-    // A language model trains by steps: the Trainer's epochs are the stretches between
-    // evaluations.
-    if (tr.has("epochs"))
-      tr.invalid("epochs", "does not apply to [data] source = \"" + c.source + "\": set max_steps");
-    if (c.max_steps == 0) {
-      throw ConfigError(tr.at("max_steps") +
-                        ": [train] max_steps is needed with [data] source = \"" + c.source + "\"");
+  if (c.token_source() && c.max_steps == 0) {
+    throw ConfigError(tr.at("max_steps") + ": [train] max_steps is needed with [data] source = \"" +
+                      c.source + "\" (a language model trains by steps)");
+  }
+  if (c.by_steps()) {
+    // The Trainer's epochs are the stretches between evaluations, the last one cut short where
+    // eval_every does not divide max_steps.
+    if (tr.has("epochs")) {
+      tr.invalid("epochs",
+                 "and max_steps both say how long to train: give one (a --set of "
+                 "either replaces the file's other)");
     }
     if (c.eval_every == 0) c.eval_every = c.max_steps;
-    if (c.max_steps % c.eval_every != 0) {
-      tr.invalid("eval_every", "must divide max_steps (" + std::to_string(c.max_steps) + "), got " +
-                                   std::to_string(c.eval_every));
-    }
-    c.epochs = c.max_steps / c.eval_every;
-  } else {
-    for (const char* key : {"max_steps", "eval_every", "eval_iters"})
-      if (tr.has(key)) {
-        tr.invalid(key, "is for [data] source = \"text\" or \"tokens\" (training by steps)");
-      }
+    c.epochs = (c.max_steps + c.eval_every - 1) / c.eval_every;
+  } else if (tr.has("eval_every")) {
+    tr.invalid("eval_every", "is for training by steps: set max_steps too");
+  }
+  if (!c.token_source() && tr.has("eval_iters")) {
+    tr.invalid("eval_iters",
+               "is for [data] source = \"text\" or \"tokens\" (batches of the "
+               "validation split); an image model evaluates on its whole test set");
   }
 }
 
@@ -211,11 +212,11 @@ void check_checkpoint_tokenizer(const train::TrainerState& saved, const Config& 
 train::FitOptions fit_options(const Config& c) {
   train::FitOptions fo;
   fo.epochs = c.epochs;
-  fo.by_steps = c.token_source();  // epochs of eval_every steps (read_train)
+  fo.by_steps = c.by_steps();  // epochs of eval_every steps (read_train)
+  fo.max_steps = c.max_steps;
   if (c.token_source()) fo.metadata["tokenizer"] = tokenizer_id(*c.text_tokenizer);
   // The checkpoint describes its model: sample, evaluate and export need nothing else.
-  fo.description["config"] = c.resolved;
-  fo.description["config_path"] = std::filesystem::absolute(c.path).string();
+  fo.description = checkpoint_description(c);
   fo.seed = c.seed;
   fo.batch_size = c.batch_size;  // recorded with checkpoints and backups
   fo.label_smoothing = c.label_smoothing;
@@ -232,6 +233,14 @@ std::shared_ptr<const nn::Objective> build_objective(const Config& c) {
   if (c.model_kind == "gpt")
     return std::make_shared<nn::LanguageModelling>(-100, c.label_smoothing);
   return std::make_shared<nn::Classification>(c.label_smoothing);
+}
+
+train::ProgressOptions progress_options(const Config& c) {
+  train::ProgressOptions p;
+  p.epochs = c.epochs;
+  if (c.by_steps()) p.total_steps = c.max_steps;
+  if (c.token_source()) p.tokens_per_sample = c.gpt.block_size;
+  return p;
 }
 
 std::shared_ptr<nn::Module> with_memory_options(const Config& c,

@@ -23,6 +23,34 @@ std::string ps_checkpoint_dir(const std::string& path) {
   return fs::exists(fs::path(dir) / "manifest.json", ec) ? dir : "";
 }
 
+namespace {
+
+nlohmann::json read_manifest(const std::string& manifest_path) {
+  try {
+    return nlohmann::json::parse(io::read_file(manifest_path));
+  } catch (const std::exception& e) {
+    throw PsError("checkpoint " + manifest_path + " is unreadable: " + e.what());
+  }
+}
+
+std::map<std::string, std::string> metadata_of(const nlohmann::json& manifest) {
+  return manifest.contains("metadata")
+             ? manifest.at("metadata").get<std::map<std::string, std::string>>()
+             : std::map<std::string, std::string>{};
+}
+
+}  // namespace
+
+std::map<std::string, std::string> read_ps_checkpoint_metadata(const std::string& dir) {
+  const std::string manifest_path = dir + "/manifest.json";
+  const nlohmann::json m = read_manifest(manifest_path);
+  try {
+    return metadata_of(m);
+  } catch (const std::exception& e) {
+    throw PsError("checkpoint " + manifest_path + " is unreadable: " + e.what());
+  }
+}
+
 PsCheckpoint read_ps_checkpoint(const std::string& dir) {
   PsCheckpoint c;
   c.dir = dir;
@@ -32,6 +60,7 @@ PsCheckpoint read_ps_checkpoint(const std::string& dir) {
     m = nlohmann::json::parse(io::read_file(manifest_path));
     c.next_task = m.at("next_task").get<std::int64_t>();
     c.redo = m.at("redo").get<std::vector<std::int64_t>>();
+    c.metadata = metadata_of(m);
     for (const auto& s : m.at("shards")) {
       const std::string file = dir + "/" + s.at("file").get<std::string>();
       const std::string bytes = io::read_file(file);

@@ -337,7 +337,8 @@ struct Coordinator::Impl {
     const std::string dir = o.checkpoint_dir + "/" + name;
     io::ensure_directory(dir);
     const std::vector<ShardSave> saved = client->save(dir);
-    nlohmann::json m{{"next_task", next}, {"redo", redo}, {"mode", mode_name(o.mode)}};
+    nlohmann::json m{
+        {"next_task", next}, {"redo", redo}, {"mode", mode_name(o.mode)}, {"metadata", o.metadata}};
     m["shards"] = nlohmann::json::array();
     for (const auto& s : saved) {
       m["shards"].push_back({{"file", std::filesystem::path(s.file).filename().string()},

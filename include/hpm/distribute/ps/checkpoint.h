@@ -20,6 +20,9 @@ struct PsCheckpoint {
   std::vector<std::int64_t> versions;       // per shard
   std::int64_t next_task = 0;
   std::vector<std::int64_t> redo;
+  // What the job recorded to describe itself (CoordinatorOptions::metadata: the CLI's resolved
+  // configuration and tokenizer), as a Trainer's checkpoint does.
+  std::map<std::string, std::string> metadata;
 };
 
 // The ckpt-* directory of the parameter-server checkpoint at `path` (a checkpoint_dir, following
@@ -29,6 +32,9 @@ std::string ps_checkpoint_dir(const std::string& path);
 // Reads every shard of the checkpoint in `dir`, each checked against the manifest's CRC32C.
 // PsError naming the file when one is missing, unreadable or corrupt.
 PsCheckpoint read_ps_checkpoint(const std::string& dir);
+
+// The manifest's metadata alone (no shard is read); PsError when the manifest is unreadable.
+std::map<std::string, std::string> read_ps_checkpoint_metadata(const std::string& dir);
 
 // The model's weights in a parameter-server checkpoint, by the model's own names: its parameters
 // and float buffers (the servers keep buffers as "buffers/<name>"; integer ones, such as

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -64,6 +65,8 @@ struct CoordinatorOptions {
   std::function<float(std::int64_t epoch)> lr;  // default: optimizer.lr
   std::string checkpoint_dir;                   // empty: no checkpoints
   std::int64_t checkpoint_every_tasks = 0;      // 0: at each epoch end
+  // Recorded in every checkpoint's manifest (PsCheckpoint::metadata): what describes the job.
+  std::map<std::string, std::string> metadata;
   std::chrono::milliseconds heartbeat_timeout{std::chrono::seconds(10)};
   std::chrono::milliseconds ps_wait{std::chrono::seconds(60)};  // for tasks to (re)appear
   // After each epoch's tasks are done, with the variables pulled into `vars` (the constructor's):
