@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "hpm/cli/bench.h"
+#include "hpm/cli/report.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/local.h"
 #include "hpm/io/atomic_file.h"
@@ -98,14 +99,8 @@ int report(const AllreduceBenchOptions& o, const std::vector<Row>& rows,
     out.push_back(
         {{"bytes", r.bytes}, {"seconds", r.seconds}, {"algbw_gbps", algbw}, {"busbw_gbps", busbw}});
   }
-  if (!o.report.empty()) {
-    io::write_file_atomic(
-        o.report,
-        nlohmann::json{
-            {"backend", o.backend}, {"world", n}, {"algorithm", algorithm}, {"results", out}}
-                .dump(2) +
-            "\n");
-  }
+  write_report(o.report,
+               {{"backend", o.backend}, {"world", n}, {"algorithm", algorithm}, {"results", out}});
   return 0;
 }
 

@@ -27,6 +27,7 @@
 #include "hpm/cli/plan.h"
 #include "hpm/cli/plot.h"
 #include "hpm/cli/ps_command.h"
+#include "hpm/cli/report.h"
 #include "hpm/cli/sample_command.h"
 #include "hpm/cli/tokenizer_command.h"
 #include "hpm/comm/communicator.h"
@@ -82,15 +83,8 @@ Config configure(const Common& c, const std::string& checkpoint = "",
                                    : load_config(c.config_path, overrides);
   if (c.threads > 0) cfg.threads = c.threads;
   if (c.seed >= 0) cfg.seed = static_cast<std::uint64_t>(c.seed);
-  warn_if_oversubscribed(cfg.threads);
-  set_num_threads(cfg.threads);
-  Device::cpu().set_threads(cfg.threads);
+  use_threads(cfg.threads);
   return cfg;
-}
-
-void write_report(const std::string& path, const nlohmann::json& j) {
-  if (path.empty()) return;
-  io::write_file_atomic(path, j.dump(2) + "\n");
 }
 
 int run_train(const Common& c, const std::string& resume, const WorkerFlags& worker) {

@@ -18,6 +18,7 @@
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
 #include "hpm/cli/options.h"
+#include "hpm/cli/report.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/local.h"
 #include "hpm/data/in_memory.h"
@@ -126,10 +127,8 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
 // The training rows, cut to a multiple of `copies` so that disjoint shards have equal sizes (and
 // every copy takes the same number of steps: the exchanges are collectives).
 data::LabelledData training_rows(const Config& cfg, int copies) {
-  data::LabelledData d = data::load_mnist_split(cfg.data_dir, "train");
-  std::int64_t n = d.size();
-  if (cfg.train_limit > 0 && cfg.train_limit < n) n = cfg.train_limit;
-  if (cfg.codistill.shards == "disjoint") n -= n % copies;
+  const data::LabelledData d = data::load_mnist_split(cfg.data_dir, "train").first(cfg.train_limit);
+  const std::int64_t n = d.size() - (cfg.codistill.shards == "disjoint" ? d.size() % copies : 0);
   return {d.inputs.narrow(0, n), d.labels.narrow(0, n)};
 }
 
@@ -137,41 +136,27 @@ data::LabelledData training_rows(const Config& cfg, int copies) {
 // their labels (a language model's next tokens, flattened alike).
 nlohmann::json report_of(const Config& cfg, const CopyResult& gathered, const Tensor& labels) {
   const int copies = static_cast<int>(gathered.all_logits.size(0));
-  nlohmann::json accuracies = nlohmann::json::array(), losses = nlohmann::json::array(),
-                 pairs = nlohmann::json::array();
-  double acc_sum = 0, loss_sum = 0, churn_sum = 0;
   std::vector<Tensor> logits;
-  const auto rows = static_cast<double>(labels.numel());
   for (int r = 0; r < copies; ++r) {
     logits.push_back(gathered.all_logits.narrow(r, 1).reshape(
         {gathered.all_logits.size(1), gathered.all_logits.size(2)}));
-    const double acc =
-        rows > 0 ? static_cast<double>(nn::top1_correct(logits[r], labels)) / rows : 0.0;
-    const double loss =
-        rows > 0 ? static_cast<double>(cross_entropy(logits[r], labels).item()) : 0.0;
-    accuracies.push_back(acc);
-    losses.push_back(loss);
-    acc_sum += acc;
-    loss_sum += loss;
   }
-  for (int a = 0; a < copies; ++a) {
-    for (int b = a + 1; b < copies; ++b) {
-      const distill::Churn c = distill::churn(logits[a], logits[b], labels);
-      pairs.push_back({{"a", a},
-                       {"b", b},
-                       {"churn", c.churn},
-                       {"good_churn", c.good_churn},
-                       {"bad_churn", c.bad_churn}});
-      churn_sum += c.churn;
-    }
+  const distill::CopiesScore score = distill::score_copies(logits, labels);
+  nlohmann::json pairs = nlohmann::json::array();
+  for (const auto& p : score.pairs) {
+    pairs.push_back({{"a", p.a},
+                     {"b", p.b},
+                     {"churn", p.churn.churn},
+                     {"good_churn", p.churn.good_churn},
+                     {"bad_churn", p.churn.bad_churn}});
   }
-  const int n_pairs = copies * (copies - 1) / 2;
+  const nlohmann::json accuracies = score.accuracy, losses = score.loss;
   std::printf("codistill: %d copies, test accuracy", copies);
   for (const auto& acc : accuracies) std::printf(" %.4f", acc.get<double>());
   std::printf(", test loss");
   for (const auto& loss : losses) std::printf(" %.4f", loss.get<double>());
   std::printf("; mean churn between copies %.4f (alpha %g, exchange every %lld, burn-in %lld)\n",
-              n_pairs ? churn_sum / n_pairs : 0.0, cfg.codistill.alpha,
+              score.mean_churn(), cfg.codistill.alpha,
               static_cast<long long>(cfg.codistill.exchange_every),
               static_cast<long long>(cfg.codistill.burn_in));
   return {{"method", "codistill"},
@@ -188,11 +173,11 @@ nlohmann::json report_of(const Config& cfg, const CopyResult& gathered, const Te
           {"seconds", gathered.seconds},
           {"copy_test_accuracies", accuracies},
           {"max_steps", cfg.max_steps},
-          {"mean_test_accuracy", acc_sum / copies},
+          {"mean_test_accuracy", score.mean_accuracy()},
           {"copy_test_losses", losses},
-          {"mean_test_loss", loss_sum / copies},
+          {"mean_test_loss", score.mean_loss()},
           {"pairwise_churn", pairs},
-          {"mean_churn", n_pairs ? churn_sum / n_pairs : 0.0}};
+          {"mean_churn", score.mean_churn()}};
 }
 
 }  // namespace
@@ -246,8 +231,7 @@ int run_codistill(const CodistillCommandOptions& o) {
   }
   const int copies = cfg.codistill.copies;
   const auto timeout = std::chrono::milliseconds(std::int64_t{cfg.timeout_s} * 1000);
-  warn_if_oversubscribed(cfg.threads);
-  Device::cpu().set_threads(cfg.threads);
+  use_threads(cfg.threads);  // and each copy's thread sets its own OpenMP pool (train_copy)
   const bool lm = cfg.token_source();
   const data::LabelledData train = lm ? data::LabelledData{} : training_rows(cfg, copies);
   const data::LabelledData test = test_set(cfg);
@@ -279,7 +263,7 @@ int run_codistill(const CodistillCommandOptions& o) {
       // Every copy's accuracy and loss are read from the gathered logits.
       if (rank == 0) {
         const nlohmann::json report = report_of(cfg, mine, labels);
-        if (!o.report.empty()) io::write_file_atomic(o.report, report.dump(2) + "\n");
+        write_report(o.report, report);
       }
       return 0;
     }
@@ -312,7 +296,7 @@ int run_codistill(const CodistillCommandOptions& o) {
     for (const auto& e : errors)
       if (e) std::rethrow_exception(e);
     const nlohmann::json report = report_of(cfg, results[0], labels);
-    if (!o.report.empty()) io::write_file_atomic(o.report, report.dump(2) + "\n");
+    write_report(o.report, report);
   } catch (const train::TrainingError& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 3;

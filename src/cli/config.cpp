@@ -35,6 +35,12 @@ int available_cpus() {
   return n > 0 ? static_cast<int>(n) : 1;
 }
 
+void use_threads(int threads) {
+  warn_if_oversubscribed(threads);
+  set_num_threads(threads);
+  Device::cpu().set_threads(threads);
+}
+
 void warn_if_oversubscribed(int threads) {
   const int cpus = available_cpus();
   if (threads <= cpus) return;

@@ -17,14 +17,6 @@ namespace hpm::cli {
 
 namespace {
 
-data::LabelledData limit(data::LabelledData d, std::int64_t n) {
-  if (n > 0 && n < d.size()) {
-    d.inputs = d.inputs.narrow(0, n);
-    d.labels = d.labels.narrow(0, n);
-  }
-  return d;
-}
-
 struct LanguageModelTokens {
   data::TokenSequence train, val;
 };
@@ -124,7 +116,7 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
     return in_stretches(cfg, data::build_tfrecord_input_pipeline(cfg.files, compression, spec));
   }
   const data::LabelledData train =
-      limit(data::load_mnist_split(cfg.data_dir, "train"), cfg.train_limit);
+      data::load_mnist_split(cfg.data_dir, "train").first(cfg.train_limit);
   *examples = train.size();
   return in_stretches(cfg, data::build_input_pipeline(train, spec));
 }
@@ -138,11 +130,10 @@ data::LabelledData test_set(const Config& cfg) {
                                     cfg.batch_size, cfg.eval_iters);
   }
   if (cfg.source == "tfrecord") {
-    return limit(
-        data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression)),
-        cfg.test_limit);
+    return data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression))
+        .first(cfg.test_limit);
   }
-  return limit(data::load_mnist_split(cfg.data_dir, "t10k"), cfg.test_limit);
+  return data::load_mnist_split(cfg.data_dir, "t10k").first(cfg.test_limit);
 }
 
 }  // namespace hpm::cli

@@ -13,6 +13,7 @@
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/options.h"
+#include "hpm/cli/report.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distill/distiller.h"
@@ -32,12 +33,6 @@ namespace hpm::cli {
 namespace {
 
 // ---- data, as hpm train reads it ----------------------------------------------------------------
-
-void set_threads(int threads) {
-  warn_if_oversubscribed(threads);
-  set_num_threads(threads);
-  Device::cpu().set_threads(threads);
-}
 
 // Worker 0 of a multi-worker job (`hpm launch`), or a process on its own: the one that prints and
 // writes the report.
@@ -152,35 +147,6 @@ Trained train_model(const Config& cfg, const char* what,
   return t;
 }
 
-// The teachers' averaged probabilities at temperature 1 on `test`: their loss (negative log
-// likelihood of the labels) and top-1 accuracy, per row (a language model's per position).
-struct EnsembleEval {
-  double loss = 0, accuracy = 0;
-};
-
-EnsembleEval evaluate_ensemble(const std::vector<distill::Teacher>& teachers,
-                               const data::LabelledData& test, bool language_model) {
-  const distill::Distiller ensemble(teachers, {0.5f, 1.0f, false});
-  const std::int64_t batch = language_model ? 16 : 1000;
-  double nll = 0;
-  std::int64_t correct = 0, rows = 0;
-  for (std::int64_t begin = 0; begin < test.size(); begin += batch) {
-    const std::int64_t n = std::min<std::int64_t>(batch, test.size() - begin);
-    const Tensor p = distill::rows_of(ensemble.soft_targets(test.inputs.narrow(begin, n)));
-    const Tensor y = test.labels.narrow(begin, n).reshape({p.size(0)});
-    const std::vector<float> pd = p.to_vector();
-    const std::vector<std::int64_t> yd = y.to_vector_i64();
-    const std::int64_t c = p.size(1);
-    for (std::int64_t i = 0; i < p.size(0); ++i)
-      nll -= std::log(std::max(pd[i * c + yd[i]], 1e-30f));
-    correct += nn::top1_correct(p, y);
-    rows += p.size(0);
-  }
-  if (rows == 0) return {};
-  return {nll / static_cast<double>(rows),
-          static_cast<double>(correct) / static_cast<double>(rows)};
-}
-
 // A teacher must answer the student's inputs with predictions over the student's outputs: a GPT
 // for a GPT (the same vocabulary, a context at least the student's block), a classifier for a
 // classifier.
@@ -291,10 +257,6 @@ nlohmann::json churn_json(const distill::Churn& c) {
           {"examples", c.examples}};
 }
 
-void write_report(const std::string& path, const nlohmann::json& j) {
-  if (!path.empty()) io::write_file_atomic(path, j.dump(2) + "\n");
-}
-
 }  // namespace
 
 CLI::App* add_distill_command(CLI::App& app, DistillCommandOptions& o) {
@@ -353,7 +315,7 @@ int run_distill(const DistillCommandOptions& o) {
                    "is not supported by hpm distill, which backs up none of the runs it trains "
                    "(checkpoint_dir keeps the student's checkpoints)");
   }
-  set_threads(cfg.threads);
+  use_threads(cfg.threads);
   const data::LabelledData test = test_set(cfg);
   const bool lm = cfg.token_source();
   const bool chief = chief_process();
@@ -365,7 +327,8 @@ int run_distill(const DistillCommandOptions& o) {
     for (std::size_t i = 0; i < cfg.distill.teachers.size(); ++i) {
       const TeacherSpec& spec = cfg.distill.teachers[i];
       LoadedTeacher t = load_or_train_teacher(spec, cfg, test, static_cast<int>(i));
-      const EnsembleEval e = evaluate_ensemble({{t.model, 1.0f}}, test, lm);
+      const distill::EnsembleScore e =
+          distill::evaluate_ensemble({{t.model, 1.0f}}, test, lm ? 16 : 1000);
       if (chief) {
         std::printf("teacher %zu: %s %.4f, %s %.4f, %lld parameters\n", i,
                     lm ? "val loss" : "test loss", e.loss, lm ? "token accuracy" : "accuracy",
@@ -386,7 +349,8 @@ int run_distill(const DistillCommandOptions& o) {
                                           cfg.distill.cache_teacher && cfg.augment.empty() && !lm};
     auto distiller = std::make_shared<const distill::Distiller>(teachers, options);
     // What the student learns from: the weighted average of the teachers' probabilities.
-    const EnsembleEval ensemble = evaluate_ensemble(teachers, test, lm);
+    const distill::EnsembleScore ensemble =
+        distill::evaluate_ensemble(teachers, test, lm ? 16 : 1000);
     const double teacher_acc = ensemble.accuracy;
     const Tensor labels = test.labels.reshape({test.labels.numel()});  // one per row (position)
 
@@ -477,7 +441,7 @@ int run_distill(const DistillCommandOptions& o) {
 int run_churn(const ChurnCommandOptions& o) {
   Config cfg = load_config(o.config_path, o.overrides);
   if (o.threads > 0) cfg.threads = o.threads;
-  set_threads(cfg.threads);
+  use_threads(cfg.threads);
   auto a = build_model(cfg), b = build_model(cfg);
   train::load_checkpoint(o.checkpoint_a, *a, nullptr);
   train::load_checkpoint(o.checkpoint_b, *b, nullptr);

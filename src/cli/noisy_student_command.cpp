@@ -7,6 +7,7 @@
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
+#include "hpm/cli/report.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distill/noisy_student.h"
 #include "hpm/io/atomic_file.h"
@@ -60,15 +61,13 @@ int run_noisy_student(const Config& cfg, const std::string& report_path) {
   // The first teacher's config (the config's own [model] when none is named).
   const Config tcfg = ns.teacher_config.empty() ? cfg : load_config(ns.teacher_config);
   if (!ns.teacher_config.empty()) refuse_what_noisy_student_ignores(tcfg, false);
-  warn_if_oversubscribed(cfg.threads);
-  set_num_threads(cfg.threads);
-  Device::cpu().set_threads(cfg.threads);
+  use_threads(cfg.threads);
 
   // The split: the first `labelled` training rows keep their labels; the rest lose them. The test
   // set is only ever evaluated on.
-  data::LabelledData all = data::load_mnist_split(cfg.data_dir, "train");
-  std::int64_t n = all.size();
-  if (cfg.train_limit > 0 && cfg.train_limit < n) n = cfg.train_limit;
+  const data::LabelledData all =
+      data::load_mnist_split(cfg.data_dir, "train").first(cfg.train_limit);
+  const std::int64_t n = all.size();
   const std::int64_t n_labelled =
       ns.labelled > 0 ? ns.labelled
                       : static_cast<std::int64_t>(static_cast<double>(n) * ns.labelled_fraction);
@@ -76,8 +75,7 @@ int run_noisy_student(const Config& cfg, const std::string& report_path) {
     throw ConfigError(cfg.path + ": [noisy_student] needs 0 < labelled rows (" +
                       std::to_string(n_labelled) + ") < training rows (" + std::to_string(n) + ")");
   }
-  const data::LabelledData labelled{all.inputs.narrow(0, n_labelled),
-                                    all.labels.narrow(0, n_labelled)};
+  const data::LabelledData labelled = all.first(n_labelled);
   const Tensor unlabelled = all.inputs.narrow(n_labelled, n - n_labelled);
   const data::LabelledData test = test_set(cfg);
 
@@ -160,7 +158,7 @@ int run_noisy_student(const Config& cfg, const std::string& report_path) {
       {"seed", cfg.seed},
       {"student_parameters", history.back().student->num_parameters()},
       {"teacher_parameters", teacher->num_parameters()}};
-  if (!report_path.empty()) io::write_file_atomic(report_path, report.dump(2) + "\n");
+  write_report(report_path, report);
   return 0;
 }
 

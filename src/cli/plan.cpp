@@ -7,6 +7,7 @@
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/options.h"
+#include "hpm/cli/report.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/pipeline/partition.h"
 #include "hpm/pipeline/simulator.h"
@@ -83,8 +84,7 @@ int run_plan(const PlanCommandOptions& o) {
   Config cfg = load_config(o.config_path, o.overrides);
   const PipelineSection& p = cfg.pipeline;
   const int threads = o.threads > 0 ? o.threads : std::max(1, cfg.threads / p.stages);
-  warn_if_oversubscribed(threads);
-  set_num_threads(threads);
+  use_threads(threads);
   manual_seed(cfg.seed);
   std::shared_ptr<nn::Sequential> model = nn::as_sequential(build_model(cfg));
   const pipeline::Schedule schedule = pipeline::make_schedule(
@@ -156,7 +156,7 @@ int run_plan(const PlanCommandOptions& o) {
                         {"stage", stages},
                         {"layers", layer_json}};
   if (o.project) print_projection(total_f, total_b, total_w, &report);
-  if (!o.report.empty()) io::write_file_atomic(o.report, report.dump(2) + "\n");
+  write_report(o.report, report);
   return 0;
 }
 

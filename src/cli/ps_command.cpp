@@ -10,6 +10,7 @@
 #include "hpm/cli/config.h"
 #include "hpm/cli/datasets.h"
 #include "hpm/cli/options.h"
+#include "hpm/cli/report.h"
 #include "hpm/distribute/ps/coordinator.h"
 #include "hpm/distribute/ps/server.h"
 #include "hpm/distribute/ps/worker.h"
@@ -83,12 +84,7 @@ ps::OptimizerSpec optimizer_of(const Config& cfg) {
 
 data::LabelledData training_set(const Config& cfg) {
   if (cfg.source != "idx") throw ConfigError(cfg.path + ": hpm ps reads [data] source = \"idx\"");
-  data::LabelledData d = data::load_mnist_split(cfg.data_dir, "train");
-  if (cfg.train_limit > 0 && cfg.train_limit < d.size()) {
-    d.inputs = d.inputs.narrow(0, cfg.train_limit);
-    d.labels = d.labels.narrow(0, cfg.train_limit);
-  }
-  return d;
+  return data::load_mnist_split(cfg.data_dir, "train").first(cfg.train_limit);
 }
 
 nlohmann::json worker_json(const ps::WorkerReport& w) {
@@ -240,7 +236,7 @@ int run_coordinator(const Config& cfg, const PsCommandOptions& o) {
     }
     j["per_worker"] = nlohmann::json::array();
     for (const auto& w : r.workers) j["per_worker"].push_back(worker_json(w));
-    io::write_file_atomic(o.report, j.dump(2) + "\n");
+    write_report(o.report, j);
   }
   return 0;
 }
@@ -294,7 +290,7 @@ int run_bench(const PsCommandOptions& o) {
     results.push_back(
         {{"bytes", bytes}, {"pull_s_median", pm}, {"push_s_median", sm}, {"repeats", o.repeats}});
   }
-  if (!o.report.empty()) io::write_file_atomic(o.report, results.dump(2) + "\n");
+  write_report(o.report, results);
   return 0;
 }
 
@@ -354,9 +350,7 @@ int run_ps_command(const PsCommandOptions& o) {
                    "does not reach parameter-server workers: they push unclipped gradients");
   }
 
-  warn_if_oversubscribed(cfg.threads);
-  set_num_threads(cfg.threads);
-  Device::cpu().set_threads(cfg.threads);
+  use_threads(cfg.threads);
   std::string role = o.role;
   if (role == "run") {
     const char* env = std::getenv("HPM_PS_ROLE");

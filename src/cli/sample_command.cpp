@@ -10,6 +10,7 @@
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/cli/config.h"
 #include "hpm/cli/options.h"
+#include "hpm/cli/report.h"
 #include "hpm/data/token_shard.h"
 #include "hpm/data/tokenizer.h"
 #include "hpm/io/atomic_file.h"
@@ -149,8 +150,7 @@ int run_sample(SampleCommandOptions o) {
     throw ConfigError(cfg.path + ": hpm sample draws from a [model] kind = \"gpt\", this is \"" +
                       cfg.model_kind + "\"");
   }
-  warn_if_oversubscribed(o.threads);
-  set_num_threads(o.threads);
+  use_threads(o.threads);
   nn::GPT model(cfg.gpt);
   check_checkpoint_tokenizer(train::load_checkpoint(o.checkpoint, model, nullptr), cfg,
                              "the checkpoint " + o.checkpoint);
@@ -214,17 +214,11 @@ int run_sample(SampleCommandOptions o) {
   std::fprintf(stderr, "%lld tokens in %.2f s: %.0f tokens/s (%s)\n",
                static_cast<long long>(o.tokens), seconds, static_cast<double>(o.tokens) / seconds,
                o.no_cache ? "re-running the window" : "key/value cache");
-  if (!o.report.empty()) {
-    io::write_file_atomic(
-        o.report, nlohmann::json{{"tokens", o.tokens},
-                                 {"seconds", seconds},
-                                 {"tokens_per_s", o.tokens / seconds},
-                                 {"cache", !o.no_cache},
-                                 {"text", text}}  // Drawn text need not be UTF-8 (a byte model's):
-                                                  // its invalid bytes as U+FFFD, not an exception.
-                          .dump(2, ' ', false, nlohmann::json::error_handler_t::replace) +
-                      "\n");
-  }
+  write_report(o.report, {{"tokens", o.tokens},
+                          {"seconds", seconds},
+                          {"tokens_per_s", o.tokens / seconds},
+                          {"cache", !o.no_cache},
+                          {"text", text}});  // not UTF-8 from a byte model: U+FFFD (report.h)
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/autograd/ops.h"
 #include "hpm/distill/distiller.h"
+#include "hpm/nn/losses.h"
 #include "hpm/nn/objective.h"
 #include "hpm/trace/trace.h"
 
@@ -162,6 +163,40 @@ void attach(train::Trainer& trainer, std::shared_ptr<Codistiller> codistiller,
   if (codistiller->exchanges_enabled()) {
     trainer.add_callback(std::make_shared<ExchangeCallback>(std::move(codistiller)));
   }
+}
+
+namespace {
+
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
+}
+
+}  // namespace
+
+double CopiesScore::mean_accuracy() const { return mean(accuracy); }
+double CopiesScore::mean_loss() const { return mean(loss); }
+double CopiesScore::mean_churn() const {
+  std::vector<double> c;
+  for (const Pair& p : pairs) c.push_back(p.churn.churn);
+  return mean(c);
+}
+
+CopiesScore score_copies(const std::vector<Tensor>& logits, const Tensor& labels) {
+  NoGradGuard no_grad;
+  CopiesScore s;
+  const auto rows = static_cast<double>(labels.numel());
+  for (const Tensor& l : logits) {
+    s.accuracy.push_back(rows > 0 ? static_cast<double>(nn::top1_correct(l, labels)) / rows : 0.0);
+    s.loss.push_back(rows > 0 ? static_cast<double>(cross_entropy(l, labels).item()) : 0.0);
+  }
+  for (std::size_t a = 0; a < logits.size(); ++a) {
+    for (std::size_t b = a + 1; b < logits.size(); ++b)
+      s.pairs.push_back(
+          {static_cast<int>(a), static_cast<int>(b), churn(logits[a], logits[b], labels)});
+  }
+  return s;
 }
 
 }  // namespace hpm::distill

@@ -1,6 +1,7 @@
 #include "hpm/distill/distiller.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
@@ -223,6 +224,28 @@ double ensemble_accuracy(const std::vector<std::shared_ptr<nn::Module>>& models,
   const Tensor p = ensemble_probabilities(models, data.inputs, batch_size);
   return static_cast<double>(nn::top1_correct(p, data.labels.reshape({p.size(0)}))) /
          static_cast<double>(p.size(0));
+}
+
+EnsembleScore evaluate_ensemble(const std::vector<Teacher>& teachers,
+                                const data::LabelledData& data, std::int64_t batch_size) {
+  const Distiller ensemble(teachers, {0.5f, 1.0f, false});
+  double nll = 0;
+  std::int64_t correct = 0, rows = 0;
+  for (std::int64_t begin = 0; begin < data.size(); begin += batch_size) {
+    const std::int64_t n = std::min<std::int64_t>(batch_size, data.size() - begin);
+    const Tensor p = rows_of(ensemble.soft_targets(data.inputs.narrow(begin, n)));
+    const Tensor y = data.labels.narrow(begin, n).reshape({p.size(0)});
+    const std::vector<float> pd = p.to_vector();
+    const std::vector<std::int64_t> yd = y.to_vector_i64();
+    const std::int64_t classes = p.size(1);
+    for (std::int64_t i = 0; i < p.size(0); ++i)
+      nll -= std::log(std::max(pd[static_cast<std::size_t>(i * classes + yd[i])], 1e-30f));
+    correct += nn::top1_correct(p, y);
+    rows += p.size(0);
+  }
+  if (rows == 0) return {};
+  return {nll / static_cast<double>(rows), static_cast<double>(correct) / static_cast<double>(rows),
+          rows};
 }
 
 // ---- M on M -------------------------------------------------------------------------------------

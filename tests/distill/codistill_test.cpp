@@ -86,6 +86,31 @@ std::vector<std::vector<std::vector<float>>> train_pair(const CodistillOptions& 
   return out;
 }
 
+// Three copies' logits scored on the same rows: each copy's accuracy and cross-entropy, and the
+// churn of each pair, as distill::churn finds it.
+TEST(Codistill, CopiesAreScoredEachAndInPairs) {
+  const Tensor y = Tensor::from_i64(std::vector<std::int64_t>{0, 1, 1, 0}, {4});
+  const std::vector<Tensor> logits = {
+      Tensor::from({3, 0, 0, 3, 0, 3, 3, 0}, {4, 2}),   // all right
+      Tensor::from({3, 0, 3, 0, 0, 3, 3, 0}, {4, 2}),   // row 1 wrong
+      Tensor::from({0, 3, 3, 0, 3, 0, 0, 3}, {4, 2})};  // all wrong
+  const distill::CopiesScore s = distill::score_copies(logits, y);
+  ASSERT_EQ(s.accuracy.size(), 3u);
+  EXPECT_DOUBLE_EQ(s.accuracy[0], 1.0);
+  EXPECT_DOUBLE_EQ(s.accuracy[1], 0.75);
+  EXPECT_DOUBLE_EQ(s.accuracy[2], 0.0);
+  for (std::size_t r = 0; r < 3; ++r)
+    EXPECT_NEAR(s.loss[r], cross_entropy(logits[r], y).item(), 1e-6) << r;
+  ASSERT_EQ(s.pairs.size(), 3u);
+  EXPECT_EQ(s.pairs[1].a, 0);
+  EXPECT_EQ(s.pairs[1].b, 2);
+  EXPECT_DOUBLE_EQ(s.pairs[0].churn.churn, 0.25);  // copies 0 and 1 differ on row 1
+  EXPECT_DOUBLE_EQ(s.pairs[1].churn.churn, 1.0);
+  EXPECT_DOUBLE_EQ(s.pairs[2].churn.churn, 0.75);
+  EXPECT_DOUBLE_EQ(s.mean_accuracy(), 1.75 / 3);
+  EXPECT_DOUBLE_EQ(s.mean_churn(), 2.0 / 3);
+}
+
 TEST(Codistill, ExchangeDeliversPeersParametersEveryNStepsAtMostNStale) {
   const auto data = testing::blobs(256, 1);
   constexpr std::int64_t kN = 3;

@@ -285,6 +285,31 @@ TEST(Distiller, EnsembleAveragesProbabilities) {
   EXPECT_NEAR(p.data<float>()[1], 1 - (pa0 + pb0) / 2, 1e-6);
 }
 
+// The ensemble's score against the closed form: the NLL of the labels under the averaged
+// probabilities, and the top-1 of that average; one teacher scores as its own cross-entropy.
+TEST(Distiller, EnsembleScoreIsTheAverageProbabilitiesNllAndTop1) {
+  const data::LabelledData d{Tensor::from({4.0f, 0.0f, 0.0f, 1.0f, 2.0f, 3.0f}, {3, 2}),
+                             Tensor::from_i64(std::vector<std::int64_t>{0, 0, 1}, {3})};
+  auto a = std::make_shared<Scale>(1.0f), b = std::make_shared<Scale>(-0.1f);
+  const distill::EnsembleScore s = distill::evaluate_ensemble({{a, 1.0f}, {b, 1.0f}}, d, 2);
+  double nll = 0;
+  int correct = 0;
+  const std::int64_t labels[] = {0, 0, 1};
+  for (int i = 0; i < 3; ++i) {
+    const float* z = d.inputs.data<float>() + 2 * i;
+    const float zb[2] = {-0.1f * z[0], -0.1f * z[1]};
+    const auto pa = softmax_row(z, 2, 1.0), pb = softmax_row(zb, 2, 1.0);
+    const double p0 = (pa[0] + pb[0]) / 2, p1 = (pa[1] + pb[1]) / 2;
+    nll -= std::log(labels[i] == 0 ? p0 : p1);
+    correct += (p1 > p0) == (labels[i] == 1);
+  }
+  EXPECT_EQ(s.rows, 3);
+  EXPECT_NEAR(s.loss, nll / 3, 1e-6);
+  EXPECT_DOUBLE_EQ(s.accuracy, correct / 3.0);
+  const distill::EnsembleScore one = distill::evaluate_ensemble({{a, 1.0f}}, d);
+  EXPECT_NEAR(one.loss, cross_entropy(d.inputs, d.labels).item(), 1e-6);
+}
+
 // ---- churn --------------------------------------------------------------------------------------
 
 TEST(Churn, SplitsDisagreementsIntoGoodAndBad) {

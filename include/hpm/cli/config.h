@@ -281,6 +281,9 @@ int available_cpus();
 // Warns on stderr, naming both numbers, when `threads` exceed available_cpus(): threads beyond
 // the cores wait for one another at every parallel kernel, and run many times slower.
 void warn_if_oversubscribed(int threads);
+// The kernels' threads for this process, as every command sets them: warn_if_oversubscribed, then
+// the OpenMP pool (set_num_threads) and the CPU device's count.
+void use_threads(int threads);
 
 // The model [model] describes; with init_from, holding those weights (the first load in this
 // process prints what was loaded, missing or unexpected).

@@ -12,6 +12,11 @@ struct LabelledData {
   Tensor inputs;  // (N, ...) F32
   Tensor labels;  // (N) I64
   std::int64_t size() const { return inputs.defined() ? inputs.size(0) : 0; }
+  // The first `n` rows (views); all of them when n <= 0 or n >= size(): a data limit's cut.
+  LabelledData first(std::int64_t n) const {
+    if (n <= 0 || n >= size()) return *this;
+    return {inputs.narrow(0, n), labels.narrow(0, n)};
+  }
 };
 
 // Reads `<dir>/<split>-images-idx3-ubyte[.gz]` and `<dir>/<split>-labels-idx1-ubyte[.gz]`

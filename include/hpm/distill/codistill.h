@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "hpm/comm/communicator.h"
+#include "hpm/distill/distiller.h"
 #include "hpm/nn/module.h"
 #include "hpm/tensor/tensor.h"
 #include "hpm/train/trainer.h"
@@ -109,6 +110,21 @@ class CodistillObjective : public nn::Objective {
 // base objective's.
 void attach(train::Trainer& trainer, std::shared_ptr<Codistiller> codistiller,
             std::shared_ptr<const nn::Objective> base = nullptr);
+
+// How K trained copies compare on the same rows, from their logits ((N, C) each) and the labels
+// (N): each copy's top-1 accuracy and cross-entropy, and the churn of every pair a < b.
+struct CopiesScore {
+  struct Pair {
+    int a = 0, b = 0;
+    Churn churn;
+  };
+  std::vector<double> accuracy, loss;  // per copy
+  std::vector<Pair> pairs;
+  double mean_accuracy() const;
+  double mean_loss() const;
+  double mean_churn() const;  // 0 for one copy
+};
+CopiesScore score_copies(const std::vector<Tensor>& logits, const Tensor& labels);
 
 // The flattened float parameters and buffers of `model`, in state_dict order, and back.
 Tensor flatten_state(const nn::Module& model);

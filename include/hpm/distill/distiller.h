@@ -149,6 +149,17 @@ Tensor ensemble_probabilities(const std::vector<std::shared_ptr<nn::Module>>& mo
 double ensemble_accuracy(const std::vector<std::shared_ptr<nn::Module>>& models,
                          const data::LabelledData& data, std::int64_t batch_size = 1000);
 
+// The ensemble of `teachers` scored on `data` (a language model's windows count each position as
+// a row): the mean negative log-likelihood of the labels under their weighted average of
+// probabilities at temperature 1, and the top-1 accuracy of that average. One teacher scores as
+// the model evaluated alone (its cross-entropy and accuracy).
+struct EnsembleScore {
+  double loss = 0, accuracy = 0;
+  std::int64_t rows = 0;
+};
+EnsembleScore evaluate_ensemble(const std::vector<Teacher>& teachers,
+                                const data::LabelledData& data, std::int64_t batch_size = 1000);
+
 // ---- M on M -------------------------------------------------------------------------------------
 
 struct StudentFactory {
