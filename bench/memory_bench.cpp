@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "hpm/autograd/autocast.h"
-#include "hpm/cli/config.h"
+#include "hpm/config/config.h"
 #include "hpm/nn/layers.h"
 #include "hpm/nn/objective.h"
 #include "hpm/nn/offload.h"
@@ -218,8 +218,8 @@ int main(int argc, char** argv) {
   const std::string root = HPM_SOURCE_DIR;
   // The mlp's step is ~20x shorter than the cnn's: more steps per timing, against timer noise.
   auto from_config = [](const std::string& path) {
-    return [cfg = hpm::cli::load_config(path)] {
-      return hpm::nn::as_sequential(hpm::cli::build_model(cfg));
+    return [cfg = hpm::config::load_config(path)] {
+      return hpm::nn::as_sequential(hpm::config::build_model(cfg));
     };
   };
   const std::string mlp = root + "/examples/fashion_mlp.toml",
@@ -235,8 +235,8 @@ int main(int argc, char** argv) {
       const std::vector<std::string> size = {"model.n_layer=6", "model.n_head=6",
                                              "model.n_embd=384",
                                              "model.block_size=" + std::to_string(block)};
-      auto build = [cfg = hpm::cli::load_config(gpt, size)] {
-        return hpm::nn::as_sequential(hpm::cli::build_model(cfg));
+      auto build = [cfg = hpm::config::load_config(gpt, size)] {
+        return hpm::nn::as_sequential(hpm::config::build_model(cfg));
       };
       hpm::run(gpt + " (6 x 384, block " + std::to_string(block) + ")", build, rounds,
                std::max(1, steps / 5), hpm::tokens(16, block));

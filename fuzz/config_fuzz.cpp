@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "hpm/cli/config.h"
+#include "hpm/config/config.h"
 
 using namespace hpm;
 
@@ -23,7 +23,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
   }
   try {
-    cli::load_config(file.write(data, end), overrides);
+    config::load_config(file.write(data, end), overrides);
   } catch (const std::exception&) {
   }
   return 0;

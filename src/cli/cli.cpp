@@ -16,8 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include "hpm/cli/bench.h"
-#include "hpm/cli/config.h"
-#include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/export_command.h"
@@ -28,6 +26,7 @@
 #include "hpm/cli/plot.h"
 #include "hpm/cli/ps_command.h"
 #include "hpm/cli/report.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/cli/sample_command.h"
 #include "hpm/cli/tokenizer_command.h"
 #include "hpm/comm/communicator.h"

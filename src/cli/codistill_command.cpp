@@ -14,11 +14,10 @@
 #include <thread>
 
 #include "hpm/autograd/grad_mode.h"
-#include "hpm/cli/config.h"
-#include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/local.h"
 #include "hpm/data/in_memory.h"

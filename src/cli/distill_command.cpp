@@ -9,11 +9,10 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "hpm/cli/config.h"
-#include "hpm/cli/datasets.h"
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distill/distiller.h"

@@ -4,10 +4,9 @@
 #include <string>
 #include <utility>
 
-#include "hpm/cli/config.h"
-#include "hpm/cli/datasets.h"
 #include "hpm/cli/distill_command.h"
 #include "hpm/cli/report.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distill/noisy_student.h"
 #include "hpm/io/atomic_file.h"

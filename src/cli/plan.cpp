@@ -4,10 +4,9 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "hpm/cli/config.h"
-#include "hpm/cli/datasets.h"
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/pipeline/partition.h"
 #include "hpm/pipeline/simulator.h"

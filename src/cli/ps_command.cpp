@@ -7,10 +7,9 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
-#include "hpm/cli/config.h"
-#include "hpm/cli/datasets.h"
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/distribute/ps/coordinator.h"
 #include "hpm/distribute/ps/server.h"
 #include "hpm/distribute/ps/worker.h"

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "hpm/autograd/grad_mode.h"
-#include "hpm/cli/config.h"
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/data/token_shard.h"
 #include "hpm/data/tokenizer.h"
 #include "hpm/io/atomic_file.h"

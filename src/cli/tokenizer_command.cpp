@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <iostream>
 
-#include "hpm/cli/config.h"
 #include "hpm/cli/options.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/data/text_corpus.h"
 #include "hpm/data/token_shard.h"
 #include "hpm/data/tokenizer.h"

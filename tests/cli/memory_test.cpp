@@ -7,7 +7,7 @@
 
 #include "common/hpm_cli.h"
 #include "common/temp_dir.h"
-#include "hpm/cli/config.h"
+#include "hpm/cli/run_config.h"
 
 namespace hpm::cli {
 namespace {

@@ -12,6 +12,10 @@ namespace CLI {
 class App;
 }
 
+namespace hpm::config {
+struct Config;
+}  // namespace hpm::config
+
 namespace hpm::cli {
 
 struct DistillCommandOptions {
@@ -33,8 +37,6 @@ struct ChurnCommandOptions {
 CLI::App* add_distill_command(CLI::App& app, DistillCommandOptions& options);
 CLI::App* add_churn_command(CLI::App& app, ChurnCommandOptions& options);
 
-struct Config;
-
 // `hpm codistill CONFIG`: the [codistill] section's copies trained together, as threads of this
 // process, or one copy per process under `hpm launch -n K` (gloo).
 struct CodistillCommandOptions {
@@ -48,7 +50,7 @@ CLI::App* add_codistill_command(CLI::App& app, CodistillCommandOptions& options)
 int run_codistill(const CodistillCommandOptions& options);
 
 // hpm distill with a [noisy_student] section (noisy_student_command.cpp).
-int run_noisy_student(const Config& cfg, const std::string& report_path);
+int run_noisy_student(const config::Config& cfg, const std::string& report_path);
 
 // Exit codes as hpm train: 0 success, 1 bad input (thrown), 3 a non-finite loss.
 int run_distill(const DistillCommandOptions& options);

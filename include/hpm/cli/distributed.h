@@ -3,7 +3,7 @@
 #include <memory>
 #include <string>
 
-#include "hpm/cli/config.h"
+#include "hpm/cli/run_config.h"
 #include "hpm/comm/communicator.h"
 #include "hpm/distribute/strategy.h"
 

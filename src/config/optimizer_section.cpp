@@ -1,10 +1,10 @@
 // [optimizer] and [schedule]: the update rule and the learning rate over time.
 #include <set>
 
-#include "cli/config/reader.h"
-#include "cli/config/sections.h"
+#include "config/reader.h"
+#include "config/sections.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 void read_optimizer(const Source& s, Config& c) {
   const std::string& path = s.path;
@@ -64,9 +64,9 @@ void read_schedule(const Source& s, Config& c) {
   }
 }
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail
 
-namespace hpm::cli {
+namespace hpm::config {
 
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& c, const nn::Module& model) {
   try {
@@ -107,4 +107,4 @@ std::shared_ptr<optim::LrSchedule> build_schedule(const Config& c) {
                     "' is not one of constant, step, cosine, warmup, warmup_cosine");
 }
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -7,14 +7,14 @@
 #include <optional>
 #include <set>
 
-#include "cli/config/reader.h"
-#include "cli/config/sections.h"
+#include "config/reader.h"
+#include "config/sections.h"
 #include "hpm/io/safetensors.h"
 #include "hpm/nn/gpt.h"
 #include "hpm/nn/layers.h"
 #include "hpm/nn/resnet.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 namespace {
 
@@ -161,9 +161,9 @@ void read_model(const Source& s, Config& c) {
   r.finish();
 }
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail
 
-namespace hpm::cli {
+namespace hpm::config {
 
 namespace {
 class LayerArgs {
@@ -319,4 +319,4 @@ std::shared_ptr<nn::Module> build_model(const Config& config) {
   return model;
 }
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -1,10 +1,10 @@
 // [distill], [noisy_student] and [codistill]: the settings of hpm distill and hpm codistill.
 #include <filesystem>
 
-#include "cli/config/reader.h"
-#include "cli/config/sections.h"
+#include "config/reader.h"
+#include "config/sections.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 // [distill]: one teacher (teacher_config, teacher_checkpoint) or several (teachers = [{config,
 // checkpoint, weight}, ...]); alpha, temperature, baseline, cache_teacher, m_on_m.
@@ -140,4 +140,4 @@ void read_codistill(const Source& s, Config& cfg) {
   }
 }
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail

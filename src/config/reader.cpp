@@ -1,8 +1,8 @@
-#include "cli/config/reader.h"
+#include "config/reader.h"
 
 #include <map>
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 namespace {
 
@@ -149,4 +149,4 @@ void TableReader::fail(const toml::node& node, const std::string& key,
   throw ConfigError(os.str());
 }
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail

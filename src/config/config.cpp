@@ -1,7 +1,7 @@
 // The run configuration: reads the TOML file, applies the --set overrides, checks that every
 // section is one hpm knows, and reads each through its own schema (src/cli/config/: one file per
 // section with its builders, all through one reader, so every error says where and what).
-#include "hpm/cli/config.h"
+#include "hpm/config/config.h"
 
 #include <sched.h>
 #include <toml++/toml.h>
@@ -19,13 +19,13 @@
 #include <sstream>
 #include <thread>
 
-#include "cli/config/reader.h"
-#include "cli/config/sections.h"
+#include "config/reader.h"
+#include "config/sections.h"
 #include "hpm/distribute/ps/checkpoint.h"
 #include "hpm/io/safetensors.h"
 #include "hpm/train/checkpoint.h"
 
-namespace hpm::cli {
+namespace hpm::config {
 
 int available_cpus() {
   cpu_set_t set;
@@ -67,7 +67,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 
 Config load_config_text(const std::string& text, const std::string& path,
                         const std::vector<std::string>& overrides) {
-  using namespace config;
+  using namespace detail;
   toml::table root;
   try {
     root = toml::parse(text, path);
@@ -268,4 +268,4 @@ void refuse_setting(const Config& config, const std::string& section, const std:
                     why);
 }
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -13,10 +13,10 @@
 #include <string>
 #include <type_traits>
 
-#include "hpm/cli/config.h"
+#include "hpm/config/config.h"
 #include "hpm/data/input_pipeline.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 // Forgets the overrides of the previous configuration read on this thread.
 void clear_overrides();
@@ -156,4 +156,4 @@ class TableReader {
   std::set<std::string> used_;
 };
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail

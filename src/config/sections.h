@@ -10,9 +10,9 @@
 
 #include <string>
 
-#include "hpm/cli/config.h"
+#include "hpm/config/config.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 // The parsed file (overrides applied) and its path, for errors.
 struct Source {
@@ -34,4 +34,4 @@ void read_noisy_student(const Source& s, Config& c);
 void read_codistill(const Source& s, Config& c);
 void read_ps(const Source& s, Config& c);
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail

@@ -3,12 +3,12 @@
 #include <map>
 #include <set>
 
-#include "cli/config/reader.h"
-#include "cli/config/sections.h"
+#include "config/reader.h"
+#include "config/sections.h"
 #include "hpm/data/tokenizer.h"
 #include "hpm/io/tfrecord.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 namespace {
 
@@ -169,9 +169,9 @@ void read_data(const Source& s, Config& c) {
   }
 }
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail
 
-namespace hpm::cli {
+namespace hpm::config {
 
 data::InputPipelineSpec pipeline_spec(const Config& c) {
   data::InputPipelineSpec spec;
@@ -188,4 +188,4 @@ data::InputPipelineSpec pipeline_spec(const Config& c) {
   return spec;
 }
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

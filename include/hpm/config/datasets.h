@@ -3,13 +3,13 @@
 #pragma once
 #include <cstdint>
 
-#include "hpm/cli/config.h"
+#include "hpm/config/config.h"
 #include "hpm/data/dataset.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/data/token_shard.h"
 #include "hpm/distribute/strategy.h"
 
-namespace hpm::cli {
+namespace hpm::config {
 
 // The training pipeline; `*examples` is the training set's size (-1 when reading TFRecord files).
 // With a `strategy` spanning workers and [strategy] shard other than "batch", this worker's shard.
@@ -23,4 +23,4 @@ data::TokenSequence training_tokens(const Config& cfg);
 // The evaluation set ([data] test_limit applied).
 data::LabelledData test_set(const Config& cfg);
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "common/temp_dir.h"
-#include "hpm/cli/config.h"
+#include "hpm/config/config.h"
 
-namespace hpm::cli {
+namespace hpm::config {
 namespace {
 
 std::string source(const char* p) { return std::string(HPM_SOURCE_DIR) + "/" + p; }
@@ -70,4 +70,4 @@ TEST(DistillConfig, BadValuesNameFileLineAndKey) {
 }
 
 }  // namespace
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -1,13 +1,13 @@
 // [strategy] and [pipeline]: how the training is spread over replicas, processes or stages.
 #include <set>
 
-#include "cli/config/reader.h"
-#include "cli/config/sections.h"
+#include "config/reader.h"
+#include "config/sections.h"
 #include "hpm/comm/communicator.h"
 #include "hpm/pipeline/partition.h"
 #include "hpm/pipeline/schedule.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 void read_strategy(const Source& s, Config& c) {
   const std::string& path = s.path;
@@ -107,4 +107,4 @@ void read_pipeline(const Source& s, Config& c) {
   }
 }
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail

@@ -23,7 +23,7 @@
 #include "hpm/train/callbacks.h"
 #include "hpm/train/trainer.h"
 
-namespace hpm::cli {
+namespace hpm::config {
 
 class ConfigError : public std::runtime_error {
  public:
@@ -318,4 +318,4 @@ std::shared_ptr<const nn::Objective> build_objective(const Config& config);
 std::shared_ptr<optim::Optimizer> build_optimizer(const Config& config, const nn::Module& model);
 std::shared_ptr<optim::LrSchedule> build_schedule(const Config& config);
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

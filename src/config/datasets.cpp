@@ -1,5 +1,5 @@
 // The [data] section's training pipeline and evaluation set, shared by the subcommands.
-#include "hpm/cli/datasets.h"
+#include "hpm/config/datasets.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -13,7 +13,7 @@
 #include "hpm/io/tfrecord.h"
 #include "hpm/tensor/kernels.h"
 
-namespace hpm::cli {
+namespace hpm::config {
 
 namespace {
 
@@ -136,4 +136,4 @@ data::LabelledData test_set(const Config& cfg) {
   return data::load_mnist_split(cfg.data_dir, "t10k").first(cfg.test_limit);
 }
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -1,4 +1,4 @@
-#include "hpm/cli/config.h"
+#include "hpm/config/config.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -11,7 +11,7 @@
 #include "common/temp_dir.h"
 #include "hpm/tensor/kernels.h"
 
-namespace hpm::cli {
+namespace hpm::config {
 namespace {
 
 using hpm::testing::TempDir;
@@ -346,9 +346,9 @@ blocks = [3, 3, 3]
 }
 
 }  // namespace
-}  // namespace hpm::cli
+}  // namespace hpm::config
 
-namespace hpm::cli {
+namespace hpm::config {
 namespace {
 
 // Pipeline stages run the autocast scope (tests/pipeline/models_test.cpp,
@@ -379,4 +379,4 @@ TEST(Config, PrecisionIsF32OrBf16WhereNative) {
 }
 
 }  // namespace
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "cli/config/reader.h"
-#include "cli/config/sections.h"
+#include "config/reader.h"
+#include "config/sections.h"
 #include "hpm/autograd/autocast.h"
 #include "hpm/io/paths.h"
 #include "hpm/nn/containers.h"
@@ -12,7 +12,7 @@
 #include "hpm/nn/recompute.h"
 #include "hpm/train/callbacks.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 void read_train(const Source& s, Config& c) {
   const std::string& path = s.path;
@@ -185,9 +185,9 @@ void read_early_stopping(const Source& s, Config& c) {
   }
 }
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail
 
-namespace hpm::cli {
+namespace hpm::config {
 
 std::string tokenizer_id(const data::Tokenizer& tokenizer) {
   if (tokenizer.fingerprint() == 0) return "bytes";
@@ -261,4 +261,4 @@ std::shared_ptr<nn::Module> with_memory_options(const Config& c,
   return std::make_shared<nn::RunAs>(std::move(model), std::move(runner));
 }
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -1,8 +1,8 @@
 // [cluster] and [ps]: parameter-server jobs (hpm ps ...).
-#include "cli/config/reader.h"
-#include "cli/config/sections.h"
+#include "config/reader.h"
+#include "config/sections.h"
 
-namespace hpm::cli::config {
+namespace hpm::config::detail {
 
 void read_ps(const Source& s, Config& c) {
   const std::string& path = s.path;
@@ -65,4 +65,4 @@ void read_ps(const Source& s, Config& c) {
     pr.out_of_range(*pr.find("checkpoint_every_tasks"), "checkpoint_every_tasks", ">= 0");
 }
 
-}  // namespace hpm::cli::config
+}  // namespace hpm::config::detail
