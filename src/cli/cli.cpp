@@ -20,7 +20,7 @@
 #include "hpm/cli/distributed.h"
 #include "hpm/cli/export_command.h"
 #include "hpm/cli/fault_tolerance.h"
-#include "hpm/cli/launch.h"
+#include "hpm/cli/launch_command.h"
 #include "hpm/cli/options.h"
 #include "hpm/cli/plan.h"
 #include "hpm/cli/plot.h"
@@ -602,8 +602,8 @@ int main(int argc, char** argv) {
   allreduce_cmd->add_option("--algorithm", allreduce_bench.algorithm,
                             "auto, direct, ring or recursive_doubling");
   allreduce_cmd->add_option("--report", allreduce_bench.report, "write the results as JSON");
-  LaunchOptions launch;
-  CLI::App* launch_cmd = add_launch_command(app, launch);
+  launch::LaunchOptions launch_opts;
+  CLI::App* launch_cmd = add_launch_command(app, launch_opts);
   DistillCommandOptions distill_opts;
   CLI::App* distill_cmd = add_distill_command(app, distill_opts);
   ChurnCommandOptions churn_opts;
@@ -628,7 +628,7 @@ int main(int argc, char** argv) {
   try {
     watch_launcher_from_env();
     check_report_paths(app);
-    if (*launch_cmd) return run_launch(launch);
+    if (*launch_cmd) return launch::run_launch(launch_opts);
     if (*train_cmd) return run_train(train_opts, resume, worker);
     if (*eval_cmd) return run_evaluate(eval_opts, checkpoint, weights);
     if (*export_cmd) return run_export(export_opts);

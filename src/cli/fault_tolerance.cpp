@@ -70,7 +70,7 @@ const std::atomic<bool>* install_preemption_handlers() {
 }
 
 void watch_launcher_from_env() {
-  const char* spec = std::getenv(kLauncherFdVariable);
+  const char* spec = std::getenv(launch::kLauncherFdVariable);
   if (spec == nullptr || *spec == '\0') return;
   char* end = nullptr;
   const long fd = std::strtol(spec, &end, 10);
@@ -81,7 +81,7 @@ void watch_launcher_from_env() {
   }
   // Not passed on: the process this one starts has its own launcher, or none.
   ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
-  ::unsetenv(kLauncherFdVariable);
+  ::unsetenv(launch::kLauncherFdVariable);
   // To the main thread, whose handler runs on its own stack (see signal_stack), not to whichever
   // thread the kernel picks.
   std::thread([fd = static_cast<int>(fd), main_thread = ::pthread_self()] {

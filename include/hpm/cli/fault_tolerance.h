@@ -5,18 +5,15 @@
 #include <cstdio>
 #include <memory>
 
+#include "hpm/launch/supervisor.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::cli {
 
-// The exit status of a run that was preempted (SIGTERM or SIGINT) after writing its backup: the
-// same command, run again, continues from it.
-inline constexpr int kExitPreempted = 4;
-// A peer was lost: a collective or rendezvous timed out, or a rank died (comm::CommError). A
-// restart may well succeed, so `hpm launch --max-restarts` restarts the group.
-inline constexpr int kExitPeerLost = 5;
-// The training step does not fit the device's memory budget; the same config meets it again.
-inline constexpr int kExitOutOfMemory = 6;
+// The exit statuses the supervisor of `hpm launch` reads (hpm/launch/supervisor.h).
+using launch::kExitOutOfMemory;
+using launch::kExitPeerLost;
+using launch::kExitPreempted;
 
 // Installs SIGTERM and SIGINT handlers that set the returned flag (once; the second signal of
 // either kind kills as usual, for a user who really means it). They run on an alternate signal
@@ -25,10 +22,9 @@ inline constexpr int kExitOutOfMemory = 6;
 const std::atomic<bool>* install_preemption_handlers();
 
 // `hpm launch` passes each rank the read end of a pipe whose write end only the launcher holds
-// (its number in this variable). A rank's command may be a script that starts hpm, which the
+// (launch::kLauncherFdVariable). A rank's command may be a script that starts hpm, which the
 // launcher's PR_SET_PDEATHSIG does not reach: when the launcher dies, even by SIGKILL, hpm sees
 // the pipe close and stops itself (SIGTERM, so a run with a backup_dir backs up first).
-inline constexpr const char* kLauncherFdVariable = "HPM_LAUNCHER_FD";
 void watch_launcher_from_env();
 
 // Prints which backup a run continued from, and each newer one skipped as unusable (to stderr).

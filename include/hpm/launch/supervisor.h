@@ -1,16 +1,31 @@
-// `hpm launch -n N [--rendezvous HOST:PORT | --rendezvous-dir DIR] [--timeout S] -- PROGRAM
-// ARGS...` starts N local ranks of PROGRAM with the environment the gloo backend reads (HPM_RANK,
+// The process supervisor of `hpm launch -n N [--rendezvous HOST:PORT | --rendezvous-dir DIR]
+// [--timeout S] -- PROGRAM ARGS...`, usable without the command line: it starts N local ranks of
+// PROGRAM with the environment the gloo backend reads (HPM_RANK,
 // HPM_LOCAL_RANK, HPM_WORLD_SIZE, HPM_RENDEZVOUS, HPM_TIMEOUT), prefixes every line they print
 // with "[rank] ", forwards SIGINT/SIGTERM to them, and stops them all when one fails.
 #pragma once
 #include <string>
 #include <vector>
 
-namespace CLI {
-class App;
-}
+namespace hpm::launch {
 
-namespace hpm::cli {
+// Exit statuses of a rank that the supervisor reads (and hpm train returns): which failures a
+// restart may cure.
+// A run preempted (SIGTERM or SIGINT) after writing its backup: the same command, run again,
+// continues from it.
+inline constexpr int kExitPreempted = 4;
+// A peer was lost: a collective or rendezvous timed out, or a rank died (comm::CommError). A
+// restart may well succeed, so `--max-restarts` restarts the group.
+inline constexpr int kExitPeerLost = 5;
+// The training step does not fit the device's memory budget; the same config meets it again.
+inline constexpr int kExitOutOfMemory = 6;
+
+// Each rank gets the read end of a pipe whose write end only the supervisor holds, its number in
+// this variable: a rank sees the pipe close when the supervisor dies, even by SIGKILL.
+inline constexpr const char* kLauncherFdVariable = "HPM_LAUNCHER_FD";
+
+// The text `hpm launch --help` ends with: what each rank gets, restarts, exit statuses.
+extern const char* const kHelpFooter;
 
 struct LaunchOptions {
   int processes = 0;       // -n (required unless --ps and --workers)
@@ -36,10 +51,7 @@ struct LaunchOptions {
   std::string ps_cluster;  // filled by run_launch
 };
 
-// Adds the `launch` subcommand to `app`; parsing fills `options`.
-CLI::App* add_launch_command(CLI::App& app, LaunchOptions& options);
-
 // Runs the ranks until all have exited; returns the exit status described in `hpm launch --help`.
 int run_launch(const LaunchOptions& options);
 
-}  // namespace hpm::cli
+}  // namespace hpm::launch

@@ -5,7 +5,7 @@
 // is forwarded once), and stopping a rank also stops whatever it started. Its stdin is /dev/null;
 // PR_SET_PDEATHSIG sends it SIGTERM should the launcher die. The launcher is one thread: a poll()
 // loop over the ranks' stdout/stderr pipes and a self-pipe written by the signal handlers.
-#include "hpm/cli/launch.h"
+#include "hpm/launch/supervisor.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -17,7 +17,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -30,11 +29,9 @@
 #include <random>
 #include <thread>
 
-#include "hpm/cli/fault_tolerance.h"
-#include "hpm/cli/options.h"
 #include "hpm/comm/store.h"
 
-namespace hpm::cli {
+namespace hpm::launch {
 
 namespace {
 
@@ -43,7 +40,9 @@ using Clock = std::chrono::steady_clock;
 constexpr std::size_t kMaxLine = 1 << 20;  // longer lines are relayed in pieces of this size
 constexpr auto kDrainAfterExit = std::chrono::milliseconds(1000);
 
-const char* const kFooter =
+}  // namespace
+
+const char* const kHelpFooter =
     "Each rank gets HPM_RANK, HPM_LOCAL_RANK, HPM_WORLD_SIZE and HPM_RENDEZVOUS: --rendezvous, or\n"
     "a fresh directory (removed at the end) in --rendezvous-dir or the temporary directory; and\n"
     "HPM_TIMEOUT with --timeout. Its stdout and stderr lines are relayed whole, prefixed with\n"
@@ -59,6 +58,8 @@ const char* const kFooter =
     "Exit status: 0 when every rank exits 0; else that of the first rank to fail (its exit\n"
     "status, or 128+N when killed by signal N); 128+N when the launcher itself got signal N;\n"
     "1 when the ranks cannot be started; 2 for a usage error.";
+
+namespace {
 
 int ms_until(Clock::time_point t) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t - Clock::now()).count();
@@ -281,7 +282,10 @@ void start_rank(Rank& r, const LaunchOptions& o, const std::string& rendezvous, 
   ::close(err[1]);
   r.pid = pid;
   r.running = true;
-  const std::string prefix = "[" + std::to_string(r.index) + "] ";
+  // Appended rather than concatenated: GCC 12 reports a false -Wrestrict for "[" + to_string().
+  std::string prefix = "[";
+  prefix += std::to_string(r.index);
+  prefix += "] ";
   r.out = Stream{out[0], STDOUT_FILENO, prefix, {}};
   r.err = Stream{err[0], STDERR_FILENO, prefix, {}};
   for (int fd : {out[0], err[0]}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
@@ -441,46 +445,6 @@ class Launcher {
 
 }  // namespace
 
-CLI::App* add_launch_command(CLI::App& app, LaunchOptions& o) {
-  CLI::App* cmd = app.add_subcommand(
-      "launch", "start N local processes of a program as the ranks of one group");
-  auto* nproc =
-      cmd->add_option("-n,--nproc", o.processes, "number of ranks")->check(CLI::Range(1, 4096));
-  auto* ps = cmd->add_option("--ps", o.ps_tasks,
-                             "a parameter-server job: this many parameter-server tasks (with "
-                             "--workers; plus one coordinator)")
-                 ->check(CLI::Range(1, 1024));
-  auto* workers = cmd->add_option("--workers", o.ps_workers, "a parameter-server job's workers")
-                      ->check(CLI::Range(1, 4096));
-  ps->needs(workers);
-  workers->needs(ps);
-  nproc->excludes(ps);
-  nproc->excludes(workers);
-  auto* tcp =
-      cmd->add_option("--rendezvous", o.rendezvous,
-                      "HOST:PORT of the TCP store rank 0 will host (port 0: any free port)");
-  auto* dir = cmd->add_option(
-      "--rendezvous-dir", o.rendezvous_dir,
-      "where to make the run's FileStore directory (default: the temporary directory)");
-  tcp->excludes(dir);
-  cmd->add_option("--timeout", o.timeout_s,
-                  "rendezvous and collective timeout for the ranks, seconds (HPM_TIMEOUT)")
-      ->check(positive_number());
-  cmd->add_option("--grace", o.grace_s,
-                  "seconds from SIGTERM to SIGKILL when stopping the ranks (default 5)")
-      ->check(non_negative_number());
-  cmd->add_option("--max-restarts", o.max_restarts,
-                  "restart the whole group up to this many times when a rank fails (default 0)")
-      ->check(non_negative_number());
-  cmd->add_option("--restart-delay", o.restart_delay_s,
-                  "seconds before the first restart, doubled before each next (default 1)")
-      ->check(CLI::Range(0.0, 3600.0));
-  cmd->add_option("command", o.command, "PROGRAM ARGS... (after --; PROGRAM is looked up in PATH)")
-      ->required();
-  cmd->footer(kFooter);
-  return cmd;
-}
-
 namespace {
 
 // One attempt: its own rendezvous (a fresh FileStore directory, or the TCP store's address with
@@ -613,4 +577,4 @@ int run_launch(const LaunchOptions& options) {
   }
 }
 
-}  // namespace hpm::cli
+}  // namespace hpm::launch
