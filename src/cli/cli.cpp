@@ -17,7 +17,6 @@
 
 #include "hpm/cli/bench.h"
 #include "hpm/cli/distill_command.h"
-#include "hpm/cli/distributed.h"
 #include "hpm/cli/export_command.h"
 #include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch_command.h"
@@ -31,6 +30,8 @@
 #include "hpm/cli/tokenizer_command.h"
 #include "hpm/comm/communicator.h"
 #include "hpm/comm/gloo.h"
+#include "hpm/config/strategy.h"
+#include "hpm/config/training_run.h"
 #include "hpm/data/image_codec.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distribute/ps/checkpoint.h"
@@ -100,50 +101,15 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                          std::to_string(env->world_size) + "), or run one process");
     }
   }
-  manual_seed(cfg.seed);  // model initialization draws from the default generator
-  std::shared_ptr<distribute::Strategy> strategy = build_strategy(cfg, worker);
-  std::shared_ptr<nn::Module> model;
-  auto schedule = build_schedule(cfg);
-  std::unique_ptr<train::Trainer> trainer_ptr;
-  if (strategy) {
-    // A pipeline cuts the Sequential itself and applies [memory] per stage.
-    strategy->scope(
-        [&] {
-          return cfg.pipeline.present ? std::shared_ptr<nn::Module>(build_model(cfg))
-                                      : with_memory_options(cfg, build_model(cfg));
-        },
-        [&](nn::Module& m) { return build_optimizer(cfg, m); });
-    model = strategy->model();
-    trainer_ptr = std::make_unique<train::Trainer>(strategy, schedule);
-  } else {
-    model = with_memory_options(cfg, build_model(cfg));
-    trainer_ptr = std::make_unique<train::Trainer>(model, build_optimizer(cfg, *model), schedule);
-  }
-  train::Trainer& trainer = *trainer_ptr;
-  if (cfg.device != "cpu") {
-    if (strategy) {
-      refuse_setting(cfg, "train", "device",
-                     "= \"" + cfg.device + "\" trains one replica on one GPU; [strategy] " +
-                         strategy->name() + " and [pipeline] run on the CPU for now");
-    }
-    trainer.set_device(config_device(cfg));
-  }
-  if (cfg.model_kind == "gpt") trainer.set_objective(build_objective(cfg));
+  TrainingRun run = make_training_run(cfg, worker);
+  const std::shared_ptr<distribute::Strategy>& strategy = run.strategy;
+  const std::shared_ptr<nn::Module>& model = run.model;
+  train::Trainer& trainer = *run.trainer;
   // In a multi-worker job only worker 0 speaks (progress, report); the others report errors.
-  const bool chief = !strategy || strategy->worker_rank() == 0;
-  std::int64_t train_examples = 0;
-  const data::Dataset pipeline = training_pipeline(cfg, &train_examples, strategy.get());
+  const bool chief = run.chief;
+  const std::int64_t train_examples = run.train_examples;
   const data::LabelledData test = test_set(cfg);
-
-  const bool tty = isatty(fileno(stdout)) != 0;
-  if (chief)
-    trainer.add_callback(
-        std::make_shared<train::ProgressCallback>(stdout, tty, progress_options(cfg)));
-  if (!cfg.metrics_csv.empty() && chief)
-    trainer.add_callback(std::make_shared<train::CsvLogger>(cfg.metrics_csv));
-  if (!cfg.tensorboard_dir.empty() && chief)
-    trainer.add_callback(
-        std::make_shared<train::TensorBoardLogger>(cfg.tensorboard_dir, cfg.by_steps()));
+  if (chief) add_loggers(trainer, cfg);
   // Early stopping runs on every worker, not only the chief: each sees the same metrics (losses
   // are all-reduced, replicas identical), so all stop after the same epoch; a chief stopping
   // alone would leave the others waiting in a collective.
@@ -159,12 +125,11 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
                                                                       cfg.best_checkpoint_monitor));
   }
 
-  train::FitOptions fo = fit_options(cfg);
+  train::FitOptions& fo = run.fit;
   fo.resume_from = resume;
   fo.backup_dir = cfg.backup_dir;
   fo.backup_every_steps = cfg.backup_every_steps;
   fo.keep_backup = cfg.keep_backup;
-  fo.per_worker_input = strategy && strategy->num_workers() > 1 && cfg.shard != "batch";
   // SIGTERM/SIGINT finish the step and back up, when there is somewhere to back up to.
   if (!cfg.backup_dir.empty()) fo.stop_signal = install_preemption_handlers();
   trainer.add_callback(std::make_shared<BackupReport>());
@@ -208,7 +173,7 @@ int run_train(const Common& c, const std::string& resume, const WorkerFlags& wor
   if (cfg.device_budget_mb > 0 && !cfg.pipeline.present)  // [memory]: what training may hold
     trainer.device().set_budget(static_cast<std::size_t>(cfg.device_budget_mb * 1024.0 * 1024.0));
   try {
-    r = trainer.fit(pipeline, &test, fo);
+    r = trainer.fit(run.pipeline, &test, fo);
   } catch (const train::TrainingError& e) {
     std::string last;
     if (!cfg.checkpoint_dir.empty() && std::filesystem::exists(cfg.checkpoint_dir + "/latest")) {

@@ -9,11 +9,12 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "hpm/cli/distributed.h"
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
 #include "hpm/cli/run_config.h"
 #include "hpm/comm/gloo.h"
+#include "hpm/config/strategy.h"
+#include "hpm/config/training_run.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/distill/distiller.h"
 #include "hpm/io/atomic_file.h"
@@ -40,12 +41,6 @@ bool chief_process() {
   return !env || env->rank == 0;
 }
 
-// A path beside `path` for another run of the same command: "runs/m.csv" -> "runs/m-baseline.csv".
-std::string suffixed_path(const std::string& path, const std::string& suffix) {
-  const std::filesystem::path p(path);
-  return (p.parent_path() / (p.stem().string() + "-" + suffix + p.extension().string())).string();
-}
-
 // ---- training -----------------------------------------------------------------------------------
 
 struct Trained {
@@ -66,51 +61,23 @@ Trained train_model(const Config& cfg, const char* what,
                     std::shared_ptr<const distill::Distiller> distiller,
                     const data::LabelledData& test, bool write_checkpoints,
                     const std::string& csv_suffix = "", comm::CommunicatorPtr* workers = nullptr) {
-  manual_seed(cfg.seed);  // model initialization draws from the default generator
-  Trained t;
-  const std::shared_ptr<distribute::Strategy> strategy =
-      build_strategy(cfg, WorkerFlags{}, workers);
-  std::unique_ptr<train::Trainer> trainer;
-  // [memory] recompute or offload, as hpm train applies them.
-  if (strategy) {
-    strategy->scope([&] { return with_memory_options(cfg, build_model(cfg)); },
-                    [&](nn::Module& m) { return build_optimizer(cfg, m); });
-    t.model = strategy->model();
-    t.optimizer = strategy->optimizer();
-    trainer = std::make_unique<train::Trainer>(strategy, build_schedule(cfg));
-    t.chief = strategy->worker_rank() == 0;
-  } else {
-    t.model = with_memory_options(cfg, build_model(cfg));
-    t.optimizer = build_optimizer(cfg, *t.model);
-    trainer = std::make_unique<train::Trainer>(t.model, t.optimizer, build_schedule(cfg));
-  }
-  const bool lm = cfg.token_source();
   // The run's own objective, with [train] label_smoothing; a distiller blends its teachers in.
   const std::shared_ptr<const nn::Objective> base = build_objective(cfg);
-  if (distiller) {
-    distill::attach(*trainer, std::move(distiller), base);
-  } else {
-    trainer->set_objective(base);
-  }
-  std::int64_t examples = 0;
-  const data::Dataset pipeline = training_pipeline(cfg, &examples, strategy.get());
-  if (t.chief) {
-    trainer->add_callback(std::make_shared<train::ProgressCallback>(
-        stdout, isatty(fileno(stdout)) != 0, progress_options(cfg)));
-    if (!cfg.metrics_csv.empty()) {
-      trainer->add_callback(std::make_shared<train::CsvLogger>(
-          csv_suffix.empty() ? cfg.metrics_csv : suffixed_path(cfg.metrics_csv, csv_suffix)));
-    }
-    // The run's events in tensorboard_dir, each other run's in a folder of it ("teacher-0",
-    // "baseline", ...), as TensorBoard lists runs.
-    if (!cfg.tensorboard_dir.empty()) {
-      trainer->add_callback(std::make_shared<train::TensorBoardLogger>(
-          csv_suffix.empty() ? cfg.tensorboard_dir : cfg.tensorboard_dir + "/" + csv_suffix,
-          cfg.by_steps()));
-    }
-  }
-  train::FitOptions fo = fit_options(cfg);
-  fo.per_worker_input = strategy && strategy->num_workers() > 1 && cfg.shard != "batch";
+  TrainingRun run = make_training_run(
+      cfg, WorkerFlags{}, workers,
+      distiller ? std::make_shared<distill::DistillationObjective>(std::move(distiller), base)
+                : base);
+  Trained t;
+  t.model = run.model;
+  t.optimizer = run.optimizer;
+  t.chief = run.chief;
+  const std::shared_ptr<distribute::Strategy>& strategy = run.strategy;
+  train::Trainer* trainer = run.trainer.get();
+  const bool lm = cfg.token_source();
+  const std::int64_t examples = run.train_examples;
+  const data::Dataset& pipeline = run.pipeline;
+  if (t.chief) add_loggers(*trainer, cfg, csv_suffix);
+  train::FitOptions& fo = run.fit;
   if (!write_checkpoints) fo.checkpoint_dir.clear();
   if (t.chief) {
     std::printf("%s (%s): %lld parameters, ", what, cfg.path.c_str(),
@@ -313,6 +280,13 @@ int run_distill(const DistillCommandOptions& o) {
     refuse_setting(cfg, "train", "backup_dir",
                    "is not supported by hpm distill, which backs up none of the runs it trains "
                    "(checkpoint_dir keeps the student's checkpoints)");
+  }
+  // The teachers run on the student's batches, where the student trains: both on the CPU for now.
+  if (cfg.device != "cpu") {
+    refuse_setting(cfg, "train", "device",
+                   "= \"" + cfg.device +
+                       "\" is not applied by hpm distill yet: its teachers and "
+                       "students train on the CPU");
   }
   use_threads(cfg.threads);
   const data::LabelledData test = test_set(cfg);

@@ -144,7 +144,7 @@ TEST(WeightsCommand, ErrorsNameWhatAndWhere) {
       << shape.output;
   CommandResult neither = run_hpm("evaluate " + cfg);
   EXPECT_EQ(neither.code, 1);
-  EXPECT_NE(neither.output.find("give --checkpoint DIR or --weights FILE.safetensors (one)"),
+  EXPECT_NE(neither.output.find("give a checkpoint directory or a .safetensors weights file (one)"),
             std::string::npos)
       << neither.output;
   CommandResult corrupt = run_hpm("export " + dir / "nothing" + " -o " + dir / "x.safetensors");

@@ -1,4 +1,4 @@
-#include "hpm/cli/distributed.h"
+#include "hpm/config/strategy.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +13,7 @@
 #include "hpm/pipeline/strategy.h"
 #include "hpm/tensor/random.h"
 
-namespace hpm::cli {
+namespace hpm::config {
 
 namespace {
 
@@ -237,4 +237,4 @@ std::shared_ptr<distribute::Strategy> build_strategy(const Config& cfg, const Wo
   return distribute::make_multi_worker_mirrored(workers, so);
 }
 
-}  // namespace hpm::cli
+}  // namespace hpm::config

@@ -1,13 +1,14 @@
-// The [strategy] section and the worker flags, turned into a distribute::Strategy.
+// The [strategy] and [pipeline] sections and where this process stands among the workers, turned
+// into a distribute::Strategy.
 #pragma once
 #include <memory>
 #include <string>
 
-#include "hpm/cli/run_config.h"
 #include "hpm/comm/communicator.h"
+#include "hpm/config/config.h"
 #include "hpm/distribute/strategy.h"
 
-namespace hpm::cli {
+namespace hpm::config {
 
 // Where this process stands among the workers of a multi-worker job: from `hpm train --rank R
 // --world-size W --rendezvous HOST:PORT|DIR`, else from the environment `hpm launch` or `mpirun`
@@ -29,4 +30,4 @@ struct WorkerFlags {
 std::shared_ptr<distribute::Strategy> build_strategy(const Config& cfg, const WorkerFlags& flags,
                                                      comm::CommunicatorPtr* workers = nullptr);
 
-}  // namespace hpm::cli
+}  // namespace hpm::config
