@@ -60,10 +60,8 @@ struct Common {
 
 // `config_required` false: a command that can take the configuration a checkpoint recorded.
 void add_common(CLI::App* cmd, Common& c, bool config_required = true) {
-  CLI::Option* config = cmd->add_option("config", c.config_path, "TOML run configuration");
-  if (config_required) config->required();
-  cmd->add_option("--set", c.overrides, "override a config value: section.key=value (repeatable)");
-  cmd->add_option("--report", c.report, "write a JSON report to this file");
+  add_config_flags(cmd, c.config_path, c.overrides, "TOML run configuration", &c.report,
+                   !config_required);
   cmd->add_option("--threads", c.threads, "intra-op threads (default: [train] threads, else 1)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--seed", c.seed, "random seed (overrides [train] seed)")->check(seed_range());

@@ -184,10 +184,8 @@ nlohmann::json report_of(const Config& cfg, const CopyResult& gathered, const Te
 CLI::App* add_codistill_command(CLI::App& app, CodistillCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "codistill", "train CONFIG's [codistill] copies together, distilling from each other");
-  cmd->add_option("config", o.config_path, "TOML run configuration with a [codistill] section")
-      ->required();
-  cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
-  cmd->add_option("--report", o.report, "write a JSON report to this file");
+  add_config_flags(cmd, o.config_path, o.overrides,
+                   "TOML run configuration with a [codistill] section", &o.report);
   cmd->add_option("--threads", o.threads, "intra-op threads per copy (default: [train] threads)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--seed", o.seed, "copy 0's seed; copy r gets seed + r (overrides [train] seed)")

@@ -228,11 +228,8 @@ nlohmann::json churn_json(const distill::Churn& c) {
 CLI::App* add_distill_command(CLI::App& app, DistillCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "distill", "distill CONFIG's model from the teachers of its [distill] section");
-  cmd->add_option("config", o.config_path, "TOML run configuration with a [distill] section")
-      ->required();
-  cmd->add_option("--set", o.overrides,
-                  "override a value of the student's config: section.key=value (repeatable)");
-  cmd->add_option("--report", o.report, "write a JSON report to this file");
+  add_config_flags(cmd, o.config_path, o.overrides,
+                   "TOML run configuration with a [distill] section (the student's)", &o.report);
   cmd->add_option("--threads", o.threads, "intra-op threads (default: [train] threads, else 1)")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--seed", o.seed, "the student's random seed (overrides [train] seed)")
@@ -245,10 +242,8 @@ CLI::App* add_churn_command(CLI::App& app, ChurnCommandOptions& o) {
       "churn", "share of test examples on which two checkpoints' top-1 predictions differ");
   cmd->add_option("checkpoint_a", o.checkpoint_a, "checkpoint directory of model A")->required();
   cmd->add_option("checkpoint_b", o.checkpoint_b, "checkpoint directory of model B")->required();
-  cmd->add_option("config", o.config_path, "TOML config of the model (and the test data)")
-      ->required();
-  cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
-  cmd->add_option("--report", o.report, "write a JSON report to this file");
+  add_config_flags(cmd, o.config_path, o.overrides, "TOML config of the model (and the test data)",
+                   &o.report);
   cmd->add_option("--threads", o.threads, "intra-op threads (default: [train] threads, else 1)")
       ->check(CLI::Range(1, 1024));
   return cmd;

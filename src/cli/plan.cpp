@@ -66,10 +66,8 @@ void print_projection(double total_forward_s, double total_backward_s, double to
 CLI::App* add_plan_command(CLI::App& app, PlanCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand(
       "plan", "profile a config's model, cut it into pipeline stages and simulate the schedule");
-  cmd->add_option("config", o.config_path, "TOML run configuration ([pipeline] section)")
-      ->required();
-  cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
-  cmd->add_option("--report", o.report, "write the plan as JSON");
+  add_config_flags(cmd, o.config_path, o.overrides, "TOML run configuration ([pipeline] section)",
+                   &o.report);
   cmd->add_option("--message-us", o.message_us,
                   "microseconds for an activation to reach the next stage (default 0)")
       ->check(non_negative_number());

@@ -300,9 +300,7 @@ CLI::App* add_ps_command(CLI::App& app, PsCommandOptions& o) {
   cmd->require_subcommand(1);
   auto add = [&](const char* role, const char* help, bool task) {
     CLI::App* sub = cmd->add_subcommand(role, help);
-    sub->add_option("config", o.config_path, "TOML run configuration ([cluster], [ps])")
-        ->required();
-    sub->add_option("--set", o.overrides, "override a config value: section.key=value");
+    add_config_flags(sub, o.config_path, o.overrides, "TOML run configuration ([cluster], [ps])");
     sub->add_option("--threads", o.threads, "intra-op threads")->check(CLI::Range(1, 1024));
     sub->add_option("--seed", o.seed, "random seed (overrides [train] seed)")->check(seed_range());
     if (task) sub->add_option("--task", o.task, "which task of the cluster (default HPM_PS_INDEX)");

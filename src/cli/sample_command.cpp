@@ -15,6 +15,7 @@
 #include "hpm/data/tokenizer.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/nn/gpt.h"
+#include "hpm/nn/sampling.h"
 #include "hpm/tensor/device.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/checkpoint.h"
@@ -22,31 +23,6 @@
 namespace hpm::cli {
 
 namespace {
-
-// A token from logits (V): temperature, the top_k largest (0: all), then a draw.
-std::int64_t draw(const Tensor& logits, float temperature, std::int64_t top_k, Generator& gen) {
-  std::vector<float> z = logits.to_vector();
-  if (top_k > 0 && top_k < static_cast<std::int64_t>(z.size())) {
-    std::vector<float> sorted = z;
-    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<>());
-    const float kth = sorted[static_cast<std::size_t>(top_k - 1)];
-    for (float& v : z)
-      if (v < kth) v = -INFINITY;
-  }
-  const float mx = *std::max_element(z.begin(), z.end());
-  double total = 0;
-  for (float& v : z) total += v = std::exp((v - mx) / temperature);
-  double u = static_cast<double>(gen.uniform()) * total;
-  for (std::size_t i = 0; i < z.size(); ++i) {
-    u -= z[i];
-    if (u <= 0) return static_cast<std::int64_t>(i);
-  }
-  return static_cast<std::int64_t>(z.size() - 1);
-}
-
-Tensor row(const std::vector<std::int64_t>& tokens) {
-  return Tensor::from_i64(tokens, Shape{1, static_cast<std::int64_t>(tokens.size())});
-}
 
 // The tokenizer the model was trained with: [data] tokenizer, else bytes; for shards, the one
 // their header names must be it (else the ids would be read with the wrong vocabulary).
@@ -80,43 +56,14 @@ std::vector<std::int64_t> prompt_ids(const std::string& prompt, const data::Toke
   return ids;
 }
 
-// Decoded text as the tokens arrive: what is new since the last call. A character whose bytes
-// are not all drawn yet decodes as U+FFFD; it is held back until it is whole (or the end).
-class TextStream {
- public:
-  explicit TextStream(const data::Tokenizer& tok) : tok_(tok) {}
-  std::string add(std::int64_t id) {
-    ids_.push_back(id);
-    std::string text = tok_.decode(ids_);
-    static const std::string kReplacement = "\xEF\xBF\xBD";
-    while (text.size() >= kReplacement.size() &&
-           text.compare(text.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
-      text.resize(text.size() - kReplacement.size());
-    return advance(text);
-  }
-  std::string finish() { return advance(tok_.decode(ids_)); }
-  const std::vector<std::int64_t>& ids() const { return ids_; }
-
- private:
-  std::string advance(const std::string& text) {
-    if (text.size() <= shown_.size() || text.compare(0, shown_.size(), shown_) != 0) return "";
-    std::string fresh = text.substr(shown_.size());
-    shown_ = text;
-    return fresh;
-  }
-  const data::Tokenizer& tok_;
-  std::vector<std::int64_t> ids_;
-  std::string shown_;
-};
-
 }  // namespace
 
 CLI::App* add_sample_command(CLI::App& app, SampleCommandOptions& o) {
   CLI::App* cmd = app.add_subcommand("sample", "text from a trained GPT, printed as it is drawn");
-  cmd->add_option("config", o.config_path,
-                  "a checkpoint directory (hpm sample CKPT), or the TOML config the model was "
-                  "trained with (default: the one the checkpoint recorded)");
-  cmd->add_option("--set", o.overrides, "override a config value: section.key=value (repeatable)");
+  add_config_flags(cmd, o.config_path, o.overrides,
+                   "a checkpoint directory (hpm sample CKPT), or the TOML config the model was "
+                   "trained with (default: the one the checkpoint recorded)",
+                   nullptr, /*optional=*/true);
   cmd->add_option("--checkpoint", o.checkpoint, "checkpoint directory");
   cmd->add_option("--prompt", o.prompt, "text to continue (default: a newline)");
   cmd->add_option("--tokens", o.tokens, "tokens to draw (200)")->check(positive_number());
@@ -154,54 +101,22 @@ int run_sample(SampleCommandOptions o) {
   nn::GPT model(cfg.gpt);
   check_checkpoint_tokenizer(train::load_checkpoint(o.checkpoint, model, nullptr), cfg,
                              "the checkpoint " + o.checkpoint);
-  model.eval();
-  // On a GPU: the weights move there, and every tensor of the drawing (the key/value cache, the
-  // logits) is made there; only each token's logits come back to the host to be drawn from.
-  Device& device = config_device(cfg);
-  model.move_to(device);
-  DeviceGuard on(device);
-  const std::int64_t vocab = cfg.gpt.vocab_size, block = cfg.gpt.block_size;
+  model.move_to(config_device(cfg));  // on a GPU, the drawing happens there (nn::sample)
   const data::Tokenizer& tok = tokenizer_of(cfg);
-  std::vector<std::int64_t> tokens = prompt_ids(o.prompt, tok, vocab);
-  if (static_cast<std::int64_t>(tokens.size()) > block) {
-    tokens.erase(tokens.begin(), tokens.end() - block);  // the model sees block_size tokens
-  }
-  Generator gen(static_cast<std::uint64_t>(o.seed));
-  TextStream stream(tok);
+  nn::SampleOptions so;
+  so.tokens = o.tokens;
+  so.temperature = o.temperature;
+  so.top_k = o.top_k;
+  so.seed = static_cast<std::uint64_t>(o.seed);
+  so.usable_vocab = tok.vocab_size();
+  so.no_cache = o.no_cache;
+  data::IncrementalDecoder stream(tok);
   const auto t0 = std::chrono::steady_clock::now();
-  nn::KVCache cache;
-  Tensor logits = o.no_cache ? Tensor() : model.decode(row(tokens), cache);
-  for (std::int64_t n = 0; n < o.tokens; ++n) {
-    if (o.no_cache) {
-      NoGradGuard no_grad;
-      const std::int64_t t = static_cast<std::int64_t>(tokens.size());
-      const Tensor all = model.forward(row(tokens));
-      logits = all.reshape({t, vocab}).narrow(t - 1, 1).reshape({vocab});
-    }
-    // Only ids the tokenizer has: a model may be wider than its tokenizer (a byte model with a
-    // vocab_size above 256, as nanoGPT pads it), and its extra rows are never a text's token.
-    const std::int64_t usable = std::min(vocab, tok.vocab_size());
-    const std::int64_t next =
-        draw(usable < vocab ? logits.narrow(0, usable) : logits, o.temperature, o.top_k, gen);
-    const std::string fresh = stream.add(next);
+  nn::sample(model, prompt_ids(o.prompt, tok, cfg.gpt.vocab_size), so, [&](std::int64_t id) {
+    const std::string fresh = stream.add(id);
     std::fwrite(fresh.data(), 1, fresh.size(), stdout);
     std::fflush(stdout);
-    tokens.push_back(next);
-    if (static_cast<std::int64_t>(tokens.size()) > block) tokens.erase(tokens.begin());
-    if (n + 1 == o.tokens || o.no_cache) continue;
-    if (cache.length >= block) {
-      // Positions are absolute (learned embeddings): once the window is full, a token's keys and
-      // values depend on where the window starts, so the cache cannot slide. The window is run
-      // again (as --no-cache does; the same block_size tokens, the same text), and the cache
-      // saves work only while the window fills.
-      cache = nn::KVCache{};
-      const std::vector<std::int64_t> keep(tokens.end() - block, tokens.end() - 1);
-      if (!keep.empty()) model.decode(row(keep), cache);
-      logits = model.decode(row({tokens.back()}), cache);
-    } else {
-      logits = model.decode(row({next}), cache);
-    }
-  }
+  });
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string rest = stream.finish();

@@ -209,4 +209,23 @@ std::size_t first_invalid_utf8(std::string_view text) {
   return std::string_view::npos;
 }
 
+std::string IncrementalDecoder::add(std::int64_t id) {
+  ids_.push_back(id);
+  std::string text = tokenizer_.decode(ids_);
+  static const std::string kReplacement = "\xEF\xBF\xBD";
+  while (text.size() >= kReplacement.size() &&
+         text.compare(text.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+    text.resize(text.size() - kReplacement.size());
+  return advance(text);
+}
+
+std::string IncrementalDecoder::finish() { return advance(tokenizer_.decode(ids_)); }
+
+std::string IncrementalDecoder::advance(const std::string& text) {
+  if (text.size() <= shown_.size() || text.compare(0, shown_.size(), shown_) != 0) return "";
+  std::string fresh = text.substr(shown_.size());
+  shown_ = text;
+  return fresh;
+}
+
 }  // namespace hpm::data

@@ -18,6 +18,46 @@
 namespace hpm::data {
 namespace {
 
+// Decodes ids as bytes, an unfinished two-byte character at the end as U+FFFD: what
+// SentencePiece's byte fallback gives for a character whose bytes are not all drawn yet.
+class ReplacingBytes : public Tokenizer {
+ public:
+  std::vector<std::int64_t> encode(std::string_view, const std::string&,
+                                   std::size_t) const override {
+    return {};
+  }
+  std::string decode(const std::vector<std::int64_t>& ids) const override {
+    std::string s;
+    for (std::int64_t id : ids) s += static_cast<char>(id);
+    if (!s.empty() && (static_cast<unsigned char>(s.back()) & 0xE0) == 0xC0) {
+      s.back() = '\xEF';
+      s += "\xBF\xBD";
+    }
+    return s;
+  }
+  std::int64_t vocab_size() const override { return 256; }
+  const std::string& name() const override { return name_; }
+  std::uint32_t fingerprint() const override { return 1; }
+
+ private:
+  std::string name_ = "replacing bytes";
+};
+
+// The bytes of one character arrive one by one: nothing is shown until the character is whole;
+// one left unfinished at the end shows as U+FFFD. Byte tokens pass through as they come.
+TEST(IncrementalDecoder, HoldsBackACharacterUntilItIsWhole) {
+  const ReplacingBytes tok;
+  IncrementalDecoder d(tok);
+  EXPECT_EQ(d.add('a'), "a");
+  EXPECT_EQ(d.add(0xC3), "");
+  EXPECT_EQ(d.add(0xA9), "\xC3\xA9");  // e-acute, whole
+  EXPECT_EQ(d.add(0xC3), "");
+  EXPECT_EQ(d.finish(), "\xEF\xBF\xBD");
+  EXPECT_EQ(d.ids().size(), 4u);
+  IncrementalDecoder bytes(*byte_tokenizer());
+  EXPECT_EQ(bytes.add(0xC3) + bytes.add(0xA9) + bytes.finish(), "\xC3\xA9");
+}
+
 using hpm::testing::read_text;
 using hpm::testing::run_shell;
 using hpm::testing::TempDir;

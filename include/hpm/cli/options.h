@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace hpm::cli {
 
@@ -60,6 +61,18 @@ inline void positional_checkpoint(std::string& config, std::string& checkpoint,
              config.compare(config.size() - 12, 12, ".safetensors") == 0) {
     *weights = std::exchange(config, std::string());
   }
+}
+
+// The flags of a command that reads a run configuration: CONFIG (positional, described by `what`;
+// required unless `optional`), --set (repeatable) and, when `report` is given, --report.
+inline CLI::Option* add_config_flags(CLI::App* cmd, std::string& config,
+                                     std::vector<std::string>& overrides, const std::string& what,
+                                     std::string* report = nullptr, bool optional = false) {
+  CLI::Option* positional = cmd->add_option("config", config, what);
+  if (!optional) positional->required();
+  cmd->add_option("--set", overrides, "override a config value: section.key=value (repeatable)");
+  if (report != nullptr) cmd->add_option("--report", *report, "write a JSON report to this file");
+  return positional;
 }
 
 inline CLI::Validator positive_number() { return number_from_zero(false); }

@@ -44,6 +44,23 @@ class Tokenizer {
   virtual std::uint32_t fingerprint() const = 0;
 };
 
+// Text as its ids arrive one by one (a model's sampling): add() returns what is new since the last
+// call. A character whose bytes are not all there yet decodes as U+FFFD; it is held back until it
+// is whole, or until finish() (which returns the rest, replacement characters and all).
+class IncrementalDecoder {
+ public:
+  explicit IncrementalDecoder(const Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  std::string add(std::int64_t id);
+  std::string finish();
+  const std::vector<std::int64_t>& ids() const { return ids_; }
+
+ private:
+  std::string advance(const std::string& text);
+  const Tokenizer& tokenizer_;
+  std::vector<std::int64_t> ids_;
+  std::string shown_;
+};
+
 // Token ids are the bytes of the text (vocabulary 256).
 std::shared_ptr<const Tokenizer> byte_tokenizer();
 
