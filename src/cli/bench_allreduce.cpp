@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -186,6 +187,21 @@ int run_bench_allreduce(const AllreduceBenchOptions& o) {
   if (o.backend == "local") return bench_local(o, sizes);
   if (o.backend == "gloo") return bench_gloo(o, sizes);
   throw std::invalid_argument("--backend must be local or gloo, got '" + o.backend + "'");
+}
+
+CLI::App* add_bench_command(CLI::App& app, AllreduceBenchOptions& o) {
+  CLI::App* perf_cmd = app.add_subcommand("bench", "measure the runtime's building blocks");
+  perf_cmd->require_subcommand(1);
+  CLI::App* cmd =
+      perf_cmd->add_subcommand("allreduce", "all-reduce time and bandwidth per message size");
+  cmd->add_option("--backend", o.backend, "local (threads) or gloo (processes)")
+      ->check(CLI::IsMember({"local", "gloo"}));
+  cmd->add_option("--world", o.world, "ranks (gloo: forked here unless under hpm launch)")
+      ->check(CLI::Range(1, 256));
+  cmd->add_option("--sizes", o.sizes, "comma-separated message sizes (K, M, G suffixes)");
+  cmd->add_option("--algorithm", o.algorithm, "auto, direct, ring or recursive_doubling");
+  cmd->add_option("--report", o.report, "write the results as JSON");
+  return cmd;
 }
 
 }  // namespace hpm::cli

@@ -134,7 +134,7 @@ LabelledData shard_rows(const LabelledData& data, std::int64_t num_shards, std::
 }  // namespace
 
 Dataset build_tfrecord_input_pipeline(const std::string& files, io::Compression compression,
-                                const InputPipelineSpec& spec) {
+                                      const InputPipelineSpec& spec) {
   check_augment(spec.augment);
   check_shards(spec);
   if (spec.limit < 0) throw std::invalid_argument("the record limit must be >= 0");

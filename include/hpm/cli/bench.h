@@ -2,6 +2,10 @@
 #pragma once
 #include <string>
 
+namespace CLI {
+class App;
+}
+
 namespace hpm::cli {
 
 struct AllreduceBenchOptions {
@@ -11,6 +15,9 @@ struct AllreduceBenchOptions {
   std::string algorithm = "auto";
   std::string report;  // JSON file
 };
+
+// Adds `hpm bench allreduce` to `app` (the subcommand's App, to test whether it was named).
+CLI::App* add_bench_command(CLI::App& app, AllreduceBenchOptions& options);
 
 // Prints one row per size: time, algorithm bandwidth and bus bandwidth. Returns the exit code.
 int run_bench_allreduce(const AllreduceBenchOptions& options);

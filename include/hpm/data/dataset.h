@@ -101,6 +101,21 @@ struct MapOptions {
 };
 
 // A handle on an immutable pipeline; every method returns a new Dataset.
+class Dataset;
+
+// A pipeline run alone, as fast as it goes (tf.data's benchmark): what it delivers and where its
+// time goes, per stage of the last pass.
+struct PipelineThroughput {
+  std::int64_t elements = 0;  // rows of the first component of every batch
+  std::int64_t batches = 0;
+  double seconds = 0;
+  std::vector<StageStats> stages;
+  double elements_per_s() const {
+    return seconds > 0 ? static_cast<double>(elements) / seconds : 0;
+  }
+};
+PipelineThroughput measure_throughput(const Dataset& pipeline, std::int64_t epochs = 1);
+
 class Dataset {
  public:
   Dataset() = default;

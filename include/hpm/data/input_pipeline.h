@@ -49,7 +49,7 @@ Dataset build_input_pipeline(const LabelledData& data, const InputPipelineSpec& 
 // map(decode) -> [cache] -> shuffle (a full shuffle becomes a 10k buffer) -> augment -> batch ->
 // [prefetch].
 Dataset build_tfrecord_input_pipeline(const std::string& files, io::Compression compression,
-                                const InputPipelineSpec& spec);
+                                      const InputPipelineSpec& spec);
 // The records of the matching files (std::invalid_argument when none matches; IoErrors name a
 // corrupt or mis-compressed file and the byte).
 std::int64_t count_tfrecords(const std::string& files, io::Compression compression);

@@ -1,0 +1,85 @@
+#include "hpm/data/tfrecord_files.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdio>
+
+#include "hpm/data/image_codec.h"
+#include "hpm/io/atomic_file.h"
+#include "hpm/io/idx.h"
+
+namespace hpm::data {
+
+std::vector<WrittenShard> write_idx_as_tfrecords(const std::string& idx_dir,
+                                                 const std::string& out_dir, int shards,
+                                                 io::Compression compression, bool png) {
+  io::ensure_directory(out_dir);
+  const std::string ext = compression == io::Compression::Gzip   ? ".tfrecord.gz"
+                          : compression == io::Compression::Zlib ? ".tfrecord.zlib"
+                                                                 : ".tfrecord";
+  std::vector<WrittenShard> written;
+  for (const char* split : {"train", "t10k"}) {
+    const io::IdxArray images = io::read_idx(idx_dir + "/" + split + "-images-idx3-ubyte.gz");
+    const io::IdxArray labels = io::read_idx(idx_dir + "/" + split + "-labels-idx1-ubyte.gz");
+    const std::int64_t n = images.dims[0];
+    const std::size_t image_bytes = images.data.size() / static_cast<std::size_t>(n);
+    for (int shard = 0; shard < shards; ++shard) {
+      char name[96];
+      std::snprintf(name, sizeof name, "/%s-%05d-of-%05d", split, shard, shards);
+      WrittenShard out{out_dir + name + ext, 0};
+      io::TfRecordWriter w(out.path, compression);
+      for (std::int64_t i = shard; i < n; i += shards) {
+        const auto* img = images.data.data() + static_cast<std::size_t>(i) * image_bytes;
+        std::string bytes(reinterpret_cast<const char*>(img), image_bytes);
+        if (png) {
+          bytes = encode_png(
+              io::idx_to_f32(io::IdxArray{io::kIdxU8,
+                                          {1, images.dims[1], images.dims[2]},
+                                          std::vector<unsigned char>(img, img + image_bytes)},
+                             1.0f / 255.0f));
+        }
+        io::Example ex;
+        ex["image"] = io::Feature::of_bytes({std::move(bytes)});
+        ex["label"] = io::Feature::of_ints(
+            {static_cast<std::int64_t>(labels.data[static_cast<std::size_t>(i)])});
+        w.write(io::encode_example(ex));
+        ++out.records;
+      }
+      w.close();
+      written.push_back(std::move(out));
+    }
+  }
+  return written;
+}
+
+TfRecordSummary summarize_tfrecord_examples(const std::string& file, io::Compression compression) {
+  io::TfRecordReader reader(file, compression);
+  TfRecordSummary s;
+  std::string record;
+  while (reader.next(record)) {
+    const io::Example ex =
+        io::decode_example(record, file + " record " + std::to_string(s.records));
+    for (const auto& [key, f] : ex) {
+      const std::size_t values = f.kind == io::Feature::Bytes   ? f.bytes.size()
+                                 : f.kind == io::Feature::Float ? f.floats.size()
+                                                                : f.ints.size();
+      auto [it, fresh] =
+          s.features.try_emplace(key, FeatureSummary{f.kind, SIZE_MAX, 0, SIZE_MAX, 0});
+      FeatureSummary& fs = it->second;
+      fs.min_values = std::min(fs.min_values, values);
+      fs.max_values = std::max(fs.max_values, values);
+      for (const auto& b : f.bytes) {
+        fs.min_bytes = std::min(fs.min_bytes, b.size());
+        fs.max_bytes = std::max(fs.max_bytes, b.size());
+      }
+    }
+    ++s.records;
+  }
+  for (auto& [key, fs] : s.features) {
+    if (fs.min_values == SIZE_MAX) fs.min_values = 0;
+    if (fs.min_bytes == SIZE_MAX) fs.min_bytes = 0;
+  }
+  return s;
+}
+
+}  // namespace hpm::data
