@@ -9,7 +9,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 
 #include "hpm/comm/local.h"
 #include "hpm/data/text_corpus.h"
@@ -84,22 +83,11 @@ int main(int argc, char** argv) {
   set_num_threads(1);  // a kernel thread per copy: the copies are the parallelism
   const data::TextCorpus text = data::load_text_corpus(files);
   const data::LabelledData val = data::validation_windows(text.val, kBlock, kBatch, 20);
-  std::vector<comm::CommunicatorPtr> group = comm::make_local_group(2);
   Copy copies[2];
-  std::exception_ptr failed[2];
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        train_copy(group[static_cast<std::size_t>(r)], text, val, steps, copies[r]);
-      } catch (...) {
-        failed[r] = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (const auto& f : failed)
-    if (f) std::rethrow_exception(f);
+  comm::run_local_group(2, [&](comm::CommunicatorPtr c) {
+    const int r = c->rank();
+    train_copy(std::move(c), text, val, steps, copies[r]);
+  });
 
   const distill::Churn c = distill::churn(distill::predict_logits(*copies[0].model, val.inputs, 16),
                                           distill::predict_logits(*copies[1].model, val.inputs, 16),

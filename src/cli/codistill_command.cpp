@@ -264,34 +264,15 @@ int run_codistill(const CodistillCommandOptions& o) {
       }
       return 0;
     }
-    // Threads of this process: one communicator per copy, owned by its thread so that a copy that
-    // fails leaves the group at once and its peers' collectives fail naming it.
-    std::vector<comm::CommunicatorPtr> group = comm::make_local_group(copies, timeout);
+    // Threads of this process, one copy each.
     std::vector<CopyResult> results(static_cast<std::size_t>(copies));
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(copies));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < copies; ++r) {
-      threads.emplace_back([&, r, c = std::move(group[r])]() mutable {
-        try {
-          results[r] = train_copy(cfg, std::move(c), train, test);
-        } catch (...) {
-          errors[r] = std::current_exception();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    // A copy's own failure first: its peers' errors only say that it left.
-    for (const auto& e : errors) {
-      if (!e) continue;
-      try {
-        std::rethrow_exception(e);
-      } catch (const comm::CommError&) {
-      } catch (...) {
-        throw;
-      }
-    }
-    for (const auto& e : errors)
-      if (e) std::rethrow_exception(e);
+    comm::run_local_group(
+        copies,
+        [&](comm::CommunicatorPtr c) {
+          const int r = c->rank();
+          results[static_cast<std::size_t>(r)] = train_copy(cfg, std::move(c), train, test);
+        },
+        timeout);
     const nlohmann::json report = report_of(cfg, results[0], labels);
     write_report(o.report, report);
   } catch (const train::TrainingError& e) {

@@ -2,6 +2,7 @@
 // collective for this rank's communication thread, which runs it on the shared LocalGroup.
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "comm/local_group.h"
 #include "comm/values_text.h"
@@ -151,6 +152,32 @@ std::vector<CommunicatorPtr> make_local_group(int size, Milliseconds timeout) {
   for (int r = 0; r < size; ++r)
     comms.push_back(std::make_shared<LocalCommunicator>(group, r, timeout));
   return comms;
+}
+
+void run_local_group(int size, const std::function<void(CommunicatorPtr)>& rank_main,
+                     Milliseconds timeout) {
+  std::vector<CommunicatorPtr> group = make_local_group(size, timeout);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r, c = std::move(group[static_cast<std::size_t>(r)])]() mutable {
+      try {
+        rank_main(std::move(c));
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const CommError&) {
+    }  // anything else is the rank's own failure: it propagates from here
+  }
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 }  // namespace hpm::comm

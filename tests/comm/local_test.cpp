@@ -88,6 +88,33 @@ INSTANTIATE_TEST_SUITE_P(Local, AllreduceTest, ::testing::ValuesIn(cases()), [](
          "_n" + std::to_string(info.param.n);
 });
 
+// run_local_group runs every rank on its own thread and, when one fails, reports that rank's own
+// error rather than the CommError its peers get for its leaving.
+TEST(LocalGroupRun, RunsEveryRankAndRethrowsTheFailingRanksOwnError) {
+  std::vector<float> sums(3, 0.0f);
+  run_local_group(3, [&](CommunicatorPtr c) {
+    Tensor t = Tensor::full({2}, static_cast<float>(c->rank() + 1));
+    c->allreduce(t)->wait();
+    sums[static_cast<std::size_t>(c->rank())] = t.to_vector()[0];
+  });
+  EXPECT_EQ(sums, (std::vector<float>{6, 6, 6}));
+  try {
+    run_local_group(
+        3,
+        [&](CommunicatorPtr c) {
+          if (c->rank() == 1) throw std::runtime_error("rank 1 broke");
+          Tensor t = Tensor::full({2}, 1.0f);
+          c->allreduce(t)->wait();  // rank 1 never comes: fails once it leaves
+        },
+        std::chrono::seconds(10));
+    FAIL() << "expected the rank's error";
+  } catch (const CommError& e) {
+    FAIL() << "a peer's CommError came first: " << e.what();
+  } catch (const std::runtime_error& e) {
+    EXPECT_STREQ(e.what(), "rank 1 broke");
+  }
+}
+
 TEST(LocalAllreduce, BitIdenticalFromRunToRun) {
   for (Algorithm a : {Algorithm::kDirect, Algorithm::kRing, Algorithm::kRecursiveDoubling}) {
     std::vector<std::vector<float>> runs;

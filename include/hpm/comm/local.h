@@ -8,6 +8,7 @@
 // does not reach a collective within the timeout fails the collective on every rank, and the
 // group stays failed (as NCCL's communicators do after an error), naming the rank(s) missing.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "hpm/comm/communicator.h"
@@ -17,5 +18,12 @@ namespace hpm::comm {
 // One communicator per rank, rank i at index i.
 std::vector<CommunicatorPtr> make_local_group(int size,
                                               Milliseconds timeout = std::chrono::seconds(60));
+
+// Runs `rank_main` on `size` threads, each with its rank's communicator of a new local group
+// (owned by its thread: a rank that fails leaves the group at once, and its peers' collectives
+// fail naming it), and waits for all. Then rethrows a rank's own failure first (its peers'
+// CommErrors only say that it left), else the first CommError.
+void run_local_group(int size, const std::function<void(CommunicatorPtr)>& rank_main,
+                     Milliseconds timeout = std::chrono::seconds(60));
 
 }  // namespace hpm::comm
