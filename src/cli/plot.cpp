@@ -14,6 +14,7 @@
 #include "hpm/cli/options.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/csv.h"
+#include "hpm/trace/svg.h"
 
 namespace hpm::cli {
 
@@ -23,40 +24,11 @@ namespace {
 constexpr const char* kPalette[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
                                     "#E69F00", "#56B4E9", "#000000", "#F0E442"};
 
-std::string escape_xml(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
-}
-
 // Tick labels: short, and no "0.30000000000000004".
 std::string tick_text(double v) {
   if (std::abs(v) < 1e-12) return "0";
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.4g", v);
-  return buf;
-}
-
-std::string px(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f", v);
   return buf;
 }
 
@@ -79,7 +51,7 @@ void widen_if_flat(double& lo, double& hi) {
   hi += pad;
 }
 
-void render_panel(std::ostringstream& svg, const PlotPanel& panel, const PlotStyle& style,
+void render_panel(trace::SvgDocument& svg, const PlotPanel& panel, const PlotStyle& style,
                   double top) {
   std::vector<std::vector<Aggregate>> series;
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin;
@@ -111,19 +83,15 @@ void render_panel(std::ostringstream& svg, const PlotPanel& panel, const PlotSty
   f.y0 = ylo - pad;
   f.y1 = yhi + pad;
 
-  svg << "<g class=\"panel\">\n";
-  svg << "<text x=\"" << px(style.width / 2.0) << "\" y=\"" << px(top + 24)
-      << "\" text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\">"
-      << escape_xml(panel.title) << "</text>\n";
-  svg << "<rect x=\"" << px(f.left) << "\" y=\"" << px(f.top) << "\" width=\"" << px(f.width)
-      << "\" height=\"" << px(f.height) << "\" fill=\"none\" stroke=\"#444\"/>\n";
+  svg.open_group("class=\"panel\"");
+  svg.text(style.width / 2.0, top + 24, panel.title,
+           "text-anchor=\"middle\" font-size=\"16\" font-weight=\"bold\"");
+  svg.rect(f.left, f.top, f.width, f.height, "fill=\"none\" stroke=\"#444\"");
   // Grid and ticks.
   for (double t : nice_ticks(f.x0, f.x1, 8)) {
     const double x = f.sx(t);
-    svg << "<line x1=\"" << px(x) << "\" y1=\"" << px(f.top) << "\" x2=\"" << px(x) << "\" y2=\""
-        << px(f.top + f.height) << "\" stroke=\"#e5e5e5\"/>\n";
-    svg << "<text x=\"" << px(x) << "\" y=\"" << px(f.top + f.height + 18)
-        << "\" text-anchor=\"middle\" font-size=\"12\">" << tick_text(t) << "</text>\n";
+    svg.line(x, f.top, x, f.top + f.height, "stroke=\"#e5e5e5\"");
+    svg.text(x, f.top + f.height + 18, tick_text(t), "text-anchor=\"middle\" font-size=\"12\"");
   }
   std::vector<double> yticks;
   if (style.log_y && f.y1 - f.y0 >= 1) {
@@ -136,39 +104,39 @@ void render_panel(std::ostringstream& svg, const PlotPanel& panel, const PlotSty
   }
   for (double t : yticks) {
     const double y = f.sy(t);
-    svg << "<line x1=\"" << px(f.left) << "\" y1=\"" << px(y) << "\" x2=\"" << px(f.left + f.width)
-        << "\" y2=\"" << px(y) << "\" stroke=\"#e5e5e5\"/>\n";
-    svg << "<text x=\"" << px(f.left - 6) << "\" y=\"" << px(y + 4)
-        << "\" text-anchor=\"end\" font-size=\"12\">" << tick_text(t) << "</text>\n";
+    svg.line(f.left, y, f.left + f.width, y, "stroke=\"#e5e5e5\"");
+    svg.text(f.left - 6, y + 4, tick_text(t), "text-anchor=\"end\" font-size=\"12\"");
   }
-  svg << "<text x=\"" << px(f.left + f.width / 2) << "\" y=\"" << px(f.top + f.height + 40)
-      << "\" text-anchor=\"middle\" font-size=\"13\">" << escape_xml(panel.x_label) << "</text>\n";
-  svg << "<text transform=\"translate(" << px(18) << "," << px(f.top + f.height / 2)
-      << ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\">"
-      << escape_xml(panel.y_label + (style.log_y ? " (log scale)" : "")) << "</text>\n";
+  svg.text(f.left + f.width / 2, f.top + f.height + 40, panel.x_label,
+           "text-anchor=\"middle\" font-size=\"13\"");
+  svg.text(0, 0, panel.y_label + (style.log_y ? " (log scale)" : ""),
+           "transform=\"translate(18," + trace::SvgDocument::number(f.top + f.height / 2) +
+               ") rotate(-90)\" text-anchor=\"middle\" font-size=\"13\"");
 
   // Bands first, so every line stays visible on top of them.
+  const auto of_series = [&](const char* cls, std::size_t i) {
+    return std::string("class=\"") + cls + "\" data-series=\"" +
+           trace::xml_escape(panel.series[i].label) + "\"";
+  };
   for (std::size_t i = 0; i < series.size(); ++i) {
     const char* colour = kPalette[i % std::size(kPalette)];
     if (panel.series[i].runs.size() < 2) continue;
-    svg << "<polygon class=\"spread\" data-series=\"" << escape_xml(panel.series[i].label)
-        << "\" fill=\"" << colour << "\" fill-opacity=\"0.18\" stroke=\"none\" points=\"";
-    for (const Aggregate& a : series[i]) svg << px(f.sx(a.x)) << ',' << px(f.sy(a.hi)) << ' ';
+    std::vector<std::pair<double, double>> band;
+    for (const Aggregate& a : series[i]) band.emplace_back(f.sx(a.x), f.sy(a.hi));
     for (auto it = series[i].rbegin(); it != series[i].rend(); ++it)
-      svg << px(f.sx(it->x)) << ',' << px(f.sy(it->lo)) << ' ';
-    svg << "\"/>\n";
+      band.emplace_back(f.sx(it->x), f.sy(it->lo));
+    svg.poly(
+        "polygon", band,
+        of_series("spread", i) + " fill=\"" + colour + "\" fill-opacity=\"0.18\" stroke=\"none\"");
   }
   for (std::size_t i = 0; i < series.size(); ++i) {
-    const char* colour = kPalette[i % std::size(kPalette)];
-    svg << "<polyline class=\"mean\" data-series=\"" << escape_xml(panel.series[i].label)
-        << "\" fill=\"none\" stroke=\"" << colour << "\" stroke-width=\"2\" points=\"";
-    for (const Aggregate& a : series[i]) svg << px(f.sx(a.x)) << ',' << px(f.sy(a.mean)) << ' ';
-    svg << "\"/>\n";
+    const std::string colour = kPalette[i % std::size(kPalette)];
+    std::vector<std::pair<double, double>> mean;
+    for (const Aggregate& a : series[i]) mean.emplace_back(f.sx(a.x), f.sy(a.mean));
+    svg.poly("polyline", mean,
+             of_series("mean", i) + " fill=\"none\" stroke=\"" + colour + "\" stroke-width=\"2\"");
     if (series[i].size() <= 40) {
-      for (const Aggregate& a : series[i]) {
-        svg << "<circle cx=\"" << px(f.sx(a.x)) << "\" cy=\"" << px(f.sy(a.mean))
-            << "\" r=\"2.5\" fill=\"" << colour << "\"/>\n";
-      }
+      for (const auto& [x, y] : mean) svg.circle(x, y, 2.5, "fill=\"" + colour + "\"");
     }
   }
   // Legend, top right inside the box.
@@ -180,21 +148,20 @@ void render_panel(std::ostringstream& svg, const PlotPanel& panel, const PlotSty
   }
   const double lw = 40 + longest * 7, lh = 8 + 18.0 * static_cast<double>(panel.series.size());
   const double lx = f.left + f.width - lw - 8, ly = f.top + 8;
-  svg << "<rect x=\"" << px(lx) << "\" y=\"" << px(ly) << "\" width=\"" << px(lw) << "\" height=\""
-      << px(lh) << "\" fill=\"white\" fill-opacity=\"0.85\" stroke=\"#bbb\"/>\n";
+  svg.rect(lx, ly, lw, lh, "fill=\"white\" fill-opacity=\"0.85\" stroke=\"#bbb\"");
   for (std::size_t i = 0; i < panel.series.size(); ++i) {
     const PlotSeries& s = panel.series[i];
     const double y = ly + 16 + 18.0 * static_cast<double>(i);
-    svg << "<line x1=\"" << px(lx + 8) << "\" y1=\"" << px(y - 4) << "\" x2=\"" << px(lx + 30)
-        << "\" y2=\"" << px(y - 4) << "\" stroke=\"" << kPalette[i % std::size(kPalette)]
-        << "\" stroke-width=\"3\"/>\n";
-    svg << "<text class=\"legend\" x=\"" << px(lx + 36) << "\" y=\"" << px(y)
-        << "\" font-size=\"12\">" << escape_xml(s.label)
-        << (s.runs.size() > 1 ? " (mean of " + std::to_string(s.runs.size()) + ", band: min-max)"
-                              : "")
-        << "</text>\n";
+    svg.line(
+        lx + 8, y - 4, lx + 30, y - 4,
+        std::string("stroke=\"") + kPalette[i % std::size(kPalette)] + "\" stroke-width=\"3\"");
+    svg.text(lx + 36, y,
+             s.label + (s.runs.size() > 1
+                            ? " (mean of " + std::to_string(s.runs.size()) + ", band: min-max)"
+                            : ""),
+             "class=\"legend\" font-size=\"12\"");
   }
-  svg << "</g>\n";
+  svg.close_group();
 }
 
 // ---- reading metrics CSVs -------------------------------------------------------------------
@@ -301,18 +268,11 @@ std::vector<Aggregate> aggregate_runs(
 }
 
 std::string render_svg(const std::vector<PlotPanel>& panels, const PlotStyle& style) {
-  std::ostringstream svg;
-  const int height = style.panel_height * static_cast<int>(panels.size());
-  svg << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
-      << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << style.width << "\" height=\""
-      << height << "\" viewBox=\"0 0 " << style.width << ' ' << height
-      << "\" font-family=\"sans-serif\">\n"
-      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  trace::SvgDocument svg(style.width, style.panel_height * static_cast<double>(panels.size()));
   for (std::size_t i = 0; i < panels.size(); ++i) {
     render_panel(svg, panels[i], style, static_cast<double>(style.panel_height) * i);
   }
-  svg << "</svg>\n";
-  return svg.str();
+  return svg.finish(/*declaration=*/true);
 }
 
 CLI::App* add_plot_command(CLI::App& app, PlotCommandOptions& o) {

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <thread>
 
+#include "hpm/trace/svg.h"
+
 namespace hpm::trace {
 
 namespace detail {
@@ -121,52 +123,46 @@ std::string svg(const std::vector<Event>& evs, const std::string& title, double 
     if (std::find(present.begin(), present.end(), e.category) == present.end())
       present.push_back(e.category);
   }
-  std::ostringstream os;
-  os << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width_px << "\" height=\"" << height
-     << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  os << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  os << "<text x=\"10\" y=\"22\" font-size=\"15\">" << title << "</text>\n";
+  SvgDocument doc(width_px, height, "font-family=\"sans-serif\" font-size=\"12\"");
+  doc.text(10, 22, title, "font-size=\"15\"");
   for (std::size_t i = 0; i < lanes.size(); ++i) {
     const double y = top + lane_h * static_cast<double>(i);
     const auto it = names.find(lanes[i]);
-    os << "<text x=\"10\" y=\"" << y + 18 << "\">"
-       << (it != names.end() ? it->second : "thread " + std::to_string(lanes[i])) << "</text>\n";
-    os << "<line x1=\"" << left << "\" x2=\"" << left + plot_w << "\" y1=\"" << y + lane_h - 2
-       << "\" y2=\"" << y + lane_h - 2 << "\" stroke=\"#ddd\"/>\n";
+    doc.text(10, y + 18, it != names.end() ? it->second : "thread " + std::to_string(lanes[i]));
+    doc.line(left, y + lane_h - 2, left + plot_w, y + lane_h - 2, "stroke=\"#ddd\"");
   }
+  const auto colour_of = [&](const std::string& category) {
+    const auto c = colours.find(category);
+    return "fill=\"" + (c != colours.end() ? c->second : std::string("#999")) + "\"";
+  };
   for (const auto& e : evs) {
     const auto lane =
         static_cast<double>(std::find(lanes.begin(), lanes.end(), e.thread) - lanes.begin());
     const double x = left + plot_w * e.start_us / end_us;
     const double w = std::max(0.5, plot_w * e.duration_us / end_us);
-    const auto c = colours.find(e.category);
-    os << "<rect x=\"" << x << "\" y=\"" << top + lane_h * lane + 3 << "\" width=\"" << w
-       << "\" height=\"" << lane_h - 8 << "\" fill=\"" << (c != colours.end() ? c->second : "#999")
-       << "\"><title>" << e.name << " " << e.duration_us / 1000.0 << " ms</title></rect>\n";
+    char ms[32];
+    std::snprintf(ms, sizeof ms, " %.3f ms", e.duration_us / 1000.0);
+    doc.rect_with_title(x, top + lane_h * lane + 3, w, lane_h - 8, colour_of(e.category),
+                        e.name + ms);
     // Short names (a pipeline's "F3") fit inside their bar, as in the GPipe paper's figures.
     if (w >= 8.0 * static_cast<double>(e.name.size()) && e.name.size() <= 8) {
-      os << "<text x=\"" << x + w / 2 << "\" y=\"" << top + lane_h * lane + 18
-         << "\" text-anchor=\"middle\" font-size=\"11\">" << e.name << "</text>\n";
+      doc.text(x + w / 2, top + lane_h * lane + 18, e.name,
+               "text-anchor=\"middle\" font-size=\"11\"");
     }
   }
   const double axis_y = top + lane_h * static_cast<double>(lanes.size()) + 15;
   for (int k = 0; k <= 10; ++k) {
-    const double x = left + plot_w * k / 10.0;
     char label[32];
     std::snprintf(label, sizeof label, "%.1f%s", end_us / 1000.0 * k / 10.0, k == 10 ? " ms" : "");
-    os << "<text x=\"" << x << "\" y=\"" << axis_y << "\" text-anchor=\"middle\">" << label
-       << "</text>\n";
+    doc.text(left + plot_w * k / 10.0, axis_y, label, "text-anchor=\"middle\"");
   }
   double lx = left;
   for (const std::string& cat : present) {
-    const auto c = colours.find(cat);
-    os << "<rect x=\"" << lx << "\" y=\"" << axis_y + 15 << "\" width=\"12\" height=\"12\" fill=\""
-       << (c != colours.end() ? c->second : "#999") << "\"/><text x=\"" << lx + 16 << "\" y=\""
-       << axis_y + 26 << "\">" << cat << "</text>\n";
+    doc.rect(lx, axis_y + 15, 12, 12, colour_of(cat));
+    doc.text(lx + 16, axis_y + 26, cat);
     lx += 110;
   }
-  os << "</svg>\n";
-  return os.str();
+  return doc.finish();
 }
 
 }  // namespace hpm::trace
