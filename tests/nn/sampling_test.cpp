@@ -5,18 +5,16 @@
 
 #include <gtest/gtest.h>
 
+#include "common/models.h"
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/tensor/random.h"
 
 namespace hpm::nn {
 namespace {
 
+// The shared tiny GPT (block 8), with a vocabulary of its own.
 GPTConfig tiny() {
-  GPTConfig c;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.n_embd = 16;
-  c.block_size = 8;
+  GPTConfig c = testing::tiny_gpt_config();
   c.vocab_size = 20;
   return c;
 }
