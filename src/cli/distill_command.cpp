@@ -16,6 +16,7 @@
 #include "hpm/config/strategy.h"
 #include "hpm/config/training_run.h"
 #include "hpm/data/in_memory.h"
+#include "hpm/distill/codistill.h"
 #include "hpm/distill/distiller.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/tfrecord.h"
@@ -410,22 +411,17 @@ int run_churn(const ChurnCommandOptions& o) {
   Config cfg = load_config(o.config_path, o.overrides);
   if (o.threads > 0) cfg.threads = o.threads;
   use_threads(cfg.threads);
-  auto a = build_model(cfg), b = build_model(cfg);
-  train::load_checkpoint(o.checkpoint_a, *a, nullptr);
-  train::load_checkpoint(o.checkpoint_b, *b, nullptr);
+  const auto a = load_trained_model(cfg, o.checkpoint_a),
+             b = load_trained_model(cfg, o.checkpoint_b);
   const data::LabelledData test = test_set(cfg);
   // Rows: a language model's next-token predictions, one per position.
   const std::int64_t batch = cfg.token_source() ? 16 : 1000;
-  const Tensor la = distill::predict_logits(*a, test.inputs, batch);
-  const Tensor lb = distill::predict_logits(*b, test.inputs, batch);
-  const Tensor labels = test.labels.reshape({test.labels.numel()});
-  const distill::Churn c = distill::churn(la, lb, labels);
-  const auto accuracy = [&](const Tensor& logits) {
-    return labels.numel() ? static_cast<double>(nn::top1_correct(logits, labels)) /
-                                static_cast<double>(labels.numel())
-                          : 0.0;
-  };
-  const double acc_a = accuracy(la), acc_b = accuracy(lb);
+  const distill::CopiesScore s =
+      distill::score_copies({distill::predict_logits(*a, test.inputs, batch),
+                             distill::predict_logits(*b, test.inputs, batch)},
+                            test.labels.reshape({test.labels.numel()}));
+  const distill::Churn& c = s.pairs.at(0).churn;
+  const double acc_a = s.accuracy[0], acc_b = s.accuracy[1];
   std::printf(
       "churn %.4f (good %.4f: A wrong, B right; bad %.4f: A right, B wrong) on %lld test "
       "examples; accuracy A %.4f, B %.4f\n",

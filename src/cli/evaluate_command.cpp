@@ -1,13 +1,12 @@
 #include "hpm/cli/evaluate_command.h"
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
-#include "hpm/distribute/ps/checkpoint.h"
+#include "hpm/config/training_run.h"
 #include "hpm/train/checkpoint.h"
 #include "hpm/train/trainer.h"
 
@@ -34,27 +33,7 @@ int run_evaluate(EvaluateCommandOptions o) {
         "evaluate CKPT, or hpm evaluate [CONFIG] --checkpoint DIR | --weights FILE");
   }
   Config cfg = configure(c, checkpoint, weights);
-  // As [model] init_from loads it: every weight of the model, each of the right shape, unless
-  // the config says init_strict = false.
-  if (!weights.empty()) cfg.init_from = weights;
-  auto model = build_model(cfg);
-  if (const std::string ps =
-          checkpoint.empty() ? "" : distribute::ps::ps_checkpoint_dir(checkpoint);
-      !ps.empty()) {
-    // A parameter-server job's: the servers' variables; what they do not hold (an integer
-    // buffer, which stays with the workers) keeps the model's initial value.
-    nn::NamedTensors held =
-        distribute::ps::ps_checkpoint_weights(distribute::ps::read_ps_checkpoint(ps));
-    for (const auto& [name, t] : model->state_dict()) {
-      const bool saved = std::any_of(held.begin(), held.end(),
-                                     [&, n = name](const auto& h) { return h.first == n; });
-      if (!saved) held.emplace_back(name, t);
-    }
-    model->load_weights(held);
-  } else if (!checkpoint.empty()) {
-    check_checkpoint_tokenizer(train::load_checkpoint(checkpoint, *model, nullptr), cfg,
-                               "the checkpoint " + checkpoint);
-  }
+  const std::shared_ptr<nn::Module> model = load_trained_model(cfg, checkpoint, weights);
   auto optimizer = build_optimizer(cfg, *model);
   const data::LabelledData test = test_set(cfg);
   train::Trainer trainer(model, optimizer);

@@ -2,12 +2,15 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
 #include "hpm/config/datasets.h"
+#include "hpm/distribute/ps/checkpoint.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/callbacks.h"
+#include "hpm/train/checkpoint.h"
 #include "hpm/train/tensorboard.h"
 
 namespace hpm::config {
@@ -52,6 +55,27 @@ TrainingRun make_training_run(const Config& cfg, const WorkerFlags& worker,
   run.fit.per_worker_input =
       run.strategy && run.strategy->num_workers() > 1 && cfg.shard != "batch";
   return run;
+}
+
+std::shared_ptr<nn::Module> load_trained_model(Config cfg, const std::string& checkpoint,
+                                               const std::string& weights) {
+  if (!weights.empty()) cfg.init_from = weights;
+  std::shared_ptr<nn::Module> model = build_model(cfg);
+  if (checkpoint.empty()) return model;
+  if (const std::string ps = distribute::ps::ps_checkpoint_dir(checkpoint); !ps.empty()) {
+    nn::NamedTensors held =
+        distribute::ps::ps_checkpoint_weights(distribute::ps::read_ps_checkpoint(ps));
+    for (const auto& [name, t] : model->state_dict()) {
+      const bool saved = std::any_of(held.begin(), held.end(),
+                                     [&, n = name](const auto& h) { return h.first == n; });
+      if (!saved) held.emplace_back(name, t);
+    }
+    model->load_weights(held);
+  } else {
+    check_checkpoint_tokenizer(train::load_checkpoint(checkpoint, *model, nullptr), cfg,
+                               "the checkpoint " + checkpoint);
+  }
+  return model;
 }
 
 void add_loggers(train::Trainer& trainer, const Config& cfg, const std::string& run) {

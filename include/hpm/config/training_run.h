@@ -38,6 +38,13 @@ TrainingRun make_training_run(const Config& cfg, const WorkerFlags& worker = {},
                               comm::CommunicatorPtr* workers = nullptr,
                               std::shared_ptr<const nn::Objective> objective = nullptr);
 
+// The model `cfg` describes, holding trained weights from `checkpoint` (a Trainer's checkpoint,
+// whose tokenizer must be cfg's; or a parameter-server job's, whose servers hold all but integer
+// buffers, which keep their initial values) or from `weights` (a safetensors file, loaded as
+// [model] init_from: every weight of the right shape unless init_strict = false). Give one.
+std::shared_ptr<nn::Module> load_trained_model(Config cfg, const std::string& checkpoint,
+                                               const std::string& weights = "");
+
 // The chief's loggers on `trainer`: progress on stdout (a bar on a terminal), [train] metrics_csv
 // and tensorboard_dir. `run` names a run beside the config's own ("teacher-0", "baseline"): its
 // CSV beside the file ("runs/m.csv" -> "runs/m-baseline.csv"), its events in a folder of the
