@@ -53,22 +53,6 @@ const char* kHeader =
     "epoch,train_loss,train_accuracy,test_loss,test_accuracy,lr,samples_per_s,"
     "seconds\n";
 
-TEST(Plot, NiceTicksAreRoundAndCoverTheRange) {
-  EXPECT_EQ(cli::nice_ticks(0, 10, 5), (std::vector<double>{0, 2, 4, 6, 8, 10}));
-  EXPECT_EQ(cli::nice_ticks(0.13, 0.52, 4), (std::vector<double>{0.2, 0.3, 0.4, 0.5}));
-  const std::vector<double> t = cli::nice_ticks(-3.7, 1234, 6);
-  EXPECT_EQ(t, (std::vector<double>{0, 500, 1000}));
-}
-
-TEST(Plot, RunsSharingALabelAreAMeanAndABand) {
-  const auto agg = cli::aggregate_runs({{{1, 3}, {2, 2}}, {{1, 5}, {2, 4}, {3, 1}}});
-  ASSERT_EQ(agg.size(), 3u);
-  EXPECT_DOUBLE_EQ(agg[0].mean, 4);
-  EXPECT_DOUBLE_EQ(agg[0].lo, 3);
-  EXPECT_DOUBLE_EQ(agg[0].hi, 5);
-  EXPECT_DOUBLE_EQ(agg[2].mean, 1);  // only one run reached x = 3
-}
-
 TEST(Plot, DrawsEachRunAsAnAffineImageOfItsData) {
   TempDir dir;
   write_text(dir / "a.csv", std::string(kHeader) +
