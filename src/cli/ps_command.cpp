@@ -10,6 +10,7 @@
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
 #include "hpm/cli/run_config.h"
+#include "hpm/config/ps.h"
 #include "hpm/distribute/ps/coordinator.h"
 #include "hpm/distribute/ps/server.h"
 #include "hpm/distribute/ps/worker.h"
@@ -25,34 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-ps::Cluster cluster_of(const Config& cfg) {
-  ps::Cluster c;
-  const PsSection& p = cfg.ps;
-  c.coordinator = p.coordinator;
-  c.ps = p.ps;
-  c.workers = p.workers;
-  if (const char* env = std::getenv("HPM_PS_CLUSTER"); env != nullptr && *env != '\0') {
-    try {
-      const auto j = nlohmann::json::parse(env);
-      c.coordinator = j.at("coordinator").get<std::string>();
-      c.ps = j.at("ps").get<std::vector<std::string>>();
-      c.workers = j.at("workers").get<int>();
-    } catch (const std::exception& e) {
-      throw ps::PsError(std::string("HPM_PS_CLUSTER is not {\"coordinator\": \"HOST:PORT\", "
-                                    "\"ps\": [\"HOST:PORT\", ...], \"workers\": W}: ") +
-                        e.what());
-    }
-  }
-  c.bind = p.bind;
-  c.security.token = ps::load_token(p.token_file);
-  c.security.tls_cert = p.tls_cert;
-  c.security.tls_key = p.tls_key;
-  c.security.tls_ca = p.tls_ca;
-  c.max_message_bytes = static_cast<std::size_t>(p.max_message_mb * 1024 * 1024);
-  c.rpc_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(p.rpc_timeout_s * 1000));
-  return c;
-}
-
 int task_index(const PsCommandOptions& o, int count, const char* what) {
   int task = o.task;
   if (task < 0) {
@@ -64,26 +37,6 @@ int task_index(const PsCommandOptions& o, int count, const char* what) {
                       " tasks)");
   }
   return task;
-}
-
-ps::OptimizerSpec optimizer_of(const Config& cfg) {
-  ps::OptimizerSpec o;
-  o.kind = cfg.optimizer;
-  o.lr = cfg.lr;
-  o.momentum = cfg.momentum;
-  o.dampening = cfg.dampening;
-  o.weight_decay = cfg.weight_decay;
-  o.nesterov = cfg.nesterov;
-  o.beta1 = cfg.beta1;
-  o.beta2 = cfg.beta2;
-  o.eps = cfg.eps;
-  o.amsgrad = cfg.amsgrad;
-  return o;
-}
-
-data::LabelledData training_set(const Config& cfg) {
-  if (cfg.source != "idx") throw ConfigError(cfg.path + ": hpm ps reads [data] source = \"idx\"");
-  return data::load_mnist_split(cfg.data_dir, "train").first(cfg.train_limit);
 }
 
 nlohmann::json worker_json(const ps::WorkerReport& w) {
@@ -100,7 +53,7 @@ nlohmann::json worker_json(const ps::WorkerReport& w) {
 }
 
 int run_serve(const Config& cfg, const PsCommandOptions& o) {
-  const ps::Cluster c = cluster_of(cfg);
+  const ps::Cluster c = ps_cluster(cfg);
   const int task = task_index(o, static_cast<int>(c.ps.size()), "parameter-server");
   ps::ParameterServer server(c, task, c.ps[static_cast<std::size_t>(task)]);
   std::printf("hpm ps serve: parameter-server task %d listening on %s:%d%s\n", task, c.bind.c_str(),
@@ -117,7 +70,7 @@ int run_serve(const Config& cfg, const PsCommandOptions& o) {
 }
 
 int run_worker(const Config& cfg, const PsCommandOptions& o) {
-  const ps::Cluster c = cluster_of(cfg);
+  const ps::Cluster c = ps_cluster(cfg);
   const int w = task_index(o, c.workers, "worker");
   manual_seed(cfg.seed);
   ps::WorkerOptions wo;
@@ -131,7 +84,7 @@ int run_worker(const Config& cfg, const PsCommandOptions& o) {
   wo.coordinator_timeout = std::chrono::milliseconds(
       static_cast<std::int64_t>(std::max(cfg.ps.ps_wait_s, cfg.ps.rpc_timeout_s) * 1000));
   // [memory] wraps the worker's model as hpm train's (its variables keep the model's names).
-  ps::Worker worker(c, with_memory_options(cfg, build_model(cfg)), training_set(cfg), wo);
+  ps::Worker worker(c, with_memory_options(cfg, build_model(cfg)), ps_training_set(cfg), wo);
   try {
     const ps::WorkerReport r = worker.run();
     std::printf("hpm ps worker %d: %lld steps, %.1f steps/s, pull p50 %.2f ms, push p50 %.2f ms\n",
@@ -144,11 +97,11 @@ int run_worker(const Config& cfg, const PsCommandOptions& o) {
 }
 
 int run_coordinator(const Config& cfg, const PsCommandOptions& o) {
-  const ps::Cluster c = cluster_of(cfg);
+  const ps::Cluster c = ps_cluster(cfg);
   const ps::Mode mode = ps::mode_from_name(cfg.ps.mode);
   manual_seed(cfg.seed);
   auto model = build_model(cfg);
-  const std::int64_t n = training_set(cfg).size();
+  const std::int64_t n = ps_training_set(cfg).size();
   const data::LabelledData test = test_set(cfg);
   auto schedule = build_schedule(cfg);
   train::Trainer evaluator(model, build_optimizer(cfg, *model), schedule);
@@ -159,7 +112,7 @@ int run_coordinator(const Config& cfg, const PsCommandOptions& o) {
   co.epochs = cfg.epochs;
   co.tasks_per_epoch =
       ps::tasks_per_epoch(n, cfg.batch_size, mode == ps::Mode::kSync ? c.workers : 1);
-  co.optimizer = optimizer_of(cfg);
+  co.optimizer = ps_optimizer(cfg);
   co.lr = [&](std::int64_t epoch) { return schedule->lr(cfg.lr, epoch); };
   co.checkpoint_dir = cfg.ps.checkpoint_dir;
   co.checkpoint_every_tasks = cfg.ps.checkpoint_every_tasks;
