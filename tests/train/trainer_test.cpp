@@ -199,15 +199,27 @@ data::Dataset stretches(const data::LabelledData& d, std::int64_t every) {
 // the same step as a run never interrupted, with the same weights, whether the saved step falls
 // on a boundary of the new stretches or inside one. Counted in saved epochs instead, it would
 // train nothing (the epochs already reached) or past the last step.
-TEST(Trainer, ByStepsContinuedInStretchesOfAnotherLengthEndsAtTheSameStep) {
-  const auto train = blobs(160, 3);  // 20 batches of 8
+// Batches of 8 by step (by_steps), and the model after 20 steps in 4 stretches of 5: what a run by
+// steps with another stretch length, or continued, must end at.
+FitOptions by_steps_of_8() {
   FitOptions o;
   o.batch_size = 8;
   o.by_steps = true;
+  return o;
+}
+
+Rig twenty_steps(const data::LabelledData& train) {
   Rig straight = make();
-  FitOptions all = o;
-  all.epochs = 4;  // 4 stretches of 5: 20 steps
+  FitOptions all = by_steps_of_8();
+  all.epochs = 4;
   straight.trainer->fit(stretches(train, 5), nullptr, all);
+  return straight;
+}
+
+TEST(Trainer, ByStepsContinuedInStretchesOfAnotherLengthEndsAtTheSameStep) {
+  const auto train = blobs(160, 3);  // 20 batches of 8
+  const FitOptions o = by_steps_of_8();
+  Rig straight = twenty_steps(train);
   ASSERT_EQ(straight.trainer->state().global_step, 20);
   struct Case {
     std::int64_t every, epochs, stop_at, then_every;
@@ -242,15 +254,9 @@ TEST(Trainer, ByStepsContinuedInStretchesOfAnotherLengthEndsAtTheSameStep) {
 TEST(Trainer, ByStepsWithABudgetTheStretchesDoNotDivide) {
   const auto train = blobs(160, 3);  // 20 batches of 8
   const auto test = blobs(40, 4);
-  FitOptions o;
-  o.batch_size = 8;
-  o.by_steps = true;
-  Rig straight = make();
-  FitOptions all = o;
-  all.epochs = 4;  // 4 stretches of 5: 20 steps
-  straight.trainer->fit(stretches(train, 5), nullptr, all);
+  Rig straight = twenty_steps(train);
   Rig budget = make();
-  FitOptions cut = o;
+  FitOptions cut = by_steps_of_8();
   cut.epochs = 1;  // ignored with max_steps
   cut.max_steps = 20;
   const FitResult r = budget.trainer->fit(stretches(train, 7), &test, cut);
