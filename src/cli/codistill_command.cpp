@@ -20,6 +20,7 @@
 #include "hpm/cli/run_config.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/comm/local.h"
+#include "hpm/config/training_run.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/data/text_corpus.h"
 #include "hpm/distill/codistill.h"
@@ -45,14 +46,6 @@ struct CopyResult {
                       // positions are its rows
 };
 
-// The metrics CSV of copy r: "runs/m.csv" -> "runs/m-copy-1.csv".
-std::string copy_path(const std::string& path, int rank) {
-  const std::filesystem::path p(path);
-  return (p.parent_path() /
-          (p.stem().string() + "-copy-" + std::to_string(rank) + p.extension().string()))
-      .string();
-}
-
 // Trains copy `comm->rank()` of cfg's model; a collective at the end gathers all copies' logits.
 CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
                       const data::LabelledData& train, const data::LabelledData& test) {
@@ -73,17 +66,8 @@ CopyResult train_copy(const Config& cfg, comm::CommunicatorPtr comm,
       std::move(comm), model, [&] { return std::shared_ptr<nn::Module>(build_model(ccfg)); },
       options);
   distill::attach(trainer, codistiller, build_objective(ccfg));  // with [train] label_smoothing
-  if (rank == 0) {
-    trainer.add_callback(std::make_shared<train::ProgressCallback>(
-        stdout, isatty(fileno(stdout)) != 0, progress_options(ccfg)));
-  }
-  if (!cfg.metrics_csv.empty()) {
-    trainer.add_callback(std::make_shared<train::CsvLogger>(copy_path(cfg.metrics_csv, rank)));
-  }
-  if (!cfg.tensorboard_dir.empty()) {  // one TensorBoard run per copy
-    trainer.add_callback(std::make_shared<train::TensorBoardLogger>(
-        cfg.tensorboard_dir + "/copy-" + std::to_string(rank), cfg.by_steps()));
-  }
+  // Each copy's CSV and TensorBoard run beside the config's ("m-copy-1.csv"); copy 0 speaks.
+  add_loggers(trainer, ccfg, "copy-" + std::to_string(rank), /*progress=*/rank == 0);
   train::FitOptions fo = fit_options(ccfg);
   if (!fo.checkpoint_dir.empty()) fo.checkpoint_dir += "/copy-" + std::to_string(rank);
   fo.backup_dir.clear();

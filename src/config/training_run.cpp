@@ -78,9 +78,12 @@ std::shared_ptr<nn::Module> load_trained_model(Config cfg, const std::string& ch
   return model;
 }
 
-void add_loggers(train::Trainer& trainer, const Config& cfg, const std::string& run) {
-  trainer.add_callback(std::make_shared<train::ProgressCallback>(
-      stdout, isatty(fileno(stdout)) != 0, progress_options(cfg)));
+void add_loggers(train::Trainer& trainer, const Config& cfg, const std::string& run,
+                 bool progress) {
+  if (progress) {
+    trainer.add_callback(std::make_shared<train::ProgressCallback>(
+        stdout, isatty(fileno(stdout)) != 0, progress_options(cfg)));
+  }
   if (!cfg.metrics_csv.empty()) {
     const std::filesystem::path p(cfg.metrics_csv);
     trainer.add_callback(std::make_shared<train::CsvLogger>(

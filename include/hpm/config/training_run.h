@@ -45,10 +45,12 @@ TrainingRun make_training_run(const Config& cfg, const WorkerFlags& worker = {},
 std::shared_ptr<nn::Module> load_trained_model(Config cfg, const std::string& checkpoint,
                                                const std::string& weights = "");
 
-// The chief's loggers on `trainer`: progress on stdout (a bar on a terminal), [train] metrics_csv
-// and tensorboard_dir. `run` names a run beside the config's own ("teacher-0", "baseline"): its
-// CSV beside the file ("runs/m.csv" -> "runs/m-baseline.csv"), its events in a folder of the
-// TensorBoard directory, as TensorBoard lists runs; empty: the config's own.
-void add_loggers(train::Trainer& trainer, const Config& cfg, const std::string& run = "");
+// The loggers on `trainer`: progress on stdout (a bar on a terminal; unless `progress` is false),
+// [train] metrics_csv and tensorboard_dir. `run` names a run beside the config's own ("teacher-0",
+// "baseline", "copy-1"): its CSV beside the file ("runs/m.csv" -> "runs/m-baseline.csv"), its
+// events in a folder of the TensorBoard directory, as TensorBoard lists runs; empty: the
+// config's own.
+void add_loggers(train::Trainer& trainer, const Config& cfg, const std::string& run = "",
+                 bool progress = true);
 
 }  // namespace hpm::config
