@@ -24,11 +24,13 @@ Rows:
                    block 256, batch 16), 30 steps unless --steps
 Timing: both sides time the training step alone (batch drawing excluded). PyTorch's first --skip
 steps (default 5) are run but not timed in every configuration (torch.compile compiles in the
-first); hpm times every step, its first included, so the ratio errs in PyTorch's favour.
+first); hpm's rate is over the steps after its first (oneDNN makes its kernels then), or over
+every step with --hpm-first-step.
 
 usage: bench/vs_best_torch.py [--models mlp,cnn,gpt,gpt-shakespeare] [--threads 1,2]
                               [--precisions f32,bf16] [--repeats 3] [--steps N] [--skip 5]
                               [--configs NAME,...] [--torch2 VENV] [--json FILE] [--prune F]
+                              [--hpm-first-step]
 Needs build/ (scripts/setup.sh); installs the Debian peers itself (scripts/setup_peers.sh), not the
 venv (several GB: scripts/setup_peers.sh --torch2). bf16 needs AVX512_BF16 for hpm.
 """
@@ -48,6 +50,9 @@ MODELS = ["mlp", "cnn", "gpt", "gpt-shakespeare"]
 DEFAULT_STEPS = {"mlp": None, "cnn": None, "gpt": 200, "gpt-shakespeare": 30}  # None: one epoch
 GPT_SIZE = {"gpt": "default", "gpt-shakespeare": "shakespeare"}
 CONFIGS = ["debian-eager-blas", "debian-eager-torch", "venv-eager", "venv-compile"]
+# hpm's rate over the steps after its first (where oneDNN makes its kernels), as PyTorch's runs
+# leave their first --skip steps untimed; "" (--hpm-first-step) counts every step.
+AFTER_FIRST = "_after_first_step"
 
 
 class RunFailed(Exception):
@@ -91,10 +96,10 @@ def hpm(model, threads, precision, steps):
             config, extra = os.path.join(ROOT, "examples", "fortunes_gpt.toml"), []
             for k, v in sets.items():
                 extra += ["--set", f"{k}={v}"]
-            key = "train_tokens_per_s"
+            key = "train_tokens_per_s" + AFTER_FIRST
         else:
             config, extra = fmnist_config(model, steps)
-            key = "train_samples_per_s"
+            key = "train_samples_per_s" + AFTER_FIRST
         run([HPM, "train", config, "--threads", str(threads), "--report", rep.name,
              "--set", f'train.precision="{precision}"'] + extra)
         return json.load(open(rep.name))[key]
@@ -141,6 +146,8 @@ def main():
     ap.add_argument("--steps", type=int, default=None,
                     help="training steps of every row (default: one epoch for mlp/cnn, 200 gpt, 30 gpt-shakespeare)")
     ap.add_argument("--skip", type=int, default=5, help="PyTorch's untimed warm-up steps")
+    ap.add_argument("--hpm-first-step", action="store_true",
+                    help="count hpm's first step too (by default its rate is over the steps after it)")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="PyTorch configurations to try")
     ap.add_argument("--torch2", default=os.environ.get("HPM_TORCH2_VENV") or os.path.join(ROOT, ".peers", "torch2"),
                     help="the PyTorch 2 virtual environment")
@@ -149,6 +156,9 @@ def main():
                     help="after a row's first repeat, stop running the PyTorch configurations below this "
                          "fraction of that repeat's best (e.g. 0.7; default 0: run all every repeat)")
     a = ap.parse_args()
+    global AFTER_FIRST
+    if a.hpm_first_step:
+        AFTER_FIRST = ""
     models = a.models.split(",")
     for m in models:
         if m not in MODELS:

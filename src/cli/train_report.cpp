@@ -86,6 +86,7 @@ void report_finished_run(const Config& cfg, const TrainingRun& run, const train:
                {{"test_accuracy", ev.accuracy},
                 {"test_loss", ev.loss},
                 {"train_samples_per_s", r.samples_per_s()},
+                {"train_samples_per_s_after_first_step", r.samples_per_s_after_first()},
                 {"epochs", trainer.state().epoch},
                 {"steps", trainer.state().global_step},
                 {"steps_this_run", r.steps},
@@ -112,6 +113,10 @@ void report_finished_run(const Config& cfg, const TrainingRun& run, const train:
                                             : nlohmann::json()},
                 {"history", history},
                 {"train_tokens_per_s", text ? nlohmann::json(tokens_per_s) : nlohmann::json()},
+                {"train_tokens_per_s_after_first_step",
+                 text ? nlohmann::json(r.samples_per_s_after_first() *
+                                       static_cast<double>(cfg.gpt.block_size))
+                      : nlohmann::json()},
                 {"val_loss", text ? nlohmann::json(ev.loss) : nlohmann::json()},
                 {"val_perplexity", text ? nlohmann::json(std::exp(ev.loss)) : nlohmann::json()}});
 }

@@ -421,6 +421,10 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
         explain_out_of_memory(x, y, e);
       }
       const double dt = since(t0);
+      if (result.steps == 0) {
+        result.first_step_seconds = dt;
+        result.first_step_samples = x.size(0);
+      }
       result.step_peak_bytes = std::max(result.step_peak_bytes, device.stats().peak_bytes - before);
       result.device_peak_bytes = std::max(result.device_peak_bytes, device.stats().peak_bytes);
       epoch_seconds += dt;

@@ -268,6 +268,12 @@ TEST(Trainer, ByStepsWithABudgetTheStretchesDoNotDivide) {
   for (const auto& e : r.history)
     EXPECT_GE(e.test_loss, 0) << "evaluated at step " << e.global_step;
   EXPECT_EQ(flat_params(*budget.model), flat_params(*straight.model));
+  // The first step apart (what benchmarks leave out as warm-up): its rows and time, and the rate
+  // of the 19 after it.
+  EXPECT_EQ(r.first_step_samples, 8);
+  EXPECT_GT(r.first_step_seconds, 0);
+  EXPECT_NEAR(r.samples_per_s_after_first(), 152.0 / (r.train_seconds - r.first_step_seconds),
+              1e-6);
 }
 
 TEST(Trainer, UnwritableCheckpointDirectoryFailsBeforeTraining) {

@@ -147,6 +147,14 @@ struct FitResult {
   double backup_seconds = 0;        // time spent writing them
   std::uintmax_t backup_bytes = 0;  // size of the last one
   double samples_per_s() const { return train_seconds > 0 ? train_samples / train_seconds : 0; }
+  // This call's first step (oneDNN's kernels are made then; torch.compile's peers skip theirs):
+  // its time and rows, and the rate of the steps after it (0 with fewer than two steps).
+  double first_step_seconds = 0;
+  std::int64_t first_step_samples = 0;
+  double samples_per_s_after_first() const {
+    const double s = train_seconds - first_step_seconds;
+    return steps > 1 && s > 0 ? static_cast<double>(train_samples - first_step_samples) / s : 0;
+  }
 };
 
 class Trainer;
