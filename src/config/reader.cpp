@@ -83,7 +83,9 @@ void apply_override(toml::table& root, const std::string& assignment) {
   table.insert_or_assign(key, *parsed.get("v"));
   overridden[table.get(key)] = origin;
   // How long to train is said once: an override of one measure replaces the file's other one
-  // (--set train.max_steps=500 on a config of epochs trains 500 steps).
+  // (--set train.max_steps=500 on a config of epochs trains 500 steps). Erased here rather than
+  // ignored when [train] is read, so that the resolved configuration a checkpoint records holds
+  // the one measure and reads back without the --set.
   if (sec == "train" && (key == "max_steps" || key == "epochs")) {
     const char* other = key == "max_steps" ? "epochs" : "max_steps";
     if (const toml::node* o = table.get(other); o != nullptr && !overridden.count(o)) {

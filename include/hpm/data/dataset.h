@@ -169,7 +169,9 @@ class Dataset {
   // this (Keras' steps_per_epoch over a repeated dataset): the Trainer's epochs are the stretches
   // between evaluations, each a function of its index alone, so a run resumed at any step sees
   // what it would have. Stretches made in order continue one iterator; any other starts its pass
-  // and skips to its place. An input that yields nothing is a DataError at the first next().
+  // and skips to its place. An input of unknown length is counted once, by reading its first pass,
+  // and every pass is taken to be that long (a pass that ends sooner is a DataError when skipped
+  // through). An input that yields nothing is a DataError at the first next().
   Dataset stretches(std::int64_t steps) const;
   Dataset skip(std::int64_t count) const;
   Dataset shard(std::int64_t num_shards, std::int64_t index) const;
