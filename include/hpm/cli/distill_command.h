@@ -12,10 +12,6 @@ namespace CLI {
 class App;
 }
 
-namespace hpm::config {
-struct Config;
-}  // namespace hpm::config
-
 namespace hpm::cli {
 
 struct DistillCommandOptions {
@@ -48,9 +44,6 @@ struct CodistillCommandOptions {
 };
 CLI::App* add_codistill_command(CLI::App& app, CodistillCommandOptions& options);
 int run_codistill(const CodistillCommandOptions& options);
-
-// hpm distill with a [noisy_student] section (noisy_student_command.cpp).
-int run_noisy_student(const config::Config& cfg, const std::string& report_path);
 
 // Exit codes as hpm train: 0 success, 1 bad input (thrown), 3 a non-finite loss.
 int run_distill(const DistillCommandOptions& options);
