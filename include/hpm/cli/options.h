@@ -1,8 +1,11 @@
 // Command-line checks the subcommands share.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,6 +76,37 @@ inline CLI::Option* add_config_flags(CLI::App* cmd, std::string& config,
   cmd->add_option("--set", overrides, "override a config value: section.key=value (repeatable)");
   if (report != nullptr) cmd->add_option("--report", *report, "write a JSON report to this file");
   return positional;
+}
+
+// "4K,64K,1M,2G": a --sizes list of byte counts (K, M, G: binary multiples; "KiB", "MiB", "GiB"
+// and a bare "B" read alike). A malformed entry is a std::invalid_argument naming it.
+inline std::vector<std::int64_t> parse_byte_sizes(const std::string& list) {
+  std::vector<std::int64_t> out;
+  std::size_t start = 0;
+  while (start <= list.size()) {
+    const std::size_t comma = std::min(list.find(',', start), list.size());
+    const std::string s = list.substr(start, comma - start);
+    start = comma + 1;
+    std::size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    const std::string unit = s.substr(used);
+    double mult = 0;
+    if (unit.empty() || unit == "B") mult = 1;
+    if (unit == "K" || unit == "k" || unit == "KiB") mult = 1024.0;
+    if (unit == "M" || unit == "MiB") mult = 1048576.0;
+    if (unit == "G" || unit == "GiB") mult = 1073741824.0;
+    if (used == 0 || mult == 0 || !std::isfinite(v) || v <= 0) {
+      throw std::invalid_argument("--sizes: \"" + s +
+                                  "\" is not a size (a number > 0 with an optional K, M or G)");
+    }
+    out.push_back(static_cast<std::int64_t>(v * mult));
+  }
+  return out;
 }
 
 inline CLI::Validator positive_number() { return number_from_zero(false); }
