@@ -7,11 +7,9 @@
 #include "hpm/cli/options.h"
 #include "hpm/cli/report.h"
 #include "hpm/cli/run_config.h"
-#include "hpm/io/atomic_file.h"
-#include "hpm/pipeline/partition.h"
-#include "hpm/pipeline/simulator.h"
+#include "hpm/config/pipeline_plan.h"
+#include "hpm/pipeline/projection.h"
 #include "hpm/pipeline/strategy.h"
-#include "hpm/tensor/random.h"
 
 namespace hpm::cli {
 
@@ -19,45 +17,32 @@ namespace {
 
 double mib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
 
-// Projections: the model's total time spread evenly over K stages (v chunks each), so the table
-// shows what the schedule alone does to deeper pipelines.
-void print_projection(double total_forward_s, double total_backward_s, double total_weight_s,
-                      nlohmann::json* report) {
+// pipeline::project_schedules as a table: one row per K and M, one column per schedule.
+void print_projection(const std::vector<pipeline::LayerCost>& layers, nlohmann::json* report) {
+  double f = 0, b = 0, w = 0;
+  for (const auto& l : layers) {
+    f += l.forward_s;
+    b += l.backward_s;
+    w += l.weight_s;
+  }
   std::printf(
       "\nprojection (the profiled model's time split evenly over K stages; messages free):\n");
   std::printf("%4s %5s | %-22s | %-22s | %-22s | %-22s\n", "K", "M", "gpipe: step, bubble",
               "1f1b: step, bubble", "interleaved v=2", "zb-h1");
   nlohmann::json rows = nlohmann::json::array();
-  for (int k : {2, 4, 8, 16, 32, 64}) {
-    for (int m : {k, 4 * k, 8 * k}) {
-      std::printf("%4d %5d |", k, m);
-      nlohmann::json row{{"stages", k}, {"micro_batches", m}};
-      for (auto [kind, v] : std::vector<std::pair<pipeline::ScheduleKind, int>>{
-               {pipeline::ScheduleKind::kGPipe, 1},
-               {pipeline::ScheduleKind::kOneFOneB, 1},
-               {pipeline::ScheduleKind::kInterleaved, 2},
-               {pipeline::ScheduleKind::kZeroBubbleH1, 1}}) {
-        const pipeline::Schedule s = pipeline::make_schedule(kind, k, m, v);
-        // Each micro-batch's share of the mini-batch's work: the pipeline's ideal step is the
-        // unsplit step divided by K.
-        const double f = total_forward_s / (k * v), b = total_backward_s / (k * v),
-                     w = total_weight_s / (k * v);
-        pipeline::ChunkCost cost;
-        cost.forward_s = f;
-        cost.backward_s = b;
-        cost.weight_s = w;
-        const pipeline::Simulation sim = pipeline::simulate(
-            s, std::vector<pipeline::ChunkCost>(static_cast<std::size_t>(k * v), cost));
-        const double ideal = m * (total_forward_s + total_backward_s) / k;
-        std::printf(" %8.2fx ideal, %5.1f%% |", sim.step_s / ideal, 100 * sim.bubble);
-        row[pipeline::schedule_name(kind)] = {{"step_over_ideal", sim.step_s / ideal},
-                                              {"bubble", sim.bubble},
-                                              {"formula", pipeline::theoretical_bubble(s)}};
-      }
-      std::printf("\n");
-      rows.push_back(row);
+  for (const pipeline::ProjectedSchedule& p : pipeline::project_schedules(f, b, w)) {
+    if (rows.empty() || rows.back()["stages"] != p.stages ||
+        rows.back()["micro_batches"] != p.micro_batches) {
+      if (!rows.empty()) std::printf("\n");
+      std::printf("%4d %5d |", p.stages, p.micro_batches);
+      rows.push_back({{"stages", p.stages}, {"micro_batches", p.micro_batches}});
     }
+    std::printf(" %8.2fx ideal, %5.1f%% |", p.step_over_ideal, 100 * p.bubble);
+    rows.back()[pipeline::schedule_name(p.kind)] = {{"step_over_ideal", p.step_over_ideal},
+                                                    {"bubble", p.bubble},
+                                                    {"formula", p.formula_bubble}};
   }
+  std::printf("\n");
   (*report)["projection"] = rows;
 }
 
@@ -78,81 +63,32 @@ CLI::App* add_plan_command(CLI::App& app, PlanCommandOptions& o) {
 }
 
 int run_plan(const PlanCommandOptions& o) {
-  Config cfg = load_config(o.config_path, o.overrides);
+  const Config cfg = load_config(o.config_path, o.overrides);
   const PipelineSection& p = cfg.pipeline;
-  const int threads = o.threads > 0 ? o.threads : std::max(1, cfg.threads / p.stages);
-  use_threads(threads);
-  manual_seed(cfg.seed);
-  std::shared_ptr<nn::Sequential> model = nn::as_sequential(build_model(cfg));
-  const pipeline::Schedule schedule = pipeline::make_schedule(
-      pipeline::schedule_from_name(p.schedule), p.stages, p.micro_batches, p.chunks_per_stage);
-
-  // One micro-batch of the config's own data, as training would see it.
-  data::Element first;
-  {
-    std::int64_t examples = 0;
-    std::unique_ptr<data::Iterator> it = training_pipeline(cfg, &examples).make_iterator(0);
-    if (!it->next(first)) throw ConfigError(cfg.path + ": the training data yields no batch");
-  }
-  const Tensor& x = first.at(0);
-  const std::int64_t rows = (x.size(0) + p.micro_batches - 1) / p.micro_batches;
+  use_threads(o.threads > 0 ? o.threads : std::max(1, cfg.threads / p.stages));
+  const PipelinePlan plan = plan_pipeline(cfg, o.message_us * 1e-6);
   std::printf(
       "hpm plan %s: %zu layers, %lld parameters; micro-batch %lld rows (batch %lld / M %d)\n",
-      cfg.path.c_str(), model->size(), static_cast<long long>(model->num_parameters()),
-      static_cast<long long>(rows), static_cast<long long>(x.size(0)), p.micro_batches);
-  const std::vector<pipeline::LayerCost> layers =
-      pipeline::profile_layers(*model, x.narrow(0, rows), p.profile_repeats);
-  const pipeline::Partition part =
-      pipeline::partition(layers, schedule.chunks(), pipeline::partition_from_name(p.partition));
+      cfg.path.c_str(), plan.model->size(), static_cast<long long>(plan.model->num_parameters()),
+      static_cast<long long>(plan.micro_batch_rows), static_cast<long long>(plan.batch_rows),
+      p.micro_batches);
   std::printf("\npartition (%s) into %d chunk(s) on %d stage(s):\n%s", p.partition.c_str(),
-              schedule.chunks(), p.stages, pipeline::describe(part, layers).c_str());
-
-  const std::vector<pipeline::ChunkCost> costs = pipeline::chunk_costs(layers, part.boundaries);
-  const pipeline::Simulation sim = pipeline::simulate(schedule, costs, o.message_us * 1e-6);
-  double serial = 0;
-  for (const auto& c : costs) serial += (c.forward_s + c.backward_s) * p.micro_batches;
+              plan.schedule.chunks(), p.stages,
+              pipeline::describe(plan.partition, plan.layers).c_str());
+  const pipeline::Simulation& sim = plan.simulation;
   std::printf(
       "\nschedule %s, K = %d, M = %d%s\n", p.schedule.c_str(), p.stages, p.micro_batches,
       p.chunks_per_stage > 1 ? (", v = " + std::to_string(p.chunks_per_stage)).c_str() : "");
   std::printf("  predicted step      %.3f ms (one device, same micro-batches: %.3f ms; %.2fx)\n",
-              sim.step_s * 1e3, serial * 1e3, serial / sim.step_s);
+              sim.step_s * 1e3, plan.one_device_step_s * 1e3, plan.one_device_step_s / sim.step_s);
   std::printf("  predicted bubble    %.1f%% (formula %.1f%%)\n", 100 * sim.bubble,
-              100 * pipeline::theoretical_bubble(schedule));
-  nlohmann::json stages = nlohmann::json::array();
-  for (int d = 0; d < p.stages; ++d) {
-    std::printf("  stage %d: busy %.3f ms, peak memory %.2f MiB\n", d,
-                sim.busy_s[static_cast<std::size_t>(d)] * 1e3,
-                mib(sim.peak_bytes[static_cast<std::size_t>(d)]));
-    stages.push_back({{"busy_s", sim.busy_s[static_cast<std::size_t>(d)]},
-                      {"peak_bytes", sim.peak_bytes[static_cast<std::size_t>(d)]}});
+              100 * pipeline::theoretical_bubble(plan.schedule));
+  for (std::size_t d = 0; d < sim.busy_s.size(); ++d) {
+    std::printf("  stage %zu: busy %.3f ms, peak memory %.2f MiB\n", d, sim.busy_s[d] * 1e3,
+                mib(sim.peak_bytes[d]));
   }
-  nlohmann::json layer_json = nlohmann::json::array();
-  double total_f = 0, total_b = 0, total_w = 0;
-  for (const auto& l : layers) {
-    total_f += l.forward_s;
-    total_b += l.backward_s;
-    total_w += l.weight_s;
-    layer_json.push_back({{"name", l.name},
-                          {"forward_s", l.forward_s},
-                          {"backward_s", l.backward_s},
-                          {"weight_s", l.weight_s},
-                          {"parameter_bytes", l.parameter_bytes},
-                          {"activation_bytes", l.activation_bytes}});
-  }
-  nlohmann::json report{{"schedule", p.schedule},
-                        {"stages", p.stages},
-                        {"micro_batches", p.micro_batches},
-                        {"chunks_per_stage", p.chunks_per_stage},
-                        {"partition", p.partition},
-                        {"boundaries", part.boundaries},
-                        {"imbalance", part.imbalance},
-                        {"predicted_step_s", sim.step_s},
-                        {"one_device_step_s", serial},
-                        {"predicted_bubble", sim.bubble},
-                        {"formula_bubble", pipeline::theoretical_bubble(schedule)},
-                        {"stage", stages},
-                        {"layers", layer_json}};
-  if (o.project) print_projection(total_f, total_b, total_w, &report);
+  nlohmann::json report = pipeline_plan_report(cfg, plan);
+  if (o.project) print_projection(plan.layers, &report);
   write_report(o.report, report);
   return 0;
 }
