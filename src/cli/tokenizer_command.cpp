@@ -2,15 +2,12 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <filesystem>
 #include <iostream>
 
 #include "hpm/cli/options.h"
 #include "hpm/cli/run_config.h"
-#include "hpm/data/text_corpus.h"
-#include "hpm/data/token_shard.h"
+#include "hpm/data/shard_encoding.h"
 #include "hpm/data/tokenizer.h"
-#include "hpm/io/atomic_file.h"
 
 namespace hpm::cli {
 
@@ -36,27 +33,6 @@ int run_train(const TokenizerCommandOptions& o) {
   return 0;
 }
 
-// The split's tokens as shards of at most `per_shard` tokens: DIR/NAME-00000.tokens, ...
-std::vector<std::string> write_shards(const std::string& dir, const std::string& name,
-                                      const Tensor& tokens, std::int64_t per_shard,
-                                      const data::Tokenizer& tok) {
-  const std::vector<std::int64_t> ids = tokens.to_vector_i64();
-  std::vector<std::string> paths;
-  for (std::size_t begin = 0; begin < ids.size() || paths.empty();
-       begin += static_cast<std::size_t>(per_shard)) {
-    const std::size_t end = std::min(ids.size(), begin + static_cast<std::size_t>(per_shard));
-    char file[64];
-    std::snprintf(file, sizeof file, "/%s-%05zu.tokens", name.c_str(), paths.size());
-    paths.push_back(dir + file);
-    data::write_token_shard(
-        paths.back(),
-        std::vector<std::int64_t>(ids.begin() + static_cast<std::ptrdiff_t>(begin),
-                                  ids.begin() + static_cast<std::ptrdiff_t>(end)),
-        tok.vocab_size(), tok.fingerprint());
-  }
-  return paths;
-}
-
 int run_encode(const TokenizerCommandOptions& o) {
   const auto tok = tokenizer_of(o);
   if (!o.has_files) {
@@ -66,32 +42,20 @@ int run_encode(const TokenizerCommandOptions& o) {
     std::printf("\n");
     return 0;
   }
-  // Shards left from another run would join this corpus through a glob: refuse to mix them.
-  if (std::filesystem::is_directory(o.output)) {
-    for (const auto& e : std::filesystem::directory_iterator(o.output)) {
-      if (e.path().extension() == ".tokens") {
-        throw ConfigError("hpm data tokenizer encode: " + o.output +
-                          " already holds token shards (" + e.path().filename().string() +
-                          "): remove them or write to another directory");
-      }
-    }
+  data::EncodedCorpus c;
+  try {
+    c = data::encode_text_to_shards(o.files, *tok, o.output, o.shard_tokens);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("hpm data tokenizer encode: ") + e.what());
   }
-  io::ensure_directory(o.output);
-  const data::TextCorpus c = data::load_text_corpus(o.files, *tok);
-  const auto train = write_shards(o.output, "train", c.train, o.shard_tokens, *tok);
-  const auto val = write_shards(o.output, "val", c.val, o.shard_tokens, *tok);
-  std::int64_t bytes = 0;
-  for (const auto& f : c.files) bytes += static_cast<std::int64_t>(std::filesystem::file_size(f));
-  const std::int64_t tokens = c.train.numel() + c.val.numel();
   std::printf(
       "hpm data tokenizer encode: %zu files, %lld bytes -> %lld training and %lld validation "
       "tokens (%.2f bytes a token, vocabulary %lld of %s): %s/train-*.tokens (%zu), "
       "%s/val-*.tokens (%zu)\n",
-      c.files.size(), static_cast<long long>(bytes), static_cast<long long>(c.train.numel()),
-      static_cast<long long>(c.val.numel()),
-      static_cast<double>(bytes) / static_cast<double>(std::max<std::int64_t>(tokens, 1)),
+      c.files, static_cast<long long>(c.bytes), static_cast<long long>(c.train_tokens),
+      static_cast<long long>(c.val_tokens), c.bytes_per_token(),
       static_cast<long long>(tok->vocab_size()), tok->name().c_str(), o.output.c_str(),
-      train.size(), o.output.c_str(), val.size());
+      c.train_shards.size(), o.output.c_str(), c.val_shards.size());
   return 0;
 }
 
