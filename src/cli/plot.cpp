@@ -2,87 +2,19 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <map>
-#include <set>
-#include <sstream>
 #include <stdexcept>
 
 #include "hpm/cli/options.h"
 #include "hpm/io/atomic_file.h"
-#include "hpm/io/csv.h"
+#include "hpm/io/metrics_table.h"
 #include "hpm/trace/curves.h"
 
 namespace hpm::cli {
 
 namespace {
-
-// ---- reading metrics CSVs -------------------------------------------------------------------
-
-struct Table {
-  std::string path;
-  std::vector<std::string> names;
-  std::vector<std::vector<std::string>> rows;
-  std::vector<std::uint64_t> lines;
-
-  std::size_t column(const std::string& name) const {
-    const auto it = std::find(names.begin(), names.end(), name);
-    if (it != names.end()) return static_cast<std::size_t>(it - names.begin());
-    std::string known;
-    for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
-    throw std::invalid_argument(path + " has no column '" + name + "' (it has: " + known + ")");
-  }
-  // Empty cells: nullopt. Anything else must be a number.
-  std::optional<double> number(std::size_t row, std::size_t col) const {
-    const std::string& text = rows[row][col];
-    if (text.find_first_not_of(" \t") == std::string::npos) return std::nullopt;
-    char* end = nullptr;
-    const double v = std::strtod(text.c_str(), &end);
-    if (end == text.c_str() || std::string(end).find_first_not_of(" \t") != std::string::npos) {
-      throw std::invalid_argument(path + ": line " + std::to_string(lines[row]) + ", column '" +
-                                  names[col] + "': expected a number, got '" + text + "'");
-    }
-    return v;
-  }
-};
-
-Table read_table(const std::string& path) {
-  if (!std::filesystem::is_regular_file(path)) {
-    throw std::invalid_argument(
-        "cannot read metrics file " + path +
-        (std::filesystem::exists(path) ? ": not a regular file" : ": no such file"));
-  }
-  Table t;
-  t.path = path;
-  io::CsvReader reader(path);
-  t.names = reader.column_names();
-  std::vector<std::string> fields;
-  while (reader.next_fields(fields)) {
-    t.rows.push_back(fields);
-    t.lines.push_back(reader.line());
-  }
-  return t;
-}
-
-std::vector<std::pair<double, double>> points(const Table& t, const std::string& y,
-                                              const std::string& x, double x_scale) {
-  const std::size_t ycol = t.column(y);
-  const bool wall_clock = x == "seconds";
-  const std::size_t xcol = t.column(wall_clock ? "seconds" : x);
-  std::vector<std::pair<double, double>> out;
-  double elapsed = 0;
-  for (std::size_t r = 0; r < t.rows.size(); ++r) {
-    const std::optional<double> xv = t.number(r, xcol);
-    if (wall_clock && xv) elapsed += *xv;
-    const std::optional<double> yv = t.number(r, ycol);
-    if (!xv || !yv || !std::isfinite(*yv)) continue;
-    out.emplace_back((wall_clock ? elapsed : *xv) * x_scale, *yv);
-  }
-  return out;
-}
 
 std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
 
@@ -113,13 +45,12 @@ int run_plot(const PlotCommandOptions& o) {
                                 std::to_string(o.files.size()) +
                                 " files (give one per file, or one for all)");
   }
-  std::vector<Table> tables;
-  for (const auto& f : o.files) tables.push_back(read_table(f));
+  std::vector<io::MetricsTable> tables;
+  for (const auto& f : o.files) tables.push_back(io::read_metrics_table(f));
   std::vector<std::string> columns = o.columns;
   if (columns.empty()) {
-    const Table& t = tables.front();
-    const bool has_test = std::find(t.names.begin(), t.names.end(), "test_loss") != t.names.end() &&
-                          !points(t, "test_loss", o.x, o.x_scale).empty();
+    const io::MetricsTable& t = tables.front();
+    const bool has_test = t.has("test_loss") && !t.curve("test_loss", o.x, o.x_scale).empty();
     columns.push_back(has_test ? "test_loss" : "train_loss");
   }
   std::vector<std::string> order;  // labels in first-seen order
@@ -146,7 +77,7 @@ int run_plot(const PlotCommandOptions& o) {
       trace::PlotSeries s;
       s.label = label;
       for (std::size_t i : files_of[label]) {
-        s.runs.push_back(points(tables[i], column, o.x, o.x_scale));
+        s.runs.push_back(tables[i].curve(column, o.x, o.x_scale));
         if (s.runs.back().empty()) {
           throw std::invalid_argument(o.files[i] + ": column '" + column +
                                       "' holds no value to plot");
