@@ -10,7 +10,6 @@
 #include "hpm/cli/distill_command.h"
 #include "hpm/cli/evaluate_command.h"
 #include "hpm/cli/export_command.h"
-#include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/launch_command.h"
 #include "hpm/cli/plan.h"
 #include "hpm/cli/plot.h"
@@ -19,6 +18,8 @@
 #include "hpm/cli/train_command.h"
 #include "hpm/comm/communicator.h"
 #include "hpm/io/atomic_file.h"
+#include "hpm/launch/supervisor.h"
+#include "hpm/launch/worker.h"
 #include "hpm/tensor/device.h"
 
 namespace hpm::cli {
@@ -72,7 +73,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   try {
-    watch_launcher_from_env();
+    launch::watch_launcher_from_env();
     check_report_paths(app);
     if (*launch_cmd) return launch::run_launch(launch_opts);
     if (*train_cmd) return run_train(train_opts);
@@ -89,10 +90,10 @@ int main(int argc, char** argv) {
     if (*sample_cmd) return run_sample(sample_opts);
   } catch (const comm::CommError& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
-    return kExitPeerLost;
+    return launch::kExitPeerLost;
   } catch (const OutOfMemoryError& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
-    return kExitOutOfMemory;
+    return launch::kExitOutOfMemory;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hpm: error: %s\n", e.what());
     return 1;

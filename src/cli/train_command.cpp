@@ -4,12 +4,14 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "hpm/cli/fault_tolerance.h"
 #include "hpm/cli/options.h"
 #include "hpm/comm/gloo.h"
 #include "hpm/io/atomic_file.h"
+#include "hpm/launch/supervisor.h"
+#include "hpm/launch/worker.h"
 #include "hpm/trace/trace.h"
 #include "hpm/train/callbacks.h"
+#include "hpm/train/restart_callbacks.h"
 
 namespace hpm::cli {
 
@@ -75,9 +77,9 @@ int run_train(const TrainCommandOptions& o) {
   fo.backup_every_steps = cfg.backup_every_steps;
   fo.keep_backup = cfg.keep_backup;
   // SIGTERM/SIGINT finish the step and back up, when there is somewhere to back up to.
-  if (!cfg.backup_dir.empty()) fo.stop_signal = install_preemption_handlers();
-  trainer.add_callback(std::make_shared<BackupReport>());
-  if (auto fault = fault_injector_from_env(strategy ? strategy->worker_rank() : 0)) {
+  if (!cfg.backup_dir.empty()) fo.stop_signal = launch::install_preemption_handlers();
+  trainer.add_callback(std::make_shared<train::BackupRestoreReport>());
+  if (auto fault = train::fault_injector_from_env(strategy ? strategy->worker_rank() : 0)) {
     trainer.add_callback(fault);
   }
 
@@ -103,7 +105,8 @@ int run_train(const TrainCommandOptions& o) {
     std::fprintf(
         stderr, "hpm: error: %s; %s\n", e.what(),
         last.empty() ? "no checkpoint was written" : ("last good checkpoint: " + last).c_str());
-    return dynamic_cast<const train::OutOfMemoryStop*>(&e) != nullptr ? kExitOutOfMemory : 3;
+    return dynamic_cast<const train::OutOfMemoryStop*>(&e) != nullptr ? launch::kExitOutOfMemory
+                                                                      : 3;
   }
   if (!timeline.empty()) {
     trace::stop();
@@ -122,7 +125,7 @@ int run_train(const TrainCommandOptions& o) {
                    "command again to continue\n",
                    static_cast<long long>(trainer.state().global_step), cfg.backup_dir.c_str());
     }
-    return kExitPreempted;
+    return launch::kExitPreempted;
   }
   if (!chief) return 0;
   if (r.steps == 0) {

@@ -1,4 +1,4 @@
-#include "hpm/cli/fault_tolerance.h"
+#include "hpm/launch/worker.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -8,14 +8,15 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
-namespace hpm::cli {
+#include "hpm/launch/supervisor.h"
+
+namespace hpm::launch {
 
 namespace {
 
@@ -31,22 +32,6 @@ void on_preemption(int) { preempted.store(true); }
 // size vs. prev_size while consolidating"). On one device the main thread runs the matrix products,
 // and a signal sent to the process is delivered to the main thread.
 alignas(64) char signal_stack[1 << 18];
-
-class FaultInjector : public train::Callback {
- public:
-  FaultInjector(std::int64_t step, int sig) : step_(step), sig_(sig) {}
-  void on_batch_end(train::Trainer&, const train::BatchLogs& b) override {
-    if (b.global_step != step_) return;
-    std::fprintf(stderr, "hpm: fault injection: %s to this worker after global step %lld\n",
-                 sig_ == SIGKILL ? "SIGKILL" : "SIGTERM", static_cast<long long>(step_));
-    std::fflush(nullptr);
-    std::raise(sig_);
-  }
-
- private:
-  std::int64_t step_;
-  int sig_;
-};
 
 }  // namespace
 
@@ -70,7 +55,7 @@ const std::atomic<bool>* install_preemption_handlers() {
 }
 
 void watch_launcher_from_env() {
-  const char* spec = std::getenv(launch::kLauncherFdVariable);
+  const char* spec = std::getenv(kLauncherFdVariable);
   if (spec == nullptr || *spec == '\0') return;
   char* end = nullptr;
   const long fd = std::strtol(spec, &end, 10);
@@ -81,7 +66,7 @@ void watch_launcher_from_env() {
   }
   // Not passed on: the process this one starts has its own launcher, or none.
   ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
-  ::unsetenv(launch::kLauncherFdVariable);
+  ::unsetenv(kLauncherFdVariable);
   // To the main thread, whose handler runs on its own stack (see signal_stack), not to whichever
   // thread the kernel picks.
   std::thread([fd = static_cast<int>(fd), main_thread = ::pthread_self()] {
@@ -97,33 +82,4 @@ void watch_launcher_from_env() {
   }).detach();
 }
 
-void BackupReport::on_backup_restored(train::Trainer& t, const std::string& dir,
-                                      const std::vector<std::string>& skipped) {
-  for (const auto& s : skipped)
-    std::fprintf(stderr, "hpm: warning: unusable backup skipped: %s\n", s.c_str());
-  const auto& st = t.state();
-  std::fprintf(stderr,
-               "hpm: continuing from backup %s (epoch %lld, step %lld of it, global step %lld)\n",
-               dir.c_str(), static_cast<long long>(st.epoch + 1),
-               static_cast<long long>(st.step_in_epoch), static_cast<long long>(st.global_step));
-}
-
-std::shared_ptr<train::Callback> fault_injector_from_env(int worker_rank) {
-  const char* spec = std::getenv("HPM_FAULT_AT_STEP");
-  if (spec == nullptr || *spec == '\0') return nullptr;
-  const char* restart = std::getenv("HPM_RESTART");
-  if (restart != nullptr && std::string(restart) != "0") return nullptr;
-  const std::string s(spec);
-  const auto first = s.find(':');
-  const auto second = first == std::string::npos ? first : s.find(':', first + 1);
-  const std::string signal = second == std::string::npos ? "KILL" : s.substr(second + 1);
-  if (first == std::string::npos || (signal != "KILL" && signal != "TERM")) {
-    throw std::invalid_argument("HPM_FAULT_AT_STEP must be RANK:STEP or RANK:STEP:TERM, got '" + s +
-                                "'");
-  }
-  if (std::stoi(s.substr(0, first)) != worker_rank) return nullptr;
-  return std::make_shared<FaultInjector>(std::stoll(s.substr(first + 1, second - first - 1)),
-                                         signal == "KILL" ? SIGKILL : SIGTERM);
-}
-
-}  // namespace hpm::cli
+}  // namespace hpm::launch

@@ -14,11 +14,11 @@
 #include <thread>
 #include <vector>
 
-#include "hpm/cli/fault_tolerance.h"
+#include "hpm/launch/worker.h"
 #include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/kernels.h"
 
-namespace hpm::cli {
+namespace hpm::launch {
 namespace {
 
 TEST(Preemption, HandlersRunOnAStackOfTheirOwn) {
@@ -67,4 +67,4 @@ TEST(Preemption, SignalsDuringMatrixProductsLeaveTheHeapIntact) {
 }
 
 }  // namespace
-}  // namespace hpm::cli
+}  // namespace hpm::launch
