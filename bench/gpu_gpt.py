@@ -10,12 +10,17 @@ usage: gpu_gpt.py --hpm PATH --peer torch_gpt.py --text FILE... [--sizes fortune
 
 Sizes (issue 32): fortunes = 4 layers, 4 heads, 128 wide, block 64, batch 12 (the default GPT);
 shakespeare = nanoGPT's shakespeare model, 6/6/384, block 256, batch 64; gpt2 = GPT-2 small,
-12/12/768, block 1024, batch 16, vocabulary 50304 on random tokens (timing only: hpm has no
-random-token source yet, so only the peer runs it). Byte-level sizes train on the --text files.
+12/12/768, block 1024, batch 16, vocabulary 50304 on random tokens (timing only: hpm's
+[data] source = "random_tokens", the peer's --random-tokens). Byte-level sizes train on the --text
+files.
 
 Both sides exclude warm-up: the peer times from a synchronize after its first 10 steps; hpm's
-tokens/s divides the tokens of the run by its training seconds, warm-up included (a handicap of
-at most its first few steps' share). Each side synchronizes at its ends.
+rate is its report's train_tokens_per_s_after_first_step (the first step makes the kernels'
+plans and the allocator's pool). Each side synchronizes at its ends.
+
+--ab-env KEY=VALUE runs hpm a second time with that environment variable (for example
+HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones) and prints its rate
+beside the first.
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 
@@ -61,10 +66,8 @@ def run_peer(args, size, compile_):
     return json.loads(lines[-1])
 
 
-def run_hpm(args, size):
+def run_hpm(args, size, env=None):
     s = SIZES[size]
-    if s["vocab"] != 256:
-        return {"error": "no random-token source in hpm yet"}
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
         sets = {"model.n_layer": s["layers"], "model.n_head": s["heads"], "model.n_embd": s["embd"],
@@ -72,15 +75,24 @@ def run_hpm(args, size):
                 "train.max_steps": args.steps, "train.eval_every": args.steps,
                 "train.eval_iters": 1, "train.precision": args.precision,
                 "schedule.t_max": args.steps, "schedule.warmup": 10}
-        cmd = [args.hpm, "train", args.config, "--device", "cuda", "--report", report,
-               "--set", "data.files=" + args.text_glob]
+        cmd = [args.hpm, "train", args.config, "--device", "cuda", "--report", report]
+        if s["vocab"] != 256:
+            sets["data.source"] = '"random_tokens"'
+            sets["model.vocab_size"] = s["vocab"]
+        else:
+            cmd += ["--set", "data.files=" + args.text_glob]
         for k, v in sets.items():
             cmd += ["--set", f"{k}={v}"]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                             env={**os.environ, **(env or {})})
         if out.returncode != 0 or not os.path.exists(report):
             return {"error": (out.stderr or out.stdout)[-400:]}
         with open(report) as f:
             return json.load(f)
+
+
+def hpm_rate(h):
+    return h.get("train_tokens_per_s_after_first_step") or h.get("train_tokens_per_s")
 
 
 def main():
@@ -94,7 +106,9 @@ def main():
     p.add_argument("--precision", default="bf16", choices=["f32", "bf16"])
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--json", default="")
+    p.add_argument("--ab-env", default="", help="KEY=VALUE: hpm again under this variable")
     args = p.parse_args()
+    ab = dict([args.ab_env.split("=", 1)]) if args.ab_env else None
     args.text_glob = os.path.join(os.path.dirname(args.text[0]), "*")
     peak = gemm_rate_tflops()
     print(f"bf16 GEMM 8192^3 on this card: {peak:.0f} TFLOP/s", flush=True)
@@ -102,13 +116,15 @@ def main():
     for size in args.sizes.split(","):
         r = {"size": size, "hpm": run_hpm(args, size), "eager": run_peer(args, size, False),
              "compile": run_peer(args, size, True)}
+        if ab:
+            r["hpm_ab"] = run_hpm(args, size, ab)
         rows.append(r)
         print(json.dumps(r)[:2000], flush=True)
     print(f"\n{'size':12} {'hpm tok/s':>11} {'eager':>11} {'compile':>11} {'/eager':>7} "
           f"{'/compile':>8} {'MFU hpm':>8} {'MFU comp':>8} {'hpm MiB':>8} {'torch MiB':>9}")
     for r in rows:
         h, e, c = r["hpm"], r["eager"], r["compile"]
-        ht = h.get("train_tokens_per_s")
+        ht = hpm_rate(h)
         et, ct = e.get("train_tokens_per_s"), c.get("train_tokens_per_s")
         fpt = e.get("flops_per_token") or c.get("flops_per_token")
         fmt = lambda v, spec: format(v, spec) if v is not None else "n/a"
@@ -119,6 +135,12 @@ def main():
         print(f"{r['size']:12} {fmt(ht, '11.0f')} {fmt(et, '11.0f')} {fmt(ct, '11.0f')} "
               f"{fmt(ratio(ht, et), '7.2f')} {fmt(ratio(ht, ct), '8.2f')} {fmt(mfu(ht), '8.1%')} "
               f"{fmt(mfu(ct), '8.1%')} {fmt(hm and hm / 2**20, '8.0f')} {fmt(tm and tm / 2**20, '9.0f')}")
+    if ab:
+        print(f"\nhpm with {args.ab_env}:")
+        for r in rows:
+            a, b = hpm_rate(r["hpm"]), hpm_rate(r.get("hpm_ab", {}))
+            print(f"{r['size']:12} {b and round(b) or 'n/a':>11} tokens/s against {a and round(a) or 'n/a'}"
+                  f" ({a / b:.2f}x)" if a and b else f"{r['size']:12} n/a")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gemm_tflops": peak, "precision": args.precision, "steps": args.steps,

@@ -135,16 +135,17 @@ void read_data(const Source& s, Config& c) {
     c.augment = parse_augment(path, *t->get("augment"));
   }
   data.finish();
-  if (c.source != "idx" && c.source != "tfrecord" && c.source != "text" && c.source != "tokens") {
+  if (c.source != "idx" && c.source != "tfrecord" && !c.token_source()) {
     throw ConfigError(data.at("source") + ": [data] source must be \"idx\", \"tfrecord\", " +
-                      "\"text\" or \"tokens\", got \"" + c.source + "\"");
+                      "\"text\", \"tokens\" or \"random_tokens\", got \"" + c.source + "\"");
   }
   // Text and tokens are for language models, and language models learn from them.
   if (c.token_source() != (c.model_kind == "gpt")) {
-    throw ConfigError(data.at("source") + ": [data] source = \"" + c.source +
-                      "\" with [model] kind = \"" + c.model_kind +
-                      "\": a GPT trains on [data] source = \"text\" or \"tokens\", and only a "
-                      "GPT does");
+    throw ConfigError(
+        data.at("source") + ": [data] source = \"" + c.source + "\" with [model] kind = \"" +
+        c.model_kind +
+        "\": a GPT trains on [data] source = \"text\", \"tokens\" or \"random_tokens\", and only a "
+        "GPT does");
   }
   if (c.source == "text" && c.files.empty()) c.files = "/usr/share/games/fortunes/*";
   if (c.source == "tokens" && (c.files.empty() || c.test_files.empty())) {

@@ -12,6 +12,7 @@
 #include "hpm/data/token_shard.h"
 #include "hpm/io/tfrecord.h"
 #include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
 
 namespace hpm::config {
 
@@ -21,10 +22,29 @@ struct LanguageModelTokens {
   data::TokenSequence train, val;
 };
 
+// [data] source = "random_tokens": uniform ids in [0, vocab_size), the training split from the
+// run's seed, the validation split from another stream of it. The training split holds 64
+// batches' windows (at least 2^20 tokens), so windows drawn at random starts overlap no more than
+// a corpus' would; the validation split eval_iters batches (16 when 0, the whole sweep).
+LanguageModelTokens random_language_model_tokens(const Config& cfg) {
+  const std::int64_t window = cfg.gpt.block_size + 1, batch = cfg.batch_size;
+  const std::int64_t n_train = std::max<std::int64_t>(std::int64_t{1} << 20, 64 * batch * window);
+  const std::int64_t n_val = (cfg.eval_iters > 0 ? cfg.eval_iters : 16) * batch * window + 1;
+  const auto draw = [&](std::int64_t n, std::uint64_t seed) {
+    Generator gen(seed);
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(n));
+    const auto vocab = static_cast<std::uint64_t>(cfg.gpt.vocab_size);
+    for (auto& id : ids) id = static_cast<std::int64_t>(gen.below(vocab));
+    return data::TokenSequence(Tensor::from_i64(ids, {n}, Device::cpu()));
+  };
+  return {draw(n_train, cfg.seed), draw(n_val, cfg.seed ^ 0x5eed0fa11da7a5e7ull)};
+}
+
 // [data] source = "text" (the files encoded by the config's tokenizer, bytes by default) or
 // "tokens" (mapped shards, whose vocabulary and tokenizer must be the config's).
 LanguageModelTokens load_language_model_tokens(const Config& cfg) {
   const data::Tokenizer& tok = *cfg.text_tokenizer;
+  if (cfg.source == "random_tokens") return random_language_model_tokens(cfg);
   if (cfg.source == "text") {
     data::TextCorpus c = data::load_text_corpus(cfg.files, tok);
     if (c.vocab_size > cfg.gpt.vocab_size) {  // bytes; a SentencePiece model's is checked equal
@@ -58,8 +78,13 @@ LanguageModelTokens load_language_model_tokens(const Config& cfg) {
 LanguageModelTokens language_model_tokens(const Config& cfg) {
   static std::mutex mu;
   static std::map<std::vector<std::string>, LanguageModelTokens> loaded;
-  const std::vector<std::string> key = {cfg.source, cfg.files, cfg.test_files, cfg.tokenizer,
-                                        std::to_string(cfg.gpt.vocab_size)};
+  std::vector<std::string> key = {cfg.source, cfg.files, cfg.test_files, cfg.tokenizer,
+                                  std::to_string(cfg.gpt.vocab_size)};
+  if (cfg.source == "random_tokens") {  // drawn from the seed, sized by the windows
+    for (const std::int64_t v :
+         {static_cast<std::int64_t>(cfg.seed), cfg.gpt.block_size, cfg.batch_size, cfg.eval_iters})
+      key.push_back(std::to_string(v));
+  }
   std::lock_guard<std::mutex> lock(mu);
   auto it = loaded.find(key);
   if (it == loaded.end()) {

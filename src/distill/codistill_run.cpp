@@ -152,14 +152,16 @@ CodistillOutcome run_codistillation(const config::Config& cfg, const config::Run
   check_codistillation(cfg);
   const int copies = cfg.codistill.copies;
   const auto timeout = std::chrono::milliseconds(std::int64_t{cfg.timeout_s} * 1000);
-  std::optional<comm::GlooOptions> env = comm::gloo_options_from_env();
-  if (env && env->world_size <= 1) env.reset();
-  if (env && env->world_size != copies) {
+  // Under `hpm launch -n K`: one copy per process. Otherwise threads of this one.
+  const std::optional<comm::GlooOptions> from_env = comm::gloo_options_from_env();
+  const bool processes = from_env.has_value() && from_env->world_size > 1;
+  comm::GlooOptions env = processes ? *from_env : comm::GlooOptions{};
+  if (processes && env.world_size != copies) {
     throw ConfigError(cfg.path + ": [codistill] copies = " + std::to_string(copies) +
-                      " but the launch has " + std::to_string(env->world_size) +
+                      " but the launch has " + std::to_string(env.world_size) +
                       " processes (one copy each)");
   }
-  const bool chief = !env || env->rank == 0;
+  const bool chief = !processes || env.rank == 0;
   const config::RunLog say = chief ? log : config::RunLog();
   config::use_threads(cfg.threads);  // and each copy's thread sets its own OpenMP pool
   const bool lm = cfg.token_source();
@@ -178,10 +180,9 @@ CodistillOutcome run_codistillation(const config::Config& cfg, const config::Run
                          cfg.codistill.shards.c_str(), static_cast<long long>(cfg.epochs)));
   }
   CopyResult mine;
-  if (env) {
-    // One copy per process (hpm launch -n K).
-    env->timeout = timeout;
-    mine = train_copy(cfg, comm::make_gloo_communicator(*env), train, test);
+  if (processes) {
+    env.timeout = timeout;
+    mine = train_copy(cfg, comm::make_gloo_communicator(env), train, test);
   } else {
     // Threads of this process, one copy each; copy 0's gathered logits hold them all.
     comm::run_local_group(

@@ -566,6 +566,39 @@ inline std::vector<Case> cases() {
          },
          bf16 ? 2e-2f : 1e-4f});
   }
+  // The CUDA backend's tensor-core attention (head sizes 32, 64, 128; attention_tiled.cu): tiles
+  // of 64 rows cut short at both ends, more queries than keys, both maskings.
+  for (const std::int64_t d : {32, 64, 128}) {
+    const std::string size = " d" + std::to_string(d);
+    for (const bool causal : {false, true}) {
+      const std::string mask = causal ? " causal" : "";
+      c.push_back({"attention bf16 tiles" + size + mask, Op::kAttentionForward,
+                   [=](Generator& g, const To& to) {
+                     const Tensor q = kernels::to_bf16(randn(g, {2, 3, 150, d}));
+                     const Tensor k = kernels::to_bf16(randn(g, {2, 3, 130, d}));
+                     const Tensor v = kernels::to_bf16(randn(g, {2, 3, 130, d}));
+                     Tensor lse;
+                     const Tensor y =
+                         kernels::attention_forward(to(q), to(k), to(v), causal, 0.125f, lse);
+                     return Outputs{y, lse};
+                   },
+                   2e-2f});
+      c.push_back({"attention_backward bf16 tiles" + size + mask, Op::kAttentionBackward,
+                   [=](Generator& g, const To& to) {
+                     const Tensor q = kernels::to_bf16(randn(g, {2, 3, 150, d}));
+                     const Tensor k = kernels::to_bf16(randn(g, {2, 3, 130, d}));
+                     const Tensor v = kernels::to_bf16(randn(g, {2, 3, 130, d}));
+                     const Tensor gy = randn(g, {2, 3, 150, d});
+                     Tensor lse;
+                     const Tensor y = kernels::attention_forward(q, k, v, causal, 0.125f, lse);
+                     Tensor gq, gk, gv;
+                     kernels::attention_backward(to(gy), to(q), to(k), to(v), to(y), to(lse),
+                                                 causal, 0.125f, &gq, &gk, &gv);
+                     return Outputs{gq, gk, gv};
+                   },
+                   2e-2f});
+    }
+  }
   c.push_back({"layer_norm wide", Op::kLayerNormForward, [](Generator& g, const To& to) {
                  Tensor sm, sr;
                  const Tensor y =

@@ -149,8 +149,12 @@ struct Config {
   // (bytes when empty); its vocabulary is the GPT's vocab_size.
   std::string tokenizer;
   std::shared_ptr<const data::Tokenizer> text_tokenizer = data::byte_tokenizer();
-  // A language model's data: [data] source = "text" or "tokens" (trained by steps).
-  bool token_source() const { return source == "text" || source == "tokens"; }
+  // A language model's data: [data] source = "text", "tokens" or "random_tokens" (uniform ids
+  // in [0, vocab_size) from the run's seed: for timing a vocabulary no corpus here is encoded
+  // in, such as GPT-2's; the losses mean nothing). Trained by steps.
+  bool token_source() const {
+    return source == "text" || source == "tokens" || source == "random_tokens";
+  }
   std::int64_t batch_size = 64;
   bool shuffle = true;
   std::int64_t train_limit = 0;  // use only the first N training examples (0 = all)

@@ -1,0 +1,31 @@
+// Fused attention for BF16 q, k, v on tensor cores (attention_tiled.cu): FlashAttention-2's
+// tiling, each product a WMMA bf16 product with f32 accumulation. attention.cu's entry points
+// call it where it applies and keep their warp-per-row kernels for the rest (F32, other head
+// sizes, HPM_CUDA_ATTENTION=rowwise).
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace hpm::cuda {
+
+// Head sizes 32, 64 and 128, 16-byte aligned operands, and HPM_CUDA_ATTENTION not "rowwise"
+// (read once: the kernels of the warp-per-row path, for comparisons on the device).
+bool tiled_attention_applies(std::int64_t d, const void* q, const void* k, const void* v,
+                             const void* grad_out = nullptr);
+
+// q (batch, t, d), k and v (batch, s, d) as bf16 bits; out (batch, t, d) and lse (batch, t) in
+// f32, as attention_forward's. Causal masking is top-left aligned (query i sees keys j <= i).
+void tiled_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                             float* out, float* lse, std::int64_t batch, std::int64_t t,
+                             std::int64_t s, int d, bool causal, float scale, cudaStream_t stream);
+
+// The gradients of the forward above, from grad_out (f32, rounded to bf16 for the products as the
+// CPU's bf16 path does), lse and delta = rowsum(grad_out * out). gq, or gk and gv, may be null.
+void tiled_attention_backward(const std::uint16_t* q, const std::uint16_t* k,
+                              const std::uint16_t* v, const float* grad_out, const float* lse,
+                              const float* delta, float* gq, float* gk, float* gv,
+                              std::int64_t batch, std::int64_t t, std::int64_t s, int d,
+                              bool causal, float scale, cudaStream_t stream);
+
+}  // namespace hpm::cuda
