@@ -55,6 +55,9 @@ step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text
   --set "train.checkpoint_dir=$W/ckpt" --report "$OUT/gpt_cuda.json"
 step gpt_bf16 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
   --set train.precision=bf16 --report "$OUT/gpt_cuda_bf16.json"
+# Issue 32's quality check: the peer's validation loss on the same corpus, 2000 steps in bf16.
+step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --precision bf16 \
+  --iters 2000 --text "${fortunes[@]}"
 step evaluate_on_cpu 60 train.log hpm evaluate examples/fortunes_gpt.toml "${text[@]}" \
   --checkpoint "$W/ckpt"
 step sample 30 train.log hpm sample examples/fortunes_gpt.toml --checkpoint "$W/ckpt" \
@@ -81,4 +84,5 @@ step bench 300 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/
   --ab-env HPM_CUDA_ATTENTION=rowwise
 sed -n '/^size /,$p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 grep -hE '^(val loss|test accuracy|hpm: error|[0-9]+ tokens in)' "$OUT/train.log" >>"$S"
+grep -ho '"val_loss": [0-9.]*' "$OUT/train.log" | sed 's/^/peer bf16 /' >>"$S"
 rm -rf "$W"

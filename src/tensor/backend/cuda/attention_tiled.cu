@@ -121,8 +121,8 @@ __device__ void stage_rounded(bf16* dst, const float* __restrict__ src, std::int
 // out (16 x kCols, row-major, ld kLdS) = A (16 x kK, rows of `a`) B^T, B's rows being `b`'s 64:
 // the product of a warp's 16 rows with a tile's 64 rows, as f32.
 template <int kK>
-__device__ void rows_times_tile(const bf16* a, int lda, const bf16* b, int ldb, float* out,
-                                int ldo) {
+__device__ __forceinline__ void rows_times_tile(const bf16* a, int lda, const bf16* b, int ldb,
+                                                float* out, int ldo) {
 #pragma unroll
   for (int n = 0; n < kCols / 16; ++n) {
     FragAcc acc;
@@ -141,8 +141,8 @@ __device__ void rows_times_tile(const bf16* a, int lda, const bf16* b, int ldb, 
 
 // acc[n] += P (16 x 64, rows of `p`) times columns [16n, 16n + 16) of a staged tile (64 x kD).
 template <int kD>
-__device__ void accumulate_times_tile(FragAcc (&acc)[kD / 16], const bf16* p, int ldp,
-                                      const bf16* tile) {
+__device__ __forceinline__ void accumulate_times_tile(FragAcc (&acc)[kD / 16], const bf16* p,
+                                                      int ldp, const bf16* tile) {
 #pragma unroll
   for (int n = 0; n < kD / 16; ++n) {
 #pragma unroll
@@ -159,8 +159,9 @@ __device__ void accumulate_times_tile(FragAcc (&acc)[kD / 16], const bf16* p, in
 // A warp's 16 x kD accumulator, times `factor`, to rows [row0, row0 + 16) of a (rows, kD) f32
 // matrix (the rows past `rows` dropped), through the warp's scratch.
 template <int kD>
-__device__ void store_rows(FragAcc (&acc)[kD / 16], float* scratch, float* __restrict__ dst,
-                           std::int64_t row0, std::int64_t rows, float factor) {
+__device__ __forceinline__ void store_rows(FragAcc (&acc)[kD / 16], float* scratch,
+                                           float* __restrict__ dst, std::int64_t row0,
+                                           std::int64_t rows, float factor) {
   constexpr int kLd = Layout<kD>::kLdS;
 #pragma unroll
   for (int n = 0; n < kD / 16; ++n)
