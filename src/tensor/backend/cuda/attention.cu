@@ -44,7 +44,6 @@ constexpr int kThreads = kWarps * 32;
 constexpr int kTile = 32;   // keys (or queries) staged at a time: one per lane
 constexpr int kMaxPer = 8;  // output columns a lane owns at most: D <= 256
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr std::size_t kDefaultSmem = 48 << 10;  // beyond this a kernel must opt in
 
 using Bf16Bits = std::uint16_t;  // BF16 tensors hold the upper halves of floats
 
@@ -394,20 +393,8 @@ void with_per(std::int64_t d, F&& f) {
   }
 }
 
-// Blocks of kWarps rows over `batch` heads of `rows` rows.
 unsigned row_block_grid(std::int64_t batch, std::int64_t rows) {
-  const std::int64_t blocks = batch * ((rows + kWarps - 1) / kWarps);
-  if (blocks > 0x7fffffff) throw std::invalid_argument("attention on CUDA: too many rows");
-  return static_cast<unsigned>(blocks);
-}
-
-// Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel.
-template <typename Kernel>
-void allow_smem(Kernel* kernel, std::size_t bytes) {
-  if (bytes > kDefaultSmem) {
-    HPM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(bytes)));
-  }
+  return row_blocks(batch, rows, kWarps);
 }
 
 template <typename In>
@@ -419,7 +406,7 @@ void forward(const Dims& n, const Tensor& q, const Tensor& k, const Tensor& v, b
   with_per(n.d, [&](auto per) {
     constexpr int kPer = decltype(per)::value;
     auto* kernel = attention_forward_kernel<In, kPer>;
-    allow_smem(kernel, smem);
+    allow_dynamic_smem(kernel, smem);
     kernel<<<row_block_grid(n.batch, n.t), kThreads, smem, current_stream()>>>(
         ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(out), ptr<float>(lse), n.t, n.s, d, causal,
         scale);
@@ -467,7 +454,7 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
       const std::size_t smem =
           sizeof(float) * static_cast<std::size_t>(2 * kTile * ks + 2 * kWarps * d);
       auto* kernel = attention_grad_q_kernel<In, kPer>;
-      allow_smem(kernel, smem);
+      allow_dynamic_smem(kernel, smem);
       kernel<<<row_block_grid(n.batch, n.t), kThreads, smem, stream>>>(
           ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out), ptr<float>(lse),
           ptr<float>(delta), ptr<float>(gq), n.t, n.s, d, causal, scale);
@@ -477,7 +464,7 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
       const std::size_t smem =
           sizeof(float) * static_cast<std::size_t>(2 * kTile * ks + 2 * kWarps * d + 2 * kTile);
       auto* kernel = attention_grad_kv_kernel<In, kPer>;
-      allow_smem(kernel, smem);
+      allow_dynamic_smem(kernel, smem);
       kernel<<<row_block_grid(n.batch, n.s), kThreads, smem, stream>>>(
           ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out), ptr<float>(lse),
           ptr<float>(delta), ptr<float>(gk), ptr<float>(gv), n.t, n.s, d, causal, scale);

@@ -412,15 +412,7 @@ __global__ void __launch_bounds__(kThreads)
 // ---- host side ----------------------------------------------------------------------------------
 
 unsigned block_grid(std::int64_t batch, std::int64_t rows) {
-  const std::int64_t blocks = batch * ((rows + kRows - 1) / kRows);
-  if (blocks > 0x7fffffff) throw std::invalid_argument("attention on CUDA: too many rows");
-  return static_cast<unsigned>(blocks);
-}
-
-template <typename Kernel>
-void allow_smem(Kernel* kernel, std::size_t bytes) {
-  HPM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
+  return row_blocks(batch, rows, kRows);
 }
 
 template <typename F>
@@ -461,7 +453,7 @@ void tiled_attention_forward(const std::uint16_t* q, const std::uint16_t* k, con
   with_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
     auto* kernel = tiled_forward_kernel<kD>;
-    allow_smem(kernel, Layout<kD>::kForward);
+    allow_dynamic_smem(kernel, Layout<kD>::kForward);
     kernel<<<block_grid(batch, t), kThreads, Layout<kD>::kForward, stream>>>(q, k, v, out, lse, t,
                                                                              s, causal, scale);
     HPM_CUDA_LAUNCH_CHECK("tiled_forward_kernel");
@@ -477,14 +469,14 @@ void tiled_attention_backward(const std::uint16_t* q, const std::uint16_t* k,
     constexpr int kD = decltype(size)::value;
     if (gq != nullptr && batch * t > 0) {
       auto* kernel = tiled_grad_q_kernel<kD>;
-      allow_smem(kernel, Layout<kD>::kGradQ);
+      allow_dynamic_smem(kernel, Layout<kD>::kGradQ);
       kernel<<<block_grid(batch, t), kThreads, Layout<kD>::kGradQ, stream>>>(
           q, k, v, grad_out, lse, delta, gq, t, s, causal, scale);
       HPM_CUDA_LAUNCH_CHECK("tiled_grad_q_kernel");
     }
     if (gk != nullptr && gv != nullptr && batch * s > 0) {
       auto* kernel = tiled_grad_kv_kernel<kD>;
-      allow_smem(kernel, Layout<kD>::kGradKv);
+      allow_dynamic_smem(kernel, Layout<kD>::kGradKv);
       kernel<<<block_grid(batch, s), kThreads, Layout<kD>::kGradKv, stream>>>(
           q, k, v, grad_out, lse, delta, gk, gv, t, s, causal, scale);
       HPM_CUDA_LAUNCH_CHECK("tiled_grad_kv_kernel");

@@ -133,4 +133,21 @@ __device__ inline double block_sum(double v) {
 }
 #endif
 
+// Blocks of `rows_per_block` rows over `batch` matrices of `rows` rows each (attention's grids);
+// std::invalid_argument past a 1-D grid's limit.
+inline unsigned row_blocks(std::int64_t batch, std::int64_t rows, std::int64_t rows_per_block) {
+  const std::int64_t blocks = batch * ((rows + rows_per_block - 1) / rows_per_block);
+  if (blocks > 0x7fffffff) throw std::invalid_argument("attention on CUDA: too many rows");
+  return static_cast<unsigned>(blocks);
+}
+
+// Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel.
+template <typename Kernel>
+void allow_dynamic_smem(Kernel* kernel, std::size_t bytes) {
+  if (bytes > (std::size_t{48} << 10)) {
+    HPM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bytes)));
+  }
+}
+
 }  // namespace hpm::cuda
