@@ -22,10 +22,7 @@ TEST(AllreduceBench, ThreadsAndForkedProcessesTimeEverySize) {
     ASSERT_EQ(rows.size(), 2u) << processes;
     EXPECT_EQ(rows[0].bytes, 4096);
     EXPECT_EQ(rows[1].bytes, 65536);
-    for (const auto& r : rows) {
-      EXPECT_GT(r.seconds, 0.0);
-      EXPECT_LT(r.seconds, 1.0) << "a 64 KiB all-reduce between two local ranks";
-    }
+    for (const auto& r : rows) EXPECT_GT(r.seconds, 0.0);  // how fast is bench/'s business
   }
 }
 
