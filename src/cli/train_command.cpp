@@ -11,6 +11,7 @@
 #include "hpm/launch/worker.h"
 #include "hpm/trace/trace.h"
 #include "hpm/train/callbacks.h"
+#include "hpm/train/op_profile_window.h"
 #include "hpm/train/restart_callbacks.h"
 
 namespace hpm::cli {
@@ -29,6 +30,8 @@ CLI::App* add_train_command(CLI::App& app, TrainCommandOptions& o) {
       "HOST:PORT of rank 0's store (rank 0 hosts it), or a directory all workers share");
   cmd->add_option("--hostname", o.worker.hostname,
                   "address this worker's collectives bind to (default 127.0.0.1)");
+  cmd->add_option("--op-profile", o.op_profile,
+                  "write the training steps' time by op (all steps but the first) to this file");
   return cmd;
 }
 
@@ -83,6 +86,10 @@ int run_train(const TrainCommandOptions& o) {
     trainer.add_callback(fault);
   }
 
+  if (!o.op_profile.empty()) {
+    io::output_file_target(o.op_profile);  // before training, not after it
+    trainer.add_callback(std::make_shared<train::OpProfileWindow>(o.op_profile));
+  }
   if (chief) print_banner(cfg, run, test.size());
   std::string timeline = cfg.timeline;
   if (!timeline.empty() && strategy && strategy->num_workers() > 1)

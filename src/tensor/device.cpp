@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -56,10 +57,20 @@ DeviceId parse_device_id(const std::string& text) {
                               "\"");
 }
 
+double Event::seconds_since(const Event&) const {
+  throw std::logic_error("this event has no timestamp: record it with Stream::record_timed");
+}
+
 std::shared_ptr<Event> InlineStream::record() {
   struct Done final : Event {
+    std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
     void synchronize() override {}
     bool ready() const override { return true; }
+    double seconds_since(const Event& earlier) const override {
+      const auto* e = dynamic_cast<const Done*>(&earlier);
+      if (e == nullptr) return Event::seconds_since(earlier);
+      return std::chrono::duration<double>(at - e->at).count();
+    }
   };
   return std::make_shared<Done>();
 }

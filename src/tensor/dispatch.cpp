@@ -9,6 +9,7 @@
 
 #include "hpm/tensor/backend.h"
 #include "hpm/tensor/kernels.h"
+#include "hpm/tensor/op_profile.h"
 
 namespace hpm {
 
@@ -166,6 +167,10 @@ class OpScope {
     finish();
   }
   Backend& backend() const { return *backend_; }
+  // The function a binary or unary op applies, for the op profile.
+  void set_detail(const char* detail) {
+    if (profile_) profile_->set_detail(detail);
+  }
 
  private:
   void see(const Tensor& t, int at) {
@@ -174,6 +179,7 @@ class OpScope {
     if (device_ == nullptr) {
       device_ = &d;
       first_ = at;
+      dtype_ = t.dtype();
     } else if (d.id() != device_->id()) {
       throw std::invalid_argument(std::string(op_name(op_)) +
                                   ": inputs on different devices: " + device_->id().str() +
@@ -189,14 +195,58 @@ class OpScope {
     backend_ = &hpm::backend(id.type);
     last_op = op_name(op_);
     ++registry().counts[static_cast<std::size_t>(id.type)][static_cast<std::size_t>(op_)];
+    if (op_profile::detail::on.load(std::memory_order_relaxed))
+      profile_.emplace(op_name(op_), dtype_, *device_);
   }
 
   Op op_;
   Device* device_ = nullptr;
   int first_ = 0;
+  DType dtype_ = DType::F32;
   Backend* backend_ = nullptr;
   std::optional<DeviceGuard> guard_;
+  std::optional<op_profile::Scope> profile_;  // last: its end is recorded before anything else
 };
+
+const char* binary_name(BinaryOp op) {
+  switch (op) {
+    case BinaryOp::Add:
+      return "add";
+    case BinaryOp::Sub:
+      return "sub";
+    case BinaryOp::Mul:
+      return "mul";
+    case BinaryOp::Div:
+      return "div";
+  }
+  return "?";
+}
+
+const char* unary_name(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::Neg:
+      return "neg";
+    case UnaryOp::Exp:
+      return "exp";
+    case UnaryOp::Log:
+      return "log";
+    case UnaryOp::Sqrt:
+      return "sqrt";
+    case UnaryOp::Relu:
+      return "relu";
+    case UnaryOp::Tanh:
+      return "tanh";
+    case UnaryOp::Sigmoid:
+      return "sigmoid";
+    case UnaryOp::Gelu:
+      return "gelu";
+    case UnaryOp::GeluTanh:
+      return "gelu_tanh";
+    case UnaryOp::Square:
+      return "square";
+  }
+  return "?";
+}
 
 }  // namespace
 
@@ -244,6 +294,7 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   OpScope scope(Op::kBinary, {&a, &b});
+  scope.set_detail(binary_name(op));
   return scope.backend().binary(op, a, b);
 }
 
@@ -269,11 +320,13 @@ void scale_(Tensor& y, float alpha) {
 
 Tensor unary(UnaryOp op, const Tensor& x) {
   OpScope scope(Op::kUnary, {&x});
+  scope.set_detail(unary_name(op));
   return scope.backend().unary(op, x);
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
   OpScope scope(Op::kUnaryBackward, {&grad_y, &x, &y});
+  scope.set_detail(unary_name(op));
   return scope.backend().unary_backward(op, grad_y, x, y);
 }
 

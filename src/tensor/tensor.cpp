@@ -6,6 +6,7 @@
 
 #include "hpm/tensor/backend.h"
 #include "hpm/tensor/kernels.h"
+#include "hpm/tensor/op_profile.h"
 #include "hpm/tensor/placement.h"
 #include "hpm/tensor/random.h"
 
@@ -259,7 +260,18 @@ void Tensor::copy_(const Tensor& src) {
     return static_cast<char*>(t.impl_->storage->data()) +
            t.impl_->offset * static_cast<std::int64_t>(dtype_size(t.impl_->dtype));
   };
-  copy_bytes(at(*this), device(), at(src), src.device(), nbytes());
+  Device& to = device();
+  Device& from = src.device();
+  if (to.is_host() && from.is_host()) {
+    copy_bytes(at(*this), to, at(src), from, nbytes());
+    return;
+  }
+  // Timed on the device's stream (the destination's when both are devices).
+  const op_profile::Scope profile(
+      !to.is_host() ? (!from.is_host() ? "copy device to device" : "copy to device")
+                    : "copy to host",
+      dtype(), !to.is_host() ? to : from);
+  copy_bytes(at(*this), to, at(src), from, nbytes());
 }
 
 void Tensor::fill_(float value) { kernels::fill_(*this, value); }

@@ -410,6 +410,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       if (options.schedule_per_step) {
         set_lr(schedule_->lr(base_lr_, state_.global_step));
       }
+      for (auto& cb : callbacks_) cb->on_batch_begin(*this, state_.global_step);
       const std::size_t before = device.stats().current_bytes;
       device.reset_peak();
       const auto t0 = Clock::now();

@@ -15,8 +15,9 @@ namespace hpm::cli {
 
 struct TrainCommandOptions {
   Common common;
-  std::string resume;  // --resume: a checkpoint directory to continue from
-  WorkerFlags worker;  // --rank, --world-size, --rendezvous, --hostname
+  std::string resume;      // --resume: a checkpoint directory to continue from
+  WorkerFlags worker;      // --rank, --world-size, --rendezvous, --hostname
+  std::string op_profile;  // --op-profile: the steps' time by op, a table written here
 };
 
 CLI::App* add_train_command(CLI::App& app, TrainCommandOptions& options);

@@ -15,6 +15,9 @@ class Event {
   // Blocks the host until the work recorded before this event is done.
   virtual void synchronize() = 0;
   virtual bool ready() const = 0;
+  // Seconds from `earlier` (of the same stream) to this event, both complete; both must come from
+  // Stream::record_timed (std::logic_error otherwise).
+  virtual double seconds_since(const Event& earlier) const;
 };
 
 class Stream {
@@ -25,6 +28,8 @@ class Stream {
   virtual void synchronize() = 0;
   // A point after everything issued so far.
   virtual std::shared_ptr<Event> record() = 0;
+  // The same, with a timestamp for Event::seconds_since (a GPU's timed events cost more).
+  virtual std::shared_ptr<Event> record_timed() { return record(); }
   // Work issued to this stream from now on starts after `event` (of any stream of the device).
   virtual void wait(const Event& event) = 0;
 };
@@ -35,7 +40,7 @@ class InlineStream final : public Stream {
   explicit InlineStream(DeviceId device) : device_(device) {}
   DeviceId device() const override { return device_; }
   void synchronize() override {}
-  std::shared_ptr<Event> record() override;
+  std::shared_ptr<Event> record() override;  // timed: the host's clock when recorded
   void wait(const Event&) override {}
 
  private:

@@ -167,6 +167,8 @@ class Callback {
   virtual void on_backup_restored(Trainer&, const std::string& /*dir*/,
                                   const std::vector<std::string>& /*skipped*/) {}
   virtual void on_epoch_begin(Trainer&, std::int64_t /*epoch*/) {}
+  // Before the step of `global_step` (counted from 0), its batch already read.
+  virtual void on_batch_begin(Trainer&, std::int64_t /*global_step*/) {}
   virtual void on_batch_end(Trainer&, const BatchLogs&) {}
   virtual void on_epoch_end(Trainer&, const EpochLogs&) {}
   virtual void on_train_end(Trainer&, const FitResult&) {}

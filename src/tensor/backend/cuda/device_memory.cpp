@@ -47,8 +47,9 @@ namespace {
 
 class CudaEvent final : public Event {
  public:
-  explicit CudaEvent(cudaStream_t stream) {
-    HPM_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  CudaEvent(cudaStream_t stream, bool timed) {
+    HPM_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, timed ? cudaEventDefault : cudaEventDisableTiming));
     HPM_CUDA_CHECK(cudaEventRecord(event_, stream));
   }
   ~CudaEvent() override { (void)cudaEventDestroy(event_); }
@@ -58,6 +59,19 @@ class CudaEvent final : public Event {
     if (e == cudaErrorNotReady) return false;
     HPM_CUDA_CHECK(e);
     return true;
+  }
+  double seconds_since(const Event& earlier) const override {
+    const auto* e = dynamic_cast<const CudaEvent*>(&earlier);
+    if (e == nullptr) return Event::seconds_since(earlier);
+    float ms = 0;
+    // cudaErrorInvalidResourceHandle: one of the two was recorded without timing.
+    const cudaError_t status = cudaEventElapsedTime(&ms, e->event_, event_);
+    if (status == cudaErrorInvalidResourceHandle) {
+      (void)cudaGetLastError();
+      return Event::seconds_since(earlier);
+    }
+    HPM_CUDA_CHECK(status);
+    return static_cast<double>(ms) * 1e-3;
   }
   cudaEvent_t get() const { return event_; }
 
@@ -70,7 +84,10 @@ class CudaStream final : public Stream {
   explicit CudaStream(DeviceId id) : id_(id), stream_(context(id.index).compute) {}
   DeviceId device() const override { return id_; }
   void synchronize() override { HPM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  std::shared_ptr<Event> record() override { return std::make_shared<CudaEvent>(stream_); }
+  std::shared_ptr<Event> record() override { return std::make_shared<CudaEvent>(stream_, false); }
+  std::shared_ptr<Event> record_timed() override {
+    return std::make_shared<CudaEvent>(stream_, true);
+  }
   void wait(const Event& event) override {
     const auto* e = dynamic_cast<const CudaEvent*>(&event);
     if (e == nullptr) return;  // another device type's events are complete when recorded
