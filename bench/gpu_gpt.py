@@ -21,6 +21,9 @@ plans and the allocator's pool). Each side synchronizes at its ends.
 --ab-env KEY=VALUE runs hpm a second time with that environment variable (for example
 HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones) and prints its rate
 beside the first.
+
+--profile-steps N (N > 1) runs hpm once more per size for N steps with --op-profile and prints each
+table last: the step's time by op on the device (every step but the first; hpm train --op-profile).
 """
 import argparse, json, os, subprocess, sys, tempfile, time
 
@@ -66,16 +69,20 @@ def run_peer(args, size, compile_):
     return json.loads(lines[-1])
 
 
-def run_hpm(args, size, env=None):
+def run_hpm(args, size, env=None, profile_steps=0):
     s = SIZES[size]
+    steps = profile_steps or args.steps
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
         sets = {"model.n_layer": s["layers"], "model.n_head": s["heads"], "model.n_embd": s["embd"],
                 "model.block_size": s["block"], "data.batch_size": s["batch"],
-                "train.max_steps": args.steps, "train.eval_every": args.steps,
+                "train.max_steps": steps, "train.eval_every": steps,
                 "train.eval_iters": 1, "train.precision": args.precision,
-                "schedule.t_max": args.steps, "schedule.warmup": 10}
+                "schedule.t_max": steps, "schedule.warmup": min(10, steps)}
         cmd = [args.hpm, "train", args.config, "--device", "cuda", "--report", report]
+        profile = os.path.join(tmp, "ops.txt")
+        if profile_steps:
+            cmd += ["--op-profile", profile]
         if s["vocab"] != 256:
             sets["data.source"] = '"random_tokens"'
             sets["model.vocab_size"] = s["vocab"]
@@ -87,6 +94,9 @@ def run_hpm(args, size, env=None):
                              env={**os.environ, **(env or {})})
         if out.returncode != 0 or not os.path.exists(report):
             return {"error": (out.stderr or out.stdout)[-400:]}
+        if profile_steps:
+            with open(profile) as f:
+                return {"profile": f.read()}
         with open(report) as f:
             return json.load(f)
 
@@ -107,6 +117,8 @@ def main():
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--json", default="")
     p.add_argument("--ab-env", default="", help="KEY=VALUE: hpm again under this variable")
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="N > 1: hpm once more for N steps with --op-profile; tables printed last")
     args = p.parse_args()
     ab = dict([args.ab_env.split("=", 1)]) if args.ab_env else None
     args.text_glob = os.path.join(os.path.dirname(args.text[0]), "*")
@@ -118,8 +130,10 @@ def main():
              "compile": run_peer(args, size, True)}
         if ab:
             r["hpm_ab"] = run_hpm(args, size, ab)
+        if args.profile_steps > 1:
+            r["hpm_profile"] = run_hpm(args, size, profile_steps=args.profile_steps)
         rows.append(r)
-        print(json.dumps(r)[:2000], flush=True)
+        print(json.dumps({k: v for k, v in r.items() if k != "hpm_profile"})[:2000], flush=True)
     print(f"\n{'size':12} {'hpm tok/s':>11} {'eager':>11} {'compile':>11} {'/eager':>7} "
           f"{'/compile':>8} {'MFU hpm':>8} {'MFU comp':>8} {'hpm MiB':>8} {'torch MiB':>9}")
     for r in rows:
@@ -141,6 +155,11 @@ def main():
             a, b = hpm_rate(r["hpm"]), hpm_rate(r.get("hpm_ab", {}))
             print(f"{r['size']:12} {b and round(b) or 'n/a':>11} tokens/s against {a and round(a) or 'n/a'}"
                   f" ({a / b:.2f}x)" if a and b else f"{r['size']:12} n/a")
+    for r in rows:
+        if "hpm_profile" in r:
+            prof = r["hpm_profile"]
+            print(f"\nop profile, {r['size']}, {args.precision}, steps 2..{args.profile_steps}:")
+            print(prof.get("profile") or prof.get("error"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gemm_tflops": peak, "precision": args.precision, "steps": args.steps,

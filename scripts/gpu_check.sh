@@ -78,11 +78,12 @@ for cases in attention softmax pool batch_norm layer_norm sum; do
 done
 # Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
 # three sizes of issue 32 (GPT-2 small on random tokens); hpm again with the warp-per-row
-# attention kernels (HPM_CUDA_ATTENTION=rowwise) for the tensor-core ones' share.
-step bench 300 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
+# attention kernels (HPM_CUDA_ATTENTION=rowwise) for the tensor-core ones' share; and a 30-step
+# run of each size under --op-profile: the step's time by op, the table issue 32's work starts from.
+step bench 400 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-fortunes,shakespeare,gpt2}" --steps 100 \
-  --ab-env HPM_CUDA_ATTENTION=rowwise
-sed -n '/^size /,$p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
+  --ab-env HPM_CUDA_ATTENTION=rowwise --profile-steps 30 --timeout 150
+sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 grep -hE '^(val loss|test accuracy|hpm: error|[0-9]+ tokens in)' "$OUT/train.log" >>"$S"
 grep -ho '"val_loss": [0-9.]*' "$OUT/train.log" | sed 's/^/peer bf16 /' >>"$S"
 rm -rf "$W"

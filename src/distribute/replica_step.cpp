@@ -21,14 +21,19 @@ std::vector<std::pair<std::int64_t, std::int64_t>> micro_batches(std::int64_t ro
   return out;
 }
 
+void WeightedLoss::read() {
+  value = unscaled.item();
+  finite = std::isfinite(value);
+}
+
 WeightedLoss weighted_loss(const nn::Objective& objective, const Tensor& outputs,
-                           const nn::Batch& micro, double scale) {
+                           const nn::Batch& micro, double scale, bool read_now) {
   nn::ObjectiveResult r = objective.compute(outputs, micro);
   WeightedLoss w;
-  w.value = r.loss.item();
-  w.finite = std::isfinite(w.value);
+  w.unscaled = r.loss.detach();
   w.metrics = std::move(r.metrics);
   w.loss = scale != 1.0 ? mul(r.loss, static_cast<float>(scale)) : r.loss;
+  if (read_now) w.read();
   return w;
 }
 
@@ -38,8 +43,15 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
   out.rows = batch.rows();
   const autograd::AutocastScope precision(o.precision);
   const auto micro = micro_batches(batch.rows(), o.micro_batches);
-  const double step_weight = o.step_weight > 0 ? o.step_weight : objective.weight(batch);
+  // A whole batch that is the whole step needs no weights (its scale is R): a language model's
+  // weight counts the batch's tokens, a read of the targets the device would wait for.
+  const bool whole = micro.size() == 1 && o.step_weight <= 0;
+  const double step_weight = whole               ? 0.0
+                             : o.step_weight > 0 ? o.step_weight
+                                                 : objective.weight(batch);
   Reducer* reducer = o.reducer;
+  const bool read_at_end = reducer == nullptr && !o.on_loss;
+  std::vector<Tensor> losses;  // read at the end
   for (std::size_t m = 0; m < micro.size(); ++m) {
     const bool last = m + 1 == micro.size();
     // Micro-batches before the last accumulate locally; the last one's backward reduces the sum.
@@ -50,23 +62,36 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
     const nn::Batch part =
         micro.size() == 1 && count == batch.rows() ? batch : batch.slice(begin, count);
     const Tensor outputs = model.forward(part.inputs);
-    const double share =
-        micro.size() == 1 && o.step_weight <= 0 ? step_weight : objective.weight(part);
-    const double scale = static_cast<double>(o.replicas_in_sync) * share / step_weight;
-    WeightedLoss w = weighted_loss(objective, outputs, part, scale);
-    if (o.on_loss) o.on_loss(w.finite);
+    const auto replicas = static_cast<double>(o.replicas_in_sync);
+    const double scale = whole ? replicas : replicas * objective.weight(part) / step_weight;
+    WeightedLoss w = weighted_loss(objective, outputs, part, scale, !read_at_end);
     out.metrics.merge(w.metrics);
-    if (!w.finite && out.finite) {
-      out.finite = false;
-      out.bad_value = w.value;
+    if (read_at_end) {
+      losses.push_back(w.unscaled);
+    } else {
+      if (o.on_loss) o.on_loss(w.finite);
+      if (!w.finite && out.finite) {
+        out.finite = false;
+        out.bad_value = w.value;
+      }
+      if (!out.finite && reducer == nullptr) return out;  // nobody waits for its gradients
     }
-    if (!out.finite && reducer == nullptr) return out;  // nobody waits for this replica's gradients
     trace::Span span("backward", "compute");
     w.loss.backward();
   }
   // A replica without rows still takes part: its gradients count as zeros.
   if (reducer && micro.empty()) reducer->prepare_for_backward();
   if (reducer) reducer->finalize();
+  if (read_at_end) {
+    out.metrics.settle();  // the one wait: every later read finds its value done
+    for (const Tensor& loss : losses) {
+      const float value = loss.item();
+      if (!std::isfinite(value) && out.finite) {
+        out.finite = false;
+        out.bad_value = value;
+      }
+    }
+  }
   return out;
 }
 

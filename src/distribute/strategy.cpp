@@ -312,8 +312,7 @@ class OneDevice final : public Strategy {
     ReplicaStepResult o = forward_backward(0, batch, objective, nullptr);
     StepResult r = combine({o}, objective, batch, nullptr, stop_requested);
     if (!r.finite) return r;
-    if (clip > 0) optim::clip_grad_norm(replicas_[0].model->parameters(), clip);
-    replicas_[0].optimizer->step();
+    replicas_[0].optimizer->clip_and_step(clip);
     return r;
   }
 
@@ -394,10 +393,7 @@ class MirroredBase : public Strategy {
 
  protected:
   // Gradients are identical on every replica, so clipping and the update are too.
-  static void update(ReplicaContext& c, float clip) {
-    if (clip > 0) optim::clip_grad_norm(c.model.parameters(), clip);
-    c.optimizer.step();
-  }
+  static void update(ReplicaContext& c, float clip) { c.optimizer.clip_and_step(clip); }
   virtual std::vector<comm::CommunicatorPtr> make_replica_communicators() = 0;
   comm::CommunicatorPtr workers_;
   std::vector<std::unique_ptr<Reducer>> reducers_;
@@ -472,8 +468,7 @@ class CentralStorage final : public Strategy {
     StepResult result = combine(outcomes, objective, batch, nullptr, stop_requested);
     if (!result.finite) return result;
     aggregate_gradients();
-    if (clip > 0) optim::clip_grad_norm(central_model_->parameters(), clip);
-    central_optimizer_->step();
+    central_optimizer_->clip_and_step(clip);
     return result;
   }
 

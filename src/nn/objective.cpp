@@ -1,6 +1,9 @@
 #include "hpm/nn/objective.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <limits>
 #include <stdexcept>
 
 #include "hpm/autograd/grad_mode.h"
@@ -25,8 +28,64 @@ void Metrics::add(const std::string& name, double sum, double count) {
   entries_.push_back({name, sum, count});
 }
 
+void Metrics::add_pending(const std::string& name, const Pending& pending) {
+  add(name, 0.0, 0.0);  // its place, in order
+  Pending p = pending;
+  // Values only: a loss's autograd graph (every saved activation) must not live on here.
+  p.sum_of = p.sum_of.detach();
+  if (p.count_of.defined()) p.count_of = p.count_of.detach();
+  pending_.emplace_back(name, std::move(p));
+}
+
 void Metrics::merge(const Metrics& other) {
   for (const auto& e : other.entries_) add(e.name, e.sum, e.count);
+  pending_.insert(pending_.end(), other.pending_.begin(), other.pending_.end());
+}
+
+void Metrics::settle() const {
+  if (pending_.empty()) return;
+  // Each distinct tensor read once: the first read waits for the device, the rest are copies.
+  std::vector<std::pair<const void*, std::vector<double>>> read;
+  const auto value = [&](const Tensor& t, std::int64_t at) {
+    const void* key = t.impl();
+    auto it = std::find_if(read.begin(), read.end(), [&](const auto& r) { return r.first == key; });
+    if (it == read.end()) {
+      std::vector<double> v;
+      if (t.dtype() == DType::I64) {
+        for (std::int64_t x : t.to_vector_i64()) v.push_back(static_cast<double>(x));
+      } else if (t.dtype() == DType::F64) {
+        v.push_back(t.item<double>());
+      } else {
+        for (float x : t.to_vector()) v.push_back(static_cast<double>(x));
+      }
+      read.emplace_back(key, std::move(v));
+      it = std::prev(read.end());
+    }
+    return it->second.at(static_cast<std::size_t>(at));
+  };
+  auto pending = std::move(pending_);
+  pending_.clear();
+  for (const auto& [name, p] : pending) {
+    const double count = p.count_of.defined() ? value(p.count_of, p.count_at) : p.count_value;
+    const double sum = p.scale * value(p.sum_of, p.sum_at) * (p.sum_times_count ? count : 1.0);
+    for (auto& e : entries_) {
+      if (e.name == name) {
+        e.sum += sum;
+        e.count += count;
+        break;
+      }
+    }
+  }
+}
+
+const std::vector<Metrics::Entry>& Metrics::entries() const {
+  settle();
+  return entries_;
+}
+
+std::vector<Metrics::Entry>& Metrics::entries() {
+  settle();
+  return entries_;
 }
 
 bool Metrics::has(const std::string& name) const {
@@ -36,45 +95,55 @@ bool Metrics::has(const std::string& name) const {
 }
 
 double Metrics::mean(const std::string& name) const {
+  settle();
   for (const auto& e : entries_)
     if (e.name == name) return e.mean();
   return 0.0;
 }
 
 double Metrics::sum(const std::string& name) const {
+  settle();
   for (const auto& e : entries_)
     if (e.name == name) return e.sum;
   return 0.0;
 }
 
 double Metrics::count(const std::string& name) const {
+  settle();
   for (const auto& e : entries_)
     if (e.name == name) return e.count;
   return 0.0;
 }
 
-std::pair<std::int64_t, std::int64_t> top1_hits(const Tensor& logits, const Tensor& labels,
-                                                std::int64_t ignore_index) {
+Tensor top1_hits(const Tensor& logits, const Tensor& labels, std::int64_t ignore_index) {
   const Tensor pred = kernels::argmax_last(logits);
   if (pred.numel() != labels.numel() || labels.dtype() != DType::I64) {
     throw std::invalid_argument("top1_hits: " + logits.shape().str() + " logits against " +
                                 labels.shape().str() + " labels");
   }
-  const std::vector<std::int64_t> p = pred.to_vector_i64(), y = labels.to_vector_i64();
-  std::int64_t hits = 0, counted = 0;
-  for (std::int64_t i = 0; i < labels.numel(); ++i) {
-    if (y[i] == ignore_index) continue;
-    ++counted;
-    hits += p[i] == y[i];
-  }
-  return {hits, counted};
+  return kernels::count_matches(pred, labels, ignore_index);
 }
 
 namespace {
 
-// "loss" as a sum over `units`: the mean times their number.
+// Class labels have no ignored value.
+constexpr std::int64_t kNoIgnore = std::numeric_limits<std::int64_t>::min();
+
+// "loss" as a sum over `units`: the mean times their number, read later.
 void add_loss(Metrics& m, const Tensor& loss, double units) {
-  m.add("loss", static_cast<double>(loss.item()) * units, units);
+  Metrics::Pending p;
+  p.sum_of = loss;
+  p.scale = units;
+  p.count_value = units;
+  m.add_pending("loss", p);
+}
+
+// "accuracy" over `rows`: the hits of `hits` ([hits, counted]), read later.
+void add_accuracy(Metrics& m, const Tensor& hits, double rows) {
+  Metrics::Pending p;
+  p.sum_of = hits;
+  p.count_value = rows;
+  m.add_pending("accuracy", p);
 }
 
 }  // namespace
@@ -86,7 +155,7 @@ ObjectiveResult Classification::compute(const Tensor& outputs, const Batch& batc
   r.loss = cross_entropy(outputs, batch.targets, smoothing_);
   const auto rows = static_cast<double>(batch.rows());
   add_loss(r.metrics, r.loss, rows);
-  r.metrics.add("accuracy", static_cast<double>(top1_hits(outputs, batch.targets).first), rows);
+  add_accuracy(r.metrics, top1_hits(outputs, batch.targets, kNoIgnore), rows);
   return r;
 }
 
@@ -103,9 +172,19 @@ ObjectiveResult LanguageModelling::compute(const Tensor& outputs, const Batch& b
   }
   ObjectiveResult r;
   r.loss = cross_entropy(outputs, batch.targets, smoothing_, ignore_);
-  const auto [hits, tokens] = top1_hits(outputs, batch.targets, ignore_);
-  add_loss(r.metrics, r.loss, static_cast<double>(tokens));
-  r.metrics.add("token_accuracy", static_cast<double>(hits), static_cast<double>(tokens));
+  // The loss is a mean over the counted tokens; both sums wait on the device with the counts.
+  const Tensor counts = top1_hits(outputs, batch.targets, ignore_);
+  Metrics::Pending loss;
+  loss.sum_of = r.loss;
+  loss.sum_times_count = true;
+  loss.count_of = counts;
+  loss.count_at = 1;
+  r.metrics.add_pending("loss", loss);
+  Metrics::Pending hits;
+  hits.sum_of = counts;
+  hits.count_of = counts;
+  hits.count_at = 1;
+  r.metrics.add_pending("token_accuracy", hits);
   return r;
 }
 
@@ -126,9 +205,7 @@ ObjectiveResult SoftTargets::compute(const Tensor& outputs, const Batch& batch) 
   r.loss = mul(mean(sum(mul(batch.targets, log_softmax(outputs, -1)), -1)), -1.0f);
   const auto rows = static_cast<double>(batch.rows());
   add_loss(r.metrics, r.loss, rows);
-  r.metrics.add("accuracy",
-                static_cast<double>(top1_hits(outputs, kernels::argmax_last(batch.targets)).first),
-                rows);
+  add_accuracy(r.metrics, top1_hits(outputs, kernels::argmax_last(batch.targets), kNoIgnore), rows);
   return r;
 }
 
@@ -148,7 +225,7 @@ ObjectiveResult FunctionObjective::compute(const Tensor& outputs, const Batch& b
   const auto rows = static_cast<double>(batch.rows());
   add_loss(r.metrics, r.loss, rows);
   if (batch.targets.dtype() == DType::I64) {
-    r.metrics.add("accuracy", static_cast<double>(top1_hits(outputs, batch.targets).first), rows);
+    add_accuracy(r.metrics, top1_hits(outputs, batch.targets), rows);
   }
   return r;
 }

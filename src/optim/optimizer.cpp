@@ -1,6 +1,8 @@
 #include "hpm/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <stdexcept>
 
 #include "hpm/tensor/kernels.h"
@@ -19,8 +21,17 @@ Optimizer::Optimizer(NamedTensors params, float lr)
   }
 }
 
-void Optimizer::step() {
+void Optimizer::clip_and_step(float max_norm) {
   begin_step();
+  update_all(max_norm);
+}
+
+void Optimizer::update_all(float max_norm) {
+  if (max_norm > 0.0f) {
+    std::vector<Tensor> params;
+    for (const auto& [name, p] : params_) params.push_back(p);
+    clip_grad_norm(params, max_norm);
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) update_one(i);
 }
 
@@ -145,20 +156,66 @@ std::vector<std::string> Adam::buffer_names(std::size_t) const {
   return {"exp_avg", "exp_avg_sq"};
 }
 
-void Adam::update(std::size_t i, Tensor& p, const Tensor& g) {
+kernels::AdamStep Adam::step_for(std::size_t i) const {
   const auto t = static_cast<double>(steps_);
   const float b1 = o_.beta1, b2 = o_.beta2, eps = o_.eps, lr = lr_;
   const float wd = params_[i].second.dim() >= o_.weight_decay_min_rank ? o_.weight_decay : 0.0f;
   const auto bias1 = static_cast<float>(1.0 - std::pow(static_cast<double>(b1), t));
   const auto bias2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(static_cast<double>(b2), t)));
   const float step_size = lr / bias1;
+  const bool decoupled = o_.decoupled_weight_decay;
+  return kernels::AdamStep{
+      b1, b2, eps, decoupled ? 1.0f - lr * wd : 1.0f, decoupled ? 0.0f : wd, step_size, bias2_sqrt};
+}
+
+void Adam::update(std::size_t i, Tensor& p, const Tensor& g) {
   Tensor m = buffer(i, "exp_avg");
   Tensor v = buffer(i, "exp_avg_sq");
   Tensor vmax = o_.amsgrad ? buffer(i, "max_exp_avg_sq") : Tensor();
-  const bool decoupled = o_.decoupled_weight_decay;
-  const kernels::AdamStep s{
-      b1, b2, eps, decoupled ? 1.0f - lr * wd : 1.0f, decoupled ? 0.0f : wd, step_size, bias2_sqrt};
-  kernels::adam_step_(s, p, g, m, v, vmax);
+  kernels::adam_step_(step_for(i), p, g, m, v, vmax);
+}
+
+void Adam::update_all(float max_norm) {
+  struct Group {
+    const Device* device;
+    kernels::AdamStep step;
+    std::vector<Tensor> p, g, m, v, vmax;
+  };
+  std::vector<Group> groups;
+  std::vector<Tensor> grads;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i].second;
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const kernels::AdamStep s = step_for(i);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& gr) {
+      return gr.device == &p.device() && gr.step.decay == s.decay && gr.step.l2 == s.l2;
+    });
+    if (it == groups.end()) {
+      groups.push_back(Group{&p.device(), s, {}, {}, {}, {}, {}});
+      it = std::prev(groups.end());
+    }
+    it->p.push_back(p);
+    it->g.push_back(g);
+    it->m.push_back(buffer(i, "exp_avg"));
+    it->v.push_back(buffer(i, "exp_avg_sq"));
+    if (o_.amsgrad) it->vmax.push_back(buffer(i, "max_exp_avg_sq"));
+    grads.push_back(g);
+  }
+  if (groups.empty()) return;
+  // One norm over every gradient (clip_grad_norm's), left where the gradients are; gradients on
+  // several devices take the per-parameter path.
+  const bool one_device = std::all_of(groups.begin(), groups.end(), [&](const Group& gr) {
+    return gr.device->id() == groups[0].device->id();
+  });
+  if (max_norm > 0.0f && !one_device) {
+    Optimizer::update_all(max_norm);
+    return;
+  }
+  const Tensor norm_sq = max_norm > 0.0f ? kernels::squared_norm(grads) : Tensor();
+  for (Group& gr : groups) {
+    kernels::adam_step_multi_(gr.step, gr.p, gr.g, gr.m, gr.v, gr.vmax, norm_sq, max_norm);
+  }
 }
 
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {

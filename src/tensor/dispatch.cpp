@@ -63,6 +63,7 @@ const char* op_name(Op op) {
       "sum_to",
       "broadcast_to",
       "argmax_last",
+      "count_matches",
       "softmax",
       "log_softmax",
       "softmax_backward",
@@ -98,6 +99,7 @@ const char* op_name(Op op) {
       "embedding_forward",
       "embedding_backward",
       "adam_step_",
+      "adam_step_multi_",
       "sgd_step_",
       "nll_loss_forward",
       "nll_loss_backward",
@@ -166,6 +168,11 @@ class OpScope {
     for (const Tensor& t : inputs) see(t, at++);
     finish();
   }
+  ~OpScope() {
+    if (counted_) detail::note_op_end();
+  }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
   Backend& backend() const { return *backend_; }
   // The function a binary or unary op applies, for the op profile.
   void set_detail(const char* detail) {
@@ -194,6 +201,8 @@ class OpScope {
     if (current.id() != id) guard_.emplace(*device_);
     backend_ = &hpm::backend(id.type);
     last_op = op_name(op_);
+    detail::note_op_begin();
+    counted_ = true;
     ++registry().counts[static_cast<std::size_t>(id.type)][static_cast<std::size_t>(op_)];
     if (op_profile::detail::on.load(std::memory_order_relaxed))
       profile_.emplace(op_name(op_), dtype_, *device_);
@@ -203,6 +212,7 @@ class OpScope {
   Device* device_ = nullptr;
   int first_ = 0;
   DType dtype_ = DType::F32;
+  bool counted_ = false;
   Backend* backend_ = nullptr;
   std::optional<DeviceGuard> guard_;
   std::optional<op_profile::Scope> profile_;  // last: its end is recorded before anything else
@@ -358,6 +368,18 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
 Tensor argmax_last(const Tensor& x) {
   OpScope scope(Op::kArgmaxLast, {&x});
   return scope.backend().argmax_last(x);
+}
+
+Tensor count_matches(const Tensor& predicted, const Tensor& labels, std::int64_t ignore_index) {
+  if (predicted.dtype() != DType::I64 || labels.dtype() != DType::I64 ||
+      predicted.numel() != labels.numel()) {
+    throw std::invalid_argument("count_matches: predictions " + predicted.shape().str() + " " +
+                                dtype_name(predicted.dtype()) + " against labels " +
+                                labels.shape().str() + " " + dtype_name(labels.dtype()) +
+                                " (both I64, of one size)");
+  }
+  OpScope scope(Op::kCountMatches, {&predicted, &labels});
+  return scope.backend().count_matches(predicted, labels, ignore_index);
 }
 
 Tensor softmax(const Tensor& x, int dim) {
@@ -558,6 +580,30 @@ void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& gra
 void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& vmax) {
   OpScope scope(Op::kAdamStep, {&p, &g, &m, &v, &vmax});
   scope.backend().adam_step_(s, p, g, m, v, vmax);
+}
+
+void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
+                      const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                      const std::vector<Tensor>& exp_avg_sq,
+                      const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
+                      float max_norm) {
+  const std::size_t n = params.size();
+  if (grads.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n ||
+      (!max_exp_avg_sq.empty() && max_exp_avg_sq.size() != n)) {
+    throw std::invalid_argument("adam_step_multi_: " + std::to_string(n) + " parameters but " +
+                                std::to_string(grads.size()) + " gradients, " +
+                                std::to_string(exp_avg.size()) + " and " +
+                                std::to_string(exp_avg_sq.size()) + " moments, " +
+                                std::to_string(max_exp_avg_sq.size()) + " maxima");
+  }
+  std::vector<Tensor> all;
+  all.reserve(5 * n + 1);
+  for (const auto* list : {&params, &grads, &exp_avg, &exp_avg_sq, &max_exp_avg_sq})
+    all.insert(all.end(), list->begin(), list->end());
+  if (grad_norm_sq.defined()) all.push_back(grad_norm_sq);
+  OpScope scope(Op::kAdamStepMulti, all);
+  scope.backend().adam_step_multi_(s, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq,
+                                   grad_norm_sq, max_norm);
 }
 
 void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) {

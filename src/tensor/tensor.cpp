@@ -128,7 +128,28 @@ Tensor Tensor::uniform(const Shape& shape, Generator& gen, float low, float high
   return t;
 }
 
-Tensor Tensor::on_host() const { return device().is_host() ? *this : to(Device::cpu()); }
+namespace {
+thread_local bool work_issued = false;
+thread_local int op_depth = 0;
+thread_local std::uint64_t host_waits = 0;
+}  // namespace
+
+void detail::note_op_begin() {
+  work_issued = true;
+  ++op_depth;
+}
+
+void detail::note_op_end() { --op_depth; }
+
+std::uint64_t host_waits_on_this_thread() { return host_waits; }
+
+Tensor Tensor::on_host() const {
+  if (work_issued && op_depth == 0) {
+    ++host_waits;
+    work_issued = false;
+  }
+  return device().is_host() ? *this : to(Device::cpu());
+}
 
 template <typename T>
 T Tensor::item() const {

@@ -137,10 +137,7 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   o.precision = options_.precision;
   const distribute::ReplicaStepResult r = distribute::replica_step(*model_, objective, batch, o);
   if (!r.finite) stopped(std::isnan(r.bad_value) ? "NaN" : "Inf");
-  if (options_.clip_grad_norm > 0.0f) {
-    optim::clip_grad_norm(model_->parameters(), options_.clip_grad_norm);
-  }
-  optimizer_->step();
+  optimizer_->clip_and_step(options_.clip_grad_norm);
   last_metrics_ = r.metrics;
   *correct += std::llround(r.metrics.sum("accuracy"));
   return r.metrics.mean("loss");

@@ -195,6 +195,19 @@ inline std::vector<Case> cases() {
   c.push_back({"argmax_last", Op::kArgmaxLast, [](Generator& g, const To& to) {
                  return Outputs{kernels::argmax_last(to(randn(g, {4, 9})))};
                }});
+  // Sizes within one warp, across blocks; every 7th label ignored.
+  for (std::int64_t n : {std::int64_t{30}, std::int64_t{100003}}) {
+    c.push_back(
+        {"count_matches " + std::to_string(n), Op::kCountMatches, [n](Generator& g, const To& to) {
+           const Tensor predicted = kernels::argmax_last(randn(g, {n, 3}));
+           std::vector<std::int64_t> y;
+           for (std::int64_t i = 0; i < n; ++i) {
+             y.push_back(i % 7 == 0 ? -100 : static_cast<std::int64_t>(g.uniform() * 3.0f) % 3);
+           }
+           return Outputs{
+               kernels::count_matches(to(predicted), to(Tensor::from_i64(y, Shape{n})), -100)};
+         }});
+  }
   c.push_back({"softmax", Op::kSoftmax, [](Generator& g, const To& to) {
                  const Tensor x = to(randn(g, {3, 4, 5}));
                  return Outputs{kernels::softmax(x, -1), kernels::softmax(x, 1)};
@@ -631,6 +644,33 @@ inline std::vector<Case> cases() {
                  kernels::adam_step_(s, p, to(randn(g, {100003})), m, v, vmax);
                  return Outputs{p, m, v};
                }});
+  // Many parameters in one call: sizes across a block's chunk (8192) and an empty one; 40 tensors
+  // (more than one launch's list of 32); clipped (max_norm 0.5 against a norm near 300), not
+  // clipped (1e9), and without a norm.
+  for (const char* mode : {"clipped", "unclipped", "no norm", "amsgrad clipped"}) {
+    c.push_back({std::string("adam_step_multi_ ") + mode, Op::kAdamStepMulti,
+                 [mode = std::string(mode)](Generator& g, const To& to) {
+                   std::vector<std::int64_t> sizes = {10, 0, 8193, 20000, 3};
+                   for (int i = 0; i < 35; ++i) sizes.push_back(1 + (i * 37) % 300);
+                   const bool ams = mode == "amsgrad clipped";
+                   std::vector<Tensor> p, gr, m, v, vmax;
+                   for (std::int64_t n : sizes) {
+                     p.push_back(to(randn(g, {n})));
+                     gr.push_back(to(randn(g, {n})));
+                     m.push_back(to(randn(g, {n})));
+                     v.push_back(to(positive(g, {n})));
+                     if (ams) vmax.push_back(to(positive(g, {n})));
+                   }
+                   const Tensor norm_sq = mode == "no norm" ? Tensor() : kernels::squared_norm(gr);
+                   const float max_norm = mode == "unclipped" ? 1e9f : 0.5f;
+                   const kernels::AdamStep s{0.9f, 0.95f, 1e-8f, 0.999f, 0.0f, 3e-4f, 0.1f};
+                   kernels::adam_step_multi_(s, p, gr, m, v, vmax, norm_sq, max_norm);
+                   Outputs out;
+                   for (const auto* list : {&p, &gr, &m, &v, &vmax})
+                     out.insert(out.end(), list->begin(), list->end());
+                   return out;
+                 }});
+  }
   c.push_back({"dropout_mask", Op::kDropoutMask, [](Generator& g, const To& to) {
                  // No input to go by: the current device's.
                  DeviceGuard on(to.device ? *to.device : Device::current());

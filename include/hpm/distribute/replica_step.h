@@ -30,11 +30,15 @@ std::vector<std::pair<std::int64_t, std::int64_t>> micro_batches(std::int64_t ro
 struct WeightedLoss {
   Tensor loss;  // what backward runs on
   nn::Metrics metrics;
-  float value = 0;  // the unscaled mean loss
+  Tensor unscaled;  // the mean loss, detached: what read() reads
+  float value = 0;  // the unscaled mean loss, once read
   bool finite = true;
+  // Reads the loss to the host (a wait for the device), setting value and finite.
+  void read();
 };
+// With read_now false the loss stays on the device until read() (and metrics stay pending).
 WeightedLoss weighted_loss(const nn::Objective& objective, const Tensor& outputs,
-                           const nn::Batch& micro, double scale);
+                           const nn::Batch& micro, double scale, bool read_now = true);
 
 struct ReplicaStepOptions {
   int micro_batches = 1;       // gradient accumulation
@@ -56,9 +60,12 @@ struct ReplicaStepResult {
 };
 
 // Forward and backward of `model` on `batch` (gradients accumulate into the parameters' .grad:
-// zero them first). Without a reducer, a non-finite loss stops the step before its backward;
-// with one, backward still runs so that the other replicas' all-reduces complete, and the caller
-// must not update.
+// zero them first). With a reducer or an on_loss callback, each micro-batch's loss is read before
+// its backward (a non-finite one stops a step without a reducer there; with one, backward still
+// runs so that the other replicas' all-reduces complete). Otherwise nothing is read until every
+// backward was issued: the losses and metrics are read once, at the end (on a GPU, the step's one
+// wait for the device), and a non-finite loss is reported then. Either way the caller must not
+// update when `finite` is false.
 ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective,
                                const nn::Batch& batch, const ReplicaStepOptions& options);
 

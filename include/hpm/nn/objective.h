@@ -28,6 +28,11 @@ struct Batch {
 };
 
 // Named sums and counts; the value of a metric is sum / count. "loss" is always present.
+//
+// A sum or count may still be on a device (add_pending): the objective leaves its loss and
+// accuracy counts there, and they are read only when a value of these metrics is first asked for
+// (every pending one then, after a single wait for the device), so that a GPU's training step
+// synchronizes with the host once, at its end, rather than at each metric.
 class Metrics {
  public:
   Metrics() = default;
@@ -39,16 +44,32 @@ class Metrics {
     double mean() const { return count > 0 ? sum / count : 0.0; }
   };
   void add(const std::string& name, double sum, double count);
+  // Adds sum = scale * sum_of[sum_at] (times the count when sum_times_count: a mean over the
+  // counted units) and count = count_of[count_at], or `count_value` when count_of is undefined;
+  // the tensors' values (F32, F64 or I64) are read later. The entry takes its place now.
+  struct Pending {
+    Tensor sum_of;
+    std::int64_t sum_at = 0;
+    double scale = 1.0;
+    bool sum_times_count = false;
+    Tensor count_of;
+    std::int64_t count_at = 0;
+    double count_value = 0;
+  };
+  void add_pending(const std::string& name, const Pending& pending);
   void merge(const Metrics& other);  // adds every entry, by name
   bool has(const std::string& name) const;
   double mean(const std::string& name) const;  // 0 when absent or empty
   double sum(const std::string& name) const;   // 0 when absent
   double count(const std::string& name) const;
-  const std::vector<Entry>& entries() const { return entries_; }
-  std::vector<Entry>& entries() { return entries_; }
+  const std::vector<Entry>& entries() const;
+  std::vector<Entry>& entries();
+  // Reads what is pending (each tensor once); every accessor above does this first.
+  void settle() const;
 
  private:
-  std::vector<Entry> entries_;
+  mutable std::vector<Entry> entries_;
+  mutable std::vector<std::pair<std::string, Pending>> pending_;
 };
 
 struct ObjectiveResult {
@@ -144,8 +165,7 @@ class FunctionObjective : public Objective {
 };
 
 // Top-1 hits of logits (..., C) against class indices (...) (I64); positions equal to
-// ignore_index are not counted. Returns {hits, counted}.
-std::pair<std::int64_t, std::int64_t> top1_hits(const Tensor& logits, const Tensor& labels,
-                                                std::int64_t ignore_index = -100);
+// ignore_index are not counted. An I64 (2) tensor [hits, counted], left on the logits' device.
+Tensor top1_hits(const Tensor& logits, const Tensor& labels, std::int64_t ignore_index = -100);
 
 }  // namespace hpm::nn

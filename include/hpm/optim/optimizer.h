@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "hpm/nn/module.h"
+#include "hpm/tensor/op_params.h"
 
 namespace hpm::optim {
 
@@ -20,7 +21,11 @@ class Optimizer {
   virtual ~Optimizer() = default;
 
   // Applies one update from the parameters' .grad (parameters without a gradient are skipped).
-  void step();
+  void step() { clip_and_step(0.0f); }
+  // step() after clip_grad_norm(max_norm) over those gradients (0: no clipping). Adam and AdamW do
+  // both in a few fused kernels (adam_step_multi_) that read the norm where it was computed, so a
+  // GPU's step waits for nothing on the host.
+  void clip_and_step(float max_norm);
   // step() in parts, for callers that update disjoint sets of parameters from several threads at
   // once (pipeline stages, each on its own): begin_step() once, then step_params() per part,
   // the parts together naming each parameter once. Indices are into params().
@@ -49,6 +54,9 @@ class Optimizer {
  protected:
   // Updates parameter i (p) from its gradient g, by tensor ops (on p's device).
   virtual void update(std::size_t i, Tensor& p, const Tensor& g) = 0;
+  // Updates every parameter that has a gradient, after clipping (max_norm > 0): by default
+  // clip_grad_norm, then update() one parameter at a time.
+  virtual void update_all(float max_norm);
   // Buffer `name` of parameter i, zero-initialized on first use (on p's device).
   Tensor buffer(std::size_t i, const std::string& name);
   bool has_buffer(std::size_t i, const std::string& name) const;
@@ -98,8 +106,11 @@ class Adam : public Optimizer {
 
  protected:
   void update(std::size_t i, Tensor& p, const Tensor& g) override;
+  // Parameters grouped by device and weight decay, one adam_step_multi_ per group.
+  void update_all(float max_norm) override;
 
  private:
+  kernels::AdamStep step_for(std::size_t i) const;
   AdamOptions o_;
 };
 

@@ -45,6 +45,7 @@ enum class Op : int {
   kSumTo,
   kBroadcastTo,
   kArgmaxLast,
+  kCountMatches,
   kSoftmax,
   kLogSoftmax,
   kSoftmaxBackward,
@@ -80,6 +81,7 @@ enum class Op : int {
   kEmbeddingForward,
   kEmbeddingBackward,
   kAdamStep,
+  kAdamStepMulti,
   kSgdStep,
   kNllLossForward,
   kNllLossBackward,
@@ -90,7 +92,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 65;
+inline constexpr int kOps = 67;
 const char* op_name(Op op);
 
 class Backend {
@@ -142,6 +144,8 @@ class Backend {
   virtual Tensor sum_to(const Tensor& x, const Shape& shape) = 0;
   virtual Tensor broadcast_to(const Tensor& x, const Shape& shape) = 0;
   virtual Tensor argmax_last(const Tensor& x) = 0;
+  virtual Tensor count_matches(const Tensor& predicted, const Tensor& labels,
+                               std::int64_t ignore_index) = 0;
   virtual Tensor softmax(const Tensor& x, int dim) = 0;
   virtual Tensor log_softmax(const Tensor& x, int dim) = 0;
   virtual Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) = 0;
@@ -210,6 +214,12 @@ class Backend {
                                   Tensor& grad_table) = 0;
   virtual void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
                           Tensor& vmax) = 0;
+  virtual void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
+                                const std::vector<Tensor>& grads,
+                                const std::vector<Tensor>& exp_avg,
+                                const std::vector<Tensor>& exp_avg_sq,
+                                const std::vector<Tensor>& max_exp_avg_sq,
+                                const Tensor& grad_norm_sq, float max_norm) = 0;
   virtual void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) = 0;
   virtual Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) = 0;
   virtual Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels,

@@ -70,6 +70,10 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 Tensor broadcast_to(const Tensor& x, const Shape& shape);
 // Index of the largest value along the last dimension: (..., D) -> (...) as I64.
 Tensor argmax_last(const Tensor& x);
+// Top-1 accuracy's counts, left on the device: an I64 (2) tensor of [matches, counted] over I64
+// `predicted` and `labels` of equal size, counting the labels that are not `ignore_index` and,
+// among them, those equal to their prediction.
+Tensor count_matches(const Tensor& predicted, const Tensor& labels, std::int64_t ignore_index);
 
 // ---- softmax and losses ----------------------------------------------------------------------
 Tensor softmax(const Tensor& x, int dim);
@@ -187,6 +191,17 @@ void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& gra
 // One Adam(W) step (AdamStep says which) on p, in place, with its state m and v; vmax is
 // AMSGrad's running maximum, or undefined. All F32 of p's size.
 void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v, Tensor& vmax);
+// adam_step_ on many parameters at once (the same AdamStep for each; one kernel launch for dozens
+// on a GPU): params[i] with grads[i], exp_avg[i], exp_avg_sq[i] and max_exp_avg_sq[i] (that list
+// empty without AMSGrad). With `grad_norm_sq` defined (an F64 scalar beside them: squared_norm of
+// all the step's gradients) the gradients are clipped first as clip_grad_norm does, read on the
+// device: coef = max_norm / (sqrt(grad_norm_sq) + 1e-6) and, when coef < 1, each gradient is scaled
+// by coef in place before its update (a non-finite norm scales nothing, as there).
+void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
+                      const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                      const std::vector<Tensor>& exp_avg_sq,
+                      const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
+                      float max_norm);
 // One SGD step (SgdStep says which) on p, in place; buf is the momentum buffer, or undefined
 // without momentum.
 void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf);

@@ -206,4 +206,15 @@ class Tensor {
 // Throws std::invalid_argument "<what>: expected shape X, got Y" on a mismatch.
 void check_shape(const Tensor& t, const Shape& expected, const char* what);
 
+// How many times the calling thread read tensor values on the host (item, to_vector, to_bytes,
+// str) with ops issued since its previous read: on a device that runs asynchronously, each such
+// read waits for the device to finish that work (a second read in a row finds it done). Counted
+// whatever device the tensors are on, so that a CPU test can see how often a GPU step would wait.
+// A backend's own reads inside an op (the CPU's kernels read scalars) are not counted.
+std::uint64_t host_waits_on_this_thread();
+namespace detail {
+void note_op_begin();  // dispatch brackets every op with these
+void note_op_end();
+}  // namespace detail
+
 }  // namespace hpm

@@ -1,6 +1,7 @@
 // The CPU backend: the kernels of this folder behind the Backend interface. Host memory, an inline
 // stream, and the CPU's own policy: which dtype runs which kernel (oneDNN's bf16 products need
 // AVX512_BF16 to pay).
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -172,6 +173,30 @@ class CpuBackend final : public Backend {
                    vmax.defined() ? vmax.data<float>() : nullptr, n);
   }
 
+  void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
+                        const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                        const std::vector<Tensor>& exp_avg_sq,
+                        const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
+                        float max_norm) override {
+    // clip_grad_norm's arithmetic, to the bit: the norm in double, its factor in float.
+    float coef = 1.0f;
+    if (grad_norm_sq.defined() && max_norm > 0.0f) {
+      if (grad_norm_sq.dtype() != DType::F64 || grad_norm_sq.numel() != 1) {
+        throw std::invalid_argument("adam_step_multi_: grad_norm_sq must be one F64 value");
+      }
+      const auto norm = static_cast<float>(std::sqrt(*grad_norm_sq.data<double>()));
+      const float c = max_norm / (norm + 1e-6f);
+      if (c < 1.0f) coef = c;
+    }
+    Tensor none;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      Tensor p = params[i], g = grads[i], m = exp_avg[i], v = exp_avg_sq[i];
+      Tensor vmax = max_exp_avg_sq.empty() ? none : max_exp_avg_sq[i];
+      if (coef != 1.0f) cpu::scale_(g, coef);
+      adam_step_(s, p, g, m, v, vmax);
+    }
+  }
+
   void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) override {
     const std::int64_t n = p.numel();
     if (g.numel() != n || (buf.defined() && buf.numel() != n)) {
@@ -214,6 +239,19 @@ class CpuBackend final : public Backend {
     return cpu::broadcast_to(x, shape);
   }
   Tensor argmax_last(const Tensor& x) override { return cpu::argmax_last(x); }
+  Tensor count_matches(const Tensor& predicted, const Tensor& labels,
+                       std::int64_t ignore_index) override {
+    const auto* p = predicted.data<std::int64_t>();
+    const auto* y = labels.data<std::int64_t>();
+    std::int64_t matches = 0, counted = 0;
+    for (std::int64_t i = 0; i < labels.numel(); ++i) {
+      if (y[i] == ignore_index) continue;
+      ++counted;
+      matches += p[i] == y[i];
+    }
+    return Tensor::from_i64(std::vector<std::int64_t>{matches, counted}, Shape{2},
+                            Device::current());
+  }
   Tensor softmax(const Tensor& x, int dim) override { return cpu::softmax(x, dim); }
   Tensor log_softmax(const Tensor& x, int dim) override { return cpu::log_softmax(x, dim); }
   Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) override {

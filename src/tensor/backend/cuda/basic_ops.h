@@ -38,6 +38,7 @@ Tensor sum_dim(const Tensor& x, int dim, bool keepdim);
 Tensor sum_to(const Tensor& x, const Shape& shape);
 Tensor broadcast_to(const Tensor& x, const Shape& shape);
 Tensor argmax_last(const Tensor& x);
+Tensor count_matches(const Tensor& predicted, const Tensor& labels, std::int64_t ignore_index);
 
 // ---- layout (layout.cu) -----------------------------------------------------------------------
 Tensor transpose2d(const Tensor& x);

@@ -93,6 +93,10 @@ class CudaBackend final : public Backend {
     return cuda::broadcast_to(x, shape);
   }
   Tensor argmax_last(const Tensor& x) override { return cuda::argmax_last(x); }
+  Tensor count_matches(const Tensor& predicted, const Tensor& labels,
+                       std::int64_t ignore_index) override {
+    return cuda::count_matches(predicted, labels, ignore_index);
+  }
 
   // -- layout --------------------------------------------------------------------------------
   Tensor transpose2d(const Tensor& x) override { return cuda::transpose2d(x); }
@@ -170,6 +174,14 @@ class CudaBackend final : public Backend {
   void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
                   Tensor& vmax) override {
     cuda::adam_step_(s, p, g, m, v, vmax);
+  }
+  void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
+                        const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                        const std::vector<Tensor>& exp_avg_sq,
+                        const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
+                        float max_norm) override {
+    cuda::adam_step_multi_(s, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, grad_norm_sq,
+                           max_norm);
   }
   void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) override {
     cuda::sgd_step_(s, p, g, buf);

@@ -50,6 +50,11 @@ void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& gra
 // ---- optimizer updates (optimizer.cu) ---------------------------------------------------------
 void adam_step_(const kernels::AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
                 Tensor& vmax);
+void adam_step_multi_(const kernels::AdamStep& s, const std::vector<Tensor>& params,
+                      const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
+                      const std::vector<Tensor>& exp_avg_sq,
+                      const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
+                      float max_norm);
 void sgd_step_(const kernels::SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf);
 
 }  // namespace hpm::cuda

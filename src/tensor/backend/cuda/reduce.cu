@@ -418,6 +418,45 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
   return y;
 }
 
+// [matches, counted] of top-1 accuracy: per-thread counts, a warp's sum, one integer atomic per
+// warp (integer sums do not depend on their order).
+__global__ void count_matches_kernel(const std::int64_t* predicted, const std::int64_t* labels,
+                                     std::int64_t n, std::int64_t ignore_index,
+                                     unsigned long long* counts) {
+  unsigned long long matches = 0, counted = 0;
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    const std::int64_t y = labels[i];
+    if (y == ignore_index) continue;
+    ++counted;
+    matches += predicted[i] == y ? 1ull : 0ull;
+  }
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    matches += __shfl_xor_sync(kFullMask, matches, offset);
+    counted += __shfl_xor_sync(kFullMask, counted, offset);
+  }
+  if ((threadIdx.x & 31) == 0) {
+    if (matches != 0) atomicAdd(counts, matches);
+    if (counted != 0) atomicAdd(counts + 1, counted);
+  }
+}
+
+Tensor count_matches(const Tensor& predicted, const Tensor& labels, std::int64_t ignore_index) {
+  require_dtype(predicted, DType::I64);
+  require_dtype(labels, DType::I64);
+  Tensor counts = Tensor::empty(Shape{2}, DType::I64, labels.device());
+  cudaStream_t stream = current_stream();
+  HPM_CUDA_CHECK(cudaMemsetAsync(ptr<std::int64_t>(counts), 0, 2 * sizeof(std::int64_t), stream));
+  const std::int64_t n = labels.numel();
+  if (n > 0) {
+    const auto blocks = static_cast<unsigned>(std::min(ceil_div(n, kThreads), kMaxGrid));
+    count_matches_kernel<<<blocks, kThreads, 0, stream>>>(
+        ptr<const std::int64_t>(predicted), ptr<const std::int64_t>(labels), n, ignore_index,
+        reinterpret_cast<unsigned long long*>(ptr<std::int64_t>(counts)));
+    HPM_CUDA_LAUNCH_CHECK("count_matches");
+  }
+  return counts;
+}
+
 Tensor argmax_last(const Tensor& x) {
   const std::int64_t d = x.size(-1);
   require_dtype(x, DType::F32);
