@@ -94,6 +94,34 @@ TEST(CudaOps, RunningPastTheBudgetIsAnOutOfMemoryErrorNamingTheBytes) {
   EXPECT_EQ(kernels::sum_all(kept).item(), 1000.0f);
 }
 
+// A bad index does not stop the host at the op (that would be a wait per check): the next copy
+// from the device throws the CPU's error, naming op, position and value, once.
+TEST(CudaOps, ABadIndexOrLabelIsAnErrorAtTheNextReadNamingIt) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  Generator g(5);
+  const Tensor table = Tensor::randn({7, 4}, g).to(gpu);
+  const Tensor bad_ids = Tensor::from_i64(std::vector<std::int64_t>{1, 2, 9, 3, 11}, {5}, gpu);
+  const Tensor y = kernels::embedding_forward(table, bad_ids);  // returns
+  try {
+    (void)y.to_vector();
+    FAIL() << "no error";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "embedding: index 9 at position 2 out of range for 7 rows");
+  }
+  EXPECT_EQ(y.to_vector().size(), 20u) << "reported once; the bad rows are zeros";
+  EXPECT_EQ(y.to_vector()[8], 0.0f);
+  Tensor probs;
+  const Tensor logits = Tensor::randn({3, 5}, g).to(gpu);
+  const Tensor labels = Tensor::from_i64(std::vector<std::int64_t>{0, -100, 5}, {3}, gpu);
+  const Tensor loss = kernels::cross_entropy_forward(logits, labels, 0.0f, probs);
+  EXPECT_THROW(loss.item(), std::out_of_range);
+  // Many checks between reads (more than the device keeps words for) all clear, and good ones
+  // report nothing.
+  const Tensor good = Tensor::from_i64(std::vector<std::int64_t>{0, 6}, {2}, gpu);
+  for (int i = 0; i < 200; ++i) kernels::embedding_forward(table, good);
+  EXPECT_EQ(kernels::embedding_forward(table, good).to_vector().size(), 8u);
+}
+
 TEST(CudaOps, ADeviceThatIsNotThereIsAnErrorSayingWhatIs) {
   if (!has_backend(DeviceType::kCuda)) GTEST_SKIP() << "this build has no CUDA backend";
   try {

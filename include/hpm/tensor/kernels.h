@@ -82,7 +82,8 @@ Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 // Mean cross-entropy (a 0-d tensor) of logits(..., C) against labels(...) with label smoothing
 // eps, over the rows whose label is not ignore_index; writes softmax(logits) to `probs` for the
-// backward.
+// backward. A label outside [0, C) is a std::out_of_range naming it: at the op on the CPU, at the
+// next copy from the device on a GPU (which does not wait for the check at the op).
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
                              Tensor& probs, std::int64_t ignore_index = -100);
 // d loss / d logits, scaled by grad (the upstream 0-d gradient); zero on ignored rows.
@@ -183,7 +184,8 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
 
 // ---- embedding -----------------------------------------------------------------------------
-// table(V,E), indices(...) I64 -> (..., E). Throws std::out_of_range naming a bad index.
+// table(V,E), indices(...) I64 -> (..., E). Throws std::out_of_range naming a bad index: at the op
+// on the CPU, at the next copy from the device on a GPU (zero rows for it meanwhile).
 Tensor embedding_forward(const Tensor& table, const Tensor& indices);
 void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table);
 

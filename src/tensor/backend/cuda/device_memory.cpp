@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "hpm/tensor/device.h"
+#include "tensor/backend/cuda/deferred_checks.h"
 #include "tensor/backend/cuda/runtime.h"
 
 namespace hpm::cuda {
@@ -172,6 +173,8 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
   Context& c = context(src_device.id().index);
   HPM_CUDA_CHECK(cudaSetDevice(c.index));
   device_to_host(c, dst, src, bytes);
+  // The device has finished everything issued before this copy: the checks it owes the host.
+  raise_failed_checks(c);
 }
 
 }  // namespace hpm::cuda

@@ -1,8 +1,9 @@
 // Embedding lookup and its gradient (elementwise.cpp's embedding_forward / embedding_backward).
 //
 // Forward: the indices live on the device, so their range is checked there: a bad one records its
-// position in an error slot (the smallest position wins, as the CPU throws at the first), which
-// the host reads back with one synchronous copy to throw the CPU's std::out_of_range.
+// position in a deferred check's word (the smallest position wins, as the CPU throws at the
+// first), which the host reads at its next copy from the device to throw the CPU's
+// std::out_of_range (deferred_checks.h); the bad position's row is zeros meanwhile.
 //
 // Backward: grad_table[idx[i]] += grad_y[i] for every position i. Positions that share a row must
 // not race, and float atomics would sum in a varying order. Instead the (index, position) pairs
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/backend/cuda/deferred_checks.h"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
@@ -37,7 +39,7 @@ __global__ void check_indices_kernel(const std::int64_t* __restrict__ idx, std::
   }
 }
 
-// y[i, :] = table[idx[i], :]; rows with a bad index are left unwritten (the op throws).
+// y[i, :] = table[idx[i], :]; zeros for a bad index (the check reports it).
 __global__ void embedding_forward_kernel(const float* __restrict__ table,
                                          const std::int64_t* __restrict__ idx,
                                          float* __restrict__ y, std::int64_t n, std::int64_t v,
@@ -48,7 +50,7 @@ __global__ void embedding_forward_kernel(const float* __restrict__ table,
        k += stride) {
     const std::int64_t i = k / e, j = k - i * e;
     const std::int64_t row = idx[i];
-    if (row >= 0 && row < v) y[k] = table[row * e + j];
+    y[k] = row >= 0 && row < v ? table[row * e + j] : 0.0f;
   }
 }
 
@@ -106,21 +108,17 @@ Tensor embedding_forward(const Tensor& table, const Tensor& indices) {
   if (n == 0) return y;
   cudaStream_t stream = current_stream();
   const auto* pi = ptr<std::int64_t>(indices);
-  const ErrorSlot error(y.device(), stream);
-  unsigned long long* perr = error.device_word();
+  unsigned long long* perr =
+      defer_index_check(current_context(), indices, [v](std::int64_t position, std::int64_t index) {
+        return "embedding: index " + std::to_string(index) + " at position " +
+               std::to_string(position) + " out of range for " + std::to_string(v) + " rows";
+      });
   check_indices_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(pi, n, v, perr);
   HPM_CUDA_LAUNCH_CHECK("check_indices_kernel");
   if (e > 0) {
     embedding_forward_kernel<<<blocks_for(n * e, kBlock), kBlock, 0, stream>>>(
         ptr<float>(table), pi, ptr<float>(y), n, v, e);
     HPM_CUDA_LAUNCH_CHECK("embedding_forward_kernel");
-  }
-  // The one wait: a bad index must throw here, as on the CPU.
-  if (const auto bad = error.first(pi)) {
-    const auto [position, index] = *bad;
-    throw std::out_of_range("embedding: index " + std::to_string(index) + " at position " +
-                            std::to_string(position) + " out of range for " + std::to_string(v) +
-                            " rows");
   }
   return y;
 }

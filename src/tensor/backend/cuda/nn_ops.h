@@ -17,9 +17,8 @@ Tensor softmax(const Tensor& x, int dim);
 Tensor log_softmax(const Tensor& x, int dim);
 Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
-// Returns a 0-d F32 tensor on the device. Checks the labels on the device and waits for that
-// check (one synchronous copy of an error slot) so that a bad label throws std::out_of_range as
-// the CPU's does.
+// Returns a 0-d F32 tensor on the device. Checks the labels on the device; a bad one is the CPU's
+// std::out_of_range, thrown at the host's next copy from the device (deferred_checks.h).
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
                              Tensor& probs, std::int64_t ignore_index);
 // `grad` is the 0-d upstream gradient on the device, read by the kernel (no host wait).
@@ -42,8 +41,8 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
 
 // ---- embedding (embedding.cu) -----------------------------------------------------------------
-// The forward checks the indices on the device and waits for that check (one synchronous copy),
-// throwing std::out_of_range as the CPU's does.
+// The forward checks the indices on the device; a bad one is the CPU's std::out_of_range, thrown at
+// the host's next copy from the device (deferred_checks.h).
 Tensor embedding_forward(const Tensor& table, const Tensor& indices);
 void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& grad_table);
 

@@ -10,8 +10,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "hpm/tensor/tensor.h"
 
@@ -45,6 +47,13 @@ bool allow_tf32();
 int device_count();
 
 // The per-device state. Made on first use of the device; lives for the process.
+// An index check issued on the device whose verdict waits for the host's next read
+// (deferred_checks.h).
+struct PendingCheck {
+  Tensor values;  // the checked indices, kept until the word is read
+  std::function<std::string(std::int64_t position, std::int64_t value)> describe;
+};
+
 struct Context {
   int index = 0;
   // Every op of the device, and the copies to and from it. (A second stream for copies would
@@ -62,6 +71,12 @@ struct Context {
   void* staging[kStagingSlots] = {};
   cudaEvent_t staging_done[kStagingSlots] = {};
   std::mutex staging_mu;
+  // Index checks the host has not read yet (deferred_checks.h): kMaxChecks device words, all
+  // ones while clear, and what each one checks.
+  static constexpr int kMaxChecks = 64;
+  unsigned long long* check_words = nullptr;
+  std::vector<PendingCheck> checks;
+  std::mutex checks_mu;
 };
 Context& context(int index);
 // The context of the calling thread's current device (Device::current(), which the dispatch makes

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/backend/cuda/deferred_checks.h"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
@@ -410,8 +411,11 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
     return loss;
   }
   Tensor row_loss = Tensor::empty({n}, DType::F64);
-  const ErrorSlot error(loss.device(), stream);
-  unsigned long long* perr = error.device_word();
+  unsigned long long* perr =
+      defer_index_check(current_context(), labels, [c](std::int64_t row, std::int64_t label) {
+        return "cross_entropy: label " + std::to_string(label) + " at row " + std::to_string(row) +
+               " is not a class index in [0, " + std::to_string(c) + ")";
+      });
   const float* px = ptr<float>(logits);
   const auto* py = ptr<std::int64_t>(labels);
   if (c <= kWarpRowMax) {
@@ -429,13 +433,7 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
   cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(ptr<double>(row_loss), py, n, ignore_index,
                                                     ptr<float>(loss));
   HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
-  // The one wait: the CPU throws for a bad label, so the caller must learn of it here.
-  if (const auto bad = error.first(py)) {
-    const auto [row, label] = *bad;
-    throw std::out_of_range("cross_entropy: label " + std::to_string(label) + " at row " +
-                            std::to_string(row) + " is not a class index in [0, " +
-                            std::to_string(c) + ")");
-  }
+  // A bad label is reported at the host's next read from the device (deferred_checks.h).
   return loss;
 }
 

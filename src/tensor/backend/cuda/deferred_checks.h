@@ -1,0 +1,31 @@
+// Index checks that do not stop the host. A kernel that validates indices (an embedding's, a
+// cross-entropy's labels) records the first bad position in a device word (atomicMin). Waiting
+// for that word at the op would cost a synchronization per check, several per training step;
+// instead the op registers the check with its device, and the host reads every pending word the
+// next time it copies something from that device (which waits for the device anyway: a step's
+// loss and metrics, at its end) and throws the first failure: the std::out_of_range the CPU throws
+// at the op itself, naming the op, the position and the value. A bad index in a training step is
+// thus an error at that step's end, before its update. Kernels leave what a bad index would have
+// read or written alone (a zero row, a skipped update), so nothing strays meanwhile.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm::cuda {
+
+// A word (all ones: clear) for a new check on context `c`, which the kernel lowers to the first bad
+// position of `values` (I64 on the device); describe(position, value) makes the message. With
+// kMaxChecks pending, the pending ones are read first (a wait).
+unsigned long long* defer_index_check(
+    Context& c, const Tensor& values,
+    std::function<std::string(std::int64_t position, std::int64_t value)> describe);
+
+// Reads and clears the pending checks of `c`, whose stream must have finished everything issued
+// so far (after a synchronous copy to the host); throws std::out_of_range for the first that
+// failed.
+void raise_failed_checks(Context& c);
+
+}  // namespace hpm::cuda
