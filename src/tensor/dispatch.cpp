@@ -403,16 +403,24 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
 }
 
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                             Tensor& probs, std::int64_t ignore_index) {
+                             Tensor& stats, std::int64_t ignore_index) {
   OpScope scope(Op::kCrossEntropyForward, {&logits, &labels});
-  return scope.backend().cross_entropy_forward(logits, labels, label_smoothing, probs,
+  return scope.backend().cross_entropy_forward(logits, labels, label_smoothing, stats,
                                                ignore_index);
 }
 
-Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                              const Tensor& grad, std::int64_t ignore_index) {
-  OpScope scope(Op::kCrossEntropyBackward, {&labels, &grad});
-  return scope.backend().cross_entropy_backward(probs, labels, label_smoothing, grad, ignore_index);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                              float label_smoothing, const Tensor& grad,
+                              std::int64_t ignore_index) {
+  if (stats.dtype() != DType::F32 || stats.numel() != 2 * labels.numel() ||
+      logits.numel() != labels.numel() * (logits.dim() > 0 ? logits.size(-1) : 0)) {
+    throw std::invalid_argument("cross_entropy_backward: logits " + logits.shape().str() +
+                                ", stats " + stats.shape().str() + " and labels " +
+                                labels.shape().str() + " do not belong together");
+  }
+  OpScope scope(Op::kCrossEntropyBackward, {&logits, &stats, &labels, &grad});
+  return scope.backend().cross_entropy_backward(logits, stats, labels, label_smoothing, grad,
+                                                ignore_index);
 }
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

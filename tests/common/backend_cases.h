@@ -182,6 +182,12 @@ inline std::vector<Case> cases() {
   c.push_back({"squared_norm", Op::kSquaredNorm, [](Generator& g, const To& to) {
                  return Outputs{kernels::squared_norm({to(randn(g, {5, 9})), to(randn(g, {7}))})};
                }});
+  // More tensors than one launch takes (48), an empty one, one of several chunks (16384).
+  c.push_back({"squared_norm many", Op::kSquaredNorm, [](Generator& g, const To& to) {
+                 std::vector<Tensor> xs{to(randn(g, {100003})), to(randn(g, {0}))};
+                 for (int i = 0; i < 60; ++i) xs.push_back(to(randn(g, {1 + (i * 53) % 500})));
+                 return Outputs{kernels::squared_norm(xs)};
+               }});
   c.push_back({"sum_dim", Op::kSumDim, [](Generator& g, const To& to) {
                  const Tensor x = to(randn(g, {3, 4, 5}));
                  return Outputs{kernels::sum_dim(x, 1, false), kernels::sum_dim(x, -1, true)};
@@ -226,16 +232,18 @@ inline std::vector<Case> cases() {
   c.push_back({"cross_entropy_forward", Op::kCrossEntropyForward, [](Generator& g, const To& to) {
                  Tensor y = labels(g, 6, 5);
                  y.data<std::int64_t>()[2] = -100;  // ignored
-                 Tensor probs;
+                 Tensor stats;
                  const Tensor loss =
-                     kernels::cross_entropy_forward(to(randn(g, {6, 5})), to(y), 0.1f, probs);
-                 return Outputs{loss, probs};
+                     kernels::cross_entropy_forward(to(randn(g, {6, 5})), to(y), 0.1f, stats);
+                 return Outputs{loss, stats};
                }});
+  // From the CPU's stats, so that the backward alone is compared.
   c.push_back({"cross_entropy_backward", Op::kCrossEntropyBackward, [](Generator& g, const To& to) {
-                 Tensor y = labels(g, 6, 5), probs;
+                 Tensor y = labels(g, 6, 5), stats;
                  y.data<std::int64_t>()[4] = -100;
-                 kernels::cross_entropy_forward(randn(g, {6, 5}), y, 0.1f, probs);
-                 return Outputs{kernels::cross_entropy_backward(to(probs), to(y), 0.1f,
+                 const Tensor logits = randn(g, {6, 5});
+                 kernels::cross_entropy_forward(logits, y, 0.1f, stats);
+                 return Outputs{kernels::cross_entropy_backward(to(logits), to(stats), to(y), 0.1f,
                                                                 to(Tensor::scalar(0.5f)))};
                }});
   c.push_back({"nll_loss_forward", Op::kNllLossForward, [](Generator& g, const To& to) {
@@ -538,17 +546,19 @@ inline std::vector<Case> cases() {
                }});
   c.push_back({"cross_entropy_forward vocabulary", Op::kCrossEntropyForward,
                [](Generator& g, const To& to) {
-                 Tensor y = labels(g, 37, 5003), probs;
+                 Tensor y = labels(g, 37, 5003), stats;
                  y.data<std::int64_t>()[30] = -100;
                  const Tensor loss =
-                     kernels::cross_entropy_forward(to(randn(g, {37, 5003})), to(y), 0.1f, probs);
-                 return Outputs{loss, probs};
+                     kernels::cross_entropy_forward(to(randn(g, {37, 5003})), to(y), 0.1f, stats);
+                 return Outputs{loss, stats};
                }});
+  // Forward and backward on the device under test, the stats its own.
   c.push_back({"cross_entropy_backward vocabulary", Op::kCrossEntropyBackward,
                [](Generator& g, const To& to) {
-                 Tensor y = labels(g, 37, 5003), probs;
-                 kernels::cross_entropy_forward(randn(g, {37, 5003}), y, 0.0f, probs);
-                 return Outputs{kernels::cross_entropy_backward(to(probs), to(y), 0.0f,
+                 const Tensor y = to(labels(g, 37, 5003)), logits = to(randn(g, {37, 5003}));
+                 Tensor stats;
+                 kernels::cross_entropy_forward(logits, y, 0.0f, stats);
+                 return Outputs{kernels::cross_entropy_backward(logits, stats, y, 0.0f,
                                                                 to(Tensor::scalar(1.0f)))};
                }});
   for (bool bf16 : {false, true}) {

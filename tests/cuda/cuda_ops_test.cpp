@@ -110,10 +110,10 @@ TEST(CudaOps, ABadIndexOrLabelIsAnErrorAtTheNextReadNamingIt) {
   }
   EXPECT_EQ(y.to_vector().size(), 20u) << "reported once; the bad rows are zeros";
   EXPECT_EQ(y.to_vector()[8], 0.0f);
-  Tensor probs;
+  Tensor stats;
   const Tensor logits = Tensor::randn({3, 5}, g).to(gpu);
   const Tensor labels = Tensor::from_i64(std::vector<std::int64_t>{0, -100, 5}, {3}, gpu);
-  const Tensor loss = kernels::cross_entropy_forward(logits, labels, 0.0f, probs);
+  const Tensor loss = kernels::cross_entropy_forward(logits, labels, 0.0f, stats);
   EXPECT_THROW(loss.item(), std::out_of_range);
   // Many checks between reads (more than the device keeps words for) all clear, and good ones
   // report nothing.

@@ -39,14 +39,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smo
   if (label_smoothing < 0.0f || label_smoothing > 1.0f) {
     throw std::invalid_argument("label_smoothing must be in [0, 1]");
   }
-  Tensor probs;
+  // The backward keeps the logits and two numbers a row, not a (rows, C) tensor of probabilities.
+  Tensor stats;
   Tensor loss =
-      kernels::cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index);
-  return record("CrossEntropy", {logits}, loss,
-                [probs, labels, label_smoothing, ignore_index](const Tensor& g, const Needs&) {
-                  return Tensors{kernels::cross_entropy_backward(probs, labels, label_smoothing, g,
-                                                                 ignore_index)};
-                });
+      kernels::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index);
+  const Tensor kept = logits.detach();
+  return record(
+      "CrossEntropy", {logits}, loss,
+      [kept, stats, labels, label_smoothing, ignore_index](const Tensor& g, const Needs&) {
+        return Tensors{
+            kernels::cross_entropy_backward(kept, stats, labels, label_smoothing, g, ignore_index)};
+      });
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels) {

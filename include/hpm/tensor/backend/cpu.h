@@ -97,9 +97,10 @@ Tensor log_softmax(const Tensor& x, int dim);
 Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 // Mean cross-entropy of logits(..., C) against labels(...) with label smoothing eps, over the
-// rows whose label is not ignore_index; writes softmax(logits) to `probs` for the backward.
+// rows whose label is not ignore_index; writes each row's max and 1 / sum(exp(x - max)) to
+// `stats` (rows, 2) for the backward (kernels.h).
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                            Tensor& probs, std::int64_t ignore_index = -100);
+                            Tensor& stats, std::int64_t ignore_index = -100);
 // Mean of -log_probs(N,C) at labels(N); its gradient, -grad / N at the labels.
 float nll_loss_forward(const Tensor& log_probs, const Tensor& labels);
 Tensor nll_loss_backward(float grad, const Tensor& labels, const Shape& shape);
@@ -108,8 +109,8 @@ float kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs);
 void kl_div_backward(float grad, const Tensor& input_log_probs, const Tensor& target_probs,
                      Tensor* grad_input, Tensor* grad_target);
 // d loss / d logits, scaled by grad (the upstream scalar); zero on ignored rows.
-Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                              float grad, std::int64_t ignore_index = -100);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                              float label_smoothing, float grad, std::int64_t ignore_index = -100);
 
 // ---- attention -------------------------------------------------------------------------------
 // Fused scaled dot-product attention, softmax(scale q k^T [causal mask]) v, tiled so that the

@@ -123,32 +123,26 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
 // loss_i = (1 - eps) * -log p[i, y_i] + eps * mean_c(-log p[i, c]), averaged over the rows i
 // whose label is not ignore_index (NaN when every row is ignored, as PyTorch).
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                            Tensor& probs, std::int64_t ignore_index) {
+                            Tensor& stats, std::int64_t ignore_index) {
   const std::int64_t n = check_labels(logits, labels, ignore_index), c = logits.size(-1);
-  probs = Tensor::empty(logits.shape(), DType::F32, logits.device());
+  stats = Tensor::empty(Shape{n, 2}, DType::F32, logits.device());
   const float* px = logits.data<float>();
-  float* pp = probs.data<float>();
+  float* ps = stats.data<float>();
   const auto* y = labels.data<std::int64_t>();
   double total = 0.0;
   std::int64_t counted = 0;
   for (std::int64_t i = 0; i < n; ++i) {
     const float* row = px + i * c;
-    float* prow = pp + i * c;
     float mx = row[0];
     for (std::int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
     double sum = 0.0;
-    for (std::int64_t j = 0; j < c; ++j) {
-      const float e = std::exp(row[j] - mx);
-      prow[j] = e;
-      sum += e;
-    }
+    for (std::int64_t j = 0; j < c; ++j) sum += std::exp(row[j] - mx);
     const double lse = mx + std::log(sum);
     const auto inv = static_cast<float>(1.0 / sum);
+    ps[2 * i] = mx;
+    ps[2 * i + 1] = inv;
     double mean_nll = 0.0;
-    for (std::int64_t j = 0; j < c; ++j) {
-      prow[j] *= inv;
-      mean_nll += lse - row[j];
-    }
+    for (std::int64_t j = 0; j < c; ++j) mean_nll += lse - row[j];
     if (y[i] == ignore_index) continue;
     ++counted;
     const double nll = lse - row[y[i]];
@@ -157,11 +151,12 @@ float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float la
   return static_cast<float>(total / static_cast<double>(counted));
 }
 
-Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                              float grad, std::int64_t ignore_index) {
-  const std::int64_t n = labels.numel(), c = probs.size(-1);
-  Tensor gx = Tensor::empty(probs.shape(), DType::F32, probs.device());
-  const float* pp = probs.data<float>();
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                              float label_smoothing, float grad, std::int64_t ignore_index) {
+  const std::int64_t n = labels.numel(), c = logits.size(-1);
+  Tensor gx = Tensor::empty(logits.shape(), DType::F32, logits.device());
+  const float* px = logits.data<float>();
+  const float* ps = stats.data<float>();
   const auto* y = labels.data<std::int64_t>();
   float* pg = gx.data<float>();
   std::int64_t counted = 0;
@@ -173,7 +168,12 @@ Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float l
       std::fill(pg + i * c, pg + (i + 1) * c, 0.0f);
       continue;
     }
-    for (std::int64_t j = 0; j < c; ++j) pg[i * c + j] = (pp[i * c + j] - smooth) * scale;
+    // softmax as the forward's rows had it: exp(x - max) * (1 / sum), in float.
+    const float mx = ps[2 * i], inv = ps[2 * i + 1];
+    for (std::int64_t j = 0; j < c; ++j) {
+      const float p = std::exp(px[i * c + j] - mx) * inv;
+      pg[i * c + j] = (p - smooth) * scale;
+    }
     pg[i * c + y[i]] -= (1.0f - label_smoothing) * scale;
   }
   return gx;

@@ -135,12 +135,13 @@ class CudaBackend final : public Backend {
     return cuda::log_softmax_backward(grad_y, y, dim);
   }
   Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                               Tensor& probs, std::int64_t ignore_index) override {
-    return cuda::cross_entropy_forward(logits, labels, label_smoothing, probs, ignore_index);
+                               Tensor& stats, std::int64_t ignore_index) override {
+    return cuda::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index);
   }
-  Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                                const Tensor& grad, std::int64_t ignore_index) override {
-    return cuda::cross_entropy_backward(probs, labels, label_smoothing, grad, ignore_index);
+  Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                                float label_smoothing, const Tensor& grad,
+                                std::int64_t ignore_index) override {
+    return cuda::cross_entropy_backward(logits, stats, labels, label_smoothing, grad, ignore_index);
   }
   Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                            float scale, Tensor& lse) override {

@@ -259,12 +259,43 @@ ReducePlan whole(const Tensor& x) {
   return p;
 }
 
-// Adds n doubles in index order into *total (squared_norm's last step: the CPU's loop).
-__global__ void add_in_order_kernel(const double* values, std::int64_t n, double* total) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  double sum = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) sum += values[i];
-  *total = sum;
+// squared_norm over many tensors in a few launches (a model's gradients: one launch per
+// kNormList tensors rather than one or two per tensor). Each block sums the squares of one chunk
+// of kNormChunk elements of one tensor in double into its partial; one block then adds the
+// partials, each thread a strided run, then its tree. A fixed order that depends on the shapes
+// only.
+constexpr int kNormList = 48;
+constexpr std::int64_t kNormChunk = 16384;
+struct NormList {
+  const float* x[kNormList];
+  std::int64_t n[kNormList];
+  int first_block[kNormList + 1];
+  int count;
+};
+static_assert(sizeof(NormList) < 3500, "NormList must fit a kernel argument");
+
+__global__ void chunk_squares_kernel(NormList l, double* __restrict__ partials) {
+  int t = 0;
+  while (t + 1 < l.count && l.first_block[t + 1] <= static_cast<int>(blockIdx.x)) ++t;
+  const std::int64_t begin = static_cast<std::int64_t>(blockIdx.x - l.first_block[t]) * kNormChunk;
+  const std::int64_t end = begin + kNormChunk < l.n[t] ? begin + kNormChunk : l.n[t];
+  double s = 0.0;
+  for (std::int64_t k = begin + threadIdx.x; k < end; k += blockDim.x) {
+    const double v = l.x[t][k];
+    s += v * v;
+  }
+  __shared__ double shared[kThreads];
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+__global__ void add_partials_kernel(const double* __restrict__ partials, std::int64_t n,
+                                    double* __restrict__ total) {
+  double s = 0.0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x) s += partials[i];
+  __shared__ double shared[kThreads];
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) *total = s;
 }
 
 // ---- gathers ----------------------------------------------------------------------------
@@ -337,16 +368,38 @@ Tensor squared_norm(const std::vector<Tensor>& xs) {
     HPM_CUDA_CHECK(cudaMemsetAsync(ptr<double>(total), 0, sizeof(double), current_stream()));
     return total;
   }
-  // Each tensor's sum of squares in double into its slot, then the slots added in order.
-  const auto n = static_cast<std::int64_t>(xs.size());
-  Tensor each = Tensor::empty(Shape{n}, DType::F64, device);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const Tensor& x = xs[static_cast<std::size_t>(i)];
-    run_reduce<true>(x, whole(x), ptr<double>(each) + i, "squared_norm");
+  std::int64_t chunks = 0;
+  for (const Tensor& x : xs) chunks += ceil_div(x.numel(), kNormChunk);
+  cudaStream_t stream = current_stream();
+  if (chunks == 0) {
+    HPM_CUDA_CHECK(cudaMemsetAsync(ptr<double>(total), 0, sizeof(double), stream));
+    return total;
   }
-  add_in_order_kernel<<<1, 1, 0, current_stream()>>>(ptr<const double>(each), n,
-                                                     ptr<double>(total));
-  HPM_CUDA_LAUNCH_CHECK("squared_norm");
+  Tensor partials = Tensor::empty(Shape{chunks}, DType::F64, device);
+  std::int64_t done = 0;  // partials written by earlier launches
+  NormList l{};
+  const auto launch = [&] {
+    if (l.count == 0) return;
+    chunk_squares_kernel<<<static_cast<unsigned>(l.first_block[l.count]), kThreads, 0, stream>>>(
+        l, ptr<double>(partials) + done);
+    HPM_CUDA_LAUNCH_CHECK("chunk_squares_kernel");
+    done += l.first_block[l.count];
+    l = NormList{};
+  };
+  for (const Tensor& x : xs) {
+    const std::int64_t n = x.numel();
+    if (n == 0) continue;
+    const auto blocks = static_cast<int>(ceil_div(n, kNormChunk));
+    if (l.count == kNormList || l.first_block[l.count] > (1 << 30) - blocks) launch();
+    l.x[l.count] = ptr<const float>(x);
+    l.n[l.count] = n;
+    l.first_block[l.count + 1] = l.first_block[l.count] + blocks;
+    ++l.count;
+  }
+  launch();
+  add_partials_kernel<<<1, kThreads, 0, stream>>>(ptr<const double>(partials), chunks,
+                                              ptr<double>(total));
+  HPM_CUDA_LAUNCH_CHECK("add_partials_kernel");
   return total;
 }
 

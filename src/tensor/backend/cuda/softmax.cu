@@ -276,7 +276,8 @@ Tensor softmax_backward_impl(const Tensor& grad_y, const Tensor& y, int dim) {
 
 // "No bad label": the error slot's initial value (every byte 0xff), above any row index.
 
-// Per row of `c` logits: probs = softmax, and the row's loss term (0 for an ignored row)
+// Per row of `c` logits: its max and 1 / sum(exp(x - max)) into stats (the backward recomputes
+// softmax from them), and the row's loss term (0 for an ignored row)
 //   (1 - eps) * (lse - x[label]) + eps * mean_c(lse - x[c])
 // in double, as the CPU's. A label neither ignore_index nor in [0, c) records its row in
 // *error (the smallest such row wins: atomicMin's result does not depend on the order) and
@@ -284,14 +285,13 @@ Tensor softmax_backward_impl(const Tensor& grad_y, const Tensor& y, int dim) {
 template <bool kWarp>
 __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits,
                                           const std::int64_t* __restrict__ labels,
-                                          float* __restrict__ probs, double* __restrict__ row_loss,
+                                          float* __restrict__ stats, double* __restrict__ row_loss,
                                           unsigned long long* __restrict__ error, std::int64_t rows,
                                           std::int64_t c, double smoothing,
                                           std::int64_t ignore_index) {
   const Team<kWarp> team;
   for (std::int64_t row = team.first_row; row < rows; row += team.row_stride) {
     const float* xr = logits + row * c;
-    float* pr = probs + row * c;
     float mx = kNegInf;
     for (std::int64_t j = team.rank; j < c; j += team.size) mx = fmaxf(mx, xr[j]);
     mx = team.reduce(mx, MaxOp{}, kNegInf);
@@ -301,12 +301,11 @@ __global__ void cross_entropy_rows_kernel(const float* __restrict__ logits,
     const double lse = mx + log(sum);
     const auto inv = static_cast<float>(1.0 / sum);
     double nll_sum = 0.0;
-    for (std::int64_t j = team.rank; j < c; j += team.size) {
-      pr[j] = expf(xr[j] - mx) * inv;
-      nll_sum += lse - xr[j];
-    }
+    for (std::int64_t j = team.rank; j < c; j += team.size) nll_sum += lse - xr[j];
     nll_sum = team.reduce(nll_sum, SumOp{}, 0.0);
     if (team.rank != 0) continue;
+    stats[2 * row] = mx;
+    stats[2 * row + 1] = inv;
     const std::int64_t y = labels[row];
     double loss = 0.0;
     if (y != ignore_index) {
@@ -364,9 +363,10 @@ __global__ void count_labels_kernel(const std::int64_t* __restrict__ labels, std
 // d loss / d logits = (p - eps / C) * scale, less (1 - eps) * scale at the label, with
 // scale = grad / counted (grad the 0-d upstream gradient on the device); 0 on ignored rows.
 __global__ void cross_entropy_backward_kernel(
-    const float* __restrict__ probs, const std::int64_t* __restrict__ labels,
-    const float* __restrict__ grad, const float* __restrict__ count, float* __restrict__ gx,
-    std::int64_t n, std::int64_t c, float smoothing, std::int64_t ignore_index) {
+    const float* __restrict__ logits, const float* __restrict__ stats,
+    const std::int64_t* __restrict__ labels, const float* __restrict__ grad,
+    const float* __restrict__ count, float* __restrict__ gx, std::int64_t n, std::int64_t c,
+    float smoothing, std::int64_t ignore_index) {
   const float scale = *grad / *count;
   const float smooth = smoothing / static_cast<float>(c);
   const std::int64_t total = n * c;
@@ -379,7 +379,9 @@ __global__ void cross_entropy_backward_kernel(
       gx[k] = 0.0f;
       continue;
     }
-    float v = (probs[k] - smooth) * scale;
+    // softmax as the forward's row had it, rounded before the subtraction (no FMA), as the CPU's.
+    const float p = __fmul_rn(expf(logits[k] - stats[2 * row]), stats[2 * row + 1]);
+    float v = (p - smooth) * scale;
     if (j == y) v -= (1.0f - smoothing) * scale;
     gx[k] = v;
   }
@@ -397,10 +399,10 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
 }
 
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                             Tensor& probs, std::int64_t ignore_index) {
+                             Tensor& stats, std::int64_t ignore_index) {
   const std::int64_t n = check_labels(logits, labels), c = logits.size(-1);
   require_dtype(logits, DType::F32);
-  probs = Tensor::empty(logits.shape(), DType::F32);
+  stats = Tensor::empty(Shape{n, 2}, DType::F32);
   Tensor loss = Tensor::empty(Shape{}, DType::F32);
   cudaStream_t stream = current_stream();
   if (n == 0) {
@@ -421,12 +423,12 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
   if (c <= kWarpRowMax) {
     cross_entropy_rows_kernel<true>
         <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-            px, py, ptr<float>(probs), ptr<double>(row_loss), perr, n, c, label_smoothing,
+            px, py, ptr<float>(stats), ptr<double>(row_loss), perr, n, c, label_smoothing,
             ignore_index);
     HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (warp)");
   } else {
     cross_entropy_rows_kernel<false>
-        <<<grid_for(n), kBlock, 0, stream>>>(px, py, ptr<float>(probs), ptr<double>(row_loss), perr,
+        <<<grid_for(n), kBlock, 0, stream>>>(px, py, ptr<float>(stats), ptr<double>(row_loss), perr,
                                              n, c, label_smoothing, ignore_index);
     HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (block)");
   }
@@ -437,16 +439,18 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
   return loss;
 }
 
-Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float label_smoothing,
-                              const Tensor& grad, std::int64_t ignore_index) {
-  require_dtype(probs, DType::F32);
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                              float label_smoothing, const Tensor& grad,
+                              std::int64_t ignore_index) {
+  require_dtype(logits, DType::F32);
+  require_dtype(stats, DType::F32);
   require_dtype(labels, DType::I64);
   if (grad.numel() != 1 || grad.dtype() != DType::F32) {
     throw std::invalid_argument("cross_entropy_backward: expected a one-element F32 grad, got " +
                                 grad.shape().str() + " " + dtype_name(grad.dtype()));
   }
-  const std::int64_t n = labels.numel(), c = probs.size(-1);
-  Tensor gx = Tensor::empty(probs.shape(), DType::F32);
+  const std::int64_t n = labels.numel(), c = logits.size(-1);
+  Tensor gx = Tensor::empty(logits.shape(), DType::F32);
   if (n == 0 || c == 0) return gx;
   cudaStream_t stream = current_stream();
   Tensor count = Tensor::empty({1}, DType::F32);
@@ -454,8 +458,8 @@ Tensor cross_entropy_backward(const Tensor& probs, const Tensor& labels, float l
   count_labels_kernel<<<1, 1024, 0, stream>>>(py, n, ignore_index, ptr<float>(count));
   HPM_CUDA_LAUNCH_CHECK("count_labels_kernel");
   cross_entropy_backward_kernel<<<blocks_for(n * c), 256, 0, stream>>>(
-      ptr<float>(probs), py, ptr<float>(grad), ptr<float>(count), ptr<float>(gx), n, c,
-      label_smoothing, ignore_index);
+      ptr<float>(logits), ptr<float>(stats), py, ptr<float>(grad), ptr<float>(count),
+      ptr<float>(gx), n, c, label_smoothing, ignore_index);
   HPM_CUDA_LAUNCH_CHECK("cross_entropy_backward_kernel");
   return gx;
 }
