@@ -22,6 +22,7 @@ using Key = std::tuple<std::string, std::string, std::string, std::string>;
 struct Pending {
   Key key;
   std::shared_ptr<Event> begin, end;
+  double host_seconds;
 };
 
 struct Recorder {
@@ -34,6 +35,7 @@ struct Recorder {
     if (r.calls == 0) std::tie(r.name, r.detail, r.dtype, r.device) = p.key;
     ++r.calls;
     r.seconds += p.end->seconds_since(*p.begin);
+    r.host_seconds += p.host_seconds;
   }
   // Folds in the oldest records whose ops have finished, so that a long run holds few events.
   void settle_ready() {
@@ -91,23 +93,25 @@ std::string table(const std::vector<Row>& rows, double wall_seconds, std::int64_
   const double wall = wall_seconds > 0 ? wall_seconds : 1.0;
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "%-22s %-12s %-5s %-7s %10s %10s %7s\n", "op", "detail", "dtype",
-                "device", "ms/step", "calls/step", "share");
+  std::snprintf(line, sizeof line, "%-22s %-12s %-5s %-7s %10s %10s %10s %7s\n", "op", "detail",
+                "dtype", "device", "ms/step", "host ms", "calls/step", "share");
   out += line;
-  double sum = 0;
+  double sum = 0, host = 0;
   for (const Row& r : rows) {
     sum += r.seconds;
-    std::snprintf(line, sizeof line, "%-22s %-12s %-5s %-7s %10.3f %10.1f %6.1f%%\n",
+    host += r.host_seconds;
+    std::snprintf(line, sizeof line, "%-22s %-12s %-5s %-7s %10.3f %10.3f %10.1f %6.1f%%\n",
                   r.name.c_str(), r.detail.empty() ? "-" : r.detail.c_str(), r.dtype.c_str(),
-                  r.device.c_str(), r.seconds * per * 1e3, static_cast<double>(r.calls) * per,
-                  100.0 * r.seconds / wall);
+                  r.device.c_str(), r.seconds * per * 1e3, r.host_seconds * per * 1e3,
+                  static_cast<double>(r.calls) * per, 100.0 * r.seconds / wall);
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-49s %10.3f %10s %6.1f%%\n", "(outside ops)",
-                (wall_seconds - sum) * per * 1e3, "", 100.0 * (wall_seconds - sum) / wall);
+  std::snprintf(line, sizeof line, "%-49s %10.3f %10s %10s %6.1f%%\n", "(outside ops)",
+                (wall_seconds - sum) * per * 1e3, "", "", 100.0 * (wall_seconds - sum) / wall);
   out += line;
-  std::snprintf(line, sizeof line, "%-49s %10.3f %10s %6.1f%%\n", "(step)",
-                wall_seconds * per * 1e3, "", 100.0);
+  // The step's wall time, and the host's time inside its ops.
+  std::snprintf(line, sizeof line, "%-49s %10.3f %10.3f %10s %6.1f%%\n", "(step)",
+                wall_seconds * per * 1e3, host * per * 1e3, "", 100.0);
   out += line;
   return out;
 }
@@ -119,6 +123,7 @@ void Scope::begin(const char* name, DType dtype, Device& device) {
   dtype_ = dtype;
   device_ = &device;
   begin_ = device.stream().record_timed();
+  host_begin_ = std::chrono::steady_clock::now();
 }
 
 void Scope::end() noexcept {
@@ -132,10 +137,13 @@ void Scope::end() noexcept {
 }
 
 void Scope::record_end() {
+  const double host =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - host_begin_).count();
   Pending p{
       {name_, detail_ ? detail_ : "", dtype_name(dtype_), device_type_name(device_->id().type)},
       std::move(begin_),
-      device_->stream().record_timed()};
+      device_->stream().record_timed(),
+      host};
   Recorder& r = recorder();
   std::lock_guard lock(r.mu);
   if (!detail::on.load()) return;  // stopped meanwhile: rows() may be reading

@@ -50,6 +50,7 @@ TEST(OpProfile, CountsEachOpByFunctionAndDtypeWhileOn) {
   EXPECT_EQ(mm->dtype, "F32");
   EXPECT_EQ(mm->device, "cpu");
   EXPECT_GE(mm->seconds, 0.0);
+  EXPECT_GE(mm->host_seconds, 0.0);
   ASSERT_NE(find(rows, "binary", "mul"), nullptr);
   EXPECT_EQ(find(rows, "binary", "mul")->calls, 1);
   ASSERT_NE(find(rows, "unary", "gelu"), nullptr);
@@ -93,7 +94,11 @@ TEST(OpProfile, TableGivesPerStepTimesSharesAndTheRest) {
   std::vector<op_profile::Row> rows(2);
   rows[0] = {"matmul", "", "bf16", "cuda", 40, 0.030};
   rows[1] = {"binary", "add", "f32", "cuda", 100, 0.010};
+  rows[0].host_seconds = 0.007;
+  rows[1].host_seconds = 0.002;
   const std::string t = op_profile::table(rows, 0.050, 10);
+  EXPECT_NE(t.find("0.700"), std::string::npos) << t;  // matmul's host time per step
+  EXPECT_NE(t.find("0.900"), std::string::npos) << t;  // the host inside ops, per step
   EXPECT_NE(t.find("matmul"), std::string::npos) << t;
   EXPECT_NE(t.find("3.000"), std::string::npos) << t;  // 30 ms over 10 steps
   EXPECT_NE(t.find("60.0%"), std::string::npos) << t;  // of 50 ms

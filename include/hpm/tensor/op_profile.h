@@ -5,10 +5,14 @@
 // its last kernel ends: when the device is ahead of the host it includes the host's own work
 // inside the op (launches, a synchronization), which is what the step loses there. What no op
 // accounts for (the host between ops: autograd, allocation, the Python-free loop) is the wall time
-// less the rows' sum. Only the outermost op of a thread counts (an op that calls others is one).
+// less the rows' sum. Each row also has the host's own time inside the op (checks, allocation,
+// launches): on a GPU, an op whose host time is near its device time is launch-bound, and a step
+// whose host time (inside ops and between them) is near its wall time is host-bound. Only the
+// outermost op of a thread counts (an op that calls others is one).
 // Off by default; an op pays one relaxed atomic load then.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,13 +38,14 @@ struct Row {
   std::string dtype;   // its first input's
   std::string device;  // "cpu", "cuda"
   std::int64_t calls = 0;
-  double seconds = 0;
+  double seconds = 0;       // on the device's stream
+  double host_seconds = 0;  // on the host, from the op's call to its return
 };
 // Waits for the recorded ops to finish; one row per (name, detail, dtype, device), most time first.
 std::vector<Row> rows();
 
-// The rows as a text table: per-step milliseconds over `steps`, calls per step, each row's share
-// of `wall_seconds`, and a last line for the time no op accounts for.
+// The rows as a text table: per-step milliseconds over `steps` (device and host), calls per step,
+// each row's share of `wall_seconds`, and last lines for the time no op accounts for and the step.
 std::string table(const std::vector<Row>& rows, double wall_seconds, std::int64_t steps);
 
 namespace detail {
@@ -71,6 +76,7 @@ class Scope {
   DType dtype_ = DType::F32;
   Device* device_ = nullptr;
   bool active_ = false;
+  std::chrono::steady_clock::time_point host_begin_;
   std::shared_ptr<Event> begin_;  // null for an op inside another
 };
 
