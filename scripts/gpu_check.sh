@@ -70,7 +70,7 @@ step oom 30 train.log hpm train examples/fashion_mlp.toml --device cuda \
   --set "data.dir=$W/data" --set memory.device_budget_mb=1
 step memcheck 120 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
   test_cuda --gtest_filter='CudaOps.*:CudaTraining.*:-*OutOfMemory*' --gtest_brief=1
-for cases in attention softmax pool batch_norm layer_norm sum; do
+for cases in attention softmax pool batch_norm layer_norm sum squared_norm; do
   limit=40
   [ "$cases" = attention ] && limit=120  # the tensor-core cases: head sizes up to 128
   HPM_BACKEND_CASES=$cases step "racecheck_$cases" "$limit" sanitizer.log compute-sanitizer \

@@ -8,7 +8,9 @@
 
 #include "common/blobs.h"
 #include "common/cuda_device.h"
+#include "common/models.h"
 #include "common/temp_dir.h"
+#include "common/waits_per_step.h"
 #include "hpm/nn/layers.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/trainer.h"
@@ -63,6 +65,26 @@ TEST(CudaTraining, FitAndEvaluateOnTheGpuMatchTheCpu) {
   EXPECT_NEAR(eg.loss, ec.loss, 1e-4);
   EXPECT_NEAR(eg.accuracy, ec.accuracy, 1e-6);
   for (const Tensor& p : on_gpu.model->parameters()) EXPECT_EQ(p.device().id(), gpu.id());
+}
+
+// A GPT step on the GPU, with clipping, reads from the device once: its loss and metrics
+// together at its end (the index checks, the accuracy counts and the clipping norm stay there).
+TEST(CudaTraining, AGptStepWaitsForTheDeviceOnce) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  manual_seed(5);
+  auto model = hpm::testing::tiny_gpt();
+  Trainer trainer(model, hpm::testing::adamw(*model));
+  trainer.set_objective(std::make_shared<nn::LanguageModelling>());
+  trainer.set_device(gpu);
+  auto waits = std::make_shared<hpm::testing::WaitsPerStep>();
+  trainer.add_callback(waits);
+  const nn::Batch data = hpm::testing::token_batch(12, 8, 32, 1);
+  FitOptions o;
+  o.batch_size = 4;
+  o.clip_grad_norm = 1.0f;
+  trainer.fit(data::LabelledData{data.inputs, data.targets}, nullptr, o);
+  ASSERT_EQ(waits->per_step.size(), 3u);
+  for (std::uint64_t w : waits->per_step) EXPECT_EQ(w, 1u);
 }
 
 TEST(CudaTraining, ACheckpointSavedOnTheGpuResumesOnTheCpuAndBack) {

@@ -7,30 +7,18 @@
 #include <vector>
 
 #include "common/models.h"
+#include "common/waits_per_step.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::train {
 namespace {
-
-// The thread's host waits between the start and the end of each step.
-class WaitsPerStep : public Callback {
- public:
-  void on_batch_begin(Trainer&, std::int64_t) override { at_begin_ = host_waits_on_this_thread(); }
-  void on_batch_end(Trainer&, const BatchLogs&) override {
-    per_step.push_back(host_waits_on_this_thread() - at_begin_);
-  }
-  std::vector<std::uint64_t> per_step;
-
- private:
-  std::uint64_t at_begin_ = 0;
-};
 
 std::vector<std::uint64_t> waits_of_a_fit(std::shared_ptr<nn::Module> model,
                                           std::shared_ptr<nn::Objective> objective,
                                           const nn::Batch& data, std::int64_t batch, float clip) {
   Trainer trainer(model, testing::adamw(*model));
   if (objective) trainer.set_objective(std::move(objective));
-  auto waits = std::make_shared<WaitsPerStep>();
+  auto waits = std::make_shared<testing::WaitsPerStep>();
   trainer.add_callback(waits);
   FitOptions o;
   o.batch_size = batch;
