@@ -104,6 +104,18 @@ class CudaStream final : public Stream {
 // other; a slot is refilled only after its last transfer finished.
 void host_to_device(Context& c, void* dst, const void* src, std::size_t bytes) {
   std::lock_guard lock(c.staging_mu);
+  if (bytes <= Context::kSmallBytes) {
+    const int slot = c.small_next;
+    c.small_next = (slot + 1) % Context::kSmallSlots;
+    // An event never recorded is complete: the ring's first round waits for nothing.
+    HPM_CUDA_CHECK(cudaEventSynchronize(c.small_done[slot]));
+    void* staged =
+        static_cast<char*>(c.small) + static_cast<std::size_t>(slot) * Context::kSmallBytes;
+    std::memcpy(staged, src, bytes);
+    HPM_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, c.compute));
+    HPM_CUDA_CHECK(cudaEventRecord(c.small_done[slot], c.compute));
+    return;
+  }
   int slot = 0;
   for (std::size_t done = 0; done < bytes; slot ^= 1) {
     const std::size_t n = std::min(bytes - done, Context::kStagingBytes);

@@ -93,6 +93,9 @@ std::unique_ptr<Context> make_context(int index) {
     HPM_CUDA_CHECK(cudaMallocHost(&c->staging[s], Context::kStagingBytes));
     HPM_CUDA_CHECK(cudaEventCreateWithFlags(&c->staging_done[s], cudaEventDisableTiming));
   }
+  HPM_CUDA_CHECK(cudaMallocHost(&c->small, Context::kSmallSlots * Context::kSmallBytes));
+  for (cudaEvent_t& e : c->small_done)
+    HPM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   constexpr std::size_t kCheckBytes = Context::kMaxChecks * sizeof(unsigned long long);
   HPM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->check_words), kCheckBytes));
   HPM_CUDA_CHECK(cudaMemset(c->check_words, 0xff, kCheckBytes));

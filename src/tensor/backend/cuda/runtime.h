@@ -71,6 +71,14 @@ struct Context {
   void* staging[kStagingSlots] = {};
   cudaEvent_t staging_done[kStagingSlots] = {};
   std::mutex staging_mu;
+  // Small host -> device copies (a step's positions, labels of a small batch) go through a ring of
+  // kSmallSlots pinned slots instead, so that one waits only for the copy kSmallSlots before it,
+  // not for whatever the stream runs between two uses of a staging buffer.
+  static constexpr int kSmallSlots = 64;
+  static constexpr std::size_t kSmallBytes = std::size_t{64} << 10;
+  void* small = nullptr;  // kSmallSlots x kSmallBytes, pinned
+  cudaEvent_t small_done[kSmallSlots] = {};
+  int small_next = 0;  // under staging_mu
   // Index checks the host has not read yet (deferred_checks.h): kMaxChecks device words, all
   // ones while clear, and what each one checks.
   static constexpr int kMaxChecks = 64;
