@@ -106,8 +106,13 @@ std::string table(const std::vector<Row>& rows, double wall_seconds, std::int64_
                   static_cast<double>(r.calls) * per, 100.0 * r.seconds / wall);
     out += line;
   }
-  std::snprintf(line, sizeof line, "%-49s %10.3f %10s %10s %6.1f%%\n", "(outside ops)",
-                (wall_seconds - sum) * per * 1e3, "", "", 100.0 * (wall_seconds - sum) / wall);
+  if (sum <= wall_seconds) {
+    std::snprintf(line, sizeof line, "%-49s %10.3f %10s %10s %6.1f%%\n", "(outside ops)",
+                  (wall_seconds - sum) * per * 1e3, "", "", 100.0 * (wall_seconds - sum) / wall);
+  } else {  // replicas or stages on threads: their ops ran at once
+    std::snprintf(line, sizeof line, "%-49s %10.3f\n", "(ops of several threads overlapped; sum)",
+                  sum * per * 1e3);
+  }
   out += line;
   // The step's wall time, and the host's time inside its ops.
   std::snprintf(line, sizeof line, "%-49s %10.3f %10.3f %10s %6.1f%%\n", "(step)",

@@ -106,6 +106,10 @@ TEST(OpProfile, TableGivesPerStepTimesSharesAndTheRest) {
   EXPECT_NE(t.find("(outside ops)"), std::string::npos) << t;
   EXPECT_NE(t.find("1.000"), std::string::npos) << t;  // 10 ms outside ops, per step
   EXPECT_NE(t.find("20.0%"), std::string::npos) << t;
+  // Ops of several threads at once add up past the step: said, not a negative remainder.
+  const std::string overlapped = op_profile::table(rows, 0.020, 10);
+  EXPECT_NE(overlapped.find("overlapped"), std::string::npos) << overlapped;
+  EXPECT_EQ(overlapped.find("(outside ops)"), std::string::npos) << overlapped;
 }
 
 TEST(OpProfile, InlineEventsAreTimedAndOrdered) {

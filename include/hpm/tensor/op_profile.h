@@ -8,7 +8,8 @@
 // less the rows' sum. Each row also has the host's own time inside the op (checks, allocation,
 // launches): on a GPU, an op whose host time is near its device time is launch-bound, and a step
 // whose host time (inside ops and between them) is near its wall time is host-bound. Only the
-// outermost op of a thread counts (an op that calls others is one).
+// outermost op of a thread counts (an op that calls others is one). Ops of several threads at
+// once (replicas, pipeline stages) all count, so their rows may add up to more than the step.
 // Off by default; an op pays one relaxed atomic load then.
 #pragma once
 #include <atomic>
