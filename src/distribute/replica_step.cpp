@@ -61,10 +61,11 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
     const auto [begin, count] = micro[m];
     const nn::Batch part =
         micro.size() == 1 && count == batch.rows() ? batch : batch.slice(begin, count);
-    const Tensor outputs = model.forward(part.inputs);
+    Tensor outputs = model.forward(part.inputs);
     const auto replicas = static_cast<double>(o.replicas_in_sync);
     const double scale = whole ? replicas : replicas * objective.weight(part) / step_weight;
     WeightedLoss w = weighted_loss(objective, outputs, part, scale, !read_at_end);
+    outputs = Tensor();  // its memory is the loss's to reuse in backward (a classifier's logits)
     out.metrics.merge(w.metrics);
     if (read_at_end) {
       losses.push_back(w.unscaled);

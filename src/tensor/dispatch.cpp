@@ -410,8 +410,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
-                              float label_smoothing, const Tensor& grad,
-                              std::int64_t ignore_index) {
+                              float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
+                              bool overwrite_logits) {
   if (stats.dtype() != DType::F32 || stats.numel() != 2 * labels.numel() ||
       logits.numel() != labels.numel() * (logits.dim() > 0 ? logits.size(-1) : 0)) {
     throw std::invalid_argument("cross_entropy_backward: logits " + logits.shape().str() +
@@ -420,7 +420,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
   }
   OpScope scope(Op::kCrossEntropyBackward, {&logits, &stats, &labels, &grad});
   return scope.backend().cross_entropy_backward(logits, stats, labels, label_smoothing, grad,
-                                                ignore_index);
+                                                ignore_index, overwrite_logits);
 }
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

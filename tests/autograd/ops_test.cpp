@@ -201,6 +201,44 @@ TEST(CrossEntropy, KeepsRowStatisticsNotProbabilitiesForTheBackward) {
   }
 }
 
+// With nothing else holding the logits, their backward writes the gradient over them: the peak
+// of the backward holds one (rows, C) tensor less. A caller that keeps them sees them unchanged.
+TEST(CrossEntropy, WritesTheGradientOverLogitsNoOneElseHolds) {
+  const std::int64_t rows = 32, classes = 2048;
+  const std::size_t logits_bytes = static_cast<std::size_t>(rows * classes) * sizeof(float);
+  std::vector<std::int64_t> y(rows);
+  for (std::int64_t i = 0; i < rows; ++i) y[static_cast<std::size_t>(i)] = (i * 7) % classes;
+  const auto backward_peak = [&](bool keep_logits, std::vector<float>* kept_values) {
+    Device device("cross entropy in place");
+    const DeviceGuard on(device);
+    Generator gen(6);
+    Tensor w = Tensor::randn({rows, classes}, gen, 0.0f, 1.0f, device);
+    w.set_requires_grad(true);
+    const Tensor labels = Tensor::from_i64(y, Shape{rows}, device);
+    Tensor logits = mul(w, 2.0f);
+    const std::vector<float> before = logits.to_vector();
+    Tensor loss = cross_entropy(logits, labels);
+    if (!keep_logits) logits = Tensor();
+    device.reset_peak();
+    const std::size_t at_start = device.stats().current_bytes;
+    loss.backward();
+    if (kept_values != nullptr) {
+      *kept_values = logits.to_vector();
+      EXPECT_EQ(*kept_values, before) << "logits someone holds are not overwritten";
+    }
+    // The same gradient either way: 2 (softmax - one-hot) / rows.
+    const std::vector<float> g = w.grad().to_vector();
+    double sum = 0;
+    for (std::int64_t j = 0; j < classes; ++j) sum += std::exp(2.0 * w.to_vector()[j]);
+    EXPECT_NEAR(g[1], 2.0 * std::exp(2.0 * w.to_vector()[1]) / sum / rows, 1e-7);
+    return device.stats().peak_bytes - at_start;
+  };
+  std::vector<float> kept;
+  const std::size_t in_place = backward_peak(false, nullptr);
+  const std::size_t copied = backward_peak(true, &kept);
+  EXPECT_LE(in_place + logits_bytes, copied) << in_place << " against " << copied;
+}
+
 TEST(Concat, RejectsMismatchedExtents) {
   try {
     concat({Tensor::zeros({2, 3}), Tensor::zeros({3, 3})}, 1);

@@ -552,6 +552,18 @@ inline std::vector<Case> cases() {
                      kernels::cross_entropy_forward(to(randn(g, {37, 5003})), to(y), 0.1f, stats);
                  return Outputs{loss, stats};
                }});
+  // The gradient written over the logits (the training step's case): the result shares them.
+  c.push_back({"cross_entropy_backward in place", Op::kCrossEntropyBackward,
+               [](Generator& g, const To& to) {
+                 Tensor y = labels(g, 37, 1001);
+                 y.data<std::int64_t>()[5] = -100;
+                 const Tensor labels_there = to(y), logits = to(randn(g, {37, 1001}));
+                 Tensor stats;
+                 kernels::cross_entropy_forward(logits, labels_there, 0.1f, stats);
+                 const Tensor gx = kernels::cross_entropy_backward(
+                     logits, stats, labels_there, 0.1f, to(Tensor::scalar(0.5f)), -100, true);
+                 return Outputs{gx, logits};  // the same values twice
+               }});
   // Forward and backward on the device under test, the stats its own.
   c.push_back({"cross_entropy_backward vocabulary", Op::kCrossEntropyBackward,
                [](Generator& g, const To& to) {

@@ -155,7 +155,8 @@ class Backend {
                                        std::int64_t ignore_index) = 0;
   virtual Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats,
                                         const Tensor& labels, float label_smoothing,
-                                        const Tensor& grad, std::int64_t ignore_index) = 0;
+                                        const Tensor& grad, std::int64_t ignore_index,
+                                        bool overwrite_logits) = 0;
   virtual Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                    float scale, Tensor& lse) = 0;
   virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,

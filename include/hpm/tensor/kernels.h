@@ -89,10 +89,12 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
                              Tensor& stats, std::int64_t ignore_index = -100);
 // d loss / d logits (softmax - smoothed one-hot over the counted rows), scaled by grad (the
-// upstream 0-d gradient); zero on ignored rows. `stats` is the forward's.
+// upstream 0-d gradient); zero on ignored rows. `stats` is the forward's. With overwrite_logits
+// the gradient is written over the logits, which the caller must no longer need, and returned as
+// a tensor of their storage: the classifier's backward then allocates nothing of (rows, C).
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                               float label_smoothing, const Tensor& grad,
-                              std::int64_t ignore_index = -100);
+                              std::int64_t ignore_index = -100, bool overwrite_logits = false);
 // Its gradients, scaled by grad (0-d); fills whichever pointer is non-null.
 void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs, const Tensor& target_probs,
                      Tensor* grad_input, Tensor* grad_target);

@@ -47,8 +47,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smo
   return record(
       "CrossEntropy", {logits}, loss,
       [kept, stats, labels, label_smoothing, ignore_index](const Tensor& g, const Needs&) {
-        return Tensors{
-            kernels::cross_entropy_backward(kept, stats, labels, label_smoothing, g, ignore_index)};
+        // When nothing but this backward holds the logits' memory (the training step dropped
+        // its outputs), the gradient is written over them: no second (rows, C) tensor. Else
+        // someone may still read them, and they stay as they are.
+        const bool sole = kept.impl()->storage.use_count() == 1;
+        return Tensors{kernels::cross_entropy_backward(kept, stats, labels, label_smoothing, g,
+                                                       ignore_index, sole)};
       });
 }
 

@@ -110,7 +110,8 @@ void kl_div_backward(float grad, const Tensor& input_log_probs, const Tensor& ta
                      Tensor* grad_input, Tensor* grad_target);
 // d loss / d logits, scaled by grad (the upstream scalar); zero on ignored rows.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
-                              float label_smoothing, float grad, std::int64_t ignore_index = -100);
+                              float label_smoothing, float grad, std::int64_t ignore_index = -100,
+                              bool overwrite_logits = false);
 
 // ---- attention -------------------------------------------------------------------------------
 // Fused scaled dot-product attention, softmax(scale q k^T [causal mask]) v, tiled so that the

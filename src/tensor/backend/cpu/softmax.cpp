@@ -152,9 +152,12 @@ float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float la
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
-                              float label_smoothing, float grad, std::int64_t ignore_index) {
+                              float label_smoothing, float grad, std::int64_t ignore_index,
+                              bool overwrite_logits) {
   const std::int64_t n = labels.numel(), c = logits.size(-1);
-  Tensor gx = Tensor::empty(logits.shape(), DType::F32, logits.device());
+  // In place, each element is read before it is written, by the same iteration.
+  Tensor gx =
+      overwrite_logits ? logits : Tensor::empty(logits.shape(), DType::F32, logits.device());
   const float* px = logits.data<float>();
   const float* ps = stats.data<float>();
   const auto* y = labels.data<std::int64_t>();

@@ -140,8 +140,9 @@ class CudaBackend final : public Backend {
   }
   Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                                 float label_smoothing, const Tensor& grad,
-                                std::int64_t ignore_index) override {
-    return cuda::cross_entropy_backward(logits, stats, labels, label_smoothing, grad, ignore_index);
+                                std::int64_t ignore_index, bool overwrite_logits) override {
+    return cuda::cross_entropy_backward(logits, stats, labels, label_smoothing, grad, ignore_index,
+                                        overwrite_logits);
   }
   Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                            float scale, Tensor& lse) override {

@@ -23,7 +23,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
                              Tensor& stats, std::int64_t ignore_index);
 // `grad` is the 0-d upstream gradient on the device, read by the kernel (no host wait).
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
-                              float label_smoothing, const Tensor& grad, std::int64_t ignore_index);
+                              float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
+                              bool overwrite_logits);
 
 // ---- attention (attention.cu) -----------------------------------------------------------------
 // F32 or BF16 q, k, v (the BF16 path rounds as attention_bf16.cpp); head size up to 256.

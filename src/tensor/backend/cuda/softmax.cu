@@ -362,11 +362,13 @@ __global__ void count_labels_kernel(const std::int64_t* __restrict__ labels, std
 
 // d loss / d logits = (p - eps / C) * scale, less (1 - eps) * scale at the label, with
 // scale = grad / counted (grad the 0-d upstream gradient on the device); 0 on ignored rows.
-__global__ void cross_entropy_backward_kernel(
-    const float* __restrict__ logits, const float* __restrict__ stats,
-    const std::int64_t* __restrict__ labels, const float* __restrict__ grad,
-    const float* __restrict__ count, float* __restrict__ gx, std::int64_t n, std::int64_t c,
-    float smoothing, std::int64_t ignore_index) {
+// gx may be logits itself (overwrite_logits): each element is read, then written, by one thread.
+__global__ void cross_entropy_backward_kernel(const float* logits, const float* __restrict__ stats,
+                                              const std::int64_t* __restrict__ labels,
+                                              const float* __restrict__ grad,
+                                              const float* __restrict__ count, float* gx,
+                                              std::int64_t n, std::int64_t c, float smoothing,
+                                              std::int64_t ignore_index) {
   const float scale = *grad / *count;
   const float smooth = smoothing / static_cast<float>(c);
   const std::int64_t total = n * c;
@@ -440,8 +442,8 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
-                              float label_smoothing, const Tensor& grad,
-                              std::int64_t ignore_index) {
+                              float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
+                              bool overwrite_logits) {
   require_dtype(logits, DType::F32);
   require_dtype(stats, DType::F32);
   require_dtype(labels, DType::I64);
@@ -450,7 +452,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
                                 grad.shape().str() + " " + dtype_name(grad.dtype()));
   }
   const std::int64_t n = labels.numel(), c = logits.size(-1);
-  Tensor gx = Tensor::empty(logits.shape(), DType::F32);
+  Tensor gx = overwrite_logits ? logits : Tensor::empty(logits.shape(), DType::F32);
   if (n == 0 || c == 0) return gx;
   cudaStream_t stream = current_stream();
   Tensor count = Tensor::empty({1}, DType::F32);
