@@ -58,6 +58,39 @@ step gpt_bf16 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "$
 # Issue 32's quality check: the peer's validation loss on the same corpus, 2000 steps in bf16.
 step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --precision bf16 \
   --iters 2000 --text "${fortunes[@]}"
+# Speed next, before the sanitizers: if the call runs out of time, the figures are back.
+# Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
+# three sizes of issue 32 (GPT-2 small on random tokens); hpm again with the warp-per-row
+# attention kernels (HPM_CUDA_ATTENTION=rowwise) for the tensor-core ones' share; and a 30-step
+# run of each size under --op-profile: the step's time by op, the table issue 32's work starts from.
+step bench 400 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
+  --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-fortunes,shakespeare,gpt2}" --steps 100 \
+  --ab-env HPM_CUDA_ATTENTION=rowwise --profile-steps 30 --timeout 150
+sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
+# Kernel by kernel on the card (ncu, one cheap metric: each kernel's duration), a step and a half
+# of the shakespeare model in bf16 after three steps of warm-up; summed per kernel name, largest
+# first, into bench.log (the device brings back 8 files).
+shakespeare=(--set model.n_layer=6 --set model.n_head=6 --set model.n_embd=384
+  --set model.block_size=256 --set data.batch_size=64 --set train.precision='"bf16"'
+  --set train.max_steps=6 --set train.eval_every=6 --set train.eval_iters=1 "${text[@]}")
+step ncu 150 bench.log ncu --clock-control none --launch-skip 2000 --launch-count 900 \
+  --metrics gpu__time_duration.sum --csv --log-file "$W/ncu.csv" \
+  hpm train examples/fortunes_gpt.toml --device cuda "${shakespeare[@]}"
+[ -s "$W/ncu.csv" ] && python3 - "$W/ncu.csv" >>"$OUT/bench.log" 2>&1 <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]; name = head.index("Kernel Name"); value = head.index("Metric Value")
+unit = head.index("Metric Unit")
+total = collections.Counter(); calls = collections.Counter()
+for r in rows[1:]:
+    v = float(r[value].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[unit], 1.0)
+    k = r[name][:90]; total[k] += v; calls[k] += 1
+s = sum(total.values())
+print(f"ncu: {len(rows) - 1} kernels, {s / 1e3:.2f} ms of kernel time")
+for k, v in total.most_common(25):
+    print(f"{v / 1e3:9.3f} ms {100 * v / s:5.1f}% {calls[k]:5d}x  {k}")
+PY
+grep -A27 '^ncu: ' "$OUT/bench.log" >>"$S" || true
 step evaluate_on_cpu 60 train.log hpm evaluate examples/fortunes_gpt.toml "${text[@]}" \
   --checkpoint "$W/ckpt"
 step sample 30 train.log hpm sample examples/fortunes_gpt.toml --checkpoint "$W/ckpt" \
@@ -76,14 +109,6 @@ for cases in attention softmax pool batch_norm layer_norm sum squared_norm; do
   HPM_BACKEND_CASES=$cases step "racecheck_$cases" "$limit" sanitizer.log compute-sanitizer \
     --tool racecheck --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
 done
-# Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
-# three sizes of issue 32 (GPT-2 small on random tokens); hpm again with the warp-per-row
-# attention kernels (HPM_CUDA_ATTENTION=rowwise) for the tensor-core ones' share; and a 30-step
-# run of each size under --op-profile: the step's time by op, the table issue 32's work starts from.
-step bench 400 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
-  --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-fortunes,shakespeare,gpt2}" --steps 100 \
-  --ab-env HPM_CUDA_ATTENTION=rowwise --profile-steps 30 --timeout 150
-sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 grep -hE '^(val loss|test accuracy|hpm: error|[0-9]+ tokens in)' "$OUT/train.log" >>"$S"
 grep -ho '"val_loss": [0-9.]*' "$OUT/train.log" | sed 's/^/peer bf16 /' >>"$S"
 rm -rf "$W"
