@@ -115,6 +115,13 @@ TEST(CudaOps, ABadIndexOrLabelIsAnErrorAtTheNextReadNamingIt) {
   const Tensor labels = Tensor::from_i64(std::vector<std::int64_t>{0, -100, 5}, {3}, gpu);
   const Tensor loss = kernels::cross_entropy_forward(logits, labels, 0.0f, stats);
   EXPECT_THROW(loss.item(), std::out_of_range);
+  const Tensor nll = kernels::nll_loss_forward(kernels::log_softmax(logits, -1), labels);
+  try {
+    (void)nll.item();
+    FAIL() << "no error";
+  } catch (const std::out_of_range& e) {
+    EXPECT_NE(std::string(e.what()).find("nll_loss: label"), std::string::npos) << e.what();
+  }
   // Many checks between reads (more than the device keeps words for) all clear, and good ones
   // report nothing.
   const Tensor good = Tensor::from_i64(std::vector<std::int64_t>{0, 6}, {2}, gpu);

@@ -7,6 +7,9 @@
 // at the op itself, naming the op, the position and the value. A bad index in a training step is
 // thus an error at that step's end, before its update. Kernels leave what a bad index would have
 // read or written alone (a zero row, a skipped update), so nothing strays meanwhile.
+//
+// One host thread at a time issues a device's checked ops and reads (the Trainer's step): a check
+// registered by one thread and read by another thread's copy before its kernel ran would pass.
 #pragma once
 #include <cstdint>
 #include <functional>

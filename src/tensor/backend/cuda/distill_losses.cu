@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "tensor/backend/cuda/deferred_checks.h"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/runtime.h"
 #include "tensor/backend/cuda/vision_ops.h"
@@ -125,18 +126,16 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) {
   const std::int64_t n = log_probs.size(0), c = log_probs.size(1);
   Tensor loss = Tensor::empty(Shape{}, DType::F32, log_probs.device());
   cudaStream_t stream = current_stream();
-  const ErrorSlot error(log_probs.device(), stream);
-  unsigned long long* perr = error.device_word();
+  unsigned long long* perr =
+      defer_index_check(current_context(), labels, [c](std::int64_t row, std::int64_t label) {
+        return "nll_loss: label " + std::to_string(label) + " at row " + std::to_string(row) +
+               " out of range [0, " + std::to_string(c) + ")";
+      });
   const auto* py = ptr<std::int64_t>(labels);
   nll_loss_forward_kernel<<<1, kReduceBlock, 0, stream>>>(ptr<float>(log_probs), py, n, c, perr,
                                                           ptr<float>(loss));
   HPM_CUDA_LAUNCH_CHECK("nll_loss_forward_kernel");
-  // The one wait: the CPU throws for a bad label, so the caller must learn of it here.
-  if (const auto bad = error.first(py)) {
-    const auto [row, label] = *bad;
-    throw std::out_of_range("nll_loss: label " + std::to_string(label) + " at row " +
-                            std::to_string(row) + " out of range [0, " + std::to_string(c) + ")");
-  }
+  // A bad label is reported at the host's next read from the device (deferred_checks.h).
   return loss;
 }
 

@@ -1,11 +1,10 @@
 // What the kernels of this folder share: the dtype check the CPU's Tensor::data<T>() makes, grid
 // sizes, grid-stride indices, warp and block sums in double, gathers through strides, and the
-// error slot through which a kernel reports the first bad index it met.
+// value of a check word that met no bad index (deferred_checks.h hands out the words).
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -19,7 +18,7 @@ namespace hpm::cuda {
 inline constexpr unsigned kFullMask = 0xffffffffu;  // every lane of a warp
 inline constexpr unsigned kGridCap = 65535u * 8u;   // blocks_for's cap; loops stride past it
 inline constexpr int kMaxGatherDims = 8;
-inline constexpr unsigned long long kNoError = ~0ull;  // an error slot's word when none was met
+inline constexpr unsigned long long kNoError = ~0ull;  // a check word when no index was bad
 
 // The CPU kernels reach their operands through Tensor::data<T>(), which throws this on another
 // dtype: the same error here, before anything is launched.
@@ -77,35 +76,6 @@ inline Gather make_gather(const Shape& out, const std::vector<std::int64_t>& str
   }
   return g;
 }
-
-// A device word in which kernels record the first bad position they meet (atomicMin), all ones
-// when none; first() is the one synchronization of an op that must throw as the CPU does.
-class ErrorSlot {
- public:
-  ErrorSlot(Device& device, cudaStream_t stream)
-      : slot_(Tensor::empty({1}, DType::I64, device)), stream_(stream) {
-    HPM_CUDA_CHECK(cudaMemsetAsync(device_word(), 0xff, sizeof(unsigned long long), stream_));
-  }
-  unsigned long long* device_word() const { return ptr<unsigned long long>(slot_); }
-  // The position recorded and the I64 value `values` holds there; nullopt when none was.
-  std::optional<std::pair<std::int64_t, std::int64_t>> first(const std::int64_t* values) const {
-    unsigned long long bad = kNoError;
-    HPM_CUDA_CHECK(
-        cudaMemcpyAsync(&bad, device_word(), sizeof(bad), cudaMemcpyDeviceToHost, stream_));
-    HPM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    if (bad == kNoError) return std::nullopt;
-    const auto at = static_cast<std::int64_t>(bad);
-    std::int64_t value = 0;
-    HPM_CUDA_CHECK(
-        cudaMemcpyAsync(&value, values + at, sizeof(value), cudaMemcpyDeviceToHost, stream_));
-    HPM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return std::make_pair(at, value);
-  }
-
- private:
-  Tensor slot_;
-  cudaStream_t stream_;
-};
 
 #ifdef __CUDACC__
 __device__ inline std::int64_t first_index() {

@@ -274,8 +274,6 @@ Tensor softmax_backward_impl(const Tensor& grad_y, const Tensor& y, int dim) {
 // ---- cross-entropy
 // -------------------------------------------------------------------------------
 
-// "No bad label": the error slot's initial value (every byte 0xff), above any row index.
-
 // Per row of `c` logits: its max and 1 / sum(exp(x - max)) into stats (the backward recomputes
 // softmax from them), and the row's loss term (0 for an ignored row)
 //   (1 - eps) * (lse - x[label]) + eps * mean_c(lse - x[c])

@@ -35,8 +35,8 @@ void running_stats_update_(Tensor& running_mean, Tensor& running_var, const Tens
 
 // ---- distillation losses (distill_losses.cu) --------------------------------------------------
 // The forwards return 0-d F32 tensors on the device. nll_loss_forward checks the labels on the
-// device and waits for that check (one synchronous copy of an error slot) so that a bad label
-// throws std::out_of_range as the CPU's does. The backwards' `grad` is the 0-d upstream gradient
+// device; a bad one is the CPU's std::out_of_range, thrown at the host's next copy from the device
+// (deferred_checks.h). The backwards' `grad` is the 0-d upstream gradient
 // on the device, read by the kernels (no host wait).
 Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels);
 Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels, const Shape& shape);
