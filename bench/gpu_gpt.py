@@ -30,8 +30,14 @@ import argparse, json, os, subprocess, sys, tempfile, time
 SIZES = {
     "fortunes": dict(layers=4, heads=4, embd=128, block=64, batch=12, vocab=256),
     "shakespeare": dict(layers=6, heads=6, embd=384, block=256, batch=64, vocab=256),
-    "gpt2": dict(layers=12, heads=12, embd=768, block=1024, batch=16, vocab=50304),
+    "gpt2": dict(layers=12, heads=12, embd=768, block=1024, batch=16, vocab=50304, max_steps=40),
 }
+
+
+def steps_for(args, size):
+    """--steps, capped per size: GPT-2 small's 16k-token steps take long enough that 40 give a
+    steady rate, and 100 could pass a run's timeout on a slow build."""
+    return min(args.steps, SIZES[size].get("max_steps", args.steps))
 
 
 def gemm_rate_tflops():
@@ -54,7 +60,8 @@ def run_peer(args, size, compile_):
     s = SIZES[size]
     cmd = [sys.executable, args.peer, "--device", "cuda", "--precision", args.precision,
            "--layers", str(s["layers"]), "--heads", str(s["heads"]), "--embd", str(s["embd"]),
-           "--block", str(s["block"]), "--batch", str(s["batch"]), "--iters", str(args.steps),
+           "--block", str(s["block"]), "--batch", str(s["batch"]),
+           "--iters", str(steps_for(args, size)),
            "--timing-only"]
     if s["vocab"] != 256:
         cmd += ["--vocab", str(s["vocab"]), "--random-tokens"]
@@ -71,7 +78,7 @@ def run_peer(args, size, compile_):
 
 def run_hpm(args, size, env=None, profile_steps=0):
     s = SIZES[size]
-    steps = profile_steps or args.steps
+    steps = profile_steps or steps_for(args, size)
     with tempfile.TemporaryDirectory() as tmp:
         report = os.path.join(tmp, "report.json")
         sets = {"model.n_layer": s["layers"], "model.n_head": s["heads"], "model.n_embd": s["embd"],
