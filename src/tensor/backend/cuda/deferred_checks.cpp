@@ -1,6 +1,9 @@
 #include "tensor/backend/cuda/deferred_checks.h"
 
+#include <algorithm>
+#include <optional>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -10,25 +13,35 @@ namespace hpm::cuda {
 
 namespace {
 
-// Reads the words of the pending checks; the caller holds checks_mu and the stream is drained.
-void raise_locked(Context& c) {
-  const std::size_t n = c.checks.size();
-  if (n == 0) return;
-  std::vector<unsigned long long> words(n);
-  HPM_CUDA_CHECK(cudaMemcpy(words.data(), c.check_words, n * sizeof(unsigned long long),
-                            cudaMemcpyDeviceToHost));
-  std::vector<PendingCheck> checks = std::move(c.checks);
-  c.checks.clear();
-  // Cleared for the next checks, in stream order before any kernel that uses them.
-  HPM_CUDA_CHECK(cudaMemsetAsync(c.check_words, 0xff, n * sizeof(unsigned long long), c.compute));
-  for (std::size_t i = 0; i < n; ++i) {
-    if (words[i] == kNoError) continue;
-    const auto position = static_cast<std::int64_t>(words[i]);
-    std::int64_t value = 0;
-    HPM_CUDA_CHECK(cudaMemcpy(&value, ptr<std::int64_t>(checks[i].values) + position, sizeof(value),
-                              cudaMemcpyDeviceToHost));
-    throw std::out_of_range(checks[i].describe(position, value));
+// Reads the words of the pending checks that `mine` selects, whose kernels the stream has run,
+// frees them and throws for the first that failed. The caller holds checks_mu.
+template <typename Mine>
+void raise_locked(Context& c, Mine mine) {
+  if (std::none_of(c.checks.begin(), c.checks.end(), mine)) return;
+  unsigned long long words[Context::kMaxChecks];
+  HPM_CUDA_CHECK(cudaMemcpy(words, c.check_words, sizeof(words), cudaMemcpyDeviceToHost));
+  std::optional<PendingCheck> failed;
+  std::vector<PendingCheck> kept;
+  for (PendingCheck& check : c.checks) {
+    if (!mine(check)) {
+      kept.push_back(std::move(check));
+      continue;
+    }
+    if (!failed && words[check.word] != kNoError) failed = check;
+    // Cleared for its next check, in stream order before any kernel that uses it.
+    if (words[check.word] != kNoError) {
+      HPM_CUDA_CHECK(
+          cudaMemsetAsync(c.check_words + check.word, 0xff, sizeof(unsigned long long), c.compute));
+    }
+    c.check_word_used[check.word] = false;
   }
+  c.checks = std::move(kept);
+  if (!failed) return;
+  const auto position = static_cast<std::int64_t>(words[failed->word]);
+  std::int64_t value = 0;
+  HPM_CUDA_CHECK(cudaMemcpy(&value, ptr<std::int64_t>(failed->values) + position, sizeof(value),
+                            cudaMemcpyDeviceToHost));
+  throw std::out_of_range(failed->describe(position, value));
 }
 
 }  // namespace
@@ -37,17 +50,23 @@ unsigned long long* defer_index_check(
     Context& c, const Tensor& values,
     std::function<std::string(std::int64_t position, std::int64_t value)> describe) {
   std::lock_guard lock(c.checks_mu);
-  if (c.checks.size() == static_cast<std::size_t>(Context::kMaxChecks)) {
+  auto* free_word = std::find(std::begin(c.check_word_used), std::end(c.check_word_used), false);
+  if (free_word == std::end(c.check_word_used)) {
+    // Every word pending: wait for the device, then read them all, whoever issued them.
     HPM_CUDA_CHECK(cudaStreamSynchronize(c.compute));
-    raise_locked(c);
+    raise_locked(c, [](const PendingCheck&) { return true; });
+    free_word = std::begin(c.check_word_used);
   }
-  c.checks.push_back(PendingCheck{values, std::move(describe)});
-  return c.check_words + (c.checks.size() - 1);
+  *free_word = true;
+  const auto word = static_cast<int>(free_word - std::begin(c.check_word_used));
+  c.checks.push_back(PendingCheck{values, std::move(describe), word, std::this_thread::get_id()});
+  return c.check_words + word;
 }
 
 void raise_failed_checks(Context& c) {
   std::lock_guard lock(c.checks_mu);
-  raise_locked(c);
+  const std::thread::id me = std::this_thread::get_id();
+  raise_locked(c, [me](const PendingCheck& check) { return check.thread == me; });
 }
 
 }  // namespace hpm::cuda

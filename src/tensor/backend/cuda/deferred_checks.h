@@ -8,8 +8,8 @@
 // thus an error at that step's end, before its update. Kernels leave what a bad index would have
 // read or written alone (a zero row, a skipped update), so nothing strays meanwhile.
 //
-// One host thread at a time issues a device's checked ops and reads (the Trainer's step): a check
-// registered by one thread and read by another thread's copy before its kernel ran would pass.
+// Each host thread reads the checks it issued (its copy waited for their kernels); another
+// thread's stay pending until that thread copies something from the device.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -26,9 +26,9 @@ unsigned long long* defer_index_check(
     Context& c, const Tensor& values,
     std::function<std::string(std::int64_t position, std::int64_t value)> describe);
 
-// Reads and clears the pending checks of `c`, whose stream must have finished everything issued
-// so far (after a synchronous copy to the host); throws std::out_of_range for the first that
-// failed.
+// Reads and clears the calling thread's pending checks on `c`, whose stream has run everything
+// the thread issued (after its synchronous copy to the host); throws std::out_of_range for the
+// first that failed.
 void raise_failed_checks(Context& c);
 
 }  // namespace hpm::cuda

@@ -13,6 +13,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "hpm/tensor/tensor.h"
@@ -52,6 +53,8 @@ int device_count();
 struct PendingCheck {
   Tensor values;  // the checked indices, kept until the word is read
   std::function<std::string(std::int64_t position, std::int64_t value)> describe;
+  int word;                // its index in Context::check_words
+  std::thread::id thread;  // the thread that issued it, which reads it
 };
 
 struct Context {
@@ -83,7 +86,8 @@ struct Context {
   // ones while clear, and what each one checks.
   static constexpr int kMaxChecks = 64;
   unsigned long long* check_words = nullptr;
-  std::vector<PendingCheck> checks;
+  bool check_word_used[kMaxChecks] = {};
+  std::vector<PendingCheck> checks;  // in the order they were issued
   std::mutex checks_mu;
 };
 Context& context(int index);
