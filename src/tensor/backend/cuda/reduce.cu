@@ -398,7 +398,7 @@ Tensor squared_norm(const std::vector<Tensor>& xs) {
   }
   launch();
   add_partials_kernel<<<1, kThreads, 0, stream>>>(ptr<const double>(partials), chunks,
-                                              ptr<double>(total));
+                                                  ptr<double>(total));
   HPM_CUDA_LAUNCH_CHECK("add_partials_kernel");
   return total;
 }
