@@ -50,6 +50,7 @@ const char* op_name(Op op) {
       "matmul_add_",
       "bmm",
       "linear",
+      "linear_param_grads_",
       "binary",
       "add_scalar",
       "mul_scalar",
@@ -300,6 +301,11 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
   OpScope scope(Op::kLinear, {&x, &w, &bias});
   return scope.backend().linear(x, w, bias);
+}
+
+Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate) {
+  OpScope scope(Op::kLinearParamGrads, {&dw, &g, &x});
+  return scope.backend().linear_param_grads_(dw, g, x, accumulate);
 }
 
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {

@@ -133,6 +133,38 @@ inline std::vector<Case> cases() {
                  return Outputs{kernels::linear(to(x), to(w), to(randn(g, {8})))};
                },
                bf16_tolerance});
+  c.push_back({"linear gpt-shaped bf16", Op::kLinear,
+               [](Generator& g, const To& to) {
+                 const Tensor x = kernels::to_bf16(randn(g, {192, 128}));
+                 const Tensor w = kernels::to_bf16(randn(g, {384, 128}));
+                 return Outputs{kernels::linear(to(x), to(w), to(randn(g, {384})))};
+               },
+               bf16_tolerance});
+  for (bool accumulate : {false, true}) {
+    c.push_back({std::string("linear_param_grads_ ") + (accumulate ? "accumulate" : "fresh"),
+                 Op::kLinearParamGrads, [accumulate](Generator& g, const To& to) {
+                   const Tensor gy = randn(g, {40, 24}), x = randn(g, {40, 36});
+                   Tensor dw = to(randn(g, {24, 36}));
+                   const Tensor db = kernels::linear_param_grads_(dw, to(gy), to(x), accumulate);
+                   return Outputs{dw, db};
+                 }});
+  }
+  c.push_back({"linear_param_grads_ bf16", Op::kLinearParamGrads,
+               [](Generator& g, const To& to) {
+                 const Tensor gy = kernels::to_bf16(randn(g, {256, 64}));
+                 const Tensor x = kernels::to_bf16(randn(g, {256, 96}));
+                 Tensor dw = to(randn(g, {64, 96}));
+                 const Tensor db = kernels::linear_param_grads_(dw, to(gy), to(x), true);
+                 return Outputs{dw, db};
+               },
+               bf16_tolerance});
+  c.push_back(
+      {"linear_param_grads_ no rows", Op::kLinearParamGrads, [](Generator& g, const To& to) {
+         Tensor dw = to(randn(g, {5, 3}));
+         const Tensor db = kernels::linear_param_grads_(dw, to(Tensor::zeros({0, 5})),
+                                                        to(Tensor::zeros({0, 3})), false);
+         return Outputs{dw, db};
+       }});
   for (BinaryOp op : {BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div}) {
     c.push_back(
         {"binary", Op::kBinary, [op](Generator& g, const To& to) {
@@ -192,6 +224,13 @@ inline std::vector<Case> cases() {
                  const Tensor x = to(randn(g, {3, 4, 5}));
                  return Outputs{kernels::sum_dim(x, 1, false), kernels::sum_dim(x, -1, true)};
                }});
+  c.push_back(
+      {"sum_dim and softmax of empty dimensions", Op::kSumDim, [](Generator&, const To& to) {
+         const Tensor x = to(Tensor::zeros({2, 0, 3})), rows = to(Tensor::zeros({0, 4}));
+         return Outputs{kernels::sum_dim(x, 1, false), kernels::sum_dim(x, 2, true),
+                        kernels::sum_dim(rows, 0, false),
+                        kernels::softmax(to(Tensor::zeros({3, 0})), -1)};
+       }});
   c.push_back({"sum_to", Op::kSumTo, [](Generator& g, const To& to) {
                  return Outputs{kernels::sum_to(to(randn(g, {2, 3, 4})), Shape{3, 1})};
                }});

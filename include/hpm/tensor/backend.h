@@ -32,6 +32,7 @@ enum class Op : int {
   kMatmulAdd,
   kBmm,
   kLinear,
+  kLinearParamGrads,
   kBinary,
   kAddScalar,
   kMulScalar,
@@ -92,7 +93,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 67;
+inline constexpr int kOps = 68;
 const char* op_name(Op op);
 
 class Backend {
@@ -130,6 +131,8 @@ class Backend {
                            bool trans_b) = 0;
   virtual Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) = 0;
   virtual Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) = 0;
+  virtual Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,
+                                     bool accumulate) = 0;
   virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;
   virtual Tensor add_scalar(const Tensor& a, float s) = 0;
   virtual Tensor mul_scalar(const Tensor& a, float s) = 0;

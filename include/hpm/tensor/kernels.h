@@ -44,6 +44,11 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b 
 // y(N,OUT) = x(N,IN) w(OUT,IN)^T + bias(OUT); bias (F32) may be undefined; x and w both F32 or
 // both BF16 (then y is F32).
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// A Linear's parameter gradients from its output's gradient g(N,OUT) and input x(N,IN), both F32
+// or both BF16: dw (F32, OUT x IN) = g^T x, added to dw's contents when `accumulate`; returns db
+// (F32, OUT), g's rows summed (in f32, from g as given: a BF16 g's rounded values). One product
+// on a GPU, the sum its epilogue.
+Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate);
 
 // ---- element-wise ------------------------------------------------------------------------------
 Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b);  // NumPy broadcasting

@@ -21,6 +21,13 @@ class Shape {
     for (auto d : dims_) n *= d;
     return n;
   }
+  // Elements spanned by dimensions [0, to) (not numel() / numel_from(to), which divides by zero
+  // when a later dimension is empty).
+  std::int64_t numel_before(int to) const {
+    std::int64_t n = 1;
+    for (int i = 0; i < to; ++i) n *= dims_[static_cast<std::size_t>(i)];
+    return n;
+  }
   // Elements spanned by dimensions [from, rank).
   std::int64_t numel_from(int from) const {
     std::int64_t n = 1;

@@ -45,63 +45,63 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-// dW = g^T x for a Linear, added by the GEMM itself into W's gradient when that is the same thing
-// (see accumulate_into); otherwise returned for the caller to accumulate.
-Tensor linear_weight_gradient(const Tensor& g, const Tensor& x, const Tensor& weight) {
-  Tensor acc = accumulate_into(weight);
-  if (acc.defined() && acc.shape() == weight.shape()) {
-    kernels::matmul_add_(acc, g, x, true, false);
-    return Tensor();
-  }
-  return kernels::matmul(g, x, true, false);
-}
-
 // What the engine would do with a gradient for `leaf`: its accumulator adds it (hooks included).
 void add_to_leaf(const Tensor& leaf, const Tensor& grad) {
   if (!grad.defined()) return;
   autograd::gradient_edge(leaf).fn->apply(Tensors{grad});
 }
 
-// The same in bf16: g and x already rounded, the sum in f32.
-Tensor linear_weight_gradient_bf16(const Tensor& gb, const Tensor& xb, const Tensor& weight) {
+// A Linear's dW = gp^T xp and db = g's rows summed, each when needed (gp and xp are g and x as the
+// product takes them: the f32 ones, or both rounded to bf16). dW is added by the product itself
+// into W's gradient when that is the same thing (see accumulate_into), else returned. With both
+// needed, one product whose epilogue sums gp's rows (linear_param_grads_).
+Tensors param_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, const Tensor& weight,
+                        bool need_w, bool need_b) {
+  if (!need_w) return Tensors{Tensor(), need_b ? kernels::sum_dim(g, 0, false) : Tensor()};
   Tensor acc = accumulate_into(weight);
-  if (acc.defined() && acc.shape() == weight.shape()) {
-    kernels::matmul_add_(acc, gb, xb, true, false);
-    return Tensor();
+  const bool into = acc.defined() && acc.shape() == weight.shape();
+  if (!need_b) {
+    if (!into) return Tensors{kernels::matmul(gp, xp, true, false), Tensor()};
+    kernels::matmul_add_(acc, gp, xp, true, false);
+    return Tensors{Tensor(), Tensor()};
   }
-  return kernels::matmul(gb, xb, true, false);
+  if (into) return Tensors{Tensor(), kernels::linear_param_grads_(acc, gp, xp, true)};
+  Tensor dw = Tensor::empty(weight.shape(), DType::F32, gp.device());
+  Tensor db = kernels::linear_param_grads_(dw, gp, xp, false);
+  return Tensors{std::move(dw), std::move(db)};
 }
 
-// What a Linear's backward does after dx: dW (by `weight_gradient`) and db now, or, in a
-// zero-bubble pipeline's B pass, queued for its W pass. Shared by the f32 and bf16 Linears.
-Tensors linear_gradients(const Tensor& g, const Needs& n, Tensor gx, const Tensor& weight,
-                         const Tensor& bias, std::function<Tensor()> weight_gradient) {
+// What a Linear's backward does after dx: dW and db now, or, in a zero-bubble pipeline's B pass,
+// queued for its W pass. Shared by the f32 and bf16 Linears.
+Tensors linear_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, const Needs& n,
+                         Tensor gx, const Tensor& weight, const Tensor& bias) {
   autograd::DeferredWeightGradients* later = autograd::deferred_weight_gradients();
   if (later != nullptr && (n[1] || n[2]) && (!n[1] || weight.is_leaf()) &&
       (!n[2] || bias.is_leaf())) {
-    later->push(
-        [g, weight, bias, weight_gradient = std::move(weight_gradient), nw = n[1], nb = n[2]] {
-          if (nw) add_to_leaf(weight, weight_gradient());
-          if (nb) add_to_leaf(bias, kernels::sum_dim(g, 0, false));
-        });
+    later->push([g, gp, xp, weight, bias, nw = n[1], nb = n[2]] {
+      const Tensors wb = param_gradients(g, gp, xp, weight, nw, nb);
+      if (nw) add_to_leaf(weight, wb[0]);
+      if (nb) add_to_leaf(bias, wb[1]);
+    });
     return Tensors{std::move(gx), Tensor(), Tensor()};
   }
-  return Tensors{std::move(gx), n[1] ? weight_gradient() : Tensor(),
-                 n[2] ? kernels::sum_dim(g, 0, false) : Tensor()};
+  Tensors wb = param_gradients(g, gp, xp, weight, n[1], n[2]);
+  return Tensors{std::move(gx), std::move(wb[0]), std::move(wb[1])};
 }
 
 // A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product, x kept so
 // for backward, which rounds g too and W again (a weight is not an activation: rounding it twice
-// costs less than keeping a copy per use); bias, outputs and gradients f32.
+// costs less than keeping a copy per use); bias, outputs and gradients f32, db summed from the
+// rounded g when the same product computes dW.
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor xb = kernels::to_bf16(x);
   Tensor y = kernels::linear(xb, kernels::to_bf16(weight), bias);
   return record(
       "LinearBF16", {x, weight, bias}, y, [xb, weight, bias](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
-        return linear_gradients(
-            g, n, n[0] ? kernels::matmul(gb, kernels::to_bf16(weight)) : Tensor(), weight, bias,
-            [gb, xb, weight] { return linear_weight_gradient_bf16(gb, xb, weight); });
+        return linear_gradients(g, gb, xb, n,
+                                n[0] ? kernels::matmul(gb, kernels::to_bf16(weight)) : Tensor(),
+                                weight, bias);
       });
 }
 
@@ -112,8 +112,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor y = kernels::linear(x, weight, bias);
   return record("Linear", {x, weight, bias}, y, [x, weight, bias](const Tensor& g, const Needs& n) {
     // g(N,OUT): dx = g W (N,IN), dW = g^T x (OUT,IN), db = sum_rows g (OUT)
-    return linear_gradients(g, n, n[0] ? kernels::matmul(g, weight) : Tensor(), weight, bias,
-                            [g, x, weight] { return linear_weight_gradient(g, x, weight); });
+    return linear_gradients(g, g, x, n, n[0] ? kernels::matmul(g, weight) : Tensor(), weight, bias);
   });
 }
 

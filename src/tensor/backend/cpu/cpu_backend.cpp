@@ -116,6 +116,30 @@ class CpuBackend final : public Backend {
     return both_bf16(x, w) ? cpu::linear_bf16(x, w, bias) : cpu::linear(x, w, bias);
   }
 
+  Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,
+                             bool accumulate) override {
+    if (g.dim() != 2 || x.dim() != 2 || g.size(0) != x.size(0)) {
+      throw std::invalid_argument("linear_param_grads_: gradient " + g.shape().str() +
+                                  " and input " + x.shape().str() + " need the same rows");
+    }
+    const std::int64_t out = g.size(1), in = x.size(1), n = g.size(0);
+    check_shape(dw, Shape{out, in}, "linear_param_grads_ weight gradient");
+    const float beta = accumulate ? 1.0f : 0.0f;
+    if (both_bf16(g, x)) {
+      cpu::gemm_bf16(true, false, out, in, n, 1.0f, g.data<std::uint16_t>(), out,
+                     x.data<std::uint16_t>(), in, beta, dw.data<float>(), in);
+      return cpu::sum_dim(cpu::to_f32(g), 0, false);
+    }
+    if (g.dtype() != DType::F32 || x.dtype() != DType::F32) {
+      throw std::invalid_argument(std::string("linear_param_grads_: operands must be both F32 or "
+                                              "both BF16, got ") +
+                                  dtype_name(g.dtype()) + " and " + dtype_name(x.dtype()));
+    }
+    cpu::gemm(true, false, out, in, n, 1.0f, g.data<float>(), out, x.data<float>(), in, beta,
+              dw.data<float>(), in);
+    return cpu::sum_dim(g, 0, false);
+  }
+
   Tensor sum_all(const Tensor& x) override { return Tensor::scalar(cpu::sum_all(x)); }
 
   Tensor sum_squares(const Tensor& x) override {

@@ -261,7 +261,7 @@ double sum_squares(const Tensor& x) { return sum_squares_span(x.data<float>(), x
 
 Tensor sum_dim(const Tensor& x, int dim, bool keepdim) {
   const int d = x.shape().wrap(dim);
-  const std::int64_t outer = x.shape().numel() / x.shape().numel_from(d);
+  const std::int64_t outer = x.shape().numel_before(d);
   const std::int64_t len = x.size(d), inner = x.shape().numel_from(d + 1);
   std::vector<std::int64_t> dims = x.shape().dims();
   if (keepdim) {

@@ -17,7 +17,7 @@ struct Around {
   std::int64_t outer, inner;
 };
 
-Around around(const Shape& s, int d) { return {s.numel() / s.numel_from(d), s.numel_from(d + 1)}; }
+Around around(const Shape& s, int d) { return {s.numel_before(d), s.numel_from(d + 1)}; }
 
 void check_mask(const Tensor& mask, const char* what) {
   if (mask.dtype() != DType::I8) {

@@ -16,7 +16,7 @@ struct Axis {
 
 Axis split_axis(const Shape& s, int dim) {
   const int d = s.wrap(dim);
-  return {s.numel() / s.numel_from(d), s[d], s.numel_from(d + 1)};
+  return {s.numel_before(d), s[d], s.numel_from(d + 1)};
 }
 
 // y = softmax or log-softmax of x along the axis, numerically stable (max subtracted).

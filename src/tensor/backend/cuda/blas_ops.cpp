@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "tensor/backend/cuda/basic_ops.h"
 #include "tensor/backend/cuda/bias_rows.h"
+#include "tensor/backend/cuda/lt_matmul.h"
 #include "tensor/backend/cuda/runtime.h"
 
 namespace hpm::cuda {
@@ -176,21 +178,50 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                                 w.shape().str());
   }
   check_operands(x, w, "linear");
-  const std::int64_t n = x.size(0), out = w.size(0);
+  const std::int64_t n = x.size(0), out = w.size(0), in = x.size(1);
   Tensor y = Tensor::empty({n, out}, DType::F32, x.device());
+  const bool bf16 = both_bf16(x, w);
   float beta = 0.0f;
   if (bias.defined()) {
-    // Every row seeded with the bias, which the product then adds into (beta 1), as the CPU.
     if (bias.dtype() != DType::F32 || bias.numel() != out) {
       throw std::invalid_argument("linear: bias " + bias.shape().str() + " does not match weight " +
                                   w.shape().str());
     }
+    // Column-major, y^T (out x n) = W (out x in, i.e. w's rows transposed) x^T, the bias on
+    // every column: added by the product's epilogue.
+    const LtProduct p{CUBLAS_OP_T,   CUBLAS_OP_N, out,           n,   in,   device_ptr(w), in,
+                      device_ptr(x), in,          ptr<float>(y), out, 0.0f, bf16};
+    if (lt_matmul_bias(p, ptr<float>(bias))) return y;
+    // Otherwise every row seeded with the bias, which the product then adds into (beta 1).
     bias_rows(ptr<float>(y), ptr<float>(bias), n, out);
     beta = 1.0f;
   }
-  gemm(false, true, n, out, x.size(1), device_ptr(x), x.size(1), 0, device_ptr(w), w.size(1), 0,
-       beta, ptr<float>(y), 0, 1, both_bf16(x, w));
+  gemm(false, true, n, out, in, device_ptr(x), in, 0, device_ptr(w), w.size(1), 0, beta,
+       ptr<float>(y), 0, 1, bf16);
   return y;
+}
+
+Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate) {
+  if (g.dim() != 2 || x.dim() != 2 || g.size(0) != x.size(0)) {
+    throw std::invalid_argument("linear_param_grads_: gradient " + g.shape().str() + " and input " +
+                                x.shape().str() + " need the same rows");
+  }
+  check_operands(g, x, "linear_param_grads_");
+  const std::int64_t out = g.size(1), in = x.size(1), n = g.size(0);
+  if (dw.shape() != Shape{out, in} || dw.dtype() != DType::F32) {
+    throw std::invalid_argument("linear_param_grads_ weight gradient: expected F32 " +
+                                Shape{out, in}.str() + ", got " + dw.shape().str());
+  }
+  const bool bf16 = both_bf16(g, x);
+  const float beta = accumulate ? 1.0f : 0.0f;
+  Tensor db = Tensor::empty({out}, DType::F32, g.device());
+  // Column-major, dw^T (in x out) = x^T (in x n) g (n x out), g's n rows summed by the epilogue.
+  const LtProduct p{CUBLAS_OP_N, CUBLAS_OP_T,    in, out,  n,   device_ptr(x), in, device_ptr(g),
+                    out,         ptr<float>(dw), in, beta, bf16};
+  if (lt_matmul_bias_grad(p, ptr<float>(db))) return db;
+  gemm(true, false, out, in, n, device_ptr(g), out, 0, device_ptr(x), in, 0, beta, ptr<float>(dw),
+       0, 1, bf16);
+  return sum_dim(bf16 ? to_f32(g) : g, 0, false);
 }
 
 }  // namespace hpm::cuda

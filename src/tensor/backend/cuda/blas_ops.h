@@ -1,7 +1,8 @@
-// Products on cuBLAS: matmul, matmul_add_, bmm and linear, with the CPU's shapes, dtypes and
-// errors. F32 operands multiply in full f32 unless HPM_CUDA_ALLOW_TF32=1 (PyTorch's
-// torch.backends.cuda.matmul.allow_tf32); BF16 ones on the tensor cores with f32 accumulation
-// and an F32 result.
+// Products on cuBLAS: matmul, matmul_add_, bmm, linear and linear_param_grads_ (the last two on
+// cuBLASLt with the bias or its gradient fused where it offers an algorithm, lt_matmul.h), with
+// the CPU's shapes, dtypes and errors. F32 operands multiply in full f32 unless
+// HPM_CUDA_ALLOW_TF32=1 (PyTorch's torch.backends.cuda.matmul.allow_tf32); BF16 ones on the tensor
+// cores with f32 accumulation and an F32 result.
 #pragma once
 #include "hpm/tensor/tensor.h"
 
@@ -11,5 +12,6 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate);
 
 }  // namespace hpm::cuda

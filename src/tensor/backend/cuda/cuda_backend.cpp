@@ -62,6 +62,10 @@ class CudaBackend final : public Backend {
   Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) override {
     return cuda::linear(x, w, bias);
   }
+  Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,
+                             bool accumulate) override {
+    return cuda::linear_param_grads_(dw, g, x, accumulate);
+  }
   Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) override {
     return cuda::binary(op, a, b);
   }

@@ -134,7 +134,7 @@ __global__ void gather_kernel(const float* x, float* y, std::int64_t n, Gather g
 struct Around {
   std::int64_t outer, inner;
 };
-Around around(const Shape& s, int d) { return {s.numel() / s.numel_from(d), s.numel_from(d + 1)}; }
+Around around(const Shape& s, int d) { return {s.numel_before(d), s.numel_from(d + 1)}; }
 
 // y's slice [start, start + len) along a dimension += part: part's row o (`run` elements) lands
 // at y + (o * y_len + start) * inner.

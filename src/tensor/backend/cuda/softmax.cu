@@ -35,7 +35,7 @@ struct Axis {
 
 Axis split_axis(const Shape& s, int dim) {
   const int d = s.wrap(dim);  // std::out_of_range for a bad dim, as the CPU's
-  return {s.numel() / s.numel_from(d), s[d], s.numel_from(d + 1)};
+  return {s.numel_before(d), s[d], s.numel_from(d + 1)};
 }
 
 // ---- reductions: warp butterflies, and blocks as warps of warps --------------------------------

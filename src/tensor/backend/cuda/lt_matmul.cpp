@@ -1,0 +1,185 @@
+// cuBLASLt products with a bias or bias-gradient epilogue. A plan (the operation's descriptor,
+// the three layouts and the algorithm cuBLASLt's heuristic picked) is made once per shape,
+// epilogue and alignment, per host thread (the bias pointer is an attribute of the descriptor,
+// set at each call: a thread's own plans need no lock), and reused: the heuristic query costs
+// more host time than the launch.
+#include "tensor/backend/cuda/lt_matmul.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm::cuda {
+
+namespace {
+
+bool enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("HPM_CUDA_LT_EPILOGUES");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+
+// The largest power of two up to 256 dividing the address: cuBLASLt's kernels assume operands
+// aligned as the heuristic was told, so the alignment is part of a plan's key.
+std::uint32_t alignment(const void* p) {
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t a = 256;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+
+struct Key {
+  int device = 0;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+  std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
+  bool bf16 = false, tf32 = false, accumulate = false;
+  std::uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  std::size_t operator()(const Key& k) const {
+    std::size_t h = 0;
+    auto mix = [&h](std::int64_t v) {
+      h ^= std::hash<std::int64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    };
+    for (std::int64_t v :
+         {std::int64_t{k.device}, std::int64_t{k.epilogue}, std::int64_t{k.op_a},
+          std::int64_t{k.op_b}, k.m, k.n, k.k, k.lda, k.ldb, k.ldd, std::int64_t{k.bf16},
+          std::int64_t{k.tf32}, std::int64_t{k.accumulate}, std::int64_t{k.align_a},
+          std::int64_t{k.align_b}, std::int64_t{k.align_d}, std::int64_t{k.align_bias}}) {
+      mix(v);
+    }
+    return h;
+  }
+};
+
+// A column-major layout of rows x cols with leading dimension ld.
+cublasLtMatrixLayout_t layout(cudaDataType_t type, std::int64_t rows, std::int64_t cols,
+                              std::int64_t ld) {
+  cublasLtMatrixLayout_t l = nullptr;
+  HPM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<std::uint64_t>(rows),
+                                              static_cast<std::uint64_t>(cols), ld));
+  return l;
+}
+
+class Plan {
+ public:
+  // `bias` only for its alignment (the heuristic reads the pointer, never the memory).
+  Plan(const Key& key, const void* bias, std::size_t workspace_bytes) {
+    const cudaDataType_t in = key.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute =
+        key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    HPM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F));
+    set(CUBLASLT_MATMUL_DESC_TRANSA, key.op_a);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, key.op_b);
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, key.epilogue);
+    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    const bool ta = key.op_a != CUBLAS_OP_N, tb = key.op_b != CUBLAS_OP_N;
+    a_ = layout(in, ta ? key.k : key.m, ta ? key.m : key.k, key.lda);
+    b_ = layout(in, tb ? key.n : key.k, tb ? key.k : key.n, key.ldb);
+    d_ = layout(CUDA_R_32F, key.m, key.n, key.ldd);
+
+    cublasLtMatmulPreference_t pref = nullptr;
+    HPM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    auto prefer = [pref](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
+      HPM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+    };
+    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{workspace_bytes});
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(current_context().lt, desc_, a_, b_,
+                                                             d_, d_, pref, 1, &result, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    usable_ = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (usable_) algo_ = result.algo;
+  }
+  Plan(const Plan&) = delete;
+  Plan& operator=(const Plan&) = delete;
+  ~Plan() {
+    cublasLtMatrixLayoutDestroy(d_);
+    cublasLtMatrixLayoutDestroy(b_);
+    cublasLtMatrixLayoutDestroy(a_);
+    cublasLtMatmulDescDestroy(desc_);
+  }
+
+  bool usable() const { return usable_; }
+
+  // False when cuBLASLt refuses the call after all (the plan is then marked unusable).
+  bool run(const LtProduct& p, const void* bias) {
+    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    Context& ctx = current_context();
+    const float alpha = 1.0f;
+    const cublasStatus_t st =
+        cublasLtMatmul(ctx.lt, desc_, &alpha, p.a, a_, p.b, b_, &p.beta, p.d, d_, p.d, d_, &algo_,
+                       ctx.workspace, ctx.workspace_bytes, ctx.compute);
+    if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
+      usable_ = false;
+      return false;
+    }
+    HPM_CUBLAS_CHECK(st);
+    return true;
+  }
+
+ private:
+  template <typename T>
+  void set(cublasLtMatmulDescAttributes_t attr, const T& value) {
+    HPM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, attr, &value, sizeof(value)));
+  }
+
+  cublasLtMatmulDesc_t desc_ = nullptr;
+  cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
+  cublasLtMatmulAlgo_t algo_{};
+  bool usable_ = false;
+};
+
+bool run(const LtProduct& p, cublasLtEpilogue_t epilogue, const void* bias) {
+  if (!enabled() || p.m <= 0 || p.n <= 0 || p.k <= 0) return false;
+  Context& ctx = current_context();
+  Key key;
+  key.device = ctx.index;
+  key.epilogue = epilogue;
+  key.op_a = p.op_a;
+  key.op_b = p.op_b;
+  key.m = p.m;
+  key.n = p.n;
+  key.k = p.k;
+  key.lda = p.lda;
+  key.ldb = p.ldb;
+  key.ldd = p.ldd;
+  key.bf16 = p.bf16;
+  key.tf32 = !p.bf16 && allow_tf32();
+  key.accumulate = p.beta != 0.0f;
+  key.align_a = alignment(p.a);
+  key.align_b = alignment(p.b);
+  key.align_d = alignment(p.d);
+  key.align_bias = alignment(bias);
+  thread_local std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
+  std::unique_ptr<Plan>& plan = plans[key];
+  if (!plan) plan = std::make_unique<Plan>(key, bias, ctx.workspace_bytes);
+  return plan->usable() && plan->run(p, bias);
+}
+
+}  // namespace
+
+bool lt_matmul_bias(const LtProduct& p, const float* bias) {
+  return run(p, CUBLASLT_EPILOGUE_BIAS, bias);
+}
+
+bool lt_matmul_bias_grad(const LtProduct& p, float* bias_grad) {
+  return run(p, CUBLASLT_EPILOGUE_BGRADB, bias_grad);
+}
+
+}  // namespace hpm::cuda

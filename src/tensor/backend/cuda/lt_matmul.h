@@ -1,0 +1,36 @@
+// A product on cuBLASLt with a fused epilogue: a Linear's bias added by the product itself, or its
+// bias gradient (the output gradient's rows summed) computed while the product reads them. Each
+// saves a pass over the (rows x out) matrix that blas_ops.cpp's plain cuBLAS path makes.
+//
+// Arguments are in cuBLAS's column-major terms, as cublasLtMatmul takes them: D (m x n, F32,
+// leading dimension ldd) = op_a(A) op_b(B) + beta D. An epilogue cuBLASLt has no algorithm for
+// (a type combination, an alignment) returns false having done nothing, and the caller takes the
+// unfused path: the fusion is a speed-up, never a requirement. HPM_CUDA_LT_EPILOGUES=0 turns it
+// off (the A/B switch of bench/gpu_gpt.py --ab-env).
+#pragma once
+#include <cublasLt.h>
+
+#include <cstdint>
+
+namespace hpm::cuda {
+
+struct LtProduct {
+  cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+  std::int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  std::int64_t lda = 0;
+  const void* b = nullptr;
+  std::int64_t ldb = 0;
+  float* d = nullptr;
+  std::int64_t ldd = 0;
+  float beta = 0.0f;
+  bool bf16 = false;  // A and B BF16 (else F32); D is F32 either way
+};
+
+// D = op_a(A) op_b(B) + beta D, plus bias (F32, m) on every column (CUBLASLT_EPILOGUE_BIAS).
+bool lt_matmul_bias(const LtProduct& p, const float* bias);
+// D = op_a(A) op_b(B) + beta D, and bias_grad (F32, n) = op_b(B) summed over k
+// (CUBLASLT_EPILOGUE_BGRADB; written, not added to).
+bool lt_matmul_bias_grad(const LtProduct& p, float* bias_grad);
+
+}  // namespace hpm::cuda
