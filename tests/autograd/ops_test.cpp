@@ -8,6 +8,8 @@
 #include <cmath>
 
 #include "common/attention.h"
+#include "hpm/autograd/autocast.h"
+#include "hpm/tensor/backend.h"
 #include "hpm/tensor/device.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
@@ -237,6 +239,46 @@ TEST(CrossEntropy, WritesTheGradientOverLogitsNoOneElseHolds) {
   const std::size_t in_place = backward_peak(false, nullptr);
   const std::size_t copied = backward_peak(true, &kept);
   EXPECT_LE(in_place + logits_bytes, copied) << in_place << " against " << copied;
+}
+
+// A Linear's weight and bias gradients come from one product whose epilogue sums the output
+// gradient's rows (linear_param_grads_), written fresh the first time and added into the weight's
+// gradient the second; under bf16 autocast both from the rounded g and x.
+TEST(Linear, BackwardGivesWeightAndBiasGradientsFromOneProduct) {
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    const bool bf16 = precision == autograd::Precision::BF16;
+    Generator gen(11);
+    Tensor x = Tensor::randn({13, 8}, gen), w = Tensor::randn({5, 8}, gen);
+    Tensor b = Tensor::randn({5}, gen), r = Tensor::randn({13, 5}, gen);
+    w.set_requires_grad(true);
+    b.set_requires_grad(true);
+    // The operands as the product sees them.
+    const Tensor xp = bf16 ? kernels::to_f32(kernels::to_bf16(x)) : x;
+    const Tensor rp = bf16 ? kernels::to_f32(kernels::to_bf16(r)) : r;
+    for (int pass = 1; pass <= 2; ++pass) {
+      const auto products = dispatch_count(DeviceType::kCpu, Op::kLinearParamGrads);
+      {
+        autograd::AutocastScope scope(precision);
+        sum(mul(linear(x, w, b), r)).backward();
+      }
+      EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kLinearParamGrads) - products, 1u);
+      for (std::int64_t o = 0; o < 5; ++o) {
+        double db = 0.0;
+        for (std::int64_t n = 0; n < 13; ++n) db += rp.data<float>()[n * 5 + o];
+        EXPECT_NEAR(b.grad().data<float>()[o], pass * db, 1e-4) << "db " << o;
+        for (std::int64_t i = 0; i < 8; ++i) {
+          double dw = 0.0;
+          for (std::int64_t n = 0; n < 13; ++n) {
+            dw += static_cast<double>(rp.data<float>()[n * 5 + o]) * xp.data<float>()[n * 8 + i];
+          }
+          EXPECT_NEAR(w.grad().data<float>()[o * 8 + i], pass * dw, 1e-4) << "dw " << o << "," << i;
+        }
+      }
+    }
+  }
 }
 
 TEST(Concat, RejectsMismatchedExtents) {
