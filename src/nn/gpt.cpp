@@ -80,7 +80,7 @@ Tensor TransformerBlock::finish(const Tensor& x, const Tensor& merged) {
   // Written on a change of mode only: concurrent forwards of a shared model just read it.
   if (drop_->is_training() != is_training()) drop_->train(is_training());
   Tensor h = add(x, drop_->forward(proj->forward(merged)));
-  return add(h, drop_->forward(out->forward(gelu(fc->forward(ln2->forward(h))))));
+  return add(h, drop_->forward(out->forward_after_gelu(fc->forward(ln2->forward(h)))));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {

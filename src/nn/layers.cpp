@@ -30,17 +30,32 @@ Linear::Linear(std::int64_t in_features, std::int64_t out_features, bool has_bia
   if (has_bias) bias = register_parameter("bias", fan_in_uniform({out_}, in_, gen));
 }
 
-Tensor Linear::forward(const Tensor& x) {
-  if (x.dim() < 2 || x.size(-1) != in_) {
-    throw std::invalid_argument("Linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
-                                "): expected input (N, " + std::to_string(in_) + ") or (..., " +
-                                std::to_string(in_) + "), got " + x.shape().str());
+namespace {
+
+// A Linear's product over the rows of x (N, IN) or (..., IN): one GEMM over all the leading
+// dimensions' rows.
+template <typename Product>
+Tensor over_rows(const Tensor& x, std::int64_t in, std::int64_t out, Product&& product) {
+  if (x.dim() < 2 || x.size(-1) != in) {
+    throw std::invalid_argument("Linear(" + std::to_string(in) + ", " + std::to_string(out) +
+                                "): expected input (N, " + std::to_string(in) + ") or (..., " +
+                                std::to_string(in) + "), got " + x.shape().str());
   }
-  if (x.dim() == 2) return linear(x, weight, bias);
-  // (B, T, IN): one GEMM over the B*T rows.
+  if (x.dim() == 2) return product(x);
   std::vector<std::int64_t> dims = x.shape().dims();
-  dims.back() = out_;
-  return reshape(linear(reshape(x, {x.numel() / in_, in_}), weight, bias), Shape(dims));
+  dims.back() = out;
+  return reshape(product(reshape(x, {x.numel() / in, in})), Shape(dims));
+}
+
+}  // namespace
+
+Tensor Linear::forward(const Tensor& x) {
+  return over_rows(x, in_, out_, [this](const Tensor& rows) { return linear(rows, weight, bias); });
+}
+
+Tensor Linear::forward_after_gelu(const Tensor& x) {
+  return over_rows(x, in_, out_,
+                   [this](const Tensor& rows) { return gelu_linear(rows, weight, bias); });
 }
 
 std::string Linear::extra_repr() const {

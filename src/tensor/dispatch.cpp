@@ -58,6 +58,7 @@ const char* op_name(Op op) {
       "scale_",
       "unary",
       "unary_backward",
+      "unary_bf16",
       "sum_all",
       "sum_squares",
       "sum_dim",
@@ -338,6 +339,12 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   OpScope scope(Op::kUnary, {&x});
   scope.set_detail(unary_name(op));
   return scope.backend().unary(op, x);
+}
+
+Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
+  OpScope scope(Op::kUnaryBf16, {&x});
+  scope.set_detail(unary_name(op));
+  return scope.backend().unary_bf16(op, x, x_bf16);
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {

@@ -281,6 +281,47 @@ TEST(Linear, BackwardGivesWeightAndBiasGradientsFromOneProduct) {
   }
 }
 
+// gelu_linear is linear(gelu(x)) bit for bit, values and gradients, in f32 and under bf16
+// autocast, where its forward reads x once (one unary_bf16, no unary, no to_bf16 of activations).
+TEST(GeluLinear, EqualsTheCompositionBitForBit) {
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    Generator gen(5);
+    const Tensor x0 = Tensor::randn({9, 16}, gen), w0 = Tensor::randn({6, 16}, gen);
+    const Tensor b0 = Tensor::randn({6}, gen), r = Tensor::randn({9, 6}, gen);
+    Tensor grads[2][3], outs[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor x = x0.clone(), w = w0.clone(), b = b0.clone();
+      for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+      autograd::AutocastScope scope(precision);
+      const auto unary = dispatch_count(DeviceType::kCpu, Op::kUnary);
+      const auto fused_unary = dispatch_count(DeviceType::kCpu, Op::kUnaryBf16);
+      const auto rounds = dispatch_count(DeviceType::kCpu, Op::kToBf16);
+      outs[fused] = fused ? gelu_linear(x, w, b) : linear(gelu(x), w, b);
+      if (fused && precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kUnary) - unary, 0u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kUnaryBf16) - fused_unary, 1u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 1u);  // the weight
+      }
+      sum(mul(outs[fused], r)).backward();
+      grads[fused][0] = x.grad();
+      grads[fused][1] = w.grad();
+      grads[fused][2] = b.grad();
+    }
+    auto same = [](const Tensor& a, const Tensor& b, const char* what) {
+      ASSERT_EQ(a.shape(), b.shape()) << what;
+      for (std::int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << what << " element " << i;
+    };
+    same(outs[1], outs[0], "output");
+    same(grads[1][0], grads[0][0], "dx");
+    same(grads[1][1], grads[0][1], "dW");
+    same(grads[1][2], grads[0][2], "db");
+  }
+}
+
 TEST(Concat, RejectsMismatchedExtents) {
   try {
     concat({Tensor::zeros({2, 3}), Tensor::zeros({3, 3})}, 1);

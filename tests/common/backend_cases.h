@@ -204,6 +204,15 @@ inline std::vector<Case> cases() {
                    const Tensor y = kernels::unary(op, x), gy = randn(g, {3, 7});
                    return Outputs{kernels::unary_backward(op, to(gy), to(x), to(y))};
                  }});
+    // Rounding after the same f32 value: equal to the CPU's within one bf16 step.
+    c.push_back({"unary_bf16", Op::kUnaryBf16,
+                 [=](Generator& g, const To& to) {
+                   const Tensor x = needs_positive ? positive(g, {9, 130}) : randn(g, {9, 130});
+                   Tensor xb;
+                   const Tensor y = kernels::unary_bf16(op, to(x), &xb);
+                   return Outputs{y, xb, kernels::unary_bf16(op, to(x))};
+                 },
+                 bf16_tolerance});
   }
   c.push_back({"sum_all", Op::kSumAll, [](Generator& g, const To& to) {
                  return Outputs{kernels::sum_all(to(randn(g, {5, 9})))};

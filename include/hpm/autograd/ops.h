@@ -67,6 +67,9 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);
 // for operands of rank >= 2.
 Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);  // x W^T + b
+// linear(gelu(x), weight, bias) (exact GELU; x 2-D): the same values and gradients; under bf16
+// autocast one pass over x makes the product's bf16 operand, where the composition makes three.
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 
 // ---- convolution and pooling ----------------------------------------------------------------
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -16,6 +16,8 @@ class Linear : public Module {
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true,
          Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
+  // forward(gelu(x)), the GELU fused into the product's operand (autograd's gelu_linear).
+  Tensor forward_after_gelu(const Tensor& x);
   std::string type_name() const override { return "Linear"; }
   std::string extra_repr() const override;
   Tensor weight, bias;

@@ -40,6 +40,7 @@ enum class Op : int {
   kScale,
   kUnary,
   kUnaryBackward,
+  kUnaryBf16,
   kSumAll,
   kSumSquares,
   kSumDim,
@@ -93,7 +94,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 68;
+inline constexpr int kOps = 69;
 const char* op_name(Op op);
 
 class Backend {
@@ -141,6 +142,7 @@ class Backend {
   virtual Tensor unary(UnaryOp op, const Tensor& x) = 0;
   virtual Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                                 const Tensor& y) = 0;
+  virtual Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) = 0;
   virtual Tensor sum_all(const Tensor& x) = 0;
   virtual Tensor sum_squares(const Tensor& x) = 0;
   virtual Tensor sum_dim(const Tensor& x, int dim, bool keepdim) = 0;

@@ -59,6 +59,9 @@ void scale_(Tensor& y, float alpha);                  // y *= alpha
 Tensor unary(UnaryOp op, const Tensor& x);
 // dL/dx for a unary op given dL/dy, the input x and the output y.
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
+// to_bf16(unary(op, x)) in one pass over x (F32): a bf16 product's operand made by its activation;
+// with x_bf16, to_bf16(x) into it from the same pass (what bf16 autocast keeps of the input).
+Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16 = nullptr);
 
 // ---- reductions ----------------------------------------------------------------------------
 // The sum of every element: a 0-d F32 tensor.

@@ -107,6 +107,29 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 }  // namespace
 
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast_precision() != Precision::BF16 || x.dtype() != DType::F32) {
+    return linear(gelu(x), weight, bias);
+  }
+  // One pass over x makes the product's operand and the bf16 copy of x that GELU's backward
+  // reads (what gelu() would keep under autocast): to_bf16 of GELU's output and of its input are
+  // no passes of their own, and GELU's f32 output is never written.
+  Tensor xb;
+  const Tensor ab = kernels::unary_bf16(UnaryOp::Gelu, x, &xb);
+  Tensor y = kernels::linear(ab, kernels::to_bf16(weight), bias);
+  return record("GeluLinearBF16", {x, weight, bias}, y,
+                [xb, ab, weight, bias](const Tensor& g, const Needs& n) {
+                  const Tensor gb = kernels::to_bf16(g);
+                  Tensor dx;
+                  if (n[0]) {
+                    dx = kernels::unary_backward(UnaryOp::Gelu,
+                                                 kernels::matmul(gb, kernels::to_bf16(weight)),
+                                                 kernels::to_f32(xb), Tensor());
+                  }
+                  return linear_gradients(g, gb, ab, n, std::move(dx), weight, bias);
+                });
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (autocast_precision() == Precision::BF16) return linear_bf16(x, weight, bias);
   Tensor y = kernels::linear(x, weight, bias);

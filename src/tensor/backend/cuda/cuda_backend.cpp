@@ -73,6 +73,9 @@ class CudaBackend final : public Backend {
   Tensor mul_scalar(const Tensor& a, float s) override { return cuda::mul_scalar(a, s); }
   void axpy_(Tensor& y, float alpha, const Tensor& x) override { cuda::axpy_(y, alpha, x); }
   void scale_(Tensor& y, float alpha) override { cuda::scale_(y, alpha); }
+  Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) override {
+    return cuda::unary_bf16(op, x, x_bf16);
+  }
   Tensor unary(UnaryOp op, const Tensor& x) override { return cuda::unary(op, x); }
   Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                         const Tensor& y) override {

@@ -344,6 +344,18 @@ __global__ void unary_kernel(const float* x, float* y, std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] = apply_unary<Op>(x[i]);
 }
 
+// The activation rounded as f32_to_bf16_kernel rounds: to_bf16(unary(x)) bit for bit; and x
+// rounded too into xb when it is given.
+template <UnaryOp Op>
+__global__ void unary_bf16_kernel(const float* x, std::uint16_t* y, std::uint16_t* xb,
+                                  std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float v = x[i];
+    y[i] = f32_to_bf16_bits(apply_unary<Op>(v));
+    if (xb != nullptr) xb[i] = f32_to_bf16_bits(v);
+  }
+}
+
 template <UnaryOp Op>
 __global__ void unary_backward_kernel(const float* g, const float* x, const float* y, float* out,
                                       std::int64_t n) {
@@ -582,6 +594,22 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
   with_unary_op(op, [&](auto kop) {
     launch("unary", n, unary_kernel<decltype(kop)::value>, ptr<const float>(x), ptr<float>(y), n);
+  });
+  return y;
+}
+
+Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
+  require_dtype(x, DType::F32);
+  const std::int64_t n = x.numel();
+  Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
+  std::uint16_t* xb = nullptr;
+  if (x_bf16 != nullptr) {
+    *x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
+    xb = ptr<std::uint16_t>(*x_bf16);
+  }
+  with_unary_op(op, [&](auto kop) {
+    launch("unary_bf16", n, unary_bf16_kernel<decltype(kop)::value>, ptr<const float>(x),
+           ptr<std::uint16_t>(y), xb, n);
   });
   return y;
 }
