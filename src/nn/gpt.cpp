@@ -70,7 +70,7 @@ std::vector<Tensor> TransformerBlock::heads(const Tensor& x) {
   const std::int64_t b = x.size(0), t = x.size(1), e = x.size(2), d = e / n_head_;
   // (B, T, 3E) -> (3, B, H, T, D): q, k and v with the heads split out.
   Tensor all =
-      permute(reshape(qkv->forward(ln1->forward(x)), {b, t, 3, n_head_, d}), {2, 0, 3, 1, 4});
+      permute(reshape(qkv->forward_after(*ln1, x), {b, t, 3, n_head_, d}), {2, 0, 3, 1, 4});
   std::vector<Tensor> parts = split(all, 1, 0);
   for (Tensor& p : parts) p = reshape(p, {b, n_head_, t, d});
   return parts;
@@ -80,12 +80,12 @@ Tensor TransformerBlock::finish(const Tensor& x, const Tensor& merged) {
   // Written on a change of mode only: concurrent forwards of a shared model just read it.
   if (drop_->is_training() != is_training()) drop_->train(is_training());
   Tensor h = add(x, drop_->forward(proj->forward(merged)));
-  return add(h, drop_->forward(out->forward_after_gelu(fc->forward(ln2->forward(h)))));
+  return add(h, drop_->forward(out->forward_after_gelu(fc->forward_after(*ln2, h))));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
   check_input(x);
-  return finish(x, packed_self_attention(qkv->forward(ln1->forward(x)), n_head_, /*causal=*/true));
+  return finish(x, packed_self_attention(qkv->forward_after(*ln1, x), n_head_, /*causal=*/true));
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, Tensor& k, Tensor& v) {
@@ -130,7 +130,7 @@ Tensor GPTEmbedding::embed(const Tensor& idx, std::int64_t offset) {
 GPTHead::GPTHead(std::shared_ptr<LayerNorm> ln, std::shared_ptr<Linear> head)
     : ln_(register_module("ln", std::move(ln))), head_(register_module("head", std::move(head))) {}
 
-Tensor GPTHead::forward(const Tensor& x) { return head_->forward(ln_->forward(x)); }
+Tensor GPTHead::forward(const Tensor& x) { return head_->forward_after(*ln_, x); }
 
 // ---- the model --------------------------------------------------------------------------------
 

@@ -58,6 +58,13 @@ Tensor Linear::forward_after_gelu(const Tensor& x) {
                    [this](const Tensor& rows) { return gelu_linear(rows, weight, bias); });
 }
 
+Tensor Linear::forward_after(LayerNorm& ln, const Tensor& x) {
+  if (ln.normalized_shape() != Shape{in_}) return forward(ln.forward(x));
+  return over_rows(x, in_, out_, [this, &ln](const Tensor& rows) {
+    return layer_norm_linear(rows, ln.weight, ln.bias, ln.eps(), weight, bias);
+  });
+}
+
 std::string Linear::extra_repr() const {
   return "in_features=" + std::to_string(in_) + ", out_features=" + std::to_string(out_) +
          ", bias=" + b(bias.defined());

@@ -97,6 +97,7 @@ const char* op_name(Op op) {
       "batch_norm_forward",
       "batch_norm_backward",
       "layer_norm_forward",
+      "layer_norm_forward_bf16",
       "layer_norm_backward",
       "embedding_forward",
       "embedding_backward",
@@ -578,6 +579,14 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
                           const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
   OpScope scope(Op::kLayerNormForward, {&x, &weight, &bias});
   return scope.backend().layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd);
+}
+
+Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                               const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
+                               Tensor* x_bf16) {
+  OpScope scope(Op::kLayerNormForwardBf16, {&x, &weight, &bias});
+  return scope.backend().layer_norm_forward_bf16(x, normalized, weight, bias, eps, save_mean,
+                                                 save_rstd, x_bf16);
 }
 
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,

@@ -322,6 +322,45 @@ TEST(GeluLinear, EqualsTheCompositionBitForBit) {
   }
 }
 
+// layer_norm_linear is linear(layer_norm(x)) bit for bit, values and all five gradients, in f32
+// and under bf16 autocast, where its forward reads x once (one layer_norm_forward_bf16, no
+// layer_norm_forward, only the weight rounded by to_bf16).
+TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    Generator gen(9);
+    const Tensor x0 = Tensor::randn({7, 24}, gen), lw0 = Tensor::randn({24}, gen);
+    const Tensor lb0 = Tensor::randn({24}, gen), w0 = Tensor::randn({10, 24}, gen);
+    const Tensor b0 = Tensor::randn({10}, gen), r = Tensor::randn({7, 10}, gen);
+    std::vector<Tensor> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor x = x0.clone(), lw = lw0.clone(), lb = lb0.clone(), w = w0.clone(), b = b0.clone();
+      for (Tensor* t : {&x, &lw, &lb, &w, &b}) t->set_requires_grad(true);
+      autograd::AutocastScope scope(precision);
+      const auto norms = dispatch_count(DeviceType::kCpu, Op::kLayerNormForward);
+      const auto rounds = dispatch_count(DeviceType::kCpu, Op::kToBf16);
+      const Tensor y = fused ? layer_norm_linear(x, lw, lb, 1e-5f, w, b)
+                             : linear(layer_norm(x, 24, lw, lb, 1e-5f), w, b);
+      if (fused && precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kLayerNormForward) - norms, 0u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 1u);  // the weight
+      }
+      sum(mul(y, r)).backward();
+      results[fused] = {y, x.grad(), lw.grad(), lb.grad(), w.grad(), b.grad()};
+    }
+    const char* names[] = {"output", "dx", "d ln weight", "d ln bias", "dW", "db"};
+    for (std::size_t k = 0; k < results[0].size(); ++k) {
+      const Tensor& a = results[1][k];
+      const Tensor& e = results[0][k];
+      ASSERT_EQ(a.shape(), e.shape()) << names[k];
+      for (std::int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_EQ(a.data<float>()[i], e.data<float>()[i]) << names[k] << " element " << i;
+    }
+  }
+}
+
 TEST(Concat, RejectsMismatchedExtents) {
   try {
     concat({Tensor::zeros({2, 3}), Tensor::zeros({3, 3})}, 1);

@@ -512,6 +512,21 @@ inline std::vector<Case> cases() {
                                                  to(randn(g, {8})), 1e-5f, sm, sr);
                  return Outputs{y, sm, sr};
                }});
+  // Rows on both sides of the CUDA kernel's warp/block switch (1024 elements).
+  for (const std::int64_t width : {std::int64_t{96}, std::int64_t{1500}}) {
+    c.push_back({"layer_norm_forward_bf16 " + std::to_string(width), Op::kLayerNormForwardBf16,
+                 [width](Generator& g, const To& to) {
+                   Tensor sm, sr, xb;
+                   const Tensor x = to(randn(g, {5, width}));
+                   const Tensor w = to(randn(g, {width})), b = to(randn(g, {width}));
+                   const Tensor y =
+                       kernels::layer_norm_forward_bf16(x, width, w, b, 1e-5f, sm, sr, &xb);
+                   const Tensor y_no_bias =
+                       kernels::layer_norm_forward_bf16(x, width, w, Tensor(), 1e-5f, sm, sr);
+                   return Outputs{y, sm, sr, xb, y_no_bias};
+                 },
+                 bf16_tolerance});
+  }
   c.push_back({"layer_norm_backward", Op::kLayerNormBackward, [](Generator& g, const To& to) {
                  const Tensor x = randn(g, {2, 3, 8}), w = randn(g, {8});
                  Tensor sm, sr;

@@ -70,6 +70,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);  // x 
 // linear(gelu(x), weight, bias) (exact GELU; x 2-D): the same values and gradients; under bf16
 // autocast one pass over x makes the product's bf16 operand, where the composition makes three.
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// linear(layer_norm(x over its last dimension, ln_weight, ln_bias, eps), weight, bias) (x 2-D):
+// likewise, the norm writing the product's bf16 operand under bf16 autocast.
+Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
+                         const Tensor& weight, const Tensor& bias);
 
 // ---- convolution and pooling ----------------------------------------------------------------
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,

@@ -11,6 +11,8 @@
 namespace hpm::nn {
 
 // y = x W^T + b. W (out, in) and b (out) ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform, a=sqrt(5)).
+class LayerNorm;
+
 class Linear : public Module {
  public:
   Linear(std::int64_t in_features, std::int64_t out_features, bool bias = true,
@@ -18,6 +20,9 @@ class Linear : public Module {
   Tensor forward(const Tensor& x) override;
   // forward(gelu(x)), the GELU fused into the product's operand (autograd's gelu_linear).
   Tensor forward_after_gelu(const Tensor& x);
+  // forward(ln.forward(x)), the norm fused likewise (layer_norm_linear) when it normalizes the
+  // last dimension alone.
+  Tensor forward_after(LayerNorm& ln, const Tensor& x);
   std::string type_name() const override { return "Linear"; }
   std::string extra_repr() const override;
   Tensor weight, bias;
@@ -179,6 +184,8 @@ class LayerNorm : public Module {
   Tensor forward(const Tensor& x) override;
   std::string type_name() const override { return "LayerNorm"; }
   std::string extra_repr() const override;
+  const Shape& normalized_shape() const { return shape_; }
+  float eps() const { return eps_; }
   Tensor weight, bias;
 
  private:

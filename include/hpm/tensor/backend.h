@@ -79,6 +79,7 @@ enum class Op : int {
   kBatchNormForward,
   kBatchNormBackward,
   kLayerNormForward,
+  kLayerNormForwardBf16,
   kLayerNormBackward,
   kEmbeddingForward,
   kEmbeddingBackward,
@@ -94,7 +95,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 69;
+inline constexpr int kOps = 70;
 const char* op_name(Op op);
 
 class Backend {
@@ -211,6 +212,9 @@ class Backend {
   virtual Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                                     const Tensor& bias, float eps, Tensor& save_mean,
                                     Tensor& save_rstd) = 0;
+  virtual Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized,
+                                         const Tensor& weight, const Tensor& bias, float eps,
+                                         Tensor& save_mean, Tensor& save_rstd, Tensor* x_bf16) = 0;
   virtual void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                                    const Tensor& weight, const Tensor& save_mean,
                                    const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight,

@@ -193,6 +193,11 @@ void channel_moments_(Tensor& sum, Tensor& sum_squares, const Tensor& x);
 // Normalizes over the trailing `normalized` elements of each row.
 Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                           const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd);
+// to_bf16(layer_norm_forward(...)) in one pass over x: a bf16 product's operand made by its
+// layer norm; with x_bf16, to_bf16(x) into it from the same pass (what bf16 autocast keeps of x).
+Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                               const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
+                               Tensor* x_bf16 = nullptr);
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);

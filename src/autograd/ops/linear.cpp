@@ -130,6 +130,38 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                 });
 }
 
+Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
+                         const Tensor& weight, const Tensor& bias) {
+  if (autocast_precision() != Precision::BF16 || x.dtype() != DType::F32 || x.dim() != 2) {
+    return linear(layer_norm(x, x.size(-1), ln_weight, ln_bias, eps), weight, bias);
+  }
+  // One pass over x makes the product's operand and the bf16 copy of x the norm's backward reads
+  // (what layer_norm() keeps under autocast): neither rounding is a pass of its own, and the
+  // norm's f32 output is never written.
+  const std::int64_t normalized = x.size(1);
+  Tensor mean, rstd, xb;
+  const Tensor yb =
+      kernels::layer_norm_forward_bf16(x, normalized, ln_weight, ln_bias, eps, mean, rstd, &xb);
+  Tensor y = kernels::linear(yb, kernels::to_bf16(weight), bias);
+  return record(
+      "LayerNormLinearBF16", {x, ln_weight, ln_bias, weight, bias}, y,
+      [xb, yb, mean, rstd, normalized, ln_weight, weight, bias](const Tensor& g, const Needs& n) {
+        const Tensor gb = kernels::to_bf16(g);
+        Tensor gx, gw, gbias;
+        if (n[0] || n[1] || n[2]) {
+          kernels::layer_norm_backward(kernels::matmul(gb, kernels::to_bf16(weight)),
+                                       kernels::to_f32(xb), normalized, ln_weight, mean, rstd,
+                                       n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                                       n[2] ? &gbias : nullptr);
+        }
+        Tensors product =
+            linear_gradients(g, gb, yb, Needs{false, n[3], n[4]}, Tensor(), weight, bias);
+        return Tensors{std::move(gx), gw.defined() ? gw.reshape(ln_weight.shape()) : gw,
+                       gbias.defined() ? gbias.reshape(ln_weight.shape()) : gbias,
+                       std::move(product[1]), std::move(product[2])};
+      });
+}
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (autocast_precision() == Precision::BF16) return linear_bf16(x, weight, bias);
   Tensor y = kernels::linear(x, weight, bias);

@@ -374,6 +374,14 @@ class CpuBackend final : public Backend {
                             Tensor& save_rstd) override {
     return cpu::layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd);
   }
+  Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                                 const Tensor& bias, float eps, Tensor& save_mean,
+                                 Tensor& save_rstd, Tensor* x_bf16) override {
+    Tensor y = cpu::to_bf16(
+        cpu::layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd));
+    if (x_bf16 != nullptr) *x_bf16 = cpu::to_bf16(x);
+    return y;
+  }
   void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                            const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                            Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {

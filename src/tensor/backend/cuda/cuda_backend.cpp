@@ -167,6 +167,12 @@ class CudaBackend final : public Backend {
                             Tensor& save_rstd) override {
     return cuda::layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd);
   }
+  Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                                 const Tensor& bias, float eps, Tensor& save_mean,
+                                 Tensor& save_rstd, Tensor* x_bf16) override {
+    return cuda::layer_norm_forward_bf16(x, normalized, weight, bias, eps, save_mean, save_rstd,
+                                         x_bf16);
+  }
   void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                            const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                            Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {

@@ -44,14 +44,6 @@ __host__ __device__ inline float bits_float(std::uint32_t u) {
   return f;
 }
 
-// Round to nearest even, NaN kept a (quiet) NaN with its sign and upper payload: the CPU's
-// formula bit for bit (__float2bfloat16_rn rounds the same but returns a canonical NaN).
-__host__ __device__ inline std::uint16_t f32_to_bf16_bits(float f) {
-  const std::uint32_t u = float_bits(f);
-  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<std::uint16_t>(nan ? (u >> 16) | 0x40u : rounded >> 16);
-}
 __device__ inline float bf16_bits_to_f32(std::uint16_t b) {
   return bits_float(static_cast<std::uint32_t>(b) << 16);
 }

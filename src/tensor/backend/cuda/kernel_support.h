@@ -1,10 +1,12 @@
 // What the kernels of this folder share: the dtype check the CPU's Tensor::data<T>() makes, grid
-// sizes, grid-stride indices, warp and block sums in double, gathers through strides, and the
-// value of a check word that met no bad index (deferred_checks.h hands out the words).
+// sizes, the CPU's bf16 rounding, grid-stride indices, warp and block sums in double, gathers
+// through strides, and the value of a check word that met no bad index (deferred_checks.h hands out
+// the words).
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -78,6 +80,17 @@ inline Gather make_gather(const Shape& out, const std::vector<std::int64_t>& str
 }
 
 #ifdef __CUDACC__
+// cpu/bf16.cpp's rounding of f32 to bf16, bit for bit: to nearest even, a NaN kept a quiet NaN
+// with its sign and upper payload (__float2bfloat16_rn rounds the same but returns a canonical
+// NaN).
+__host__ __device__ inline std::uint16_t f32_to_bf16_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
+  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+  return static_cast<std::uint16_t>(nan ? (u >> 16) | 0x40u : rounded >> 16);
+}
+
 __device__ inline std::int64_t first_index() {
   return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

@@ -153,14 +153,6 @@ struct HeadsLayout {
   std::int64_t batch, t, heads, d;
 };
 
-// cpu/bf16.cpp's rounding (to nearest even, NaN kept a quiet NaN), bit for bit.
-__device__ inline std::uint16_t f32_to_bf16_bits(float f) {
-  const std::uint32_t u = __float_as_uint(f);
-  const std::uint32_t rounded = u + 0x7fffu + ((u >> 16) & 1u);
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<std::uint16_t>(nan ? (u >> 16) | 0x40u : rounded >> 16);
-}
-
 template <typename Head>
 struct HeadPtrs {
   Head* p[3];

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
@@ -55,16 +56,18 @@ struct Team {
 };
 
 // y = (x - mean) * rstd * w + b per row (w, b optional); mean and rstd saved for the backward.
-template <bool kWarp>
+// Out is float, or std::uint16_t for y rounded to bf16 (then xb, when given, gets x rounded too).
+template <bool kWarp, typename Out>
 __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const float* __restrict__ w,
-                                          const float* __restrict__ b, float* __restrict__ y,
-                                          float* __restrict__ mean, float* __restrict__ rstd,
-                                          std::int64_t rows, std::int64_t n, float eps) {
+                                          const float* __restrict__ b, Out* __restrict__ y,
+                                          std::uint16_t* __restrict__ xb, float* __restrict__ mean,
+                                          float* __restrict__ rstd, std::int64_t rows,
+                                          std::int64_t n, float eps) {
   const Team<kWarp> team;
   const double inv_n = 1.0 / static_cast<double>(n);
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
     const float* xr = x + r * n;
-    float* yr = y + r * n;
+    Out* yr = y + r * n;
     double s = 0.0;
     for (std::int64_t k = team.rank; k < n; k += team.size) s += xr[k];
     const double mu = team.sum(s) * inv_n;
@@ -77,8 +80,15 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
       mean[r] = m;
       rstd[r] = rs;
     }
-    for (std::int64_t k = team.rank; k < n; k += team.size)
-      yr[k] = (xr[k] - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
+    for (std::int64_t k = team.rank; k < n; k += team.size) {
+      const float v = (xr[k] - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
+      if constexpr (std::is_same_v<Out, float>) {
+        yr[k] = v;
+      } else {
+        yr[k] = f32_to_bf16_bits(v);
+        if (xb != nullptr) xb[r * n + k] = f32_to_bf16_bits(xr[k]);
+      }
+    }
   }
 }
 
@@ -167,8 +177,14 @@ const float* affine(const Tensor& t, std::int64_t normalized, const char* what) 
 
 }  // namespace
 
-Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
-                          const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
+namespace {
+
+// layer_norm_forward's checks and launch, y of dtype Out's (F32 or BF16, then x_bf16 filled too
+// when given).
+template <typename Out>
+Tensor run_layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                              const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
+                              Tensor* x_bf16) {
   if (normalized <= 0 || x.numel() % normalized != 0) {
     throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
                                 std::to_string(normalized) + " trailing elements");
@@ -177,24 +193,45 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
   const float* pw = affine(weight, normalized, "weight");
   const float* pb = affine(bias, normalized, "bias");
   const std::int64_t rows = x.numel() / normalized;
+  constexpr bool kBf16 = std::is_same_v<Out, std::uint16_t>;
   save_mean = Tensor::empty({rows}, DType::F32);
   save_rstd = Tensor::empty({rows}, DType::F32);
-  Tensor y = Tensor::empty(x.shape(), DType::F32);
+  Tensor y = Tensor::empty(x.shape(), kBf16 ? DType::BF16 : DType::F32);
+  std::uint16_t* xb = nullptr;
+  if (x_bf16 != nullptr) {
+    *x_bf16 = Tensor::empty(x.shape(), DType::BF16);
+    xb = ptr<std::uint16_t>(*x_bf16);
+  }
   if (rows == 0) return y;
   cudaStream_t stream = current_stream();
   if (normalized <= kWarpRowMax) {
-    layer_norm_forward_kernel<true>
+    layer_norm_forward_kernel<true, Out>
         <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-            ptr<float>(x), pw, pb, ptr<float>(y), ptr<float>(save_mean), ptr<float>(save_rstd),
+            ptr<float>(x), pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean), ptr<float>(save_rstd),
             rows, normalized, eps);
     HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_kernel (warp)");
   } else {
-    layer_norm_forward_kernel<false><<<grid_for(rows), kBlock, 0, stream>>>(
-        ptr<float>(x), pw, pb, ptr<float>(y), ptr<float>(save_mean), ptr<float>(save_rstd), rows,
+    layer_norm_forward_kernel<false, Out><<<grid_for(rows), kBlock, 0, stream>>>(
+        ptr<float>(x), pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean), ptr<float>(save_rstd), rows,
         normalized, eps);
     HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_kernel (block)");
   }
   return y;
+}
+
+}  // namespace
+
+Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                          const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
+  return run_layer_norm_forward<float>(x, normalized, weight, bias, eps, save_mean, save_rstd,
+                                       nullptr);
+}
+
+Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                               const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
+                               Tensor* x_bf16) {
+  return run_layer_norm_forward<std::uint16_t>(x, normalized, weight, bias, eps, save_mean,
+                                               save_rstd, x_bf16);
 }
 
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
