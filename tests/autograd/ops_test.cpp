@@ -305,7 +305,10 @@ TEST(GeluLinear, EqualsTheCompositionBitForBit) {
         EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kUnaryBf16) - fused_unary, 1u);
         EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 1u);  // the weight
       }
+      const auto widenings = dispatch_count(DeviceType::kCpu, Op::kToF32);
       sum(mul(outs[fused], r)).backward();
+      // The GELU's backward reads the kept bf16 input itself: no widening pass.
+      EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToF32) - widenings, 0u);
       grads[fused][0] = x.grad();
       grads[fused][1] = w.grad();
       grads[fused][2] = b.grad();
@@ -347,7 +350,9 @@ TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
         EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kLayerNormForward) - norms, 0u);
         EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 1u);  // the weight
       }
+      const auto widenings = dispatch_count(DeviceType::kCpu, Op::kToF32);
       sum(mul(y, r)).backward();
+      EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToF32) - widenings, 0u);
       results[fused] = {y, x.grad(), lw.grad(), lb.grad(), w.grad(), b.grad()};
     }
     const char* names[] = {"output", "dx", "d ln weight", "d ln bias", "dW", "db"};

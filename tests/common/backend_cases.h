@@ -713,6 +713,26 @@ inline std::vector<Case> cases() {
                                               to(sr), &gx, &gw, &gb);
                  return Outputs{gx, gw, gb};
                }});
+  // Backward kernels reading the bf16 copy autocast keeps of their input, widened in the kernel.
+  for (const std::int64_t width : {std::int64_t{64}, std::int64_t{1100}}) {
+    c.push_back({"layer_norm_backward bf16 x " + std::to_string(width), Op::kLayerNormBackward,
+                 [width](Generator& g, const To& to) {
+                   const Tensor x = kernels::to_bf16(randn(g, {19, width}));
+                   const Tensor w = randn(g, {width});
+                   Tensor sm, sr;
+                   kernels::layer_norm_forward(kernels::to_f32(x), width, w, randn(g, {width}),
+                                               1e-5f, sm, sr);
+                   Tensor gx, gw, gb;
+                   kernels::layer_norm_backward(to(randn(g, {19, width})), to(x), width, to(w),
+                                                to(sm), to(sr), &gx, &gw, &gb);
+                   return Outputs{gx, gw, gb};
+                 }});
+  }
+  c.push_back({"unary_backward gelu bf16 x", Op::kUnaryBackward, [](Generator& g, const To& to) {
+                 const Tensor x = kernels::to_bf16(randn(g, {7, 301}));
+                 return Outputs{kernels::unary_backward(UnaryOp::Gelu, to(randn(g, {7, 301})),
+                                                        to(x), Tensor())};
+               }});
   c.push_back({"embedding wide", Op::kEmbeddingBackward, [](Generator& g, const To& to) {
                  std::vector<std::int64_t> idx;
                  for (int i = 0; i < 45; ++i) idx.push_back((i * 7) % 301);

@@ -57,7 +57,8 @@ Tensor mul_scalar(const Tensor& a, float s);
 void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x (same numel)
 void scale_(Tensor& y, float alpha);                  // y *= alpha
 Tensor unary(UnaryOp op, const Tensor& x);
-// dL/dx for a unary op given dL/dy, the input x and the output y.
+// dL/dx for a unary op given dL/dy, the input x and the output y; x may be BF16 (a copy autocast
+// kept), read widened.
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 // to_bf16(unary(op, x)) in one pass over x (F32): a bf16 product's operand made by its activation;
 // with x_bf16, to_bf16(x) into it from the same pass (what bf16 autocast keeps of the input).
@@ -198,6 +199,7 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
 Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                                const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
                                Tensor* x_bf16 = nullptr);
+// x F32 or BF16 (a copy autocast kept, read widened).
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);

@@ -74,7 +74,7 @@ Tensor unary_op(const char* name, UnaryOp op, const Tensor& x) {
   if (op == UnaryOp::Gelu) {
     // Its backward needs the input alone: the output (as wide as the input) is not kept.
     return record(name, {x}, y, [op, xs = SavedActivation(x)](const Tensor& g, const Needs&) {
-      return Tensors{kernels::unary_backward(op, g, xs.get(), Tensor())};
+      return Tensors{kernels::unary_backward(op, g, xs.kept(), Tensor())};
     });
   }
   Tensor yd = y.detach();

@@ -20,6 +20,8 @@ class SavedActivation {
       : rounded_(autocast_precision() == Precision::BF16 && x.dtype() == DType::F32),
         t_(rounded_ ? kernels::to_bf16(x) : x) {}
   Tensor get() const { return rounded_ ? kernels::to_f32(t_) : t_; }
+  // As kept (BF16 when rounded), for a kernel that reads either dtype: no widening pass.
+  const Tensor& kept() const { return t_; }
 
  private:
   bool rounded_;

@@ -122,9 +122,8 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                   const Tensor gb = kernels::to_bf16(g);
                   Tensor dx;
                   if (n[0]) {
-                    dx = kernels::unary_backward(UnaryOp::Gelu,
-                                                 kernels::matmul(gb, kernels::to_bf16(weight)),
-                                                 kernels::to_f32(xb), Tensor());
+                    dx = kernels::unary_backward(
+                        UnaryOp::Gelu, kernels::matmul(gb, kernels::to_bf16(weight)), xb, Tensor());
                   }
                   return linear_gradients(g, gb, ab, n, std::move(dx), weight, bias);
                 });
@@ -149,10 +148,9 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
         const Tensor gb = kernels::to_bf16(g);
         Tensor gx, gw, gbias;
         if (n[0] || n[1] || n[2]) {
-          kernels::layer_norm_backward(kernels::matmul(gb, kernels::to_bf16(weight)),
-                                       kernels::to_f32(xb), normalized, ln_weight, mean, rstd,
-                                       n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
-                                       n[2] ? &gbias : nullptr);
+          kernels::layer_norm_backward(kernels::matmul(gb, kernels::to_bf16(weight)), xb,
+                                       normalized, ln_weight, mean, rstd, n[0] ? &gx : nullptr,
+                                       n[1] ? &gw : nullptr, n[2] ? &gbias : nullptr);
         }
         Tensors product =
             linear_gradients(g, gb, yb, Needs{false, n[3], n[4]}, Tensor(), weight, bias);

@@ -37,7 +37,7 @@ Tensor layer_norm(const Tensor& x, std::int64_t normalized, const Tensor& weight
       "LayerNorm", {x, weight, bias}, y,
       [xs = SavedActivation(x), normalized, weight, mean, rstd](const Tensor& g, const Needs& n) {
         Tensor gx, gw, gb;
-        kernels::layer_norm_backward(g, xs.get(), normalized, weight, mean, rstd,
+        kernels::layer_norm_backward(g, xs.kept(), normalized, weight, mean, rstd,
                                      n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
                                      n[2] ? &gb : nullptr);
         return Tensors{gx, gw.defined() ? gw.reshape(weight.shape()) : gw,

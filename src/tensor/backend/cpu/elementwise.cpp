@@ -205,6 +205,9 @@ Tensor unary(UnaryOp op, const Tensor& x) {
 }
 
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  if (x.defined() && x.dtype() == DType::BF16) {  // a bf16 copy kept for backward, widened
+    return unary_backward(op, grad_y, to_f32(x), y);
+  }
   switch (op) {
     case UnaryOp::Neg:
       return ternary_impl(grad_y, x, y, [](float g, float, float) { return -g; });

@@ -227,6 +227,11 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+  if (x.dtype() == DType::BF16) {  // a bf16 copy kept for backward: widened exactly, then as f32
+    layer_norm_backward(grad_y, to_f32(x), normalized, weight, save_mean, save_rstd, grad_x,
+                        grad_weight, grad_bias);
+    return;
+  }
   const std::int64_t rows = x.numel() / normalized;
   const float* pg = grad_y.data<float>();
   const float* px = x.data<float>();

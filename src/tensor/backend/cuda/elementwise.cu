@@ -348,11 +348,12 @@ __global__ void unary_bf16_kernel(const float* x, std::uint16_t* y, std::uint16_
   }
 }
 
-template <UnaryOp Op>
-__global__ void unary_backward_kernel(const float* g, const float* x, const float* y, float* out,
+// x F32 or BF16 (X float or its bits).
+template <UnaryOp Op, typename X>
+__global__ void unary_backward_kernel(const float* g, const X* x, const float* y, float* out,
                                       std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
-    const float u = x != nullptr ? x[i] : 0.0f;
+    const float u = x != nullptr ? as_f32(x[i]) : 0.0f;
     const float v = y != nullptr ? y[i] : 0.0f;
     out[i] = apply_unary_backward<Op>(g[i], u, v);
   }
@@ -618,15 +619,25 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const T
   }
   const bool reads_x = x.defined() && op != UnaryOp::Relu;
   const bool reads_y = y.defined() && op != UnaryOp::Gelu;
-  if (reads_x) check_operand(x, grad_y, "x");
+  const bool x_bf16 = reads_x && x.dtype() == DType::BF16;
+  if (reads_x && !x_bf16) check_operand(x, grad_y, "x");
+  if (x_bf16 && x.numel() != grad_y.numel()) {
+    throw std::invalid_argument("unary_backward: x " + x.shape().str() + " beside grad_y " +
+                                grad_y.shape().str());
+  }
   if (reads_y) check_operand(y, grad_y, "y");
   const std::int64_t n = grad_y.numel();
   Tensor out = Tensor::empty(grad_y.shape(), DType::F32, grad_y.device());
-  const float* px = reads_x ? ptr<const float>(x) : nullptr;
   const float* py = reads_y ? ptr<const float>(y) : nullptr;
   with_unary_op(op, [&](auto kop) {
-    launch("unary_backward", n, unary_backward_kernel<decltype(kop)::value>,
-           ptr<const float>(grad_y), px, py, ptr<float>(out), n);
+    constexpr UnaryOp kOp = decltype(kop)::value;
+    if (x_bf16) {
+      launch("unary_backward", n, unary_backward_kernel<kOp, std::uint16_t>,
+             ptr<const float>(grad_y), ptr<const std::uint16_t>(x), py, ptr<float>(out), n);
+    } else {
+      launch("unary_backward", n, unary_backward_kernel<kOp, float>, ptr<const float>(grad_y),
+             reads_x ? ptr<const float>(x) : nullptr, py, ptr<float>(out), n);
+    }
   });
   return out;
 }

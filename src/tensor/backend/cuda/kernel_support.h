@@ -91,6 +91,13 @@ __host__ __device__ inline std::uint16_t f32_to_bf16_bits(float f) {
   return static_cast<std::uint16_t>(nan ? (u >> 16) | 0x40u : rounded >> 16);
 }
 
+// An operand element as f32, the operand F32 or BF16 (its bits): kernels that read a saved
+// activation in either dtype, bf16 widened exactly as to_f32 would.
+__device__ inline float as_f32(float v) { return v; }
+__device__ inline float as_f32(std::uint16_t bf16_bits) {
+  return __uint_as_float(static_cast<std::uint32_t>(bf16_bits) << 16);
+}
+
 __device__ inline std::int64_t first_index() {
   return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }

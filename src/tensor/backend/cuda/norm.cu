@@ -92,9 +92,10 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
   }
 }
 
-// dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)) per row.
-template <bool kWarp>
-__global__ void layer_norm_backward_kernel(const float* __restrict__ g, const float* __restrict__ x,
+// dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)) per row; x F32 or BF16 (X float or its
+// bits), as in the column sums below.
+template <bool kWarp, typename X>
+__global__ void layer_norm_backward_kernel(const float* __restrict__ g, const X* __restrict__ x,
                                            const float* __restrict__ w,
                                            const float* __restrict__ mean,
                                            const float* __restrict__ rstd, float* __restrict__ dx,
@@ -103,11 +104,11 @@ __global__ void layer_norm_backward_kernel(const float* __restrict__ g, const fl
   const double inv_n = 1.0 / static_cast<double>(n);
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
     const float* gr = g + r * n;
-    const float* xr = x + r * n;
+    const X* xr = x + r * n;
     const float mu = mean[r], rs = rstd[r];
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
     for (std::int64_t k = team.rank; k < n; k += team.size) {
-      const float xhat = (xr[k] - mu) * rs;
+      const float xhat = (as_f32(xr[k]) - mu) * rs;
       const float dxhat = gr[k] * (w ? w[k] : 1.0f);
       sum_dxhat += dxhat;
       sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
@@ -118,7 +119,7 @@ __global__ void layer_norm_backward_kernel(const float* __restrict__ g, const fl
     const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
     float* dr = dx + r * n;
     for (std::int64_t k = team.rank; k < n; k += team.size) {
-      const float xhat = (xr[k] - mu) * rs;
+      const float xhat = (as_f32(xr[k]) - mu) * rs;
       dr[k] = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
     }
   }
@@ -126,8 +127,9 @@ __global__ void layer_norm_backward_kernel(const float* __restrict__ g, const fl
 
 // Stage 1 of dw = sum_r g xhat and db = sum_r g: block (x, span) sums rows
 // [span * span_rows, ...) of columns x * blockDim.x + threadIdx.x into its slot.
+template <typename X>
 __global__ void layer_norm_column_partials_kernel(
-    const float* __restrict__ g, const float* __restrict__ x, const float* __restrict__ mean,
+    const float* __restrict__ g, const X* __restrict__ x, const float* __restrict__ mean,
     const float* __restrict__ rstd, double* __restrict__ dw_part, double* __restrict__ db_part,
     std::int64_t rows, std::int64_t n, std::int64_t span_rows) {
   const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -137,7 +139,7 @@ __global__ void layer_norm_column_partials_kernel(
   double dw = 0.0, db = 0.0;
   for (std::int64_t r = r0; r < r1; ++r) {
     const float gv = g[r * n + k];
-    const float xhat = (x[r * n + k] - mean[r]) * rstd[r];
+    const float xhat = (as_f32(x[r * n + k]) - mean[r]) * rstd[r];
     dw += static_cast<double>(gv) * xhat;
     db += gv;
   }
@@ -234,39 +236,28 @@ Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const T
                                                save_rstd, x_bf16);
 }
 
-void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
-                         const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
-  if (normalized <= 0 || x.numel() % normalized != 0) {
-    throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
-                                std::to_string(normalized) + " trailing elements");
-  }
+namespace {
+
+// layer_norm_backward's launches, x's elements X (float, or bf16 bits).
+template <typename X>
+void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                             const float* pw, const Tensor& save_mean, const Tensor& save_rstd,
+                             Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
   const std::int64_t rows = x.numel() / normalized;
-  require_dtype(grad_y, DType::F32);
-  require_dtype(x, DType::F32);
-  require_dtype(save_mean, DType::F32);
-  require_dtype(save_rstd, DType::F32);
-  if (grad_y.numel() != x.numel()) check_shape(grad_y, x.shape(), "layer_norm backward: grad_y");
-  if (save_mean.numel() != rows || save_rstd.numel() != rows) {
-    throw std::invalid_argument("layer_norm backward: saved statistics of " +
-                                save_mean.shape().str() + " and " + save_rstd.shape().str() +
-                                " for " + std::to_string(rows) + " rows");
-  }
-  const float* pw = affine(weight, normalized, "weight");
   const float* pg = ptr<float>(grad_y);
-  const float* px = ptr<float>(x);
+  const X* px = ptr<X>(x);
   const float* pm = ptr<float>(save_mean);
   const float* pr = ptr<float>(save_rstd);
   cudaStream_t stream = current_stream();
   if (grad_x != nullptr) {
     *grad_x = Tensor::empty(x.shape(), DType::F32);
     if (rows > 0 && normalized <= kWarpRowMax) {
-      layer_norm_backward_kernel<true>
+      layer_norm_backward_kernel<true, X>
           <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
               pg, px, pw, pm, pr, ptr<float>(*grad_x), rows, normalized);
       HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (warp)");
     } else if (rows > 0) {
-      layer_norm_backward_kernel<false><<<grid_for(rows), kBlock, 0, stream>>>(
+      layer_norm_backward_kernel<false, X><<<grid_for(rows), kBlock, 0, stream>>>(
           pg, px, pw, pm, pr, ptr<float>(*grad_x), rows, normalized);
       HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (block)");
     }
@@ -291,13 +282,43 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   if (spans > 0) {
     const dim3 grid(static_cast<unsigned>((normalized + kBlock - 1) / kBlock),
                     static_cast<unsigned>(spans));
-    layer_norm_column_partials_kernel<<<grid, kBlock, 0, stream>>>(
+    layer_norm_column_partials_kernel<X><<<grid, kBlock, 0, stream>>>(
         pg, px, pm, pr, ptr<double>(dw_part), ptr<double>(db_part), rows, normalized, span_rows);
     HPM_CUDA_LAUNCH_CHECK("layer_norm_column_partials_kernel");
   }
   layer_norm_column_sums_kernel<<<blocks_for(normalized, kBlock), kBlock, 0, stream>>>(
       ptr<double>(dw_part), ptr<double>(db_part), pdw, pdb, spans, normalized);
   HPM_CUDA_LAUNCH_CHECK("layer_norm_column_sums_kernel");
+}
+
+}  // namespace
+
+void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
+                         const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+  if (normalized <= 0 || x.numel() % normalized != 0) {
+    throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
+                                std::to_string(normalized) + " trailing elements");
+  }
+  const std::int64_t rows = x.numel() / normalized;
+  require_dtype(grad_y, DType::F32);
+  if (x.dtype() != DType::BF16) require_dtype(x, DType::F32);
+  require_dtype(save_mean, DType::F32);
+  require_dtype(save_rstd, DType::F32);
+  if (grad_y.numel() != x.numel()) check_shape(grad_y, x.shape(), "layer_norm backward: grad_y");
+  if (save_mean.numel() != rows || save_rstd.numel() != rows) {
+    throw std::invalid_argument("layer_norm backward: saved statistics of " +
+                                save_mean.shape().str() + " and " + save_rstd.shape().str() +
+                                " for " + std::to_string(rows) + " rows");
+  }
+  const float* pw = affine(weight, normalized, "weight");
+  if (x.dtype() == DType::BF16) {
+    run_layer_norm_backward<std::uint16_t>(grad_y, x, normalized, pw, save_mean, save_rstd, grad_x,
+                                           grad_weight, grad_bias);
+  } else {
+    run_layer_norm_backward<float>(grad_y, x, normalized, pw, save_mean, save_rstd, grad_x,
+                                   grad_weight, grad_bias);
+  }
 }
 
 }  // namespace hpm::cuda
