@@ -697,6 +697,22 @@ inline std::vector<Case> cases() {
                    2e-2f});
     }
   }
+  // out as the bf16 copy autocast keeps of the attention's output.
+  c.push_back({"attention_backward bf16 out", Op::kAttentionBackward,
+               [](Generator& g, const To& to) {
+                 const Tensor q = kernels::to_bf16(randn(g, {2, 3, 150, 64}));
+                 const Tensor k = kernels::to_bf16(randn(g, {2, 3, 130, 64}));
+                 const Tensor v = kernels::to_bf16(randn(g, {2, 3, 130, 64}));
+                 const Tensor gy = randn(g, {2, 3, 150, 64});
+                 Tensor lse;
+                 const Tensor y =
+                     kernels::to_bf16(kernels::attention_forward(q, k, v, true, 0.125f, lse));
+                 Tensor gq, gk, gv;
+                 kernels::attention_backward(to(gy), to(q), to(k), to(v), to(y), to(lse), true,
+                                             0.125f, &gq, &gk, &gv);
+                 return Outputs{gq, gk, gv};
+               },
+               2e-2f});
   c.push_back({"layer_norm wide", Op::kLayerNormForward, [](Generator& g, const To& to) {
                  Tensor sm, sr;
                  const Tensor y =

@@ -125,6 +125,7 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels);
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                          float scale, Tensor& lse);
 // Recomputes the probabilities tile by tile from q, k and lse; fills whichever pointer is non-null.
+// out may be BF16 (the copy autocast keeps), read widened.
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, bool causal, float scale,
                         Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);

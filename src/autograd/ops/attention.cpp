@@ -26,7 +26,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                   [qb, kb, vb, ys = SavedActivation(y.detach()), lse, causal, scale](
                       const Tensor& g, const Needs& n) {
                     Tensor gq, gk, gv;
-                    kernels::attention_backward(g, qb, kb, vb, ys.get(), lse, causal, scale,
+                    kernels::attention_backward(g, qb, kb, vb, ys.kept(), lse, causal, scale,
                                                 n[0] ? &gq : nullptr, n[1] ? &gk : nullptr,
                                                 n[2] ? &gv : nullptr);
                     return Tensors{gq, gk, gv};
@@ -56,7 +56,7 @@ Tensor packed_self_attention(const Tensor& qkv, std::int64_t heads, bool causal,
                   [q, k, v, ys = SavedActivation(y), lse, causal, scale, heads](const Tensor& g,
                                                                                 const Needs&) {
                     Tensor gq, gk, gv;
-                    kernels::attention_backward(kernels::split_heads(g, heads), q, k, v, ys.get(),
+                    kernels::attention_backward(kernels::split_heads(g, heads), q, k, v, ys.kept(),
                                                 lse, causal, scale, &gq, &gk, &gv);
                     return Tensors{kernels::merge_qkv_heads(gq, gk, gv)};
                   });

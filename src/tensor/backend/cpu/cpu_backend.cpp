@@ -178,11 +178,13 @@ class CpuBackend final : public Backend {
   void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& out, const Tensor& lse, bool causal, float scale,
                           Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) override {
+    // out may be the bf16 copy autocast kept: widened exactly, then read as f32.
+    const Tensor o = out.dtype() == DType::BF16 ? cpu::to_f32(out) : out;
     if (q.dtype() == DType::BF16) {
-      cpu::attention_backward_bf16(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k,
+      cpu::attention_backward_bf16(grad_out, q, k, v, o, lse, causal, scale, grad_q, grad_k,
                                    grad_v);
     } else {
-      cpu::attention_backward(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v);
+      cpu::attention_backward(grad_out, q, k, v, o, lse, causal, scale, grad_q, grad_k, grad_v);
     }
   }
 

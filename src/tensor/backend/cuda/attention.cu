@@ -186,15 +186,17 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- backward -----------------------------------------------------------------------------------
 
-// delta[r] = sum_c g[r, c] o[r, c], a warp per row.
-__global__ void row_dots_kernel(const float* __restrict__ g, const float* __restrict__ o,
+// delta[r] = sum_c g[r, c] o[r, c], a warp per row; o F32 or BF16 (O float or its bits: the copy
+// autocast kept).
+template <typename O>
+__global__ void row_dots_kernel(const float* __restrict__ g, const O* __restrict__ o,
                                 float* __restrict__ delta, std::int64_t rows, std::int64_t d) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t warps = blockDim.x >> 5;
   for (std::int64_t r = blockIdx.x * warps + (threadIdx.x >> 5); r < rows;
        r += static_cast<std::int64_t>(gridDim.x) * warps) {
     float acc = 0.0f;
-    for (std::int64_t c = lane; c < d; c += 32) acc = fmaf(g[r * d + c], o[r * d + c], acc);
+    for (std::int64_t c = lane; c < d; c += 32) acc = fmaf(g[r * d + c], as_f32(o[r * d + c]), acc);
     acc = warp_sum(acc);
     if (lane == 0) delta[r] = acc;
   }
@@ -430,7 +432,11 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
   const int d = static_cast<int>(n.d);
   // Delta = rowsum(dO * O), in f32 from the unrounded dO (as both CPU paths).
   Tensor delta = Tensor::empty({rows > 0 ? rows : 1}, DType::F32);
-  if (rows > 0) {
+  if (rows > 0 && out.dtype() == DType::BF16) {
+    row_dots_kernel<<<blocks_for(rows, kWarps), kThreads, 0, stream>>>(
+        ptr<float>(grad_out), ptr<std::uint16_t>(out), ptr<float>(delta), rows, n.d);
+    HPM_CUDA_LAUNCH_CHECK("row_dots_kernel");
+  } else if (rows > 0) {
     row_dots_kernel<<<blocks_for(rows, kWarps), kThreads, 0, stream>>>(
         ptr<float>(grad_out), ptr<float>(out), ptr<float>(delta), rows, n.d);
     HPM_CUDA_LAUNCH_CHECK("row_dots_kernel");
@@ -512,7 +518,7 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
   // The CPU's f32 path reads out and lse unchecked; here a mismatch is an error, not a stray read.
   check_shape(out, q.shape(), bf16 ? "attention backward (bf16): out" : "attention backward: out");
   require_dtype(grad_out, DType::F32);
-  require_dtype(out, DType::F32);
+  if (out.dtype() != DType::BF16) require_dtype(out, DType::F32);
   require_dtype(lse, DType::F32);
   if (lse.numel() != n.batch * n.t) {
     throw std::invalid_argument("attention backward: lse of " + lse.shape().str() + " for " +
