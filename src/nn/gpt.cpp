@@ -77,15 +77,19 @@ std::vector<Tensor> TransformerBlock::heads(const Tensor& x) {
 }
 
 Tensor TransformerBlock::finish(const Tensor& x, const Tensor& merged) {
+  return mlp(x, proj->forward(merged));
+}
+
+Tensor TransformerBlock::mlp(const Tensor& x, const Tensor& attended) {
   // Written on a change of mode only: concurrent forwards of a shared model just read it.
   if (drop_->is_training() != is_training()) drop_->train(is_training());
-  Tensor h = add(x, drop_->forward(proj->forward(merged)));
+  Tensor h = add(x, drop_->forward(attended));
   return add(h, drop_->forward(out->forward_after_gelu(fc->forward_after(*ln2, h))));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
   check_input(x);
-  return finish(x, packed_self_attention(qkv->forward_after(*ln1, x), n_head_, /*causal=*/true));
+  return mlp(x, proj->forward_after_attention(qkv->forward_after(*ln1, x), n_head_));
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, Tensor& k, Tensor& v) {

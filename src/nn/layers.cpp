@@ -58,6 +58,15 @@ Tensor Linear::forward_after_gelu(const Tensor& x) {
                    [this](const Tensor& rows) { return gelu_linear(rows, weight, bias); });
 }
 
+Tensor Linear::forward_after_attention(const Tensor& qkv, std::int64_t heads) {
+  if (qkv.dim() != 3 || qkv.size(2) != 3 * in_) {
+    throw std::invalid_argument("Linear(" + std::to_string(in_) + ", " + std::to_string(out_) +
+                                ") after attention: expected packed q|k|v (B, T, " +
+                                std::to_string(3 * in_) + "), got " + qkv.shape().str());
+  }
+  return packed_self_attention_linear(qkv, heads, /*causal=*/true, weight, bias);
+}
+
 Tensor Linear::forward_after(LayerNorm& ln, const Tensor& x) {
   if (ln.normalized_shape() != Shape{in_}) return forward(ln.forward(x));
   return over_rows(x, in_, out_, [this, &ln](const Tensor& rows) {

@@ -83,6 +83,7 @@ const char* op_name(Op op) {
       "merge_qkv_heads",
       "split_heads",
       "merge_heads",
+      "merge_heads_bf16",
       "where",
       "masked_fill",
       "index_select0",
@@ -495,6 +496,11 @@ Tensor split_heads(const Tensor& x, std::int64_t heads) {
 Tensor merge_heads(const Tensor& y) {
   OpScope scope(Op::kMergeHeads, {&y});
   return scope.backend().merge_heads(y);
+}
+
+Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16) {
+  OpScope scope(Op::kMergeHeadsBf16, {&y});
+  return scope.backend().merge_heads_bf16(y, y_bf16);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {

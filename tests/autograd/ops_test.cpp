@@ -366,6 +366,55 @@ TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
   }
 }
 
+// packed_self_attention_linear is the projection of packed_self_attention's merged heads bit for
+// bit, values and the gradients of qkv, W and b, in f32 and under bf16 autocast, where its
+// forward merges and rounds the heads in one pass (one merge_heads_bf16, no merge_heads, only the
+// weight rounded by to_bf16) and its backward widens nothing.
+TEST(PackedSelfAttentionLinear, EqualsTheCompositionBitForBit) {
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    Generator gen(13);
+    const std::int64_t b = 2, t = 9, heads = 2, e = 32;  // head size 16
+    const Tensor qkv0 = Tensor::randn({b, t, 3 * e}, gen), w0 = Tensor::randn({e, e}, gen);
+    const Tensor b0 = Tensor::randn({e}, gen), r = Tensor::randn({b, t, e}, gen);
+    std::vector<Tensor> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor qkv = qkv0.clone(), w = w0.clone(), bias = b0.clone();
+      for (Tensor* p : {&qkv, &w, &bias}) p->set_requires_grad(true);
+      autograd::AutocastScope scope(precision);
+      const auto merges = dispatch_count(DeviceType::kCpu, Op::kMergeHeads);
+      const auto rounds = dispatch_count(DeviceType::kCpu, Op::kToBf16);
+      Tensor y;
+      if (fused) {
+        y = packed_self_attention_linear(qkv, heads, true, w, bias);
+      } else {
+        const Tensor merged = packed_self_attention(qkv, heads, true);
+        y = reshape(linear(reshape(merged, {b * t, e}), w, bias), {b, t, e});
+      }
+      if (fused && precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kMergeHeads) - merges, 0u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 1u);  // the weight
+      }
+      const auto widenings = dispatch_count(DeviceType::kCpu, Op::kToF32);
+      sum(mul(y, r)).backward();
+      if (precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToF32) - widenings, 0u);
+      }
+      results[fused] = {y, qkv.grad(), w.grad(), bias.grad()};
+    }
+    const char* names[] = {"output", "dqkv", "dW", "db"};
+    for (std::size_t k = 0; k < results[0].size(); ++k) {
+      const Tensor& a = results[1][k];
+      const Tensor& x = results[0][k];
+      ASSERT_EQ(a.shape(), x.shape()) << names[k];
+      for (std::int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_EQ(a.data<float>()[i], x.data<float>()[i]) << names[k] << " element " << i;
+    }
+  }
+}
+
 TEST(Concat, RejectsMismatchedExtents) {
   try {
     concat({Tensor::zeros({2, 3}), Tensor::zeros({3, 3})}, 1);

@@ -379,6 +379,14 @@ inline std::vector<Case> cases() {
   c.push_back({"merge_heads", Op::kMergeHeads, [](Generator& g, const To& to) {
                  return Outputs{kernels::merge_heads(to(randn(g, {2, 3, 5, 4})))};
                }});
+  c.push_back({"merge_heads_bf16", Op::kMergeHeadsBf16,
+               [](Generator& g, const To& to) {
+                 const Tensor y = to(randn(g, {2, 3, 37, 16}));
+                 Tensor yb;
+                 const Tensor merged = kernels::merge_heads_bf16(y, &yb);
+                 return Outputs{merged, yb, kernels::merge_heads_bf16(y)};
+               },
+               bf16_tolerance});
   c.push_back({"where", Op::kWhere, [](Generator& g, const To& to) {
                  return Outputs{
                      kernels::where(to(mask(g, {4, 1})), to(randn(g, {4, 3})), to(randn(g, {3})))};

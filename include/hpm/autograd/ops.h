@@ -74,6 +74,10 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // likewise, the norm writing the product's bf16 operand under bf16 autocast.
 Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
                          const Tensor& weight, const Tensor& bias);
+// linear(packed_self_attention(qkv, heads, causal), weight, bias) over its rows: qkv (B, T, 3E)
+// -> (B, T, OUT); likewise, the attention's merged heads written as the product's bf16 operand.
+Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,
+                                    const Tensor& weight, const Tensor& bias);
 
 // ---- convolution and pooling ----------------------------------------------------------------
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,

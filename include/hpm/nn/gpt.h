@@ -51,6 +51,8 @@ class TransformerBlock : public Module {
   std::vector<Tensor> heads(const Tensor& x);
   // Attention's heads merged (B, T, E) through the projection and the MLP.
   Tensor finish(const Tensor& x, const Tensor& merged);
+  // The attention's projected output (B, T, E) through the residual and the MLP.
+  Tensor mlp(const Tensor& x, const Tensor& attended);
   std::int64_t n_head_;
   std::shared_ptr<Dropout> drop_;
 };

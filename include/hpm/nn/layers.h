@@ -23,6 +23,9 @@ class Linear : public Module {
   // forward(ln.forward(x)), the norm fused likewise (layer_norm_linear) when it normalizes the
   // last dimension alone.
   Tensor forward_after(LayerNorm& ln, const Tensor& x);
+  // forward(packed_self_attention(qkv, heads)), causal, qkv (B, T, 3 x in): the attention's merged
+  // heads written as the product's operand (packed_self_attention_linear).
+  Tensor forward_after_attention(const Tensor& qkv, std::int64_t heads);
   std::string type_name() const override { return "Linear"; }
   std::string extra_repr() const override;
   Tensor weight, bias;

@@ -65,6 +65,7 @@ enum class Op : int {
   kMergeQkvHeads,
   kSplitHeads,
   kMergeHeads,
+  kMergeHeadsBf16,
   kWhere,
   kMaskedFill,
   kIndexSelect0,
@@ -95,7 +96,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 70;
+inline constexpr int kOps = 71;
 const char* op_name(Op op);
 
 class Backend {
@@ -179,6 +180,7 @@ class Backend {
   virtual Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) = 0;
   virtual Tensor split_heads(const Tensor& x, std::int64_t heads) = 0;
   virtual Tensor merge_heads(const Tensor& y) = 0;
+  virtual Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16) = 0;
   virtual Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) = 0;
   virtual Tensor masked_fill(const Tensor& x, const Tensor& mask, float value) = 0;
   virtual Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) = 0;

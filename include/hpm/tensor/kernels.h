@@ -146,6 +146,9 @@ void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor&
 Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v);
 Tensor split_heads(const Tensor& x, std::int64_t heads);
 Tensor merge_heads(const Tensor& y);
+// to_bf16(merge_heads(y)) in one pass over y: a bf16 product's operand made by the attention; with
+// y_bf16, to_bf16(y) into it from the same pass (what bf16 autocast keeps of the output).
+Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16 = nullptr);
 // Masks are I8 (nonzero = true), broadcast NumPy-style. where: cond ? a : b (all broadcast).
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 // x with `value` where mask (broadcast to x's shape) is true.

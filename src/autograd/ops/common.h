@@ -1,5 +1,6 @@
 // What every file of autograd's gradient rules (this folder) shares: SavedActivation (autocast.h's
-// rule for what backward keeps) and the names of the recording helpers.
+// rule for what backward keeps), a Linear's parameter gradients and the names of the recording
+// helpers.
 #pragma once
 #include <vector>
 
@@ -28,6 +29,12 @@ class SavedActivation {
   Tensor t_;
 };
 
+// What a Linear's backward does after dx (gx, returned first): dW = gp^T xp and db = g's rows
+// summed, now or, in a zero-bubble pipeline's B pass, queued for its W pass; gp and xp are g and
+// x as the product took them (f32, or both rounded to bf16). n: needs of (x, weight, bias).
+Tensors linear_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, const Needs& n,
+                         Tensor gx, const Tensor& weight, const Tensor& bias);
+
 }  // namespace hpm::autograd::rules
 
 // The names every rule file uses, for the files of this folder alone.
@@ -37,6 +44,7 @@ using autograd::autocast_precision;
 using autograd::Precision;
 using autograd::record;
 using autograd::Tensors;
+using autograd::rules::linear_gradients;
 using autograd::rules::Needs;
 using autograd::rules::SavedActivation;
 using kernels::BinaryOp;

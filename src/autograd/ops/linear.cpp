@@ -1,4 +1,5 @@
-// Products (matmul, batched matmul, Linear; bf16 under autocast) and their gradient rules.
+// Products (matmul, batched matmul, Linear; bf16 under autocast) and their gradient rules; the
+// Linear's parameter gradients (linear_gradients), shared with fused_linear.cpp's products.
 // Rules save inputs as they are and outputs detached (an output saving itself would be a
 // reference cycle).
 #include <algorithm>
@@ -71,10 +72,13 @@ Tensors param_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, con
   return Tensors{std::move(dw), std::move(db)};
 }
 
+}  // namespace
+
 // What a Linear's backward does after dx: dW and db now, or, in a zero-bubble pipeline's B pass,
 // queued for its W pass. Shared by the f32 and bf16 Linears.
-Tensors linear_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, const Needs& n,
-                         Tensor gx, const Tensor& weight, const Tensor& bias) {
+Tensors autograd::rules::linear_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp,
+                                          const Needs& n, Tensor gx, const Tensor& weight,
+                                          const Tensor& bias) {
   autograd::DeferredWeightGradients* later = autograd::deferred_weight_gradients();
   if (later != nullptr && (n[1] || n[2]) && (!n[1] || weight.is_leaf()) &&
       (!n[2] || bias.is_leaf())) {
@@ -88,6 +92,8 @@ Tensors linear_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, co
   Tensors wb = param_gradients(g, gp, xp, weight, n[1], n[2]);
   return Tensors{std::move(gx), std::move(wb[0]), std::move(wb[1])};
 }
+
+namespace {
 
 // A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product, x kept so
 // for backward, which rounds g too and W again (a weight is not an activation: rounding it twice
@@ -106,59 +112,6 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 }  // namespace
-
-Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (autocast_precision() != Precision::BF16 || x.dtype() != DType::F32) {
-    return linear(gelu(x), weight, bias);
-  }
-  // One pass over x makes the product's operand and the bf16 copy of x that GELU's backward
-  // reads (what gelu() would keep under autocast): to_bf16 of GELU's output and of its input are
-  // no passes of their own, and GELU's f32 output is never written.
-  Tensor xb;
-  const Tensor ab = kernels::unary_bf16(UnaryOp::Gelu, x, &xb);
-  Tensor y = kernels::linear(ab, kernels::to_bf16(weight), bias);
-  return record("GeluLinearBF16", {x, weight, bias}, y,
-                [xb, ab, weight, bias](const Tensor& g, const Needs& n) {
-                  const Tensor gb = kernels::to_bf16(g);
-                  Tensor dx;
-                  if (n[0]) {
-                    dx = kernels::unary_backward(
-                        UnaryOp::Gelu, kernels::matmul(gb, kernels::to_bf16(weight)), xb, Tensor());
-                  }
-                  return linear_gradients(g, gb, ab, n, std::move(dx), weight, bias);
-                });
-}
-
-Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
-                         const Tensor& weight, const Tensor& bias) {
-  if (autocast_precision() != Precision::BF16 || x.dtype() != DType::F32 || x.dim() != 2) {
-    return linear(layer_norm(x, x.size(-1), ln_weight, ln_bias, eps), weight, bias);
-  }
-  // One pass over x makes the product's operand and the bf16 copy of x the norm's backward reads
-  // (what layer_norm() keeps under autocast): neither rounding is a pass of its own, and the
-  // norm's f32 output is never written.
-  const std::int64_t normalized = x.size(1);
-  Tensor mean, rstd, xb;
-  const Tensor yb =
-      kernels::layer_norm_forward_bf16(x, normalized, ln_weight, ln_bias, eps, mean, rstd, &xb);
-  Tensor y = kernels::linear(yb, kernels::to_bf16(weight), bias);
-  return record(
-      "LayerNormLinearBF16", {x, ln_weight, ln_bias, weight, bias}, y,
-      [xb, yb, mean, rstd, normalized, ln_weight, weight, bias](const Tensor& g, const Needs& n) {
-        const Tensor gb = kernels::to_bf16(g);
-        Tensor gx, gw, gbias;
-        if (n[0] || n[1] || n[2]) {
-          kernels::layer_norm_backward(kernels::matmul(gb, kernels::to_bf16(weight)), xb,
-                                       normalized, ln_weight, mean, rstd, n[0] ? &gx : nullptr,
-                                       n[1] ? &gw : nullptr, n[2] ? &gbias : nullptr);
-        }
-        Tensors product =
-            linear_gradients(g, gb, yb, Needs{false, n[3], n[4]}, Tensor(), weight, bias);
-        return Tensors{std::move(gx), gw.defined() ? gw.reshape(ln_weight.shape()) : gw,
-                       gbias.defined() ? gbias.reshape(ln_weight.shape()) : gbias,
-                       std::move(product[1]), std::move(product[2])};
-      });
-}
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (autocast_precision() == Precision::BF16) return linear_bf16(x, weight, bias);

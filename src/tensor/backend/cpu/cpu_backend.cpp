@@ -314,6 +314,10 @@ class CpuBackend final : public Backend {
     return cpu::split_heads(x, heads);
   }
   Tensor merge_heads(const Tensor& y) override { return cpu::merge_heads(y); }
+  Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16) override {
+    if (y_bf16 != nullptr) *y_bf16 = cpu::to_bf16(y);
+    return cpu::to_bf16(cpu::merge_heads(y));
+  }
   Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) override {
     return cpu::where(cond, a, b);
   }

@@ -52,6 +52,7 @@ void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor&
 Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v);
 Tensor split_heads(const Tensor& x, std::int64_t heads);
 Tensor merge_heads(const Tensor& y);
+Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16);
 Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices);
 
 }  // namespace hpm::cuda

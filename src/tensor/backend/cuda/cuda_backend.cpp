@@ -128,6 +128,9 @@ class CudaBackend final : public Backend {
     return cuda::split_heads(x, heads);
   }
   Tensor merge_heads(const Tensor& y) override { return cuda::merge_heads(y); }
+  Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16) override {
+    return cuda::merge_heads_bf16(y, y_bf16);
+  }
   Tensor index_select0(const Tensor& x, const std::vector<std::int64_t>& indices) override {
     return cuda::index_select0(x, indices);
   }

@@ -196,6 +196,18 @@ __global__ void to_packed_kernel(float* packed, HeadPtrs<const float> heads, Hea
   }
 }
 
+// merge_heads rounded to bf16 (packed), the heads rounded too into heads_bf16 when given.
+__global__ void to_packed_bf16_kernel(std::uint16_t* packed, const float* heads,
+                                      std::uint16_t* heads_bf16, HeadsLayout l, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    std::int64_t part;
+    const std::int64_t hi = head_index(i, l, 1, part);
+    const std::uint16_t b = f32_to_bf16_bits(heads[hi]);
+    packed[i] = b;
+    if (heads_bf16 != nullptr) heads_bf16[hi] = b;
+  }
+}
+
 std::int64_t packed_numel(const HeadsLayout& l, std::int64_t parts) {
   return l.batch * l.t * parts * l.heads * l.d;
 }
@@ -419,6 +431,23 @@ Tensor merge_heads(const Tensor& y) {
   Tensor x = Tensor::empty({l.batch, l.t, l.heads * l.d}, DType::F32, y.device());
   const HeadPtrs<const float> in{{ptr<const float>(y), nullptr, nullptr}};
   to_packed(x, in, l, 1, "merge_heads");
+  return x;
+}
+
+Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16) {
+  const HeadsLayout l = heads_layout({&y}, "merge_heads_bf16");
+  Tensor x = Tensor::empty({l.batch, l.t, l.heads * l.d}, DType::BF16, y.device());
+  std::uint16_t* yb = nullptr;
+  if (y_bf16 != nullptr) {
+    *y_bf16 = Tensor::empty(y.shape(), DType::BF16, y.device());
+    yb = ptr<std::uint16_t>(*y_bf16);
+  }
+  const std::int64_t n = packed_numel(l, 1);
+  if (n > 0) {
+    to_packed_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, current_stream()>>>(
+        ptr<std::uint16_t>(x), ptr<const float>(y), yb, l, n);
+    HPM_CUDA_LAUNCH_CHECK("merge_heads_bf16");
+  }
   return x;
 }
 

@@ -1,0 +1,105 @@
+// Products whose operand is made by the op before them, fused with it under bf16 autocast: the op
+// writes the product's bf16 operand (and the bf16 copy of what its backward reads) in one pass,
+// where the composition writes its f32 output, rounds it for the product and rounds its input
+// for backward: GELU, layer norm and attention, each followed by a Linear. Each is bit-identical to
+// its composition (values and gradients); outside bf16 autocast it is the composition.
+#include <cmath>
+#include <utility>
+
+#include "autograd/ops/common.h"
+
+namespace hpm {
+
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast_precision() != Precision::BF16 || x.dtype() != DType::F32) {
+    return linear(gelu(x), weight, bias);
+  }
+  // One pass over x makes the product's operand and the bf16 copy of x that GELU's backward
+  // reads (what gelu() would keep under autocast): to_bf16 of GELU's output and of its input are
+  // no passes of their own, and GELU's f32 output is never written.
+  Tensor xb;
+  const Tensor ab = kernels::unary_bf16(UnaryOp::Gelu, x, &xb);
+  Tensor y = kernels::linear(ab, kernels::to_bf16(weight), bias);
+  return record("GeluLinearBF16", {x, weight, bias}, y,
+                [xb, ab, weight, bias](const Tensor& g, const Needs& n) {
+                  const Tensor gb = kernels::to_bf16(g);
+                  Tensor dx;
+                  if (n[0]) {
+                    dx = kernels::unary_backward(
+                        UnaryOp::Gelu, kernels::matmul(gb, kernels::to_bf16(weight)), xb, Tensor());
+                  }
+                  return linear_gradients(g, gb, ab, n, std::move(dx), weight, bias);
+                });
+}
+
+Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
+                         const Tensor& weight, const Tensor& bias) {
+  if (autocast_precision() != Precision::BF16 || x.dtype() != DType::F32 || x.dim() != 2) {
+    return linear(layer_norm(x, x.size(-1), ln_weight, ln_bias, eps), weight, bias);
+  }
+  // One pass over x makes the product's operand and the bf16 copy of x the norm's backward reads
+  // (what layer_norm() keeps under autocast): neither rounding is a pass of its own, and the
+  // norm's f32 output is never written.
+  const std::int64_t normalized = x.size(1);
+  Tensor mean, rstd, xb;
+  const Tensor yb =
+      kernels::layer_norm_forward_bf16(x, normalized, ln_weight, ln_bias, eps, mean, rstd, &xb);
+  Tensor y = kernels::linear(yb, kernels::to_bf16(weight), bias);
+  return record(
+      "LayerNormLinearBF16", {x, ln_weight, ln_bias, weight, bias}, y,
+      [xb, yb, mean, rstd, normalized, ln_weight, weight, bias](const Tensor& g, const Needs& n) {
+        const Tensor gb = kernels::to_bf16(g);
+        Tensor gx, gw, gbias;
+        if (n[0] || n[1] || n[2]) {
+          kernels::layer_norm_backward(kernels::matmul(gb, kernels::to_bf16(weight)), xb,
+                                       normalized, ln_weight, mean, rstd, n[0] ? &gx : nullptr,
+                                       n[1] ? &gw : nullptr, n[2] ? &gbias : nullptr);
+        }
+        Tensors product =
+            linear_gradients(g, gb, yb, Needs{false, n[3], n[4]}, Tensor(), weight, bias);
+        return Tensors{std::move(gx), gw.defined() ? gw.reshape(ln_weight.shape()) : gw,
+                       gbias.defined() ? gbias.reshape(ln_weight.shape()) : gbias,
+                       std::move(product[1]), std::move(product[2])};
+      });
+}
+
+Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,
+                                    const Tensor& weight, const Tensor& bias) {
+  if (autocast_precision() != Precision::BF16 || qkv.dtype() != DType::F32 || qkv.dim() != 3) {
+    const Tensor merged = packed_self_attention(qkv, heads, causal);
+    const std::int64_t b = merged.size(0), t = merged.size(1);
+    return reshape(linear(reshape(merged, {b * t, merged.size(2)}), weight, bias),
+                   {b, t, weight.size(0)});
+  }
+  Tensor q, k, v, lse;
+  kernels::split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
+  // The attention's output, merged and rounded for the product, and rounded in its own layout for
+  // the backward, in one pass: merge_heads, its f32 output and both roundings are not passes.
+  Tensor yb;
+  const Tensor merged =
+      kernels::merge_heads_bf16(kernels::attention_forward(q, k, v, causal, scale, lse), &yb);
+  const std::int64_t b = merged.size(0), t = merged.size(1), e = merged.size(2);
+  const Tensor rows = merged.reshape({b * t, e});
+  Tensor y = kernels::linear(rows, kernels::to_bf16(weight), bias).reshape({b, t, weight.size(0)});
+  return record("PackedAttentionLinearBF16", {qkv, weight, bias}, y,
+                [q, k, v, yb, lse, rows, causal, scale, heads, weight, bias](const Tensor& g,
+                                                                             const Needs& n) {
+                  const Tensor g2 = g.reshape({rows.size(0), weight.size(0)});
+                  const Tensor gb = kernels::to_bf16(g2);
+                  Tensor gqkv;
+                  if (n[0]) {
+                    const Tensor d_merged = kernels::matmul(gb, kernels::to_bf16(weight))
+                                                .reshape({yb.size(0), yb.size(2), rows.size(1)});
+                    Tensor gq, gk, gv;
+                    kernels::attention_backward(kernels::split_heads(d_merged, heads), q, k, v, yb,
+                                                lse, causal, scale, &gq, &gk, &gv);
+                    gqkv = kernels::merge_qkv_heads(gq, gk, gv);
+                  }
+                  Tensors product =
+                      linear_gradients(g2, gb, rows, n, std::move(gqkv), weight, bias);
+                  return product;
+                });
+}
+
+}  // namespace hpm
