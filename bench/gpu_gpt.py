@@ -18,9 +18,10 @@ Both sides exclude warm-up: the peer times from a synchronize after its first 10
 rate is its report's train_tokens_per_s_after_first_step (the first step makes the kernels'
 plans and the allocator's pool). Each side synchronizes at its ends.
 
---ab-env KEY=VALUE runs hpm a second time with that environment variable (for example
-HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones) and prints its rate
-beside the first.
+--ab-env KEY=VALUE runs hpm again with that environment variable (for example
+HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones, or
+HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues) and prints its rate beside
+the first; repeatable, one run per variable.
 
 --profile-steps N (N > 1) runs hpm once more per size for N steps with --op-profile and prints each
 table last: the step's time by op on the device (every step but the first; hpm train --op-profile).
@@ -123,11 +124,12 @@ def main():
     p.add_argument("--precision", default="bf16", choices=["f32", "bf16"])
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--json", default="")
-    p.add_argument("--ab-env", default="", help="KEY=VALUE: hpm again under this variable")
+    p.add_argument("--ab-env", action="append", default=[],
+                   help="KEY=VALUE: hpm again under this variable (repeatable: one run each)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="N > 1: hpm once more for N steps with --op-profile; tables printed last")
     args = p.parse_args()
-    ab = dict([args.ab_env.split("=", 1)]) if args.ab_env else None
+    abs_ = [(spec, dict([spec.split("=", 1)])) for spec in args.ab_env]
     args.text_glob = os.path.join(os.path.dirname(args.text[0]), "*")
     peak = gemm_rate_tflops()
     print(f"bf16 GEMM 8192^3 on this card: {peak:.0f} TFLOP/s", flush=True)
@@ -135,8 +137,8 @@ def main():
     for size in args.sizes.split(","):
         r = {"size": size, "hpm": run_hpm(args, size), "eager": run_peer(args, size, False),
              "compile": run_peer(args, size, True)}
-        if ab:
-            r["hpm_ab"] = run_hpm(args, size, ab)
+        for spec, env in abs_:
+            r["hpm_ab " + spec] = run_hpm(args, size, env)
         if args.profile_steps > 1:
             r["hpm_profile"] = run_hpm(args, size, profile_steps=args.profile_steps)
         rows.append(r)
@@ -156,10 +158,10 @@ def main():
         print(f"{r['size']:12} {fmt(ht, '11.0f')} {fmt(et, '11.0f')} {fmt(ct, '11.0f')} "
               f"{fmt(ratio(ht, et), '7.2f')} {fmt(ratio(ht, ct), '8.2f')} {fmt(mfu(ht), '8.1%')} "
               f"{fmt(mfu(ct), '8.1%')} {fmt(hm and hm / 2**20, '8.0f')} {fmt(tm and tm / 2**20, '9.0f')}")
-    if ab:
-        print(f"\nhpm with {args.ab_env}:")
+    for spec, _ in abs_:
+        print(f"\nhpm with {spec}:")
         for r in rows:
-            a, b = hpm_rate(r["hpm"]), hpm_rate(r.get("hpm_ab", {}))
+            a, b = hpm_rate(r["hpm"]), hpm_rate(r.get("hpm_ab " + spec, {}))
             print(f"{r['size']:12} {b and round(b) or 'n/a':>11} tokens/s against {a and round(a) or 'n/a'}"
                   f" ({a / b:.2f}x)" if a and b else f"{r['size']:12} n/a")
     for r in rows:

@@ -1,5 +1,6 @@
 // The backward engine: counts each node's dependencies, then runs nodes whose gradients are
-// complete, latest-created first, summing gradients that arrive along several edges.
+// complete, latest-created first, summing gradients that arrive along several edges (in f32), and
+// widening a BF16 gradient for a node that does not take one (node.h's Bf16Grad).
 #include <queue>
 #include <stdexcept>
 #include <unordered_map>
@@ -58,6 +59,11 @@ void Tensor::backward(const Tensor& grad_output) const {
     ready.pop();
     Tensors grads_in = std::move(inputs[node]);
     inputs.erase(node);
+    if (node->bf16_grad == Bf16Grad::kWidened) {
+      for (Tensor& g : grads_in) {
+        if (g.defined() && g.dtype() == DType::BF16) g = kernels::to_f32(g);
+      }
+    }
     Tensors grads_out = node->apply(std::move(grads_in));
     for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& e = node->next_edges[i];
@@ -66,8 +72,15 @@ void Tensor::backward(const Tensor& grad_output) const {
       if (buf.empty()) buf.resize(static_cast<std::size_t>(e.fn->num_outputs()));
       if (i < grads_out.size() && grads_out[i].defined()) {
         Tensor& slot = buf[static_cast<std::size_t>(e.input_nr)];
-        slot = slot.defined() ? kernels::binary(kernels::BinaryOp::Add, slot, grads_out[i])
-                              : grads_out[i];
+        if (!slot.defined()) {
+          slot = grads_out[i];
+        } else {
+          // A sum is f32: a BF16 gradient meeting another is widened first.
+          auto wide = [](const Tensor& g) {
+            return g.dtype() == DType::BF16 ? kernels::to_f32(g) : g;
+          };
+          slot = kernels::binary(kernels::BinaryOp::Add, wide(slot), wide(grads_out[i]));
+        }
       }
       if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
     }

@@ -89,12 +89,14 @@ Edge gradient_edge(const Tensor& t) {
   return {acc, 0};
 }
 
-Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn backward) {
+Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn backward,
+              Bf16Grad bf16_grad) {
   if (!grad_enabled()) return output;
   bool any = false;
   for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
   if (!any) return output;
   auto node = std::make_shared<FunctionNode>(name, std::move(backward));
+  node->bf16_grad = bf16_grad;
   node->next_edges.reserve(inputs.size());
   for (const Tensor& t : inputs) node->next_edges.push_back(gradient_edge(t));
   AutogradMeta& meta = output.autograd_meta();
@@ -102,6 +104,15 @@ Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn
   meta.grad_fn = std::move(node);
   meta.output_nr = 0;
   return output;
+}
+
+bool bf16_gradient_taken(const Tensor& t) {
+  if (!t.defined() || !t.impl()->autograd) return false;
+  const Node* fn = t.impl()->autograd->grad_fn.get();
+  while (fn != nullptr && fn->bf16_grad == Bf16Grad::kPassedOn && fn->next_edges.size() == 1) {
+    fn = fn->next_edges[0].fn.get();
+  }
+  return fn != nullptr && fn->bf16_grad == Bf16Grad::kTaken;
 }
 
 }  // namespace hpm::autograd

@@ -59,6 +59,7 @@ const char* op_name(Op op) {
       "unary",
       "unary_backward",
       "unary_bf16",
+      "unary_backward_bf16",
       "sum_all",
       "sum_squares",
       "sum_dim",
@@ -341,6 +342,12 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   OpScope scope(Op::kUnary, {&x});
   scope.set_detail(unary_name(op));
   return scope.backend().unary(op, x);
+}
+
+Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  OpScope scope(Op::kUnaryBackwardBf16, {&grad_y, &x, &y});
+  scope.set_detail(unary_name(op));
+  return scope.backend().unary_backward_bf16(op, grad_y, x, y);
 }
 
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {

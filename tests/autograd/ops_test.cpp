@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "common/attention.h"
@@ -411,6 +412,56 @@ TEST(PackedSelfAttentionLinear, EqualsTheCompositionBitForBit) {
       ASSERT_EQ(a.shape(), x.shape()) << names[k];
       for (std::int64_t i = 0; i < a.numel(); ++i)
         ASSERT_EQ(a.data<float>()[i], x.data<float>()[i]) << names[k] << " element " << i;
+    }
+  }
+}
+
+// Where gelu_linear's input comes from a bf16 product (through a reshape, as in a GPT's MLP), its
+// gradient goes back in bf16 (one unary_backward_bf16, no to_bf16 of it in the product's rule):
+// the same bits as the f32 gradient the product would round. Where that input also feeds an f32
+// op, the engine widens the bf16 gradient before the sum.
+TEST(GeluLinear, HandsABf16ProductItsGradientInBf16) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  Generator gen(21);
+  const Tensor h0 = Tensor::randn({6, 12}, gen), w10 = Tensor::randn({16, 12}, gen);
+  const Tensor b10 = Tensor::randn({16}, gen), w20 = Tensor::randn({5, 16}, gen);
+  const Tensor b20 = Tensor::randn({5}, gen), r = Tensor::randn({2, 3, 5}, gen);
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "the product's output also summed" : "the product's output used once");
+    std::vector<Tensor> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor h = h0.clone(), w1 = w10.clone(), b1 = b10.clone(), w2 = w20.clone(), b2 = b20.clone();
+      for (Tensor* t : {&h, &w1, &b1, &w2, &b2}) t->set_requires_grad(true);
+      autograd::AutocastScope scope(autograd::Precision::BF16);
+      const Tensor a = reshape(linear(h, w1, b1), {2, 3, 16});
+      const Tensor rows = reshape(a, {6, 16});
+      const Tensor y = fused ? gelu_linear(rows, w2, b2) : linear(gelu(rows), w2, b2);
+      Tensor loss = sum(mul(reshape(y, {2, 3, 5}), r));
+      if (shared) loss = add(loss, sum(a));
+      const auto emitted = dispatch_count(DeviceType::kCpu, Op::kUnaryBackwardBf16);
+      loss.backward();
+      if (fused) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kUnaryBackwardBf16) - emitted, 1u);
+      }
+      results[fused] = {y, h.grad(), w1.grad(), b1.grad(), w2.grad(), b2.grad()};
+    }
+    const char* names[] = {"output", "dh", "dW1", "db1", "dW2", "db2"};
+    for (std::size_t k = 0; k < results[0].size(); ++k) {
+      const Tensor& a = results[1][k];
+      const Tensor& e = results[0][k];
+      ASSERT_EQ(a.shape(), e.shape()) << names[k];
+      ASSERT_EQ(a.dtype(), DType::F32) << names[k];
+      float scale = 0.0f;
+      for (std::int64_t i = 0; i < e.numel(); ++i)
+        scale = std::max(scale, std::fabs(e.data<float>()[i]));
+      for (std::int64_t i = 0; i < a.numel(); ++i) {
+        if (shared) {  // rounded before the sum there, after it here: within bf16's rounding
+          ASSERT_NEAR(a.data<float>()[i], e.data<float>()[i], 2e-2f * scale)
+              << names[k] << " element " << i;
+        } else {
+          ASSERT_EQ(a.data<float>()[i], e.data<float>()[i]) << names[k] << " element " << i;
+        }
+      }
     }
   }
 }

@@ -757,6 +757,15 @@ inline std::vector<Case> cases() {
                  return Outputs{kernels::unary_backward(UnaryOp::Gelu, to(randn(g, {7, 301})),
                                                         to(x), Tensor())};
                }});
+  c.push_back({"unary_backward_bf16 gelu", Op::kUnaryBackwardBf16,
+               [](Generator& g, const To& to) {
+                 const Tensor x = kernels::to_bf16(randn(g, {7, 301})), gy = randn(g, {7, 301});
+                 const Tensor xf = randn(g, {7, 301});
+                 return Outputs{
+                     kernels::unary_backward_bf16(UnaryOp::Gelu, to(gy), to(x), Tensor()),
+                     kernels::unary_backward_bf16(UnaryOp::Gelu, to(gy), to(xf), Tensor())};
+               },
+               bf16_tolerance});
   c.push_back({"embedding wide", Op::kEmbeddingBackward, [](Generator& g, const To& to) {
                  std::vector<std::int64_t> idx;
                  for (int i = 0; i < 45; ++i) idx.push_back((i * 7) % 301);

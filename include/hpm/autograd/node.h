@@ -17,6 +17,16 @@ using Tensors = std::vector<Tensor>;
 
 class Node;
 
+// What a node does with a BF16 gradient. A rule of bf16 autocast may return one for an input
+// (cheaper to write, and its consumer rounds it anyway) only where bf16_gradient_taken says that
+// it reaches a kTaken node; the engine widens BF16 gradients for every other node, and where two
+// meet in a sum.
+enum class Bf16Grad : std::uint8_t {
+  kWidened,   // widened to f32 by the engine first (every node but those below)
+  kTaken,     // taken as it is: a bf16 product's rule, which rounds its gradient to bf16 anyway
+  kPassedOn,  // handed on as it is to the node's one input: a view's rule (Reshape)
+};
+
 struct Edge {
   std::shared_ptr<Node> fn;  // null when the input needs no gradient
   int input_nr = 0;          // which of fn's outputs this edge carries
@@ -39,6 +49,7 @@ class Node {
   std::vector<Edge> next_edges;
   // Creation order: the engine runs later nodes first, which keeps execution deterministic.
   std::uint64_t sequence_nr;
+  Bf16Grad bf16_grad = Bf16Grad::kWidened;
 };
 
 // Sink of a leaf tensor: adds the incoming gradient into tensor.grad, then runs its hooks.
@@ -80,6 +91,11 @@ Edge gradient_edge(const Tensor& t);
 
 // Attaches `output` to a new FunctionNode over `inputs` when grad mode is on and any input
 // requires grad; returns `output` either way. This is how every differentiable op records itself.
-Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn backward);
+Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn backward,
+              Bf16Grad bf16_grad = Bf16Grad::kWidened);
+
+// Whether a BF16 gradient for t would reach, through kPassedOn nodes only, a node that takes it
+// (Bf16Grad::kTaken): false for a leaf or a tensor outside the graph.
+bool bf16_gradient_taken(const Tensor& t);
 
 }  // namespace hpm::autograd

@@ -41,6 +41,7 @@ enum class Op : int {
   kUnary,
   kUnaryBackward,
   kUnaryBf16,
+  kUnaryBackwardBf16,
   kSumAll,
   kSumSquares,
   kSumDim,
@@ -96,7 +97,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 71;
+inline constexpr int kOps = 72;
 const char* op_name(Op op);
 
 class Backend {
@@ -145,6 +146,8 @@ class Backend {
   virtual Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                                 const Tensor& y) = 0;
   virtual Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) = 0;
+  virtual Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x,
+                                     const Tensor& y) = 0;
   virtual Tensor sum_all(const Tensor& x) = 0;
   virtual Tensor sum_squares(const Tensor& x) = 0;
   virtual Tensor sum_dim(const Tensor& x, int dim, bool keepdim) = 0;

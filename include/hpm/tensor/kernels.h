@@ -63,6 +63,8 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const T
 // to_bf16(unary(op, x)) in one pass over x (F32): a bf16 product's operand made by its activation;
 // with x_bf16, to_bf16(x) into it from the same pass (what bf16 autocast keeps of the input).
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16 = nullptr);
+// to_bf16(unary_backward(...)) in one pass: the gradient a bf16 product's rule takes as it is.
+Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 
 // ---- reductions ----------------------------------------------------------------------------
 // The sum of every element: a 0-d F32 tensor.

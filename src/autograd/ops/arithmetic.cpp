@@ -127,8 +127,9 @@ Tensor mean(const Tensor& x, int dim, bool keepdim) {
 
 Tensor reshape(const Tensor& x, const Shape& shape) {
   const Shape s = x.shape();
-  return record("Reshape", {x}, x.reshape(shape),
-                [s](const Tensor& g, const Needs&) { return Tensors{g.reshape(s)}; });
+  return record(
+      "Reshape", {x}, x.reshape(shape),
+      [s](const Tensor& g, const Needs&) { return Tensors{g.reshape(s)}; }, Bf16Grad::kPassedOn);
 }
 
 Tensor flatten(const Tensor& x, int start_dim) {

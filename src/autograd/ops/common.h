@@ -41,6 +41,8 @@ Tensors linear_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, co
 namespace hpm {
 using autograd::accumulate_into;
 using autograd::autocast_precision;
+using autograd::bf16_gradient_taken;
+using autograd::Bf16Grad;
 using autograd::Precision;
 using autograd::record;
 using autograd::Tensors;

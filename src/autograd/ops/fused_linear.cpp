@@ -20,16 +20,22 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor xb;
   const Tensor ab = kernels::unary_bf16(UnaryOp::Gelu, x, &xb);
   Tensor y = kernels::linear(ab, kernels::to_bf16(weight), bias);
-  return record("GeluLinearBF16", {x, weight, bias}, y,
-                [xb, ab, weight, bias](const Tensor& g, const Needs& n) {
-                  const Tensor gb = kernels::to_bf16(g);
-                  Tensor dx;
-                  if (n[0]) {
-                    dx = kernels::unary_backward(
-                        UnaryOp::Gelu, kernels::matmul(gb, kernels::to_bf16(weight)), xb, Tensor());
-                  }
-                  return linear_gradients(g, gb, ab, n, std::move(dx), weight, bias);
-                });
+  // x's gradient in bf16 when it goes to a bf16 product's rule (in a GPT, the fc product's), which
+  // would round it first thing: half the bytes written, and no rounding pass there.
+  const bool bf16_dx = bf16_gradient_taken(x);
+  return record(
+      "GeluLinearBF16", {x, weight, bias}, y,
+      [xb, ab, weight, bias, bf16_dx](const Tensor& g, const Needs& n) {
+        const Tensor gb = kernels::to_bf16(g);
+        Tensor dx;
+        if (n[0]) {
+          const Tensor da = kernels::matmul(gb, kernels::to_bf16(weight));
+          dx = bf16_dx ? kernels::unary_backward_bf16(UnaryOp::Gelu, da, xb, Tensor())
+                       : kernels::unary_backward(UnaryOp::Gelu, da, xb, Tensor());
+        }
+        return linear_gradients(g, gb, ab, n, std::move(dx), weight, bias);
+      },
+      Bf16Grad::kTaken);
 }
 
 Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
@@ -60,7 +66,8 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
         return Tensors{std::move(gx), gw.defined() ? gw.reshape(ln_weight.shape()) : gw,
                        gbias.defined() ? gbias.reshape(ln_weight.shape()) : gbias,
                        std::move(product[1]), std::move(product[2])};
-      });
+      },
+      Bf16Grad::kTaken);
 }
 
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,
@@ -82,24 +89,25 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
   const std::int64_t b = merged.size(0), t = merged.size(1), e = merged.size(2);
   const Tensor rows = merged.reshape({b * t, e});
   Tensor y = kernels::linear(rows, kernels::to_bf16(weight), bias).reshape({b, t, weight.size(0)});
-  return record("PackedAttentionLinearBF16", {qkv, weight, bias}, y,
-                [q, k, v, yb, lse, rows, causal, scale, heads, weight, bias](const Tensor& g,
-                                                                             const Needs& n) {
-                  const Tensor g2 = g.reshape({rows.size(0), weight.size(0)});
-                  const Tensor gb = kernels::to_bf16(g2);
-                  Tensor gqkv;
-                  if (n[0]) {
-                    const Tensor d_merged = kernels::matmul(gb, kernels::to_bf16(weight))
-                                                .reshape({yb.size(0), yb.size(2), rows.size(1)});
-                    Tensor gq, gk, gv;
-                    kernels::attention_backward(kernels::split_heads(d_merged, heads), q, k, v, yb,
-                                                lse, causal, scale, &gq, &gk, &gv);
-                    gqkv = kernels::merge_qkv_heads(gq, gk, gv);
-                  }
-                  Tensors product =
-                      linear_gradients(g2, gb, rows, n, std::move(gqkv), weight, bias);
-                  return product;
-                });
+  return record(
+      "PackedAttentionLinearBF16", {qkv, weight, bias}, y,
+      [q, k, v, yb, lse, rows, causal, scale, heads, weight, bias](const Tensor& g,
+                                                                   const Needs& n) {
+        const Tensor g2 = g.reshape({rows.size(0), weight.size(0)});
+        const Tensor gb = kernels::to_bf16(g2);
+        Tensor gqkv;
+        if (n[0]) {
+          const Tensor d_merged = kernels::matmul(gb, kernels::to_bf16(weight))
+                                      .reshape({yb.size(0), yb.size(2), rows.size(1)});
+          Tensor gq, gk, gv;
+          kernels::attention_backward(kernels::split_heads(d_merged, heads), q, k, v, yb, lse,
+                                      causal, scale, &gq, &gk, &gv);
+          gqkv = kernels::merge_qkv_heads(gq, gk, gv);
+        }
+        Tensors product = linear_gradients(g2, gb, rows, n, std::move(gqkv), weight, bias);
+        return product;
+      },
+      Bf16Grad::kTaken);
 }
 
 }  // namespace hpm

@@ -58,7 +58,11 @@ void add_to_leaf(const Tensor& leaf, const Tensor& grad) {
 // needed, one product whose epilogue sums gp's rows (linear_param_grads_).
 Tensors param_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, const Tensor& weight,
                         bool need_w, bool need_b) {
-  if (!need_w) return Tensors{Tensor(), need_b ? kernels::sum_dim(g, 0, false) : Tensor()};
+  if (!need_w) {
+    if (!need_b) return Tensors{Tensor(), Tensor()};
+    return Tensors{Tensor(),
+                   kernels::sum_dim(g.dtype() == DType::BF16 ? kernels::to_f32(g) : g, 0, false)};
+  }
   Tensor acc = accumulate_into(weight);
   const bool into = acc.defined() && acc.shape() == weight.shape();
   if (!need_b) {
@@ -98,17 +102,19 @@ namespace {
 // A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product, x kept so
 // for backward, which rounds g too and W again (a weight is not an activation: rounding it twice
 // costs less than keeping a copy per use); bias, outputs and gradients f32, db summed from the
-// rounded g when the same product computes dW.
+// rounded g when the same product computes dW. It takes a BF16 gradient as it is (Bf16Grad).
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor xb = kernels::to_bf16(x);
   Tensor y = kernels::linear(xb, kernels::to_bf16(weight), bias);
   return record(
-      "LinearBF16", {x, weight, bias}, y, [xb, weight, bias](const Tensor& g, const Needs& n) {
+      "LinearBF16", {x, weight, bias}, y,
+      [xb, weight, bias](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
         return linear_gradients(g, gb, xb, n,
                                 n[0] ? kernels::matmul(gb, kernels::to_bf16(weight)) : Tensor(),
                                 weight, bias);
-      });
+      },
+      Bf16Grad::kTaken);
 }
 
 }  // namespace

@@ -255,6 +255,10 @@ class CpuBackend final : public Backend {
   void axpy_(Tensor& y, float alpha, const Tensor& x) override { cpu::axpy_(y, alpha, x); }
   void scale_(Tensor& y, float alpha) override { cpu::scale_(y, alpha); }
   Tensor unary(UnaryOp op, const Tensor& x) override { return cpu::unary(op, x); }
+  Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x,
+                             const Tensor& y) override {
+    return cpu::to_bf16(cpu::unary_backward(op, grad_y, x, y));
+  }
   Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) override {
     if (x_bf16 != nullptr) *x_bf16 = cpu::to_bf16(x);
     return cpu::to_bf16(cpu::unary(op, x));

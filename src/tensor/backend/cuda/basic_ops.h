@@ -28,6 +28,7 @@ void scale_(Tensor& y, float alpha);
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16);
+Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, float value);
 

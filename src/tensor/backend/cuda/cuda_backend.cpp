@@ -73,6 +73,10 @@ class CudaBackend final : public Backend {
   Tensor mul_scalar(const Tensor& a, float s) override { return cuda::mul_scalar(a, s); }
   void axpy_(Tensor& y, float alpha, const Tensor& x) override { cuda::axpy_(y, alpha, x); }
   void scale_(Tensor& y, float alpha) override { cuda::scale_(y, alpha); }
+  Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x,
+                             const Tensor& y) override {
+    return cuda::unary_backward_bf16(op, grad_y, x, y);
+  }
   Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) override {
     return cuda::unary_bf16(op, x, x_bf16);
   }

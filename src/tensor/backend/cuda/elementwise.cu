@@ -348,14 +348,19 @@ __global__ void unary_bf16_kernel(const float* x, std::uint16_t* y, std::uint16_
   }
 }
 
-// x F32 or BF16 (X float or its bits).
-template <UnaryOp Op, typename X>
-__global__ void unary_backward_kernel(const float* g, const X* x, const float* y, float* out,
+// x F32 or BF16 (X float or its bits); out F32 or rounded to BF16 (Out float or its bits).
+template <UnaryOp Op, typename X, typename Out>
+__global__ void unary_backward_kernel(const float* g, const X* x, const float* y, Out* out,
                                       std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
     const float u = x != nullptr ? as_f32(x[i]) : 0.0f;
     const float v = y != nullptr ? y[i] : 0.0f;
-    out[i] = apply_unary_backward<Op>(g[i], u, v);
+    const float d = apply_unary_backward<Op>(g[i], u, v);
+    if constexpr (std::is_same_v<Out, float>) {
+      out[i] = d;
+    } else {
+      out[i] = f32_to_bf16_bits(d);
+    }
   }
 }
 
@@ -607,7 +612,11 @@ Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
   return y;
 }
 
-Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+namespace {
+
+// unary_backward's checks and launch, the result F32 or rounded to BF16 (Out float or its bits).
+template <typename Out>
+Tensor run_unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
   require_dtype(grad_y, DType::F32);
   // Relu reads only y and Gelu only x, which must be there; the other formulas read whichever
   // of x and y is defined and take 0 for the other, as the CPU's ternary map does.
@@ -627,19 +636,30 @@ Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const T
   }
   if (reads_y) check_operand(y, grad_y, "y");
   const std::int64_t n = grad_y.numel();
-  Tensor out = Tensor::empty(grad_y.shape(), DType::F32, grad_y.device());
+  constexpr bool kBf16 = std::is_same_v<Out, std::uint16_t>;
+  Tensor out = Tensor::empty(grad_y.shape(), kBf16 ? DType::BF16 : DType::F32, grad_y.device());
   const float* py = reads_y ? ptr<const float>(y) : nullptr;
   with_unary_op(op, [&](auto kop) {
     constexpr UnaryOp kOp = decltype(kop)::value;
     if (x_bf16) {
-      launch("unary_backward", n, unary_backward_kernel<kOp, std::uint16_t>,
-             ptr<const float>(grad_y), ptr<const std::uint16_t>(x), py, ptr<float>(out), n);
+      launch("unary_backward", n, unary_backward_kernel<kOp, std::uint16_t, Out>,
+             ptr<const float>(grad_y), ptr<const std::uint16_t>(x), py, ptr<Out>(out), n);
     } else {
-      launch("unary_backward", n, unary_backward_kernel<kOp, float>, ptr<const float>(grad_y),
-             reads_x ? ptr<const float>(x) : nullptr, py, ptr<float>(out), n);
+      launch("unary_backward", n, unary_backward_kernel<kOp, float, Out>, ptr<const float>(grad_y),
+             reads_x ? ptr<const float>(x) : nullptr, py, ptr<Out>(out), n);
     }
   });
   return out;
+}
+
+}  // namespace
+
+Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  return run_unary_backward<float>(op, grad_y, x, y);
+}
+
+Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  return run_unary_backward<std::uint16_t>(op, grad_y, x, y);
 }
 
 // ---- selection ----------------------------------------------------------------------------
