@@ -73,6 +73,7 @@ const char* op_name(Op op) {
       "log_softmax_backward",
       "cross_entropy_forward",
       "cross_entropy_backward",
+      "cross_entropy_backward_bf16",
       "attention_forward",
       "attention_backward",
       "transpose2d",
@@ -82,6 +83,7 @@ const char* op_name(Op op) {
       "narrow_add_",
       "split_qkv_heads",
       "merge_qkv_heads",
+      "merge_qkv_heads_bf16",
       "split_heads",
       "merge_heads",
       "merge_heads_bf16",
@@ -431,18 +433,36 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
                                                ignore_index);
 }
 
+namespace {
+
+void check_cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                                  const char* op) {
+  if (stats.dtype() != DType::F32 || stats.numel() != 2 * labels.numel() ||
+      logits.numel() != labels.numel() * (logits.dim() > 0 ? logits.size(-1) : 0)) {
+    throw std::invalid_argument(std::string(op) + ": logits " + logits.shape().str() + ", stats " +
+                                stats.shape().str() + " and labels " + labels.shape().str() +
+                                " do not belong together");
+  }
+}
+
+}  // namespace
+
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                               float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
                               bool overwrite_logits) {
-  if (stats.dtype() != DType::F32 || stats.numel() != 2 * labels.numel() ||
-      logits.numel() != labels.numel() * (logits.dim() > 0 ? logits.size(-1) : 0)) {
-    throw std::invalid_argument("cross_entropy_backward: logits " + logits.shape().str() +
-                                ", stats " + stats.shape().str() + " and labels " +
-                                labels.shape().str() + " do not belong together");
-  }
+  check_cross_entropy_backward(logits, stats, labels, "cross_entropy_backward");
   OpScope scope(Op::kCrossEntropyBackward, {&logits, &stats, &labels, &grad});
   return scope.backend().cross_entropy_backward(logits, stats, labels, label_smoothing, grad,
                                                 ignore_index, overwrite_logits);
+}
+
+Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                                   float label_smoothing, const Tensor& grad,
+                                   std::int64_t ignore_index) {
+  check_cross_entropy_backward(logits, stats, labels, "cross_entropy_backward_bf16");
+  OpScope scope(Op::kCrossEntropyBackwardBf16, {&logits, &stats, &labels, &grad});
+  return scope.backend().cross_entropy_backward_bf16(logits, stats, labels, label_smoothing, grad,
+                                                     ignore_index);
 }
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
@@ -493,6 +513,11 @@ void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor&
 Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
   OpScope scope(Op::kMergeQkvHeads, {&q, &k, &v});
   return scope.backend().merge_qkv_heads(q, k, v);
+}
+
+Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v) {
+  OpScope scope(Op::kMergeQkvHeadsBf16, {&q, &k, &v});
+  return scope.backend().merge_qkv_heads_bf16(q, k, v);
 }
 
 Tensor split_heads(const Tensor& x, std::int64_t heads) {

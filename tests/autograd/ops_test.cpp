@@ -466,6 +466,64 @@ TEST(GeluLinear, HandsABf16ProductItsGradientInBf16) {
   }
 }
 
+// Under bf16 autocast a classifier's cross-entropy hands its product the logits' gradient in
+// bf16 (cross_entropy_backward_bf16): the same bits as the f32 gradient the product would round,
+// here the path where a multiplication by one (a rule that takes f32 only) stands between them.
+TEST(CrossEntropy, HandsABf16ClassifierItsGradientInBf16) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  Generator gen(8);
+  const Tensor x0 = Tensor::randn({2, 5, 16}, gen), w0 = Tensor::randn({40, 16}, gen);
+  std::vector<std::int64_t> y;
+  for (int i = 0; i < 10; ++i) y.push_back((i * 7) % 40);
+  y[3] = -100;
+  const Tensor labels = Tensor::from_i64(y, Shape{10});
+  Tensor grads[2];
+  for (int direct = 0; direct < 2; ++direct) {
+    Tensor x = x0.clone(), w = w0.clone();
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    autograd::AutocastScope scope(autograd::Precision::BF16);
+    Tensor logits = reshape(linear(reshape(x, {10, 16}), w, Tensor()), {2, 5, 40});
+    if (!direct) logits = mul(logits, 1.0f);
+    const auto emitted = dispatch_count(DeviceType::kCpu, Op::kCrossEntropyBackwardBf16);
+    cross_entropy(reshape(logits, {10, 40}), labels, 0.1f).backward();
+    EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kCrossEntropyBackwardBf16) - emitted,
+              direct ? 1u : 0u);
+    grads[direct] = w.grad();
+  }
+  for (std::int64_t i = 0; i < grads[0].numel(); ++i)
+    ASSERT_EQ(grads[1].data<float>()[i], grads[0].data<float>()[i]) << "dW element " << i;
+}
+
+// Where packed_self_attention_linear's qkv comes from a bf16 product (through a reshape, as in a
+// GPT's block), qkv's gradient goes back in bf16 (merge_qkv_heads_bf16): the same bits as the
+// f32 one the product would round (here behind a multiplication by one, which takes f32 only).
+TEST(PackedSelfAttentionLinear, HandsABf16ProductItsGradientInBf16) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  Generator gen(17);
+  const Tensor h0 = Tensor::randn({12, 8}, gen), wq0 = Tensor::randn({48, 8}, gen);
+  const Tensor wp0 = Tensor::randn({16, 16}, gen), r = Tensor::randn({2, 6, 16}, gen);
+  std::vector<Tensor> results[2];
+  for (int direct = 0; direct < 2; ++direct) {
+    Tensor h = h0.clone(), wq = wq0.clone(), wp = wp0.clone();
+    for (Tensor* t : {&h, &wq, &wp}) t->set_requires_grad(true);
+    autograd::AutocastScope scope(autograd::Precision::BF16);
+    Tensor qkv = reshape(linear(h, wq, Tensor()), {2, 6, 48});
+    if (!direct) qkv = mul(qkv, 1.0f);
+    const auto emitted = dispatch_count(DeviceType::kCpu, Op::kMergeQkvHeadsBf16);
+    sum(mul(packed_self_attention_linear(qkv, 2, true, wp, Tensor()), r)).backward();
+    EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kMergeQkvHeadsBf16) - emitted, direct ? 1u : 0u);
+    results[direct] = {h.grad(), wq.grad(), wp.grad()};
+  }
+  const char* names[] = {"dh", "dWqkv", "dWproj"};
+  for (std::size_t k = 0; k < 3; ++k) {
+    for (std::int64_t i = 0; i < results[0][k].numel(); ++i) {
+      ASSERT_EQ(results[1][k].data<float>()[i], results[0][k].data<float>()[i])
+          << names[k] << " element " << i;
+    }
+  }
+}
+
 TEST(Concat, RejectsMismatchedExtents) {
   try {
     concat({Tensor::zeros({2, 3}), Tensor::zeros({3, 3})}, 1);

@@ -387,6 +387,13 @@ inline std::vector<Case> cases() {
                  return Outputs{merged, yb, kernels::merge_heads_bf16(y)};
                },
                bf16_tolerance});
+  c.push_back({"merge_qkv_heads_bf16", Op::kMergeQkvHeadsBf16,
+               [](Generator& g, const To& to) {
+                 return Outputs{kernels::merge_qkv_heads_bf16(to(randn(g, {2, 3, 37, 16})),
+                                                              to(randn(g, {2, 3, 37, 16})),
+                                                              to(randn(g, {2, 3, 37, 16})))};
+               },
+               bf16_tolerance});
   c.push_back({"where", Op::kWhere, [](Generator& g, const To& to) {
                  return Outputs{
                      kernels::where(to(mask(g, {4, 1})), to(randn(g, {4, 3})), to(randn(g, {3})))};
@@ -644,6 +651,21 @@ inline std::vector<Case> cases() {
                  return Outputs{kernels::cross_entropy_backward(logits, stats, y, 0.0f,
                                                                 to(Tensor::scalar(1.0f)))};
                }});
+  // The bf16 gradient: C across a block (5003), under a warp (65), ignored and smoothed rows.
+  for (const std::int64_t classes : {std::int64_t{5003}, std::int64_t{65}}) {
+    c.push_back({"cross_entropy_backward_bf16 " + std::to_string(classes),
+                 Op::kCrossEntropyBackwardBf16,
+                 [classes](Generator& g, const To& to) {
+                   Tensor y = labels(g, 37, classes);
+                   y.data<std::int64_t>()[3] = -100;
+                   const Tensor yt = to(y), logits = to(randn(g, {37, classes}));
+                   Tensor stats;
+                   kernels::cross_entropy_forward(logits, yt, 0.1f, stats);
+                   return Outputs{kernels::cross_entropy_backward_bf16(logits, stats, yt, 0.1f,
+                                                                       to(Tensor::scalar(2.0f)))};
+                 },
+                 bf16_tolerance});
+  }
   for (bool bf16 : {false, true}) {
     const auto q_of = [bf16](const Tensor& t) { return bf16 ? kernels::to_bf16(t) : t; };
     c.push_back(

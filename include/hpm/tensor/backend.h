@@ -55,6 +55,7 @@ enum class Op : int {
   kLogSoftmaxBackward,
   kCrossEntropyForward,
   kCrossEntropyBackward,
+  kCrossEntropyBackwardBf16,
   kAttentionForward,
   kAttentionBackward,
   kTranspose2d,
@@ -64,6 +65,7 @@ enum class Op : int {
   kNarrowAdd,
   kSplitQkvHeads,
   kMergeQkvHeads,
+  kMergeQkvHeadsBf16,
   kSplitHeads,
   kMergeHeads,
   kMergeHeadsBf16,
@@ -97,7 +99,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 72;
+inline constexpr int kOps = 74;
 const char* op_name(Op op);
 
 class Backend {
@@ -167,6 +169,9 @@ class Backend {
                                         const Tensor& labels, float label_smoothing,
                                         const Tensor& grad, std::int64_t ignore_index,
                                         bool overwrite_logits) = 0;
+  virtual Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats,
+                                             const Tensor& labels, float label_smoothing,
+                                             const Tensor& grad, std::int64_t ignore_index) = 0;
   virtual Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                    float scale, Tensor& lse) = 0;
   virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,
@@ -181,6 +186,7 @@ class Backend {
   virtual void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q,
                                Tensor& k, Tensor& v) = 0;
   virtual Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) = 0;
+  virtual Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v) = 0;
   virtual Tensor split_heads(const Tensor& x, std::int64_t heads) = 0;
   virtual Tensor merge_heads(const Tensor& y) = 0;
   virtual Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16) = 0;

@@ -106,6 +106,11 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                               float label_smoothing, const Tensor& grad,
                               std::int64_t ignore_index = -100, bool overwrite_logits = false);
+// The same rounded to bf16 in the pass that computes it: the gradient a bf16 classifier's product
+// takes as it is (half the bytes of an f32 one, and no rounding pass of its own).
+Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                                   float label_smoothing, const Tensor& grad,
+                                   std::int64_t ignore_index = -100);
 // Its gradients, scaled by grad (0-d); fills whichever pointer is non-null.
 void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs, const Tensor& target_probs,
                      Tensor* grad_input, Tensor* grad_target);
@@ -146,6 +151,8 @@ void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part);
 void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
                      Tensor& v);
 Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v);
+// to_bf16(merge_qkv_heads(q, k, v)) in one pass: attention's gradient for a bf16 qkv product.
+Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v);
 Tensor split_heads(const Tensor& x, std::int64_t heads);
 Tensor merge_heads(const Tensor& y);
 // to_bf16(merge_heads(y)) in one pass over y: a bf16 product's operand made by the attention; with

@@ -89,10 +89,12 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
   const std::int64_t b = merged.size(0), t = merged.size(1), e = merged.size(2);
   const Tensor rows = merged.reshape({b * t, e});
   Tensor y = kernels::linear(rows, kernels::to_bf16(weight), bias).reshape({b, t, weight.size(0)});
+  // qkv's gradient in bf16 when it goes to a bf16 product's rule (the qkv product's).
+  const bool bf16_dqkv = bf16_gradient_taken(qkv);
   return record(
       "PackedAttentionLinearBF16", {qkv, weight, bias}, y,
-      [q, k, v, yb, lse, rows, causal, scale, heads, weight, bias](const Tensor& g,
-                                                                   const Needs& n) {
+      [q, k, v, yb, lse, rows, causal, scale, heads, weight, bias, bf16_dqkv](const Tensor& g,
+                                                                              const Needs& n) {
         const Tensor g2 = g.reshape({rows.size(0), weight.size(0)});
         const Tensor gb = kernels::to_bf16(g2);
         Tensor gqkv;
@@ -102,10 +104,10 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
           Tensor gq, gk, gv;
           kernels::attention_backward(kernels::split_heads(d_merged, heads), q, k, v, yb, lse,
                                       causal, scale, &gq, &gk, &gv);
-          gqkv = kernels::merge_qkv_heads(gq, gk, gv);
+          gqkv = bf16_dqkv ? kernels::merge_qkv_heads_bf16(gq, gk, gv)
+                           : kernels::merge_qkv_heads(gq, gk, gv);
         }
-        Tensors product = linear_gradients(g2, gb, rows, n, std::move(gqkv), weight, bias);
-        return product;
+        return linear_gradients(g2, gb, rows, n, std::move(gqkv), weight, bias);
       },
       Bf16Grad::kTaken);
 }

@@ -44,16 +44,23 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smo
   Tensor loss =
       kernels::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index);
   const Tensor kept = logits.detach();
-  return record(
-      "CrossEntropy", {logits}, loss,
-      [kept, stats, labels, label_smoothing, ignore_index](const Tensor& g, const Needs&) {
-        // When nothing but this backward holds the logits' memory (the training step dropped
-        // its outputs), the gradient is written over them: no second (rows, C) tensor. Else
-        // someone may still read them, and they stay as they are.
-        const bool sole = kept.impl()->storage.use_count() == 1;
-        return Tensors{kernels::cross_entropy_backward(kept, stats, labels, label_smoothing, g,
-                                                       ignore_index, sole)};
-      });
+  // The logits' gradient in bf16 when it goes to a bf16 product's rule (a classifier under bf16
+  // autocast), which would round it first thing: half the bytes written, no rounding pass there.
+  const bool bf16_grad = bf16_gradient_taken(logits);
+  return record("CrossEntropy", {logits}, loss,
+                [kept, stats, labels, label_smoothing, ignore_index, bf16_grad](const Tensor& g,
+                                                                                const Needs&) {
+                  if (bf16_grad) {
+                    return Tensors{kernels::cross_entropy_backward_bf16(
+                        kept, stats, labels, label_smoothing, g, ignore_index)};
+                  }
+                  // When nothing but this backward holds the logits' memory (the training step
+                  // dropped its outputs), the gradient is written over them: no second (rows, C)
+                  // tensor. Else someone may still read them, and they stay as they are.
+                  const bool sole = kept.impl()->storage.use_count() == 1;
+                  return Tensors{kernels::cross_entropy_backward(
+                      kept, stats, labels, label_smoothing, g, ignore_index, sole)};
+                });
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels) {

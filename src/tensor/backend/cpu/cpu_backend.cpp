@@ -168,6 +168,12 @@ class CpuBackend final : public Backend {
     return cpu::cross_entropy_backward(logits, stats, labels, label_smoothing, grad.item(),
                                        ignore_index, overwrite_logits);
   }
+  Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats,
+                                     const Tensor& labels, float label_smoothing,
+                                     const Tensor& grad, std::int64_t ignore_index) override {
+    return cpu::to_bf16(cpu::cross_entropy_backward(logits, stats, labels, label_smoothing,
+                                                    grad.item(), ignore_index, false));
+  }
 
   Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                            float scale, Tensor& lse) override {
@@ -313,6 +319,9 @@ class CpuBackend final : public Backend {
   }
   Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) override {
     return cpu::merge_qkv_heads(q, k, v);
+  }
+  Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v) override {
+    return cpu::to_bf16(cpu::merge_qkv_heads(q, k, v));
   }
   Tensor split_heads(const Tensor& x, std::int64_t heads) override {
     return cpu::split_heads(x, heads);

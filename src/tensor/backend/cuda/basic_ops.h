@@ -51,6 +51,7 @@ void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part);
 void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
                      Tensor& v);
 Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v);
+Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v);
 Tensor split_heads(const Tensor& x, std::int64_t heads);
 Tensor merge_heads(const Tensor& y);
 Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16);

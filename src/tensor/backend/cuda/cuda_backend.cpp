@@ -128,6 +128,9 @@ class CudaBackend final : public Backend {
   Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) override {
     return cuda::merge_qkv_heads(q, k, v);
   }
+  Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v) override {
+    return cuda::merge_qkv_heads_bf16(q, k, v);
+  }
   Tensor split_heads(const Tensor& x, std::int64_t heads) override {
     return cuda::split_heads(x, heads);
   }
@@ -157,6 +160,12 @@ class CudaBackend final : public Backend {
                                 std::int64_t ignore_index, bool overwrite_logits) override {
     return cuda::cross_entropy_backward(logits, stats, labels, label_smoothing, grad, ignore_index,
                                         overwrite_logits);
+  }
+  Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats,
+                                     const Tensor& labels, float label_smoothing,
+                                     const Tensor& grad, std::int64_t ignore_index) override {
+    return cuda::cross_entropy_backward_bf16(logits, stats, labels, label_smoothing, grad,
+                                             ignore_index);
   }
   Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                            float scale, Tensor& lse) override {

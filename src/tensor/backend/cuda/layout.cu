@@ -187,12 +187,18 @@ __global__ void to_heads_kernel(const float* packed, HeadPtrs<Head> heads, Heads
   }
 }
 
-__global__ void to_packed_kernel(float* packed, HeadPtrs<const float> heads, HeadsLayout l,
+// Out float, or std::uint16_t for the packed tensor rounded to bf16.
+template <typename Out>
+__global__ void to_packed_kernel(Out* packed, HeadPtrs<const float> heads, HeadsLayout l,
                                  std::int64_t parts, std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
     std::int64_t part;
     const std::int64_t hi = head_index(i, l, parts, part);
-    packed[i] = heads.p[part][hi];
+    if constexpr (sizeof(Out) == 2) {
+      packed[i] = f32_to_bf16_bits(heads.p[part][hi]);
+    } else {
+      packed[i] = heads.p[part][hi];
+    }
   }
 }
 
@@ -245,12 +251,13 @@ void to_heads(const Tensor& packed, HeadPtrs<Head> heads, const HeadsLayout& l, 
   HPM_CUDA_LAUNCH_CHECK(name);
 }
 
+template <typename Out = float>
 void to_packed(Tensor& packed, HeadPtrs<const float> heads, const HeadsLayout& l,
                std::int64_t parts, const char* name) {
   const std::int64_t n = packed_numel(l, parts);
   if (n == 0) return;
-  to_packed_kernel<<<blocks_for(n, kThreads), kThreads, 0, current_stream()>>>(ptr<float>(packed),
-                                                                               heads, l, parts, n);
+  to_packed_kernel<Out><<<blocks_for(n, kThreads), kThreads, 0, current_stream()>>>(
+      ptr<Out>(packed), heads, l, parts, n);
   HPM_CUDA_LAUNCH_CHECK(name);
 }
 
@@ -415,6 +422,14 @@ Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
   Tensor qkv = Tensor::empty({l.batch, l.t, 3 * l.heads * l.d}, DType::F32, q.device());
   const HeadPtrs<const float> in{{ptr<const float>(q), ptr<const float>(k), ptr<const float>(v)}};
   to_packed(qkv, in, l, 3, "merge_qkv_heads");
+  return qkv;
+}
+
+Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v) {
+  const HeadsLayout l = heads_layout({&q, &k, &v}, "merge_qkv_heads_bf16");
+  Tensor qkv = Tensor::empty({l.batch, l.t, 3 * l.heads * l.d}, DType::BF16, q.device());
+  const HeadPtrs<const float> in{{ptr<const float>(q), ptr<const float>(k), ptr<const float>(v)}};
+  to_packed<std::uint16_t>(qkv, in, l, 3, "merge_qkv_heads_bf16");
   return qkv;
 }
 

@@ -25,6 +25,9 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                               float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
                               bool overwrite_logits);
+Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                                   float label_smoothing, const Tensor& grad,
+                                   std::int64_t ignore_index);
 
 // ---- attention (attention.cu) -----------------------------------------------------------------
 // F32 or BF16 q, k, v (the BF16 path rounds as attention_bf16.cpp); head size up to 256.

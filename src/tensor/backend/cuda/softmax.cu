@@ -11,11 +11,13 @@
 // vary run to run.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "tensor/backend/cuda/deferred_checks.h"
 #include "tensor/backend/cuda/kernel_support.h"
@@ -361,30 +363,44 @@ __global__ void count_labels_kernel(const std::int64_t* __restrict__ labels, std
 // d loss / d logits = (p - eps / C) * scale, less (1 - eps) * scale at the label, with
 // scale = grad / counted (grad the 0-d upstream gradient on the device); 0 on ignored rows.
 // gx may be logits itself (overwrite_logits): each element is read, then written, by one thread.
+// A block per row (rows strided over the grid), its threads across the row's C logits: the row's
+// statistics and label read once, no division per element. Out is float, or std::uint16_t for the
+// gradient rounded to bf16 as it is written.
+template <typename Out>
 __global__ void cross_entropy_backward_kernel(const float* logits, const float* __restrict__ stats,
                                               const std::int64_t* __restrict__ labels,
                                               const float* __restrict__ grad,
-                                              const float* __restrict__ count, float* gx,
+                                              const float* __restrict__ count, Out* gx,
                                               std::int64_t n, std::int64_t c, float smoothing,
                                               std::int64_t ignore_index) {
   const float scale = *grad / *count;
   const float smooth = smoothing / static_cast<float>(c);
-  const std::int64_t total = n * c;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < total;
-       k += stride) {
-    const std::int64_t row = k / c, j = k - row * c;
+  for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const std::int64_t y = labels[row];
-    if (y == ignore_index) {
-      gx[k] = 0.0f;
-      continue;
+    const float max = stats[2 * row], inv_sum = stats[2 * row + 1];
+    const float* lr = logits + row * c;
+    Out* gr = gx + row * c;
+    for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      float v = 0.0f;
+      if (y != ignore_index) {
+        // softmax as the forward's row had it, rounded before the subtraction (no FMA), as the
+        // CPU's.
+        const float p = __fmul_rn(expf(lr[j] - max), inv_sum);
+        v = (p - smooth) * scale;
+        if (j == y) v -= (1.0f - smoothing) * scale;
+      }
+      if constexpr (std::is_same_v<Out, float>) {
+        gr[j] = v;
+      } else {
+        gr[j] = f32_to_bf16_bits(v);
+      }
     }
-    // softmax as the forward's row had it, rounded before the subtraction (no FMA), as the CPU's.
-    const float p = __fmul_rn(expf(logits[k] - stats[2 * row]), stats[2 * row + 1]);
-    float v = (p - smooth) * scale;
-    if (j == y) v -= (1.0f - smoothing) * scale;
-    gx[k] = v;
   }
+}
+
+// The threads of a row's block: C rounded up to a warp, at most 256.
+unsigned row_threads(std::int64_t c) {
+  return static_cast<unsigned>(std::min<std::int64_t>(256, (c + 31) / 32 * 32));
 }
 
 }  // namespace
@@ -439,28 +455,56 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
   return loss;
 }
 
-Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
-                              float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
-                              bool overwrite_logits) {
-  require_dtype(logits, DType::F32);
-  require_dtype(stats, DType::F32);
-  require_dtype(labels, DType::I64);
-  if (grad.numel() != 1 || grad.dtype() != DType::F32) {
-    throw std::invalid_argument("cross_entropy_backward: expected a one-element F32 grad, got " +
-                                grad.shape().str() + " " + dtype_name(grad.dtype()));
-  }
+namespace {
+
+// cross_entropy_backward's checks and launches into gx (F32, or BF16 bits when Out is
+// std::uint16_t).
+template <typename Out>
+void run_cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                                float label_smoothing, const Tensor& grad,
+                                std::int64_t ignore_index, Tensor& gx) {
   const std::int64_t n = labels.numel(), c = logits.size(-1);
-  Tensor gx = overwrite_logits ? logits : Tensor::empty(logits.shape(), DType::F32);
-  if (n == 0 || c == 0) return gx;
+  if (n == 0 || c == 0) return;
   cudaStream_t stream = current_stream();
   Tensor count = Tensor::empty({1}, DType::F32);
   const auto* py = ptr<std::int64_t>(labels);
   count_labels_kernel<<<1, 1024, 0, stream>>>(py, n, ignore_index, ptr<float>(count));
   HPM_CUDA_LAUNCH_CHECK("count_labels_kernel");
-  cross_entropy_backward_kernel<<<blocks_for(n * c), 256, 0, stream>>>(
-      ptr<float>(logits), ptr<float>(stats), py, ptr<float>(grad), ptr<float>(count),
-      ptr<float>(gx), n, c, label_smoothing, ignore_index);
+  cross_entropy_backward_kernel<Out><<<grid_for(n), row_threads(c), 0, stream>>>(
+      ptr<float>(logits), ptr<float>(stats), py, ptr<float>(grad), ptr<float>(count), ptr<Out>(gx),
+      n, c, label_smoothing, ignore_index);
   HPM_CUDA_LAUNCH_CHECK("cross_entropy_backward_kernel");
+}
+
+void check_backward_operands(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                             const Tensor& grad, const char* op) {
+  require_dtype(logits, DType::F32);
+  require_dtype(stats, DType::F32);
+  require_dtype(labels, DType::I64);
+  if (grad.numel() != 1 || grad.dtype() != DType::F32) {
+    throw std::invalid_argument(std::string(op) + ": expected a one-element F32 grad, got " +
+                                grad.shape().str() + " " + dtype_name(grad.dtype()));
+  }
+}
+
+}  // namespace
+
+Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                              float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
+                              bool overwrite_logits) {
+  check_backward_operands(logits, stats, labels, grad, "cross_entropy_backward");
+  Tensor gx = overwrite_logits ? logits : Tensor::empty(logits.shape(), DType::F32);
+  run_cross_entropy_backward<float>(logits, stats, labels, label_smoothing, grad, ignore_index, gx);
+  return gx;
+}
+
+Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
+                                   float label_smoothing, const Tensor& grad,
+                                   std::int64_t ignore_index) {
+  check_backward_operands(logits, stats, labels, grad, "cross_entropy_backward_bf16");
+  Tensor gx = Tensor::empty(logits.shape(), DType::BF16);
+  run_cross_entropy_backward<std::uint16_t>(logits, stats, labels, label_smoothing, grad,
+                                            ignore_index, gx);
   return gx;
 }
 
