@@ -1,0 +1,293 @@
+// The products fused with the op before them (autograd/ops/fused_linear.cpp) and a Linear's
+// parameter gradients: each fusion equal to its composition bit for bit, in f32 and under bf16
+// autocast, with the passes it saves counted by the dispatch; and the gradients handed to a bf16
+// product in bf16 (node.h's Bf16Grad) equal to the f32 ones that product would round.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "hpm/autograd/autocast.h"
+#include "hpm/autograd/ops.h"
+#include "hpm/tensor/backend.h"
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm {
+namespace {
+
+// actual[k] and expected[k] (F32) hold the same shapes and bits.
+void expect_same_bits(const std::vector<Tensor>& actual, const std::vector<Tensor>& expected,
+                      const std::vector<std::string>& names) {
+  ASSERT_EQ(actual.size(), expected.size());
+  ASSERT_EQ(actual.size(), names.size());
+  for (std::size_t k = 0; k < actual.size(); ++k) {
+    const Tensor& a = actual[k];
+    const Tensor& e = expected[k];
+    ASSERT_EQ(a.shape(), e.shape()) << names[k];
+    ASSERT_EQ(a.dtype(), DType::F32) << names[k];
+    for (std::int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_EQ(a.data<float>()[i], e.data<float>()[i]) << names[k] << " element " << i;
+  }
+}
+
+// A Linear's weight and bias gradients come from one product whose epilogue sums the output
+// gradient's rows (linear_param_grads_), written fresh the first time and added into the weight's
+// gradient the second; under bf16 autocast both from the rounded g and x.
+TEST(Linear, BackwardGivesWeightAndBiasGradientsFromOneProduct) {
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    const bool bf16 = precision == autograd::Precision::BF16;
+    Generator gen(11);
+    Tensor x = Tensor::randn({13, 8}, gen), w = Tensor::randn({5, 8}, gen);
+    Tensor b = Tensor::randn({5}, gen), r = Tensor::randn({13, 5}, gen);
+    w.set_requires_grad(true);
+    b.set_requires_grad(true);
+    // The operands as the product sees them.
+    const Tensor xp = bf16 ? kernels::to_f32(kernels::to_bf16(x)) : x;
+    const Tensor rp = bf16 ? kernels::to_f32(kernels::to_bf16(r)) : r;
+    for (int pass = 1; pass <= 2; ++pass) {
+      const auto products = dispatch_count(DeviceType::kCpu, Op::kLinearParamGrads);
+      {
+        autograd::AutocastScope scope(precision);
+        sum(mul(linear(x, w, b), r)).backward();
+      }
+      EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kLinearParamGrads) - products, 1u);
+      for (std::int64_t o = 0; o < 5; ++o) {
+        double db = 0.0;
+        for (std::int64_t n = 0; n < 13; ++n) db += rp.data<float>()[n * 5 + o];
+        EXPECT_NEAR(b.grad().data<float>()[o], pass * db, 1e-4) << "db " << o;
+        for (std::int64_t i = 0; i < 8; ++i) {
+          double dw = 0.0;
+          for (std::int64_t n = 0; n < 13; ++n) {
+            dw += static_cast<double>(rp.data<float>()[n * 5 + o]) * xp.data<float>()[n * 8 + i];
+          }
+          EXPECT_NEAR(w.grad().data<float>()[o * 8 + i], pass * dw, 1e-4) << "dw " << o << "," << i;
+        }
+      }
+    }
+  }
+}
+
+// gelu_linear is linear(gelu(x)) bit for bit, values and gradients, in f32 and under bf16
+// autocast, where its forward reads x once (one unary_bf16, no unary, no to_bf16 of activations).
+TEST(GeluLinear, EqualsTheCompositionBitForBit) {
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    Generator gen(5);
+    const Tensor x0 = Tensor::randn({9, 16}, gen), w0 = Tensor::randn({6, 16}, gen);
+    const Tensor b0 = Tensor::randn({6}, gen), r = Tensor::randn({9, 6}, gen);
+    Tensor grads[2][3], outs[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor x = x0.clone(), w = w0.clone(), b = b0.clone();
+      for (Tensor* t : {&x, &w, &b}) t->set_requires_grad(true);
+      autograd::AutocastScope scope(precision);
+      const auto unary = dispatch_count(DeviceType::kCpu, Op::kUnary);
+      const auto fused_unary = dispatch_count(DeviceType::kCpu, Op::kUnaryBf16);
+      const auto rounds = dispatch_count(DeviceType::kCpu, Op::kToBf16);
+      outs[fused] = fused ? gelu_linear(x, w, b) : linear(gelu(x), w, b);
+      if (fused && precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kUnary) - unary, 0u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kUnaryBf16) - fused_unary, 1u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 1u);  // the weight
+      }
+      const auto widenings = dispatch_count(DeviceType::kCpu, Op::kToF32);
+      sum(mul(outs[fused], r)).backward();
+      // The GELU's backward reads the kept bf16 input itself: no widening pass.
+      EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToF32) - widenings, 0u);
+      grads[fused][0] = x.grad();
+      grads[fused][1] = w.grad();
+      grads[fused][2] = b.grad();
+    }
+    expect_same_bits({outs[1], grads[1][0], grads[1][1], grads[1][2]},
+                     {outs[0], grads[0][0], grads[0][1], grads[0][2]},
+                     {"output", "dx", "dW", "db"});
+  }
+}
+
+// layer_norm_linear is linear(layer_norm(x)) bit for bit, values and all five gradients, in f32
+// and under bf16 autocast, where its forward reads x once (one layer_norm_forward_bf16, no
+// layer_norm_forward, only the weight rounded by to_bf16).
+TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    Generator gen(9);
+    const Tensor x0 = Tensor::randn({7, 24}, gen), lw0 = Tensor::randn({24}, gen);
+    const Tensor lb0 = Tensor::randn({24}, gen), w0 = Tensor::randn({10, 24}, gen);
+    const Tensor b0 = Tensor::randn({10}, gen), r = Tensor::randn({7, 10}, gen);
+    std::vector<Tensor> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor x = x0.clone(), lw = lw0.clone(), lb = lb0.clone(), w = w0.clone(), b = b0.clone();
+      for (Tensor* t : {&x, &lw, &lb, &w, &b}) t->set_requires_grad(true);
+      autograd::AutocastScope scope(precision);
+      const auto norms = dispatch_count(DeviceType::kCpu, Op::kLayerNormForward);
+      const auto rounds = dispatch_count(DeviceType::kCpu, Op::kToBf16);
+      const Tensor y = fused ? layer_norm_linear(x, lw, lb, 1e-5f, w, b)
+                             : linear(layer_norm(x, 24, lw, lb, 1e-5f), w, b);
+      if (fused && precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kLayerNormForward) - norms, 0u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 1u);  // the weight
+      }
+      const auto widenings = dispatch_count(DeviceType::kCpu, Op::kToF32);
+      sum(mul(y, r)).backward();
+      EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToF32) - widenings, 0u);
+      results[fused] = {y, x.grad(), lw.grad(), lb.grad(), w.grad(), b.grad()};
+    }
+    expect_same_bits(results[1], results[0],
+                     {"output", "dx", "d ln weight", "d ln bias", "dW", "db"});
+  }
+}
+
+// packed_self_attention_linear is the projection of packed_self_attention's merged heads bit for
+// bit, values and the gradients of qkv, W and b, in f32 and under bf16 autocast, where its
+// forward merges and rounds the heads in one pass (one merge_heads_bf16, no merge_heads, only the
+// weight rounded by to_bf16) and its backward widens nothing.
+TEST(PackedSelfAttentionLinear, EqualsTheCompositionBitForBit) {
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    Generator gen(13);
+    const std::int64_t b = 2, t = 9, heads = 2, e = 32;  // head size 16
+    const Tensor qkv0 = Tensor::randn({b, t, 3 * e}, gen), w0 = Tensor::randn({e, e}, gen);
+    const Tensor b0 = Tensor::randn({e}, gen), r = Tensor::randn({b, t, e}, gen);
+    std::vector<Tensor> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor qkv = qkv0.clone(), w = w0.clone(), bias = b0.clone();
+      for (Tensor* p : {&qkv, &w, &bias}) p->set_requires_grad(true);
+      autograd::AutocastScope scope(precision);
+      const auto merges = dispatch_count(DeviceType::kCpu, Op::kMergeHeads);
+      const auto rounds = dispatch_count(DeviceType::kCpu, Op::kToBf16);
+      Tensor y;
+      if (fused) {
+        y = packed_self_attention_linear(qkv, heads, true, w, bias);
+      } else {
+        const Tensor merged = packed_self_attention(qkv, heads, true);
+        y = reshape(linear(reshape(merged, {b * t, e}), w, bias), {b, t, e});
+      }
+      if (fused && precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kMergeHeads) - merges, 0u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 1u);  // the weight
+      }
+      const auto widenings = dispatch_count(DeviceType::kCpu, Op::kToF32);
+      sum(mul(y, r)).backward();
+      if (precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToF32) - widenings, 0u);
+      }
+      results[fused] = {y, qkv.grad(), w.grad(), bias.grad()};
+    }
+    expect_same_bits(results[1], results[0], {"output", "dqkv", "dW", "db"});
+  }
+}
+
+// Where gelu_linear's input comes from a bf16 product (through a reshape, as in a GPT's MLP), its
+// gradient goes back in bf16 (one unary_backward_bf16, no to_bf16 of it in the product's rule):
+// the same bits as the f32 gradient the product would round. Where that input also feeds an f32
+// op, the engine widens the bf16 gradient before the sum.
+TEST(GeluLinear, HandsABf16ProductItsGradientInBf16) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  Generator gen(21);
+  const Tensor h0 = Tensor::randn({6, 12}, gen), w10 = Tensor::randn({16, 12}, gen);
+  const Tensor b10 = Tensor::randn({16}, gen), w20 = Tensor::randn({5, 16}, gen);
+  const Tensor b20 = Tensor::randn({5}, gen), r = Tensor::randn({2, 3, 5}, gen);
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "the product's output also summed" : "the product's output used once");
+    std::vector<Tensor> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor h = h0.clone(), w1 = w10.clone(), b1 = b10.clone(), w2 = w20.clone(), b2 = b20.clone();
+      for (Tensor* t : {&h, &w1, &b1, &w2, &b2}) t->set_requires_grad(true);
+      autograd::AutocastScope scope(autograd::Precision::BF16);
+      const Tensor a = reshape(linear(h, w1, b1), {2, 3, 16});
+      const Tensor rows = reshape(a, {6, 16});
+      const Tensor y = fused ? gelu_linear(rows, w2, b2) : linear(gelu(rows), w2, b2);
+      Tensor loss = sum(mul(reshape(y, {2, 3, 5}), r));
+      if (shared) loss = add(loss, sum(a));
+      const auto emitted = dispatch_count(DeviceType::kCpu, Op::kUnaryBackwardBf16);
+      loss.backward();
+      if (fused) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kUnaryBackwardBf16) - emitted, 1u);
+      }
+      results[fused] = {y, h.grad(), w1.grad(), b1.grad(), w2.grad(), b2.grad()};
+    }
+    const char* names[] = {"output", "dh", "dW1", "db1", "dW2", "db2"};
+    for (std::size_t k = 0; k < results[0].size(); ++k) {
+      const Tensor& a = results[1][k];
+      const Tensor& e = results[0][k];
+      ASSERT_EQ(a.shape(), e.shape()) << names[k];
+      ASSERT_EQ(a.dtype(), DType::F32) << names[k];
+      float scale = 0.0f;
+      for (std::int64_t i = 0; i < e.numel(); ++i)
+        scale = std::max(scale, std::fabs(e.data<float>()[i]));
+      for (std::int64_t i = 0; i < a.numel(); ++i) {
+        if (shared) {  // rounded before the sum there, after it here: within bf16's rounding
+          ASSERT_NEAR(a.data<float>()[i], e.data<float>()[i], 2e-2f * scale)
+              << names[k] << " element " << i;
+        } else {
+          ASSERT_EQ(a.data<float>()[i], e.data<float>()[i]) << names[k] << " element " << i;
+        }
+      }
+    }
+  }
+}
+
+// Under bf16 autocast a classifier's cross-entropy hands its product the logits' gradient in
+// bf16 (cross_entropy_backward_bf16): the same bits as the f32 gradient the product would round,
+// here the path where a multiplication by one (a rule that takes f32 only) stands between them.
+TEST(CrossEntropy, HandsABf16ClassifierItsGradientInBf16) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  Generator gen(8);
+  const Tensor x0 = Tensor::randn({2, 5, 16}, gen), w0 = Tensor::randn({40, 16}, gen);
+  std::vector<std::int64_t> y;
+  for (int i = 0; i < 10; ++i) y.push_back((i * 7) % 40);
+  y[3] = -100;
+  const Tensor labels = Tensor::from_i64(y, Shape{10});
+  Tensor grads[2];
+  for (int direct = 0; direct < 2; ++direct) {
+    Tensor x = x0.clone(), w = w0.clone();
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    autograd::AutocastScope scope(autograd::Precision::BF16);
+    Tensor logits = reshape(linear(reshape(x, {10, 16}), w, Tensor()), {2, 5, 40});
+    if (!direct) logits = mul(logits, 1.0f);
+    const auto emitted = dispatch_count(DeviceType::kCpu, Op::kCrossEntropyBackwardBf16);
+    cross_entropy(reshape(logits, {10, 40}), labels, 0.1f).backward();
+    EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kCrossEntropyBackwardBf16) - emitted,
+              direct ? 1u : 0u);
+    grads[direct] = w.grad();
+  }
+  expect_same_bits({grads[1]}, {grads[0]}, {"dW"});
+}
+
+// Where packed_self_attention_linear's qkv comes from a bf16 product (through a reshape, as in a
+// GPT's block), qkv's gradient goes back in bf16 (merge_qkv_heads_bf16): the same bits as the
+// f32 one the product would round (here behind a multiplication by one, which takes f32 only).
+TEST(PackedSelfAttentionLinear, HandsABf16ProductItsGradientInBf16) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  Generator gen(17);
+  const Tensor h0 = Tensor::randn({12, 8}, gen), wq0 = Tensor::randn({48, 8}, gen);
+  const Tensor wp0 = Tensor::randn({16, 16}, gen), r = Tensor::randn({2, 6, 16}, gen);
+  std::vector<Tensor> results[2];
+  for (int direct = 0; direct < 2; ++direct) {
+    Tensor h = h0.clone(), wq = wq0.clone(), wp = wp0.clone();
+    for (Tensor* t : {&h, &wq, &wp}) t->set_requires_grad(true);
+    autograd::AutocastScope scope(autograd::Precision::BF16);
+    Tensor qkv = reshape(linear(h, wq, Tensor()), {2, 6, 48});
+    if (!direct) qkv = mul(qkv, 1.0f);
+    const auto emitted = dispatch_count(DeviceType::kCpu, Op::kMergeQkvHeadsBf16);
+    sum(mul(packed_self_attention_linear(qkv, 2, true, wp, Tensor()), r)).backward();
+    EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kMergeQkvHeadsBf16) - emitted, direct ? 1u : 0u);
+    results[direct] = {h.grad(), wq.grad(), wp.grad()};
+  }
+  expect_same_bits(results[1], results[0], {"dh", "dWqkv", "dWproj"});
+}
+
+}  // namespace
+}  // namespace hpm
