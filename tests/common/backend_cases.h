@@ -842,6 +842,9 @@ inline std::vector<Case> cases() {
 // Values of any dtype as doubles, on the host.
 inline std::vector<double> host_values(const Tensor& t) {
   const Tensor h = t.device().is_host() ? t : t.to(Device::cpu());
+  // The 16-bit floats widened once (per element, a large output took quadratic time).
+  const bool half = h.dtype() == DType::BF16 || h.dtype() == DType::F16;
+  const Tensor widened = half ? cpu::to_f32(h) : Tensor();
   std::vector<double> out(static_cast<std::size_t>(h.numel()));
   for (std::int64_t i = 0; i < h.numel(); ++i) {
     double v = 0;
@@ -866,7 +869,7 @@ inline std::vector<double> host_values(const Tensor& t) {
         break;
       case DType::BF16:
       case DType::F16:
-        v = cpu::to_f32(h).data<float>()[i];
+        v = widened.data<float>()[i];
         break;
     }
     out[static_cast<std::size_t>(i)] = v;
