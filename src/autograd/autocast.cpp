@@ -1,5 +1,8 @@
 #include "hpm/autograd/autocast.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <stdexcept>
 
@@ -10,6 +13,14 @@ namespace hpm::autograd {
 namespace {
 
 thread_local Precision current = Precision::F32;
+
+std::atomic<bool>& fusions_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("HPM_BF16_FUSIONS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }()};
+  return on;
+}
 
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -46,5 +57,8 @@ AutocastScope::AutocastScope(Precision p) : previous_(current) {
 }
 
 AutocastScope::~AutocastScope() { current = previous_; }
+
+bool bf16_fusions() { return fusions_flag().load(std::memory_order_relaxed); }
+void set_bf16_fusions(bool on) { fusions_flag().store(on, std::memory_order_relaxed); }
 
 }  // namespace hpm::autograd

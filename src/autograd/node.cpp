@@ -4,6 +4,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/tensor/kernels.h"
 
@@ -107,7 +108,7 @@ Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn
 }
 
 bool bf16_gradient_taken(const Tensor& t) {
-  if (!t.defined() || !t.impl()->autograd) return false;
+  if (!bf16_fusions() || !t.defined() || !t.impl()->autograd) return false;
   const Node* fn = t.impl()->autograd->grad_fn.get();
   while (fn != nullptr && fn->bf16_grad == Bf16Grad::kPassedOn && fn->next_edges.size() == 1) {
     fn = fn->next_edges[0].fn.get();

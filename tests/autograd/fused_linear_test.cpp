@@ -18,6 +18,18 @@
 namespace hpm {
 namespace {
 
+// The fusions on for one test, whatever HPM_BF16_FUSIONS says (these tests count their passes).
+class FusionsOn {
+ public:
+  FusionsOn() : previous_(autograd::bf16_fusions()) { autograd::set_bf16_fusions(true); }
+  ~FusionsOn() { autograd::set_bf16_fusions(previous_); }
+  FusionsOn(const FusionsOn&) = delete;
+  FusionsOn& operator=(const FusionsOn&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // actual[k] and expected[k] (F32) hold the same shapes and bits.
 void expect_same_bits(const std::vector<Tensor>& actual, const std::vector<Tensor>& expected,
                       const std::vector<std::string>& names) {
@@ -37,6 +49,7 @@ void expect_same_bits(const std::vector<Tensor>& actual, const std::vector<Tenso
 // gradient's rows (linear_param_grads_), written fresh the first time and added into the weight's
 // gradient the second; under bf16 autocast both from the rounded g and x.
 TEST(Linear, BackwardGivesWeightAndBiasGradientsFromOneProduct) {
+  const FusionsOn fusions;
   std::vector<autograd::Precision> precisions{autograd::Precision::F32};
   if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
   for (const autograd::Precision precision : precisions) {
@@ -76,6 +89,7 @@ TEST(Linear, BackwardGivesWeightAndBiasGradientsFromOneProduct) {
 // gelu_linear is linear(gelu(x)) bit for bit, values and gradients, in f32 and under bf16
 // autocast, where its forward reads x once (one unary_bf16, no unary, no to_bf16 of activations).
 TEST(GeluLinear, EqualsTheCompositionBitForBit) {
+  const FusionsOn fusions;
   std::vector<autograd::Precision> precisions{autograd::Precision::F32};
   if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
   for (const autograd::Precision precision : precisions) {
@@ -115,6 +129,7 @@ TEST(GeluLinear, EqualsTheCompositionBitForBit) {
 // and under bf16 autocast, where its forward reads x once (one layer_norm_forward_bf16, no
 // layer_norm_forward, only the weight rounded by to_bf16).
 TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
+  const FusionsOn fusions;
   std::vector<autograd::Precision> precisions{autograd::Precision::F32};
   if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
   for (const autograd::Precision precision : precisions) {
@@ -151,6 +166,7 @@ TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
 // forward merges and rounds the heads in one pass (one merge_heads_bf16, no merge_heads, only the
 // weight rounded by to_bf16) and its backward widens nothing.
 TEST(PackedSelfAttentionLinear, EqualsTheCompositionBitForBit) {
+  const FusionsOn fusions;
   std::vector<autograd::Precision> precisions{autograd::Precision::F32};
   if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
   for (const autograd::Precision precision : precisions) {
@@ -193,6 +209,7 @@ TEST(PackedSelfAttentionLinear, EqualsTheCompositionBitForBit) {
 // the same bits as the f32 gradient the product would round. Where that input also feeds an f32
 // op, the engine widens the bf16 gradient before the sum.
 TEST(GeluLinear, HandsABf16ProductItsGradientInBf16) {
+  const FusionsOn fusions;
   if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
   Generator gen(21);
   const Tensor h0 = Tensor::randn({6, 12}, gen), w10 = Tensor::randn({16, 12}, gen);
@@ -242,6 +259,7 @@ TEST(GeluLinear, HandsABf16ProductItsGradientInBf16) {
 // bf16 (cross_entropy_backward_bf16): the same bits as the f32 gradient the product would round,
 // here the path where a multiplication by one (a rule that takes f32 only) stands between them.
 TEST(CrossEntropy, HandsABf16ClassifierItsGradientInBf16) {
+  const FusionsOn fusions;
   if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
   Generator gen(8);
   const Tensor x0 = Tensor::randn({2, 5, 16}, gen), w0 = Tensor::randn({40, 16}, gen);
@@ -270,6 +288,7 @@ TEST(CrossEntropy, HandsABf16ClassifierItsGradientInBf16) {
 // GPT's block), qkv's gradient goes back in bf16 (merge_qkv_heads_bf16): the same bits as the
 // f32 one the product would round (here behind a multiplication by one, which takes f32 only).
 TEST(PackedSelfAttentionLinear, HandsABf16ProductItsGradientInBf16) {
+  const FusionsOn fusions;
   if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
   Generator gen(17);
   const Tensor h0 = Tensor::randn({12, 8}, gen), wq0 = Tensor::randn({48, 8}, gen);
@@ -287,6 +306,32 @@ TEST(PackedSelfAttentionLinear, HandsABf16ProductItsGradientInBf16) {
     results[direct] = {h.grad(), wq.grad(), wp.grad()};
   }
   expect_same_bits(results[1], results[0], {"dh", "dWqkv", "dWproj"});
+}
+
+// With the fusions off (HPM_BF16_FUSIONS=0, for an A/B or a fallback) the GPT's fused calls run
+// the compositions: no fused op dispatched, no gradient handed on in bf16, the same values.
+TEST(GeluLinear, TheSwitchRunsTheComposition) {
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  const FusionsOn restored;  // at the end, whatever the loop leaves
+  Generator gen(4);
+  const Tensor h0 = Tensor::randn({6, 12}, gen), w10 = Tensor::randn({16, 12}, gen);
+  const Tensor w20 = Tensor::randn({5, 16}, gen), r = Tensor::randn({6, 5}, gen);
+  std::vector<Tensor> results[2];
+  for (int on = 0; on < 2; ++on) {
+    autograd::set_bf16_fusions(on == 1);
+    Tensor h = h0.clone(), w1 = w10.clone(), w2 = w20.clone();
+    for (Tensor* t : {&h, &w1, &w2}) t->set_requires_grad(true);
+    autograd::AutocastScope scope(autograd::Precision::BF16);
+    const auto fused = dispatch_count(DeviceType::kCpu, Op::kUnaryBf16) +
+                       dispatch_count(DeviceType::kCpu, Op::kUnaryBackwardBf16);
+    const Tensor y = gelu_linear(linear(h, w1, Tensor()), w2, Tensor());
+    sum(mul(y, r)).backward();
+    EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kUnaryBf16) +
+                  dispatch_count(DeviceType::kCpu, Op::kUnaryBackwardBf16) - fused,
+              on == 1 ? 2u : 0u);
+    results[on] = {y, h.grad(), w1.grad(), w2.grad()};
+  }
+  expect_same_bits(results[0], results[1], {"output", "dh", "dW1", "dW2"});
 }
 
 }  // namespace

@@ -21,11 +21,16 @@
 //     its softmax, output and gradients are f32;
 //   - everything else computes in f32: softmax, normalizations, losses, reductions, element-wise
 //     ops, and (in this version) batched matmuls; of those, layer norm and GELU keep their inputs
-//     for backward as bf16 copies, as attention keeps its output, widened again in backward:
-//     with the products' inputs, a transformer's saved activations are bf16;
+//     for backward as bf16 copies, as attention keeps its output, which their backward kernels
+//     read as they are: with the products' inputs, a transformer's saved activations are bf16;
 //   - parameters, their gradients and the optimizer state stay f32 (the master weights): a
 //     product converts its weight when it runs.
 // Outputs are f32 tensors either way, so nothing outside the products sees a bf16 tensor.
+// Two savings keep that rule's values (autograd/ops/fused_linear.cpp, node.h's Bf16Grad): GELU,
+// layer norm and attention write the next product's bf16 operand in the pass that computes
+// them, and a gradient a product's rule would round first thing is handed to it in bf16.
+// HPM_BF16_FUSIONS=0 (or set_bf16_fusions(false)) runs the compositions instead: the same values
+// on the CPU, for an A/B of the passes saved, or a fallback on a device.
 #pragma once
 #include <string>
 
@@ -56,5 +61,10 @@ class AutocastScope {
 
 // Throws the error above when bf16 is not native here; config checks call it before training.
 void require_native_bf16();
+
+// Whether the fused products and bf16 gradients above are on (every thread; HPM_BF16_FUSIONS=0
+// at start turns them off).
+bool bf16_fusions();
+void set_bf16_fusions(bool on);
 
 }  // namespace hpm::autograd

@@ -11,7 +11,8 @@
 namespace hpm {
 
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (autocast_precision() != Precision::BF16 || x.dtype() != DType::F32) {
+  if (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions() ||
+      x.dtype() != DType::F32) {
     return linear(gelu(x), weight, bias);
   }
   // One pass over x makes the product's operand and the bf16 copy of x that GELU's backward
@@ -40,7 +41,8 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
                          const Tensor& weight, const Tensor& bias) {
-  if (autocast_precision() != Precision::BF16 || x.dtype() != DType::F32 || x.dim() != 2) {
+  if (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions() ||
+      x.dtype() != DType::F32 || x.dim() != 2) {
     return linear(layer_norm(x, x.size(-1), ln_weight, ln_bias, eps), weight, bias);
   }
   // One pass over x makes the product's operand and the bf16 copy of x the norm's backward reads
@@ -72,7 +74,8 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
 
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,
                                     const Tensor& weight, const Tensor& bias) {
-  if (autocast_precision() != Precision::BF16 || qkv.dtype() != DType::F32 || qkv.dim() != 3) {
+  if (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions() ||
+      qkv.dtype() != DType::F32 || qkv.dim() != 3) {
     const Tensor merged = packed_self_attention(qkv, heads, causal);
     const std::int64_t b = merged.size(0), t = merged.size(1);
     return reshape(linear(reshape(merged, {b * t, merged.size(2)}), weight, bias),
