@@ -11,6 +11,15 @@
 
 namespace hpm {
 
+namespace {
+
+// A BF16 gradient (Bf16Grad) as f32; any other as it is.
+Tensor widened(const Tensor& g) {
+  return g.defined() && g.dtype() == DType::BF16 ? kernels::to_f32(g) : g;
+}
+
+}  // namespace
+
 void Tensor::backward(const Tensor& grad_output) const {
   using namespace autograd;
   if (!requires_grad()) {
@@ -60,9 +69,7 @@ void Tensor::backward(const Tensor& grad_output) const {
     Tensors grads_in = std::move(inputs[node]);
     inputs.erase(node);
     if (node->bf16_grad == Bf16Grad::kWidened) {
-      for (Tensor& g : grads_in) {
-        if (g.defined() && g.dtype() == DType::BF16) g = kernels::to_f32(g);
-      }
+      for (Tensor& g : grads_in) g = widened(g);
     }
     Tensors grads_out = node->apply(std::move(grads_in));
     for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
@@ -76,10 +83,7 @@ void Tensor::backward(const Tensor& grad_output) const {
           slot = grads_out[i];
         } else {
           // A sum is f32: a BF16 gradient meeting another is widened first.
-          auto wide = [](const Tensor& g) {
-            return g.dtype() == DType::BF16 ? kernels::to_f32(g) : g;
-          };
-          slot = kernels::binary(kernels::BinaryOp::Add, wide(slot), wide(grads_out[i]));
+          slot = kernels::binary(kernels::BinaryOp::Add, widened(slot), widened(grads_out[i]));
         }
       }
       if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());

@@ -310,6 +310,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 }
 
 Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate) {
+  // The shapes here for every backend; the dtypes are each backend's.
+  if (g.dim() != 2 || x.dim() != 2 || g.size(0) != x.size(0)) {
+    throw std::invalid_argument("linear_param_grads_: gradient " + g.shape().str() + " and input " +
+                                x.shape().str() + " need the same rows");
+  }
+  if (dw.shape() != Shape{g.size(1), x.size(1)} || dw.dtype() != DType::F32) {
+    throw std::invalid_argument("linear_param_grads_ weight gradient: expected F32 " +
+                                Shape{g.size(1), x.size(1)}.str() + ", got " +
+                                dtype_name(dw.dtype()) + " " + dw.shape().str());
+  }
   OpScope scope(Op::kLinearParamGrads, {&dw, &g, &x});
   return scope.backend().linear_param_grads_(dw, g, x, accumulate);
 }

@@ -10,11 +10,18 @@
 
 namespace hpm {
 
+namespace {
+
+// Whether the fused path runs for an f32 input x: under bf16 autocast with the fusions on.
+bool fusing(const Tensor& x) {
+  return autocast_precision() == Precision::BF16 && autograd::bf16_fusions() &&
+         x.dtype() == DType::F32;
+}
+
+}  // namespace
+
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions() ||
-      x.dtype() != DType::F32) {
-    return linear(gelu(x), weight, bias);
-  }
+  if (!fusing(x)) return linear(gelu(x), weight, bias);
   // One pass over x makes the product's operand and the bf16 copy of x that GELU's backward
   // reads (what gelu() would keep under autocast): to_bf16 of GELU's output and of its input are
   // no passes of their own, and GELU's f32 output is never written.
@@ -41,8 +48,7 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
                          const Tensor& weight, const Tensor& bias) {
-  if (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions() ||
-      x.dtype() != DType::F32 || x.dim() != 2) {
+  if (!fusing(x) || x.dim() != 2) {
     return linear(layer_norm(x, x.size(-1), ln_weight, ln_bias, eps), weight, bias);
   }
   // One pass over x makes the product's operand and the bf16 copy of x the norm's backward reads
@@ -74,8 +80,7 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
 
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,
                                     const Tensor& weight, const Tensor& bias) {
-  if (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions() ||
-      qkv.dtype() != DType::F32 || qkv.dim() != 3) {
+  if (!fusing(qkv) || qkv.dim() != 3) {
     const Tensor merged = packed_self_attention(qkv, heads, causal);
     const std::int64_t b = merged.size(0), t = merged.size(1);
     return reshape(linear(reshape(merged, {b * t, merged.size(2)}), weight, bias),

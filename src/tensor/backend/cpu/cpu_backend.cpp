@@ -118,12 +118,8 @@ class CpuBackend final : public Backend {
 
   Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,
                              bool accumulate) override {
-    if (g.dim() != 2 || x.dim() != 2 || g.size(0) != x.size(0)) {
-      throw std::invalid_argument("linear_param_grads_: gradient " + g.shape().str() +
-                                  " and input " + x.shape().str() + " need the same rows");
-    }
+    // Shapes checked by the dispatch (kernels::linear_param_grads_).
     const std::int64_t out = g.size(1), in = x.size(1), n = g.size(0);
-    check_shape(dw, Shape{out, in}, "linear_param_grads_ weight gradient");
     const float beta = accumulate ? 1.0f : 0.0f;
     if (both_bf16(g, x)) {
       cpu::gemm_bf16(true, false, out, in, n, 1.0f, g.data<std::uint16_t>(), out,

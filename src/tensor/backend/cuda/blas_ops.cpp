@@ -189,8 +189,19 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
     }
     // Column-major, y^T (out x n) = W (out x in, i.e. w's rows transposed) x^T, the bias on
     // every column: added by the product's epilogue.
-    const LtProduct p{CUBLAS_OP_T,   CUBLAS_OP_N, out,           n,   in,   device_ptr(w), in,
-                      device_ptr(x), in,          ptr<float>(y), out, 0.0f, bf16};
+    const LtProduct p{.op_a = CUBLAS_OP_T,
+                      .op_b = CUBLAS_OP_N,
+                      .m = out,
+                      .n = n,
+                      .k = in,
+                      .a = device_ptr(w),
+                      .lda = in,
+                      .b = device_ptr(x),
+                      .ldb = in,
+                      .d = ptr<float>(y),
+                      .ldd = out,
+                      .beta = 0.0f,
+                      .bf16 = bf16};
     if (lt_matmul_bias(p, ptr<float>(bias))) return y;
     // Otherwise every row seeded with the bias, which the product then adds into (beta 1).
     bias_rows(ptr<float>(y), ptr<float>(bias), n, out);
@@ -202,22 +213,25 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
 }
 
 Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate) {
-  if (g.dim() != 2 || x.dim() != 2 || g.size(0) != x.size(0)) {
-    throw std::invalid_argument("linear_param_grads_: gradient " + g.shape().str() + " and input " +
-                                x.shape().str() + " need the same rows");
-  }
-  check_operands(g, x, "linear_param_grads_");
+  check_operands(g, x, "linear_param_grads_");  // shapes checked by the dispatch
   const std::int64_t out = g.size(1), in = x.size(1), n = g.size(0);
-  if (dw.shape() != Shape{out, in} || dw.dtype() != DType::F32) {
-    throw std::invalid_argument("linear_param_grads_ weight gradient: expected F32 " +
-                                Shape{out, in}.str() + ", got " + dw.shape().str());
-  }
   const bool bf16 = both_bf16(g, x);
   const float beta = accumulate ? 1.0f : 0.0f;
   Tensor db = Tensor::empty({out}, DType::F32, g.device());
   // Column-major, dw^T (in x out) = x^T (in x n) g (n x out), g's n rows summed by the epilogue.
-  const LtProduct p{CUBLAS_OP_N, CUBLAS_OP_T,    in, out,  n,   device_ptr(x), in, device_ptr(g),
-                    out,         ptr<float>(dw), in, beta, bf16};
+  const LtProduct p{.op_a = CUBLAS_OP_N,
+                    .op_b = CUBLAS_OP_T,
+                    .m = in,
+                    .n = out,
+                    .k = n,
+                    .a = device_ptr(x),
+                    .lda = in,
+                    .b = device_ptr(g),
+                    .ldb = out,
+                    .d = ptr<float>(dw),
+                    .ldd = in,
+                    .beta = beta,
+                    .bf16 = bf16};
   if (lt_matmul_bias_grad(p, ptr<float>(db))) return db;
   gemm(true, false, out, in, n, device_ptr(g), out, 0, device_ptr(x), in, 0, beta, ptr<float>(dw),
        0, 1, bf16);
