@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <utility>
 
 #include "hpm/autograd/grad_mode.h"
 
@@ -80,16 +81,22 @@ Tensor TransformerBlock::finish(const Tensor& x, const Tensor& merged) {
   return mlp(x, proj->forward(merged));
 }
 
-Tensor TransformerBlock::mlp(const Tensor& x, const Tensor& attended) {
+// An activation no rule keeps dies at its last use, not at the end of the statement that made it:
+// the block's transients (the qkv product's f32 output, 3E wide; the fc product's, 4E) otherwise
+// stay held through what follows and raise the step's peak memory by one of them.
+Tensor TransformerBlock::mlp(const Tensor& x, Tensor attended) {
   // Written on a change of mode only: concurrent forwards of a shared model just read it.
   if (drop_->is_training() != is_training()) drop_->train(is_training());
   Tensor h = add(x, drop_->forward(attended));
-  return add(h, drop_->forward(out->forward_after_gelu(fc->forward_after(*ln2, h))));
+  attended = Tensor();
+  Tensor m = out->forward_after_gelu(fc->forward_after(*ln2, h));
+  return add(h, drop_->forward(m));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
   check_input(x);
-  return mlp(x, proj->forward_after_attention(qkv->forward_after(*ln1, x), n_head_));
+  Tensor attended = proj->forward_after_attention(qkv->forward_after(*ln1, x), n_head_);
+  return mlp(x, std::move(attended));
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, Tensor& k, Tensor& v) {

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "hpm/tensor/backend/cpu.h"
@@ -13,6 +14,8 @@
 
 namespace hpm {
 namespace {
+
+using kernels::UnaryOp;
 
 float from_bits(std::uint16_t b) { return std::bit_cast<float>(std::uint32_t{b} << 16); }
 
@@ -45,6 +48,63 @@ TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
     if (!std::isnan(x[i])) {
       EXPECT_EQ(back[i], from_bits(p[i])) << i;
     }
+  }
+}
+
+void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  const std::size_t bytes = static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype());
+  const auto* pa = static_cast<const unsigned char*>(a.raw_data());
+  const auto* pb = static_cast<const unsigned char*>(b.raw_data());
+  std::size_t first = 0;
+  while (first < bytes && pa[first] == pb[first]) ++first;
+  EXPECT_EQ(first, bytes) << what << ": first differing byte";
+}
+
+// The CPU's fused roundings (unary_bf16, unary_backward_bf16, layer_norm_forward_bf16, and the
+// backward kernels reading bf16 copies) work block by block: equal to their compositions bit for
+// bit, across block and thread-span boundaries (sizes off every block, some over the elementwise
+// grain of 32768).
+TEST(Bf16, TheCpusFusedRoundingsEqualTheirCompositionsBitForBit) {
+  Generator gen(11);
+  for (const std::int64_t n : {std::int64_t{5}, std::int64_t{2 * 2048 + 37}, std::int64_t{70001}}) {
+    const Tensor x = Tensor::randn({n}, gen), gy = Tensor::randn({n}, gen);
+    const Tensor xp = cpu::add_scalar(cpu::unary(UnaryOp::Square, x), 0.1f);  // Log's, Sqrt's
+    for (const UnaryOp op :
+         {UnaryOp::Neg, UnaryOp::Exp, UnaryOp::Log, UnaryOp::Sqrt, UnaryOp::Relu, UnaryOp::Tanh,
+          UnaryOp::Sigmoid, UnaryOp::Gelu, UnaryOp::GeluTanh, UnaryOp::Square}) {
+      const std::string what =
+          "unary op " + std::to_string(static_cast<int>(op)) + ", n " + std::to_string(n);
+      const Tensor in = op == UnaryOp::Log || op == UnaryOp::Sqrt ? xp : x;
+      Tensor in_b;
+      expect_same_bits(cpu::unary_bf16(op, in, &in_b), cpu::to_bf16(cpu::unary(op, in)), what);
+      expect_same_bits(in_b, cpu::to_bf16(in), what + " (input copy)");
+      const Tensor y = cpu::unary(op, in), yb = cpu::to_bf16(y);
+      const Tensor want = cpu::unary_backward(op, gy, cpu::to_f32(in_b), cpu::to_f32(yb));
+      expect_same_bits(cpu::unary_backward(op, gy, in_b, yb), want, what + " (backward)");
+      expect_same_bits(cpu::unary_backward_bf16(op, gy, in_b, yb), cpu::to_bf16(want),
+                       what + " (bf16 backward)");
+    }
+  }
+  // Widths on both sides of the forward's 4096-element row block, rows over a thread span.
+  for (const std::int64_t width : {std::int64_t{96}, std::int64_t{1500}, std::int64_t{5000}}) {
+    const std::string what = "layer norm of width " + std::to_string(width);
+    const std::int64_t rows = 70001 / width + 3;
+    const Tensor x = Tensor::randn({rows, width}, gen), gy = Tensor::randn({rows, width}, gen);
+    const Tensor w = Tensor::randn({width}, gen), b = Tensor::randn({width}, gen);
+    Tensor m1, r1, m2, r2, xb;
+    const Tensor y = cpu::layer_norm_forward_bf16(x, width, w, b, 1e-5f, m1, r1, &xb);
+    expect_same_bits(y, cpu::to_bf16(cpu::layer_norm_forward(x, width, w, b, 1e-5f, m2, r2)), what);
+    expect_same_bits(m1, m2, what + " (mean)");
+    expect_same_bits(r1, r2, what + " (rstd)");
+    expect_same_bits(xb, cpu::to_bf16(x), what + " (input copy)");
+    Tensor gx1, gw1, gb1, gx2, gw2, gb2;
+    cpu::layer_norm_backward(gy, xb, width, w, m1, r1, &gx1, &gw1, &gb1);
+    cpu::layer_norm_backward(gy, cpu::to_f32(xb), width, w, m1, r1, &gx2, &gw2, &gb2);
+    expect_same_bits(gx1, gx2, what + " (backward dx)");
+    expect_same_bits(gw1, gw2, what + " (backward dw)");
+    expect_same_bits(gb1, gb2, what + " (backward db)");
   }
 }
 

@@ -52,7 +52,7 @@ class TransformerBlock : public Module {
   // Attention's heads merged (B, T, E) through the projection and the MLP.
   Tensor finish(const Tensor& x, const Tensor& merged);
   // The attention's projected output (B, T, E) through the residual and the MLP.
-  Tensor mlp(const Tensor& x, const Tensor& attended);
+  Tensor mlp(const Tensor& x, Tensor attended);
   std::int64_t n_head_;
   std::shared_ptr<Dropout> drop_;
 };

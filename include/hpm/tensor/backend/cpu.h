@@ -77,8 +77,13 @@ void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x (same nu
 void scale_(Tensor& y, float alpha);                  // y *= alpha
 
 Tensor unary(UnaryOp op, const Tensor& x);
-// dL/dx for a unary op given dL/dy, the input x and the output y.
+// to_bf16(unary(op, x)) (and *x_bf16 = to_bf16(x)) in one pass: block by block, no f32 output.
+Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16);
+// dL/dx for a unary op given dL/dy, the input x and the output y (any of them a BF16 copy,
+// widened block by block).
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
+// to_bf16(unary_backward(...)) in one pass.
+Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 
 // ---- reductions ----------------------------------------------------------------------------
 float sum_all(const Tensor& x);
@@ -220,6 +225,11 @@ void batch_norm_backward(const Tensor& grad_y, const Tensor& x, const Tensor& we
 // Normalizes over the trailing `normalized` elements of each row.
 Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                           const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd);
+// to_bf16(layer_norm_forward(...)) (and *x_bf16 = to_bf16(x)) in one pass over x: rows by
+// rows, no f32 output.
+Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                               const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
+                               Tensor* x_bf16);
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);

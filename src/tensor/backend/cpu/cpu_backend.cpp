@@ -259,11 +259,10 @@ class CpuBackend final : public Backend {
   Tensor unary(UnaryOp op, const Tensor& x) override { return cpu::unary(op, x); }
   Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                              const Tensor& y) override {
-    return cpu::to_bf16(cpu::unary_backward(op, grad_y, x, y));
+    return cpu::unary_backward_bf16(op, grad_y, x, y);
   }
   Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) override {
-    if (x_bf16 != nullptr) *x_bf16 = cpu::to_bf16(x);
-    return cpu::to_bf16(cpu::unary(op, x));
+    return cpu::unary_bf16(op, x, x_bf16);
   }
   Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                         const Tensor& y) override {
@@ -392,10 +391,8 @@ class CpuBackend final : public Backend {
   Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                                  const Tensor& bias, float eps, Tensor& save_mean,
                                  Tensor& save_rstd, Tensor* x_bf16) override {
-    Tensor y = cpu::to_bf16(
-        cpu::layer_norm_forward(x, normalized, weight, bias, eps, save_mean, save_rstd));
-    if (x_bf16 != nullptr) *x_bf16 = cpu::to_bf16(x);
-    return y;
+    return cpu::layer_norm_forward_bf16(x, normalized, weight, bias, eps, save_mean, save_rstd,
+                                        x_bf16);
   }
   void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                            const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,

@@ -40,29 +40,6 @@ HPM_SIMD_CLONES double sum_squares_span(const float* p, std::int64_t n) {
   return s;
 }
 
-// out = f(a, b) span by span across the kernel threads (a and b of out's size).
-template <typename Span>
-Tensor binary_spans(const Tensor& a, const Tensor& b, Span span) {
-  Tensor out = Tensor::empty(a.shape(), DType::F32, a.device());
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* po = out.data<float>();
-  parallel_for(out.numel(), kElementwiseGrain,
-               [&](std::int64_t lo, std::int64_t hi) { span(pa + lo, pb + lo, po + lo, hi - lo); });
-  return out;
-}
-
-// y = f(x) span by span across the kernel threads.
-template <typename Span>
-Tensor unary_spans(const Tensor& x, Span span) {
-  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
-  const float* px = x.data<float>();
-  float* py = y.data<float>();
-  parallel_for(x.numel(), kElementwiseGrain,
-               [&](std::int64_t lo, std::int64_t hi) { span(px + lo, py + lo, hi - lo); });
-  return y;
-}
-
 template <typename Op>
 void binary_loop(const float* a, const float* b, float* y, std::int64_t n, Op op) {
   parallel_for(n, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
@@ -116,20 +93,6 @@ Tensor unary_impl(const Tensor& x, Op op) {
   return y;
 }
 
-// Binary map over three same-size arrays: out[i] = op(g[i], x[i], y[i]).
-template <typename Op>
-Tensor ternary_impl(const Tensor& g, const Tensor& x, const Tensor& y, Op op) {
-  Tensor out = Tensor::empty(g.shape(), DType::F32, g.device());
-  const float* pg = g.data<float>();
-  const float* px = x.defined() ? x.data<float>() : nullptr;
-  const float* py = y.defined() ? y.data<float>() : nullptr;
-  float* po = out.data<float>();
-  parallel_for(g.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t i = lo; i < hi; ++i) po[i] = op(pg[i], px ? px[i] : 0.0f, py ? py[i] : 0.0f);
-  });
-  return out;
-}
-
 constexpr float kSqrt2OverPi = 0.79788456080286535588f;
 
 }  // namespace
@@ -176,79 +139,176 @@ void scale_(Tensor& y, float alpha) {
   });
 }
 
-Tensor unary(UnaryOp op, const Tensor& x) {
+namespace {
+
+// One unary op over a span. unary() runs it span by span across the kernel threads and
+// unary_bf16() block by block into a rounding: the same code, so the same values, bit for bit.
+void unary_span(UnaryOp op, const float* x, float* y, std::int64_t n) {
+  const auto map = [&](auto f) {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
+  };
   switch (op) {
     case UnaryOp::Neg:
-      return unary_impl(x, [](float v) { return -v; });
+      return map([](float v) { return -v; });
     case UnaryOp::Exp:
-      return unary_spans(x, exp_span);
+      return exp_span(x, y, n);
     case UnaryOp::Log:
-      return unary_impl(x, [](float v) { return std::log(v); });
+      return map([](float v) { return std::log(v); });
     case UnaryOp::Sqrt:
-      return unary_impl(x, [](float v) { return std::sqrt(v); });
+      return map([](float v) { return std::sqrt(v); });
     case UnaryOp::Relu:
-      return unary_impl(x, [](float v) { return v > 0.0f ? v : 0.0f; });
+      return map([](float v) { return v > 0.0f ? v : 0.0f; });
     case UnaryOp::Tanh:
-      return unary_impl(x, [](float v) { return std::tanh(v); });
+      return map([](float v) { return std::tanh(v); });
     case UnaryOp::Sigmoid:
-      return unary_impl(x, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
+      return map([](float v) { return 1.0f / (1.0f + std::exp(-v)); });
     case UnaryOp::Gelu:
-      return unary_spans(x, gelu_span);
+      return gelu_span(x, y, n);
     case UnaryOp::GeluTanh:
-      return unary_impl(x, [](float v) {
+      return map([](float v) {
         return 0.5f * v * (1.0f + std::tanh(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
       });
     case UnaryOp::Square:
-      return unary_impl(x, [](float v) { return v * v; });
+      return map([](float v) { return v * v; });
   }
   throw std::logic_error("unknown unary op");
 }
 
-Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
-  if (x.defined() && x.dtype() == DType::BF16) {  // a bf16 copy kept for backward, widened
-    return unary_backward(op, grad_y, to_f32(x), y);
-  }
+// dL/dx of a unary op over a span, from dL/dy (g), the input x and the output y (either may be
+// null where the op does not read it).
+void unary_backward_span(UnaryOp op, const float* g, const float* x, const float* y, float* out,
+                         std::int64_t n) {
+  const auto map = [&](auto f) {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = f(g[i], x ? x[i] : 0.0f, y ? y[i] : 0.0f);
+  };
   switch (op) {
     case UnaryOp::Neg:
-      return ternary_impl(grad_y, x, y, [](float g, float, float) { return -g; });
+      return map([](float dy, float, float) { return -dy; });
     case UnaryOp::Exp:
-      return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * v; });
+      return map([](float dy, float, float v) { return dy * v; });
     case UnaryOp::Log:
-      return ternary_impl(grad_y, x, y, [](float g, float u, float) { return g / u; });
+      return map([](float dy, float u, float) { return dy / u; });
     case UnaryOp::Sqrt:
-      return ternary_impl(grad_y, x, y, [](float g, float, float v) { return 0.5f * g / v; });
-    case UnaryOp::Relu: {
+      return map([](float dy, float, float v) { return 0.5f * dy / v; });
+    case UnaryOp::Relu:
       // The hot one in every mlp and cnn: a branch-free masked copy.
-      Tensor out = Tensor::empty(grad_y.shape(), DType::F32, grad_y.device());
-      const float* pg = grad_y.data<float>();
-      const float* py = y.data<float>();
-      float* po = out.data<float>();
-      parallel_for(out.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
 #pragma omp simd
-        for (std::int64_t i = lo; i < hi; ++i) {
-          const float g = pg[i];  // loaded unconditionally so the select vectorizes
-          po[i] = py[i] > 0.0f ? g : 0.0f;
-        }
-      });
-      return out;
-    }
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float dy = g[i];  // loaded unconditionally so the select vectorizes
+        out[i] = y[i] > 0.0f ? dy : 0.0f;
+      }
+      return;
     case UnaryOp::Tanh:
-      return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * (1 - v * v); });
+      return map([](float dy, float, float v) { return dy * (1 - v * v); });
     case UnaryOp::Sigmoid:
-      return ternary_impl(grad_y, x, y, [](float g, float, float v) { return g * v * (1 - v); });
+      return map([](float dy, float, float v) { return dy * v * (1 - v); });
     case UnaryOp::Gelu:
-      return binary_spans(grad_y, x, gelu_backward_span);
+      return gelu_backward_span(g, x, out, n);
     case UnaryOp::GeluTanh:
-      return ternary_impl(grad_y, x, y, [](float g, float u, float) {
+      return map([](float dy, float u, float) {
         const float inner = kSqrt2OverPi * (u + 0.044715f * u * u * u);
         const float t = std::tanh(inner);
         const float dinner = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * u * u);
-        return g * (0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * dinner);
+        return dy * (0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * dinner);
       });
     case UnaryOp::Square:
-      return ternary_impl(grad_y, x, y, [](float g, float u, float) { return 2.0f * g * u; });
+      return map([](float dy, float u, float) { return 2.0f * dy * u; });
   }
   throw std::logic_error("unknown unary op");
+}
+
+// Elements a fused op computes at once: its f32 values stay in L1 until they are rounded, and
+// no f32 tensor of the whole (a bf16 operand's f32 original) is ever allocated.
+constexpr std::int64_t kFusedBlock = 2048;
+
+// f(lo, n) over [0, total) in blocks of at most kFusedBlock elements, across the kernel threads.
+template <typename F>
+void for_blocks(std::int64_t total, F&& f) {
+  parallel_for(total, kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t b = lo; b < hi; b += kFusedBlock) f(b, std::min(kFusedBlock, hi - b));
+  });
+}
+
+// Elements [lo, lo + n) of x as f32: x's own (F32), or widened into buf (a BF16 copy); null for
+// an undefined x.
+const float* f32_block(const Tensor& x, std::int64_t lo, std::int64_t n, float* buf) {
+  if (!x.defined()) return nullptr;
+  if (x.dtype() != DType::BF16) return x.data<float>() + lo;
+  bf16_to_f32(x.data<std::uint16_t>() + lo, buf, n);
+  return buf;
+}
+
+bool any_bf16(std::initializer_list<const Tensor*> ts) {
+  for (const Tensor* t : ts)
+    if (t->defined() && t->dtype() == DType::BF16) return true;
+  return false;
+}
+
+}  // namespace
+
+Tensor unary(UnaryOp op, const Tensor& x) {
+  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  const float* px = x.data<float>();
+  float* py = y.data<float>();
+  parallel_for(x.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+    unary_span(op, px + lo, py + lo, hi - lo);
+  });
+  return y;
+}
+
+Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
+  Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
+  if (x_bf16 != nullptr) *x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
+  const float* px = x.data<float>();
+  auto* py = y.data<std::uint16_t>();
+  std::uint16_t* pxb = x_bf16 != nullptr ? x_bf16->data<std::uint16_t>() : nullptr;
+  for_blocks(x.numel(), [&](std::int64_t lo, std::int64_t n) {
+    float block[kFusedBlock];
+    unary_span(op, px + lo, block, n);
+    f32_to_bf16(block, py + lo, n);
+    if (pxb != nullptr) f32_to_bf16(px + lo, pxb + lo, n);
+  });
+  return y;
+}
+
+namespace {
+
+// unary_backward into `out` (F32 or BF16), block by block, widening BF16 inputs as it goes.
+void unary_backward_into(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y,
+                         Tensor& out) {
+  const bool round = out.dtype() == DType::BF16;
+  for_blocks(out.numel(), [&](std::int64_t lo, std::int64_t n) {
+    float gb[kFusedBlock], xb[kFusedBlock], yb[kFusedBlock], ob[kFusedBlock];
+    float* o = round ? ob : out.data<float>() + lo;
+    unary_backward_span(op, f32_block(grad_y, lo, n, gb), f32_block(x, lo, n, xb),
+                        f32_block(y, lo, n, yb), o, n);
+    if (round) f32_to_bf16(ob, out.data<std::uint16_t>() + lo, n);
+  });
+}
+
+}  // namespace
+
+Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  Tensor out = Tensor::empty(grad_y.shape(), DType::F32, grad_y.device());
+  if (any_bf16({&grad_y, &x, &y})) {  // bf16 copies kept for backward: widened block by block
+    unary_backward_into(op, grad_y, x, y, out);
+    return out;
+  }
+  const float* pg = grad_y.data<float>();
+  const float* px = x.defined() ? x.data<float>() : nullptr;
+  const float* py = y.defined() ? y.data<float>() : nullptr;
+  float* po = out.data<float>();
+  parallel_for(out.numel(), kElementwiseGrain, [&](std::int64_t lo, std::int64_t hi) {
+    unary_backward_span(op, pg + lo, px ? px + lo : nullptr, py ? py + lo : nullptr, po + lo,
+                        hi - lo);
+  });
+  return out;
+}
+
+Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
+  Tensor out = Tensor::empty(grad_y.shape(), DType::BF16, grad_y.device());
+  unary_backward_into(op, grad_y, x, y, out);
+  return out;
 }
 
 // ---- reductions --------------------------------------------------------------------------

@@ -224,17 +224,50 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
   return y;
 }
 
+Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                               const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
+                               Tensor* x_bf16) {
+  if (normalized <= 0 || x.numel() % normalized != 0) {
+    throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
+                                std::to_string(normalized) + " trailing elements");
+  }
+  const std::int64_t rows = x.numel() / normalized;
+  save_mean = Tensor::empty({rows}, DType::F32, x.device());
+  save_rstd = Tensor::empty({rows}, DType::F32, x.device());
+  Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
+  if (x_bf16 != nullptr) *x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
+  const float* px = x.data<float>();
+  const float* pw = weight.defined() ? weight.data<float>() : nullptr;
+  const float* pb = bias.defined() ? bias.data<float>() : nullptr;
+  auto* py = y.data<std::uint16_t>();
+  std::uint16_t* pxb = x_bf16 != nullptr ? x_bf16->data<std::uint16_t>() : nullptr;
+  float* pm = save_mean.data<float>();
+  float* pr = save_rstd.data<float>();
+  // Rows normalized a few at a time into a cache-sized f32 block, then rounded: the f32 output
+  // never exists whole (its bytes are neither written nor counted at the step's peak).
+  const std::int64_t block = std::max<std::int64_t>(1, 4096 / normalized);
+  parallel_for(rows, row_grain(normalized), [&](std::int64_t r0, std::int64_t r1) {
+    std::vector<float> out(static_cast<std::size_t>(std::min(block, r1 - r0) * normalized));
+    for (std::int64_t r = r0; r < r1; r += block) {
+      const std::int64_t len = std::min(block, r1 - r), at = r * normalized;
+      layer_norm_rows(px + at, pw, pb, out.data(), pm + r, pr + r, 0, len, normalized, eps);
+      f32_to_bf16(out.data(), py + at, len * normalized);
+      if (pxb != nullptr) f32_to_bf16(px + at, pxb + at, len * normalized);
+    }
+  });
+  return y;
+}
+
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
-  if (x.dtype() == DType::BF16) {  // a bf16 copy kept for backward: widened exactly, then as f32
-    layer_norm_backward(grad_y, to_f32(x), normalized, weight, save_mean, save_rstd, grad_x,
-                        grad_weight, grad_bias);
-    return;
-  }
   const std::int64_t rows = x.numel() / normalized;
   const float* pg = grad_y.data<float>();
-  const float* px = x.data<float>();
+  // A bf16 copy kept for backward is widened span by span into a cache-sized block (exactly: the
+  // values are those of to_f32(x), without its f32 tensor).
+  const bool widen = x.dtype() == DType::BF16;
+  const float* px = widen ? nullptr : x.data<float>();
+  const std::uint16_t* pxb = widen ? x.data<std::uint16_t>() : nullptr;
   const float* pw = weight.defined() ? weight.data<float>() : nullptr;
   const float* pm = save_mean.data<float>();
   const float* pr = save_rstd.data<float>();
@@ -250,10 +283,15 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   const std::int64_t spans = (rows + chunk - 1) / chunk;
   std::vector<double> sums(static_cast<std::size_t>(2 * spans * normalized), 0.0);
   parallel_for(spans, 1, [&](std::int64_t s0, std::int64_t s1) {
+    std::vector<float> widened(widen ? static_cast<std::size_t>(chunk * normalized) : 0);
     for (std::int64_t s = s0; s < s1; ++s) {
       double* dw = sums.data() + 2 * s * normalized;
-      layer_norm_backward_rows(pg, px, pw, pm, pr, pdx, dw, dw + normalized, s * chunk,
-                               std::min(rows, (s + 1) * chunk), normalized);
+      const std::int64_t r0 = s * chunk, len = std::min(rows, r0 + chunk) - r0,
+                         at = r0 * normalized;
+      const float* xs = px != nullptr ? px + at : widened.data();
+      if (widen) bf16_to_f32(pxb + at, widened.data(), len * normalized);
+      layer_norm_backward_rows(pg + at, xs, pw, pm + r0, pr + r0, pdx ? pdx + at : nullptr, dw,
+                               dw + normalized, 0, len, normalized);
     }
   });
   for (std::int64_t s = 1; s < spans; ++s)
