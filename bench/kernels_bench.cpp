@@ -12,7 +12,8 @@ namespace {
 
 void BM_ReluBackward(benchmark::State& st) {
   Generator gen(1);
-  Tensor g = Tensor::randn({64, 32, 28, 28}, gen), y = unary(UnaryOp::Relu, Tensor::randn({64, 32, 28, 28}, gen));
+  Tensor g = Tensor::randn({64, 32, 28, 28}, gen),
+         y = unary(UnaryOp::Relu, Tensor::randn({64, 32, 28, 28}, gen));
   for (auto _ : st) benchmark::DoNotOptimize(unary_backward(UnaryOp::Relu, g, Tensor(), y));
   st.SetBytesProcessed(st.iterations() * g.nbytes() * 3);
 }
@@ -118,10 +119,78 @@ BENCHMARK(BM_MaxPool2x2Backward);
 
 void BM_LinearFc1(benchmark::State& st) {
   Generator gen(1);
-  Tensor x = Tensor::randn({64, 3136}, gen), w = Tensor::randn({128, 3136}, gen), b = Tensor::randn({128}, gen);
+  Tensor x = Tensor::randn({64, 3136}, gen), w = Tensor::randn({128, 3136}, gen),
+         b = Tensor::randn({128}, gen);
   for (auto _ : st) benchmark::DoNotOptimize(linear(x, w, b));
 }
 BENCHMARK(BM_LinearFc1);
+
+// The bf16 fusions on the shakespeare GPT's shapes (B x T = 64 x 256 rows; GELU over the fc
+// output, 4 x 384 wide; layer norm over 384): /fused is the op, /composed what it replaced (the
+// f32 op, then its roundings), one binary for the A/B: --benchmark_filter=Bf16
+// --benchmark_repetitions=5 --benchmark_report_aggregates_only=true.
+void BM_GeluBf16(benchmark::State& st, bool fused) {
+  Generator gen(1);
+  const Tensor x = Tensor::randn({16384, 1536}, gen);
+  for (auto _ : st) {
+    Tensor xb;
+    if (fused) {
+      benchmark::DoNotOptimize(unary_bf16(UnaryOp::Gelu, x, &xb));
+    } else {
+      benchmark::DoNotOptimize(to_bf16(unary(UnaryOp::Gelu, x)));
+      benchmark::DoNotOptimize(xb = to_bf16(x));
+    }
+  }
+}
+BENCHMARK_CAPTURE(BM_GeluBf16, fused, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_GeluBf16, composed, false)->Unit(benchmark::kMillisecond);
+
+void BM_GeluBackwardBf16(benchmark::State& st, bool fused) {
+  Generator gen(1);
+  const Tensor g = Tensor::randn({16384, 1536}, gen),
+               xb = to_bf16(Tensor::randn({16384, 1536}, gen));
+  for (auto _ : st) {
+    if (fused) {
+      benchmark::DoNotOptimize(unary_backward_bf16(UnaryOp::Gelu, g, xb, Tensor()));
+    } else {
+      benchmark::DoNotOptimize(to_bf16(unary_backward(UnaryOp::Gelu, g, to_f32(xb), Tensor())));
+    }
+  }
+}
+BENCHMARK_CAPTURE(BM_GeluBackwardBf16, fused, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_GeluBackwardBf16, composed, false)->Unit(benchmark::kMillisecond);
+
+void BM_LayerNormBf16(benchmark::State& st, bool fused) {
+  Generator gen(1);
+  const Tensor x = Tensor::randn({16384, 384}, gen), w = Tensor::randn({384}, gen),
+               b = Tensor::randn({384}, gen);
+  for (auto _ : st) {
+    Tensor m, r, xb;
+    if (fused) {
+      benchmark::DoNotOptimize(layer_norm_forward_bf16(x, 384, w, b, 1e-5f, m, r, &xb));
+    } else {
+      benchmark::DoNotOptimize(to_bf16(layer_norm_forward(x, 384, w, b, 1e-5f, m, r)));
+      benchmark::DoNotOptimize(xb = to_bf16(x));
+    }
+  }
+}
+BENCHMARK_CAPTURE(BM_LayerNormBf16, fused, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_LayerNormBf16, composed, false)->Unit(benchmark::kMillisecond);
+
+void BM_LayerNormBackwardBf16(benchmark::State& st, bool fused) {
+  Generator gen(1);
+  const Tensor x = Tensor::randn({16384, 384}, gen), w = Tensor::randn({384}, gen);
+  const Tensor g = Tensor::randn({16384, 384}, gen), xb = to_bf16(x);
+  Tensor m, r;
+  layer_norm_forward(x, 384, w, Tensor(), 1e-5f, m, r);
+  for (auto _ : st) {
+    Tensor gx, gw, gb;
+    layer_norm_backward(g, fused ? xb : to_f32(xb), 384, w, m, r, &gx, &gw, &gb);
+    benchmark::DoNotOptimize(gx);
+  }
+}
+BENCHMARK_CAPTURE(BM_LayerNormBackwardBf16, fused, true)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_LayerNormBackwardBf16, composed, false)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace hpm::cpu
