@@ -1,9 +1,11 @@
 // The backward engine: counts each node's dependencies, then runs nodes whose gradients are
-// complete, latest-created first, summing gradients that arrive along several edges (in f32), and
-// widening a BF16 gradient for a node that does not take one (node.h's Bf16Grad).
+// complete, latest-created first, summing gradients that arrive along several edges (in f32, or
+// in a rule's kernel: take_pending_gradient), and widening a BF16 gradient for a node that does
+// not take one (node.h's Bf16Grad).
 #include <queue>
 #include <stdexcept>
 #include <unordered_map>
+#include <utility>
 
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/autograd/node.h"
@@ -18,7 +20,49 @@ Tensor widened(const Tensor& g) {
   return g.defined() && g.dtype() == DType::BF16 ? kernels::to_f32(g) : g;
 }
 
+using PendingGradients = std::unordered_map<autograd::Node*, autograd::Tensors>;
+
+// The node the engine runs on this thread, and the gradients pending for every node: what
+// take_pending_gradient reads. Restored on exit (a rule may run a backward of its own).
+struct Running {
+  autograd::Node* node = nullptr;
+  PendingGradients* pending = nullptr;
+};
+thread_local Running running;
+
+class RunningScope {
+ public:
+  RunningScope(autograd::Node* node, PendingGradients* pending) : saved_(running) {
+    running = {node, pending};
+  }
+  ~RunningScope() { running = saved_; }
+  RunningScope(const RunningScope&) = delete;
+  RunningScope& operator=(const RunningScope&) = delete;
+
+ private:
+  Running saved_;
+};
+
 }  // namespace
+
+namespace autograd {
+
+Tensor take_pending_gradient(std::size_t input, const Shape& shape) {
+  if (running.node == nullptr || input >= running.node->next_edges.size()) return Tensor();
+  const Edge& e = running.node->next_edges[input];
+  if (!e.valid()) return Tensor();
+  const auto it = running.pending->find(e.fn.get());
+  if (it == running.pending->end()) return Tensor();
+  Tensor& slot = it->second.at(static_cast<std::size_t>(e.input_nr));
+  if (!slot.defined() || slot.dtype() != DType::F32 || slot.shape() != shape) return Tensor();
+  if (slot.impl_ptr().use_count() != 1 || slot.impl()->storage.use_count() != 1 ||
+      slot.impl()->offset != 0) {
+    return Tensor();
+  }
+  return std::exchange(slot, Tensor());
+}
+
+}  // namespace autograd
 
 void Tensor::backward(const Tensor& grad_output) const {
   using namespace autograd;
@@ -71,7 +115,11 @@ void Tensor::backward(const Tensor& grad_output) const {
     if (node->bf16_grad == Bf16Grad::kWidened) {
       for (Tensor& g : grads_in) g = widened(g);
     }
-    Tensors grads_out = node->apply(std::move(grads_in));
+    Tensors grads_out;
+    {
+      RunningScope scope(node, &inputs);
+      grads_out = node->apply(std::move(grads_in));
+    }
     for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
       const Edge& e = node->next_edges[i];
       if (!e.valid()) continue;

@@ -640,7 +640,16 @@ Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const T
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
-  OpScope scope(Op::kLayerNormBackward, {&grad_y, &x, &weight});
+  const Tensor none;
+  const Tensor& into = grad_x != nullptr ? *grad_x : none;  // defined: dx is added into it
+  OpScope scope(Op::kLayerNormBackward, {&grad_y, &x, &weight, &into});
+  if (into.defined()) {
+    if (into.dtype() != DType::F32) {
+      throw std::invalid_argument("layer_norm backward: the gradient added into is " +
+                                  std::string(dtype_name(into.dtype())) + ", not F32");
+    }
+    check_shape(into, x.shape(), "layer_norm backward: the gradient added into");
+  }
   scope.backend().layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x,
                                       grad_weight, grad_bias);
 }

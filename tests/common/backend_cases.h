@@ -774,6 +774,28 @@ inline std::vector<Case> cases() {
                    return Outputs{gx, gw, gb};
                  }});
   }
+  // dx added into a pending gradient (autograd::take_pending_gradient), x f32 and bf16, widths on
+  // both sides of the CUDA kernel's warp/block switch; without dw and db.
+  for (const std::int64_t width : {std::int64_t{64}, std::int64_t{1100}}) {
+    for (const bool bf16_x : {false, true}) {
+      c.push_back({"layer_norm_backward into a gradient " + std::to_string(width) +
+                       (bf16_x ? " bf16 x" : ""),
+                   Op::kLayerNormBackward, [width, bf16_x](Generator& g, const To& to) {
+                     const Tensor xf = randn(g, {19, width}), w = randn(g, {width});
+                     const Tensor x = bf16_x ? kernels::to_bf16(xf) : xf;
+                     Tensor sm, sr;
+                     kernels::layer_norm_forward(xf, width, w, randn(g, {width}), 1e-5f, sm, sr);
+                     Tensor gx = to(randn(g, {19, width})), gx_only = to(randn(g, {19, width}));
+                     Tensor gw, gb;
+                     const Tensor gy = to(randn(g, {19, width}));
+                     kernels::layer_norm_backward(gy, to(x), width, to(w), to(sm), to(sr), &gx, &gw,
+                                                  &gb);
+                     kernels::layer_norm_backward(gy, to(x), width, Tensor(), to(sm), to(sr),
+                                                  &gx_only, nullptr, nullptr);
+                     return Outputs{gx, gw, gb, gx_only};
+                   }});
+    }
+  }
   c.push_back({"unary_backward gelu bf16 x", Op::kUnaryBackward, [](Generator& g, const To& to) {
                  const Tensor x = kernels::to_bf16(randn(g, {7, 301}));
                  return Outputs{kernels::unary_backward(UnaryOp::Gelu, to(randn(g, {7, 301})),

@@ -212,7 +212,10 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
 Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                                const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
                                Tensor* x_bf16 = nullptr);
-// x F32 or BF16 (a copy autocast kept, read widened).
+// x F32 or BF16 (a copy autocast kept, read widened). When *grad_x is defined on entry (F32, x's
+// shape, x's device: the gradient summed so far for x, as autograd::take_pending_gradient hands
+// it), dx is added into it, as the sum *grad_x + dx would be, without a pass of its own; otherwise
+// *grad_x is a new tensor.
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);

@@ -45,6 +45,7 @@ using autograd::bf16_gradient_taken;
 using autograd::Bf16Grad;
 using autograd::Precision;
 using autograd::record;
+using autograd::take_pending_gradient;
 using autograd::Tensors;
 using autograd::rules::linear_gradients;
 using autograd::rules::Needs;

@@ -63,7 +63,9 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
       "LayerNormLinearBF16", {x, ln_weight, ln_bias, weight, bias}, y,
       [xb, yb, mean, rstd, normalized, ln_weight, weight, bias](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
-        Tensor gx, gw, gbias;
+        // Added into x's pending gradient, as layer_norm's rule does.
+        Tensor gx = n[0] ? take_pending_gradient(0, xb.shape()) : Tensor();
+        Tensor gw, gbias;
         if (n[0] || n[1] || n[2]) {
           kernels::layer_norm_backward(kernels::matmul(gb, kernels::to_bf16(weight)), xb,
                                        normalized, ln_weight, mean, rstd, n[0] ? &gx : nullptr,

@@ -36,7 +36,10 @@ Tensor layer_norm(const Tensor& x, std::int64_t normalized, const Tensor& weight
   return record(
       "LayerNorm", {x, weight, bias}, y,
       [xs = SavedActivation(x), normalized, weight, mean, rstd](const Tensor& g, const Needs& n) {
-        Tensor gx, gw, gb;
+        // x's gradient added into what its other consumers summed (a residual stream's skip
+        // path): no pass of the engine's to add the two.
+        Tensor gx = n[0] ? take_pending_gradient(0, xs.kept().shape()) : Tensor();
+        Tensor gw, gb;
         kernels::layer_norm_backward(g, xs.kept(), normalized, weight, mean, rstd,
                                      n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
                                      n[2] ? &gb : nullptr);

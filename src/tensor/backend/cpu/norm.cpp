@@ -165,10 +165,11 @@ HPM_SIMD_CLONES void layer_norm_rows(const float* x, const float* w, const float
   }
 }
 
-// Backward of rows [r0, r1): dx (if dx), and dw, db accumulated into this span's own sums.
+// Backward of rows [r0, r1): dx (if dx; added into it through `row`, n floats, when row is not
+// null), and dw, db accumulated into this span's own sums.
 HPM_SIMD_CLONES void layer_norm_backward_rows(const float* g, const float* x, const float* w,
                                               const float* mean, const float* rstd, float* dx,
-                                              double* dw, double* db, std::int64_t r0,
+                                              float* row, double* dw, double* db, std::int64_t r0,
                                               std::int64_t r1, std::int64_t n) {
   const double inv_n = 1.0 / static_cast<double>(n);
   for (std::int64_t r = r0; r < r1; ++r) {
@@ -187,13 +188,19 @@ HPM_SIMD_CLONES void layer_norm_backward_rows(const float* g, const float* x, co
     }
     if (dx == nullptr) continue;
     float* dr = dx + r * n;
+    float* out = row != nullptr ? row : dr;
     const auto a = static_cast<float>(sum_dxhat * inv_n);
     const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
 #pragma omp simd
     for (std::int64_t k = 0; k < n; ++k) {
       const float xhat = (xr[k] - mu) * rs;
-      dr[k] = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
+      out[k] = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
     }
+    if (row == nullptr) continue;
+      // Added from memory, in a loop of its own: no multiply-add contracted across, so the sum is
+      // the one the engine's addition of a separate dx would make, bit for bit.
+#pragma omp simd
+    for (std::int64_t k = 0; k < n; ++k) dr[k] += row[k];
   }
 }
 
@@ -272,8 +279,9 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   const float* pm = save_mean.data<float>();
   const float* pr = save_rstd.data<float>();
   float* pdx = nullptr;
+  const bool accumulate = grad_x != nullptr && grad_x->defined();
   if (grad_x) {
-    *grad_x = Tensor::empty(x.shape(), DType::F32, x.device());
+    if (!accumulate) *grad_x = Tensor::empty(x.shape(), DType::F32, x.device());
     pdx = grad_x->data<float>();
   }
   // Spans of a fixed number of rows each sum dw and db into their own slot, and the slots are
@@ -284,14 +292,16 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   std::vector<double> sums(static_cast<std::size_t>(2 * spans * normalized), 0.0);
   parallel_for(spans, 1, [&](std::int64_t s0, std::int64_t s1) {
     std::vector<float> widened(widen ? static_cast<std::size_t>(chunk * normalized) : 0);
+    std::vector<float> row(accumulate ? static_cast<std::size_t>(normalized) : 0);
     for (std::int64_t s = s0; s < s1; ++s) {
       double* dw = sums.data() + 2 * s * normalized;
       const std::int64_t r0 = s * chunk, len = std::min(rows, r0 + chunk) - r0,
                          at = r0 * normalized;
       const float* xs = px != nullptr ? px + at : widened.data();
       if (widen) bf16_to_f32(pxb + at, widened.data(), len * normalized);
-      layer_norm_backward_rows(pg + at, xs, pw, pm + r0, pr + r0, pdx ? pdx + at : nullptr, dw,
-                               dw + normalized, 0, len, normalized);
+      layer_norm_backward_rows(pg + at, xs, pw, pm + r0, pr + r0, pdx ? pdx + at : nullptr,
+                               accumulate ? row.data() : nullptr, dw, dw + normalized, 0, len,
+                               normalized);
     }
   });
   for (std::int64_t s = 1; s < spans; ++s)

@@ -92,14 +92,14 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
   }
 }
 
-// dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)) per row; x F32 or BF16 (X float or its
-// bits), as in the column sums below.
+// dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)) per row, written or (accumulate) added
+// into dx; x F32 or BF16 (X float or its bits), as in the column sums below.
 template <bool kWarp, typename X>
 __global__ void layer_norm_backward_kernel(const float* __restrict__ g, const X* __restrict__ x,
                                            const float* __restrict__ w,
                                            const float* __restrict__ mean,
                                            const float* __restrict__ rstd, float* __restrict__ dx,
-                                           std::int64_t rows, std::int64_t n) {
+                                           bool accumulate, std::int64_t rows, std::int64_t n) {
   const Team<kWarp> team;
   const double inv_n = 1.0 / static_cast<double>(n);
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
@@ -120,7 +120,10 @@ __global__ void layer_norm_backward_kernel(const float* __restrict__ g, const X*
     float* dr = dx + r * n;
     for (std::int64_t k = team.rank; k < n; k += team.size) {
       const float xhat = (as_f32(xr[k]) - mu) * rs;
-      dr[k] = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
+      const float d = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
+      // __fadd_rn: never contracted with the product above, so the sum is the one a separate
+      // addition of dx would make (the CPU's, within its own rounding of d).
+      dr[k] = accumulate ? __fadd_rn(dr[k], d) : d;
     }
   }
 }
@@ -250,15 +253,16 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
   const float* pr = ptr<float>(save_rstd);
   cudaStream_t stream = current_stream();
   if (grad_x != nullptr) {
-    *grad_x = Tensor::empty(x.shape(), DType::F32);
+    const bool accumulate = grad_x->defined();
+    if (!accumulate) *grad_x = Tensor::empty(x.shape(), DType::F32);
     if (rows > 0 && normalized <= kWarpRowMax) {
       layer_norm_backward_kernel<true, X>
           <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-              pg, px, pw, pm, pr, ptr<float>(*grad_x), rows, normalized);
+              pg, px, pw, pm, pr, ptr<float>(*grad_x), accumulate, rows, normalized);
       HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (warp)");
     } else if (rows > 0) {
       layer_norm_backward_kernel<false, X><<<grid_for(rows), kBlock, 0, stream>>>(
-          pg, px, pw, pm, pr, ptr<float>(*grad_x), rows, normalized);
+          pg, px, pw, pm, pr, ptr<float>(*grad_x), accumulate, rows, normalized);
       HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (block)");
     }
   }

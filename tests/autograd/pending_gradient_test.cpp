@@ -1,0 +1,129 @@
+// A gradient rule adding its input gradient into the one already summed for that input
+// (autograd::take_pending_gradient; layer norm's rules, which a residual stream's skip path meets):
+// the same bits as the engine's separate sum, no sum dispatched, and nothing taken where another
+// gradient shares the pending one.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hpm/autograd/autocast.h"
+#include "hpm/autograd/node.h"
+#include "hpm/autograd/ops.h"
+#include "hpm/tensor/backend.h"
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
+
+namespace hpm {
+namespace {
+
+void expect_same_bits(const Tensor& actual, const Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.shape(), expected.shape()) << what;
+  ASSERT_EQ(actual.dtype(), DType::F32) << what;
+  ASSERT_EQ(expected.dtype(), DType::F32) << what;
+  for (std::int64_t i = 0; i < actual.numel(); ++i)
+    ASSERT_EQ(actual.data<float>()[i], expected.data<float>()[i]) << what << " element " << i;
+}
+
+// The kernel's contract: dx added into a defined *grad_x equals the sum of the pending gradient
+// and a fresh dx, bit for bit (x f32 and bf16; rows narrower and wider than one row block).
+TEST(PendingGradient, LayerNormBackwardAddsIntoItAsTheEnginesSumWould) {
+  Generator gen(5);
+  for (const std::int64_t width : {std::int64_t{24}, std::int64_t{1500}}) {
+    for (const bool bf16_x : {false, true}) {
+      SCOPED_TRACE("width " + std::to_string(width) + (bf16_x ? ", bf16 x" : ""));
+      const Tensor xf = Tensor::randn({37, width}, gen), w = Tensor::randn({width}, gen);
+      const Tensor x = bf16_x ? kernels::to_bf16(xf) : xf;
+      const Tensor gy = Tensor::randn({37, width}, gen), pending = Tensor::randn({37, width}, gen);
+      Tensor mean, rstd;
+      kernels::layer_norm_forward(xf, width, w, Tensor(), 1e-5f, mean, rstd);
+      Tensor fresh, into = pending.clone(), gw_fresh, gw_into;
+      kernels::layer_norm_backward(gy, x, width, w, mean, rstd, &fresh, &gw_fresh, nullptr);
+      kernels::layer_norm_backward(gy, x, width, w, mean, rstd, &into, &gw_into, nullptr);
+      expect_same_bits(into, kernels::binary(kernels::BinaryOp::Add, pending, fresh), "dx");
+      expect_same_bits(gw_into, gw_fresh, "dw");
+    }
+  }
+}
+
+TEST(PendingGradient, TheGradientAddedIntoMustBeAnF32TensorOfXsShape) {
+  Generator gen(6);
+  const Tensor x = Tensor::randn({4, 8}, gen), gy = Tensor::randn({4, 8}, gen);
+  Tensor mean, rstd;
+  kernels::layer_norm_forward(x, 8, Tensor(), Tensor(), 1e-5f, mean, rstd);
+  Tensor wrong_shape = Tensor::zeros({8, 4});
+  EXPECT_THROW(
+      kernels::layer_norm_backward(gy, x, 8, Tensor(), mean, rstd, &wrong_shape, nullptr, nullptr),
+      std::invalid_argument);
+  Tensor wrong_dtype = kernels::to_bf16(Tensor::zeros({4, 8}));
+  EXPECT_THROW(
+      kernels::layer_norm_backward(gy, x, 8, Tensor(), mean, rstd, &wrong_dtype, nullptr, nullptr),
+      std::invalid_argument);
+}
+
+// Binary ops dispatched by the backward of sum(h * r) for a leaf h: what the tests below add to.
+std::uint64_t binaries_of_the_loss(const Tensor& r) {
+  Tensor h = Tensor::zeros(r.shape());
+  h.set_requires_grad(true);
+  const Tensor loss = sum(mul(h, r));
+  const auto before = dispatch_count(DeviceType::kCpu, Op::kBinary);
+  loss.backward();
+  return dispatch_count(DeviceType::kCpu, Op::kBinary) - before;
+}
+
+// h = x + linear(layer_norm(x)): x's gradient is the skip path's plus the norm's. The norm's rule
+// runs after the skip path's Add and adds into its gradient: the engine dispatches no sum (no
+// binary op beyond the loss's own), and dx has the bits of the separate sum.
+TEST(PendingGradient, AResidualLayerNormAddsIntoTheSkipPathsGradient) {
+  Generator gen(7);
+  const std::int64_t rows = 9, width = 24;
+  Tensor x = Tensor::randn({rows, width}, gen);
+  const Tensor w = Tensor::randn({width, width}, gen), r = Tensor::randn({rows, width}, gen);
+  x.set_requires_grad(true);
+  const Tensor h = add(x, linear(layer_norm(x, width, Tensor(), Tensor(), 1e-5f), w, Tensor()));
+  const std::uint64_t loss_binaries = binaries_of_the_loss(r);
+  const Tensor loss = sum(mul(h, r));
+  const auto binaries = dispatch_count(DeviceType::kCpu, Op::kBinary);
+  loss.backward();
+  EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kBinary) - binaries, loss_binaries);
+
+  // By hand: the skip path's gradient is r, the norm's input gradient LN'(x)^T (r W).
+  Tensor mean, rstd, from_norm;
+  kernels::layer_norm_forward(x.detach(), width, Tensor(), Tensor(), 1e-5f, mean, rstd);
+  kernels::layer_norm_backward(kernels::matmul(r, w), x.detach(), width, Tensor(), mean, rstd,
+                               &from_norm, nullptr, nullptr);
+  expect_same_bits(x.grad(), kernels::binary(kernels::BinaryOp::Add, r, from_norm), "dx");
+}
+
+// h = x + layer_norm(x): the Add hands one tensor to both of its inputs, so the gradient pending
+// for x is the norm's own output gradient; adding into it would change what the norm reads. It is
+// not taken (the engine sums), and dx is still the sum.
+TEST(PendingGradient, IsNotTakenWhereAnotherGradientSharesIt) {
+  Generator gen(8);
+  const std::int64_t rows = 6, width = 16;
+  Tensor x = Tensor::randn({rows, width}, gen);
+  const Tensor r = Tensor::randn({rows, width}, gen);
+  x.set_requires_grad(true);
+  const Tensor h = add(x, layer_norm(x, width, Tensor(), Tensor(), 1e-5f));
+  const std::uint64_t loss_binaries = binaries_of_the_loss(r);
+  const Tensor loss = sum(mul(h, r));
+  const auto binaries = dispatch_count(DeviceType::kCpu, Op::kBinary);
+  loss.backward();
+  EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kBinary) - binaries,
+            loss_binaries + 1);  // the engine's sum
+
+  Tensor mean, rstd, from_norm;
+  kernels::layer_norm_forward(x.detach(), width, Tensor(), Tensor(), 1e-5f, mean, rstd);
+  kernels::layer_norm_backward(r, x.detach(), width, Tensor(), mean, rstd, &from_norm, nullptr,
+                               nullptr);
+  expect_same_bits(x.grad(), kernels::binary(kernels::BinaryOp::Add, r, from_norm), "dx");
+}
+
+// Outside a rule the engine runs, nothing is pending.
+TEST(PendingGradient, NothingIsPendingOutsideABackward) {
+  EXPECT_FALSE(autograd::take_pending_gradient(0, Shape{2, 3}).defined());
+}
+
+}  // namespace
+}  // namespace hpm
