@@ -87,9 +87,12 @@ Tensor TransformerBlock::finish(const Tensor& x, const Tensor& merged) {
 Tensor TransformerBlock::mlp(const Tensor& x, Tensor attended) {
   // Written on a change of mode only: concurrent forwards of a shared model just read it.
   if (drop_->is_training() != is_training()) drop_->train(is_training());
-  Tensor h = add(x, drop_->forward(attended));
+  // h = x + attended, written by ln2's pass over it (one read of x and attended, no second of h).
+  Tensor h;
+  Tensor f = fc->forward_after_sum(*ln2, x, drop_->forward(attended), h);
   attended = Tensor();
-  Tensor m = out->forward_after_gelu(fc->forward_after(*ln2, h));
+  Tensor m = out->forward_after_gelu(f);
+  f = Tensor();
   return add(h, drop_->forward(m));
 }
 

@@ -74,6 +74,20 @@ Tensor Linear::forward_after(LayerNorm& ln, const Tensor& x) {
   });
 }
 
+Tensor Linear::forward_after_sum(LayerNorm& ln, const Tensor& a, const Tensor& b, Tensor& sum) {
+  if (ln.normalized_shape() != Shape{in_} || a.shape() != b.shape()) {
+    sum = add(a, b);
+    return forward_after(ln, sum);
+  }
+  Tensor sum_rows;
+  Tensor y = over_rows(a, in_, out_, [&](const Tensor& rows) {
+    return residual_layer_norm_linear(rows, reshape(b, rows.shape()), sum_rows, ln.weight, ln.bias,
+                                      ln.eps(), weight, bias);
+  });
+  sum = reshape(sum_rows, a.shape());
+  return y;
+}
+
 std::string Linear::extra_repr() const {
   return "in_features=" + std::to_string(in_) + ", out_features=" + std::to_string(out_) +
          ", bias=" + b(bias.defined());

@@ -102,6 +102,7 @@ const char* op_name(Op op) {
       "batch_norm_backward",
       "layer_norm_forward",
       "layer_norm_forward_bf16",
+      "add_layer_norm_forward_bf16",
       "layer_norm_backward",
       "embedding_forward",
       "embedding_backward",
@@ -635,6 +636,21 @@ Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const T
   OpScope scope(Op::kLayerNormForwardBf16, {&x, &weight, &bias});
   return scope.backend().layer_norm_forward_bf16(x, normalized, weight, bias, eps, save_mean,
                                                  save_rstd, x_bf16);
+}
+
+Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_t normalized,
+                                   const Tensor& weight, const Tensor& bias, float eps, Tensor& sum,
+                                   Tensor& save_mean, Tensor& save_rstd, Tensor* sum_bf16) {
+  OpScope scope(Op::kAddLayerNormForwardBf16, {&a, &b, &weight, &bias});
+  if (a.dtype() != DType::F32 || b.dtype() != DType::F32 || a.shape() != b.shape()) {
+    throw std::invalid_argument(
+        "add_layer_norm_forward_bf16: expected two F32 tensors of one "
+        "shape, got " +
+        a.shape().str() + " " + dtype_name(a.dtype()) + " and " + b.shape().str() + " " +
+        dtype_name(b.dtype()));
+  }
+  return scope.backend().add_layer_norm_forward_bf16(a, b, normalized, weight, bias, eps, sum,
+                                                     save_mean, save_rstd, sum_bf16);
 }
 
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,

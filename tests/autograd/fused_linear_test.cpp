@@ -161,6 +161,47 @@ TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
   }
 }
 
+// residual_layer_norm_linear is layer_norm_linear(add(a, b)) bit for bit, the output, the sum and
+// the gradients of a, b and the four parameters, in f32 and under bf16 autocast, where its forward
+// is one add_layer_norm_forward_bf16 (no binary add, no layer_norm_forward_bf16); the sum feeds a
+// second consumer (the residual stream's next step) whose gradient the norm's adds into.
+TEST(ResidualLayerNormLinear, EqualsTheCompositionBitForBit) {
+  const FusionsOn fusions;
+  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
+  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
+  for (const autograd::Precision precision : precisions) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    Generator gen(21);
+    const Tensor a0 = Tensor::randn({7, 24}, gen), b0 = Tensor::randn({7, 24}, gen);
+    const Tensor lw0 = Tensor::randn({24}, gen), lb0 = Tensor::randn({24}, gen);
+    const Tensor w0 = Tensor::randn({10, 24}, gen), bias0 = Tensor::randn({10}, gen);
+    const Tensor r = Tensor::randn({7, 10}, gen), rs = Tensor::randn({7, 24}, gen);
+    std::vector<Tensor> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor a = a0.clone(), b = b0.clone(), lw = lw0.clone(), lb = lb0.clone();
+      Tensor w = w0.clone(), bias = bias0.clone();
+      for (Tensor* t : {&a, &b, &lw, &lb, &w, &bias}) t->set_requires_grad(true);
+      autograd::AutocastScope scope(precision);
+      const auto adds = dispatch_count(DeviceType::kCpu, Op::kBinary);
+      const auto norms = dispatch_count(DeviceType::kCpu, Op::kLayerNormForwardBf16);
+      const auto fused_norms = dispatch_count(DeviceType::kCpu, Op::kAddLayerNormForwardBf16);
+      Tensor stream;  // the residual stream's sum
+      const Tensor y = fused ? residual_layer_norm_linear(a, b, stream, lw, lb, 1e-5f, w, bias)
+                             : layer_norm_linear(stream = add(a, b), lw, lb, 1e-5f, w, bias);
+      if (fused && precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kBinary) - adds, 0u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kLayerNormForwardBf16) - norms, 0u);
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kAddLayerNormForwardBf16) - fused_norms, 1u);
+      }
+      (sum(mul(y, r)) + sum(mul(stream, rs))).backward();
+      results[fused] = {y,         stream.detach(), a.grad(), b.grad(),
+                        lw.grad(), lb.grad(),       w.grad(), bias.grad()};
+    }
+    expect_same_bits(results[1], results[0],
+                     {"output", "sum", "da", "db", "d ln weight", "d ln bias", "dW", "d bias"});
+  }
+}
+
 // packed_self_attention_linear is the projection of packed_self_attention's merged heads bit for
 // bit, values and the gradients of qkv, W and b, in f32 and under bf16 autocast, where its
 // forward merges and rounds the heads in one pass (one merge_heads_bf16, no merge_heads, only the

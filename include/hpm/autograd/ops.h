@@ -74,6 +74,12 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // likewise, the norm writing the product's bf16 operand under bf16 autocast.
 Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
                          const Tensor& weight, const Tensor& bias);
+// A residual stream's step: sum = add(a, b) (a and b 2-D, one shape) and
+// layer_norm_linear(sum, ...), returned, with the same values and gradients; under bf16 autocast
+// the sum and the norm in one pass (add_layer_norm_forward_bf16): the sum is not read again.
+Tensor residual_layer_norm_linear(const Tensor& a, const Tensor& b, Tensor& sum,
+                                  const Tensor& ln_weight, const Tensor& ln_bias, float eps,
+                                  const Tensor& weight, const Tensor& bias);
 // linear(packed_self_attention(qkv, heads, causal), weight, bias) over its rows: qkv (B, T, 3E)
 // -> (B, T, OUT); likewise, the attention's merged heads written as the product's bf16 operand.
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,

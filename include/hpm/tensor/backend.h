@@ -84,6 +84,7 @@ enum class Op : int {
   kBatchNormBackward,
   kLayerNormForward,
   kLayerNormForwardBf16,
+  kAddLayerNormForwardBf16,
   kLayerNormBackward,
   kEmbeddingForward,
   kEmbeddingBackward,
@@ -99,7 +100,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 74;
+inline constexpr int kOps = 75;
 const char* op_name(Op op);
 
 class Backend {
@@ -226,6 +227,11 @@ class Backend {
   virtual Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized,
                                          const Tensor& weight, const Tensor& bias, float eps,
                                          Tensor& save_mean, Tensor& save_rstd, Tensor* x_bf16) = 0;
+  virtual Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b,
+                                             std::int64_t normalized, const Tensor& weight,
+                                             const Tensor& bias, float eps, Tensor& sum,
+                                             Tensor& save_mean, Tensor& save_rstd,
+                                             Tensor* sum_bf16) = 0;
   virtual void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                                    const Tensor& weight, const Tensor& save_mean,
                                    const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight,

@@ -212,6 +212,13 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
 Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                                const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
                                Tensor* x_bf16 = nullptr);
+// A residual stream's sum and its layer norm in one pass: sum = a + b (F32, same shape), and
+// layer_norm_forward_bf16 of it (with sum_bf16, to_bf16(sum) into it), bit for bit; the sum is
+// read by no second pass.
+Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_t normalized,
+                                   const Tensor& weight, const Tensor& bias, float eps, Tensor& sum,
+                                   Tensor& save_mean, Tensor& save_rstd,
+                                   Tensor* sum_bf16 = nullptr);
 // x F32 or BF16 (a copy autocast kept, read widened). When *grad_x is defined on entry (F32, x's
 // shape, x's device: the gradient summed so far for x, as autograd::take_pending_gradient hands
 // it), dx is added into it, as the sum *grad_x + dx would be, without a pass of its own; otherwise

@@ -46,18 +46,14 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       Bf16Grad::kTaken);
 }
 
-Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
-                         const Tensor& weight, const Tensor& bias) {
-  if (!fusing(x) || x.dim() != 2) {
-    return linear(layer_norm(x, x.size(-1), ln_weight, ln_bias, eps), weight, bias);
-  }
-  // One pass over x makes the product's operand and the bf16 copy of x the norm's backward reads
-  // (what layer_norm() keeps under autocast): neither rounding is a pass of its own, and the
-  // norm's f32 output is never written.
+namespace {
+
+// Records linear(layer_norm(x)) under bf16 autocast from what its forward made: the product's
+// operand yb, x's bf16 copy xb and the norm's statistics.
+Tensor record_layer_norm_linear(const Tensor& x, const Tensor& xb, const Tensor& yb,
+                                const Tensor& mean, const Tensor& rstd, const Tensor& ln_weight,
+                                const Tensor& ln_bias, const Tensor& weight, const Tensor& bias) {
   const std::int64_t normalized = x.size(1);
-  Tensor mean, rstd, xb;
-  const Tensor yb =
-      kernels::layer_norm_forward_bf16(x, normalized, ln_weight, ln_bias, eps, mean, rstd, &xb);
   Tensor y = kernels::linear(yb, kernels::to_bf16(weight), bias);
   return record(
       "LayerNormLinearBF16", {x, ln_weight, ln_bias, weight, bias}, y,
@@ -78,6 +74,41 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
                        std::move(product[1]), std::move(product[2])};
       },
       Bf16Grad::kTaken);
+}
+
+}  // namespace
+
+Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
+                         const Tensor& weight, const Tensor& bias) {
+  if (!fusing(x) || x.dim() != 2) {
+    return linear(layer_norm(x, x.size(-1), ln_weight, ln_bias, eps), weight, bias);
+  }
+  // One pass over x makes the product's operand and the bf16 copy of x the norm's backward reads
+  // (what layer_norm() keeps under autocast): neither rounding is a pass of its own, and the
+  // norm's f32 output is never written.
+  Tensor mean, rstd, xb;
+  const Tensor yb =
+      kernels::layer_norm_forward_bf16(x, x.size(1), ln_weight, ln_bias, eps, mean, rstd, &xb);
+  return record_layer_norm_linear(x, xb, yb, mean, rstd, ln_weight, ln_bias, weight, bias);
+}
+
+Tensor residual_layer_norm_linear(const Tensor& a, const Tensor& b, Tensor& sum,
+                                  const Tensor& ln_weight, const Tensor& ln_bias, float eps,
+                                  const Tensor& weight, const Tensor& bias) {
+  if (!fusing(a) || a.dim() != 2 || b.dtype() != DType::F32 || b.shape() != a.shape()) {
+    sum = add(a, b);
+    return layer_norm_linear(sum, ln_weight, ln_bias, eps, weight, bias);
+  }
+  // The sum, the norm's bf16 output and the sum's bf16 copy from one pass over a and b: add's
+  // output is not read again by the norm. Recorded as add() and layer_norm_linear() record
+  // themselves (the same gradients).
+  Tensor s, mean, rstd, sb;
+  const Tensor yb = kernels::add_layer_norm_forward_bf16(a, b, a.size(1), ln_weight, ln_bias, eps,
+                                                         s, mean, rstd, &sb);
+  sum = record("Add", {a, b}, s, [](const Tensor& g, const Needs& n) {
+    return Tensors{n[0] ? g : Tensor(), n[1] ? g : Tensor()};
+  });
+  return record_layer_norm_linear(sum, sb, yb, mean, rstd, ln_weight, ln_bias, weight, bias);
 }
 
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,

@@ -231,9 +231,12 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
   return y;
 }
 
-Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
-                               const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
-                               Tensor* x_bf16) {
+namespace {
+
+// layer_norm_forward_bf16 of x, or (b defined) of x + b written into *sum as it goes.
+Tensor layer_norm_bf16_rows(const Tensor& x, const Tensor& b, Tensor* sum, std::int64_t normalized,
+                            const Tensor& weight, const Tensor& bias, float eps, Tensor& save_mean,
+                            Tensor& save_rstd, Tensor* x_bf16) {
   if (normalized <= 0 || x.numel() % normalized != 0) {
     throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
                                 std::to_string(normalized) + " trailing elements");
@@ -244,6 +247,12 @@ Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const T
   Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
   if (x_bf16 != nullptr) *x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
   const float* px = x.data<float>();
+  const float* padd = b.defined() ? b.data<float>() : nullptr;
+  float* psum = nullptr;
+  if (padd != nullptr) {
+    *sum = Tensor::empty(x.shape(), DType::F32, x.device());
+    psum = sum->data<float>();
+  }
   const float* pw = weight.defined() ? weight.data<float>() : nullptr;
   const float* pb = bias.defined() ? bias.data<float>() : nullptr;
   auto* py = y.data<std::uint16_t>();
@@ -257,12 +266,35 @@ Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const T
     std::vector<float> out(static_cast<std::size_t>(std::min(block, r1 - r0) * normalized));
     for (std::int64_t r = r0; r < r1; r += block) {
       const std::int64_t len = std::min(block, r1 - r), at = r * normalized;
-      layer_norm_rows(px + at, pw, pb, out.data(), pm + r, pr + r, 0, len, normalized, eps);
+      const float* in = px + at;
+      if (padd != nullptr) {
+#pragma omp simd
+        for (std::int64_t k = 0; k < len * normalized; ++k)
+          psum[at + k] = px[at + k] + padd[at + k];
+        in = psum + at;
+      }
+      layer_norm_rows(in, pw, pb, out.data(), pm + r, pr + r, 0, len, normalized, eps);
       f32_to_bf16(out.data(), py + at, len * normalized);
-      if (pxb != nullptr) f32_to_bf16(px + at, pxb + at, len * normalized);
+      if (pxb != nullptr) f32_to_bf16(in, pxb + at, len * normalized);
     }
   });
   return y;
+}
+
+}  // namespace
+
+Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                               const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
+                               Tensor* x_bf16) {
+  return layer_norm_bf16_rows(x, Tensor(), nullptr, normalized, weight, bias, eps, save_mean,
+                              save_rstd, x_bf16);
+}
+
+Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_t normalized,
+                                   const Tensor& weight, const Tensor& bias, float eps, Tensor& sum,
+                                   Tensor& save_mean, Tensor& save_rstd, Tensor* sum_bf16) {
+  return layer_norm_bf16_rows(a, b, &sum, normalized, weight, bias, eps, save_mean, save_rstd,
+                              sum_bf16);
 }
 
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,

@@ -43,6 +43,9 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
 Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                                const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
                                Tensor* x_bf16);
+Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_t normalized,
+                                   const Tensor& weight, const Tensor& bias, float eps, Tensor& sum,
+                                   Tensor& save_mean, Tensor& save_rstd, Tensor* sum_bf16);
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);

@@ -57,8 +57,11 @@ struct Team {
 
 // y = (x - mean) * rstd * w + b per row (w, b optional); mean and rstd saved for the backward.
 // Out is float, or std::uint16_t for y rounded to bf16 (then xb, when given, gets x rounded too).
+// With x2 (bf16 only), the row normalized is x + x2, written into `sum` by the last pass (the
+// earlier passes add again: re-reads of a row one team holds, from cache).
 template <bool kWarp, typename Out>
-__global__ void layer_norm_forward_kernel(const float* __restrict__ x, const float* __restrict__ w,
+__global__ void layer_norm_forward_kernel(const float* __restrict__ x, const float* __restrict__ x2,
+                                          float* __restrict__ sum, const float* __restrict__ w,
                                           const float* __restrict__ b, Out* __restrict__ y,
                                           std::uint16_t* __restrict__ xb, float* __restrict__ mean,
                                           float* __restrict__ rstd, std::int64_t rows,
@@ -67,12 +70,14 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
   const double inv_n = 1.0 / static_cast<double>(n);
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
     const float* xr = x + r * n;
+    const float* x2r = x2 != nullptr ? x2 + r * n : nullptr;
+    const auto in = [&](std::int64_t k) { return x2r != nullptr ? xr[k] + x2r[k] : xr[k]; };
     Out* yr = y + r * n;
     double s = 0.0;
-    for (std::int64_t k = team.rank; k < n; k += team.size) s += xr[k];
+    for (std::int64_t k = team.rank; k < n; k += team.size) s += in(k);
     const double mu = team.sum(s) * inv_n;
     double ss = 0.0;
-    for (std::int64_t k = team.rank; k < n; k += team.size) ss += (xr[k] - mu) * (xr[k] - mu);
+    for (std::int64_t k = team.rank; k < n; k += team.size) ss += (in(k)-mu) * (in(k)-mu);
     ss = team.sum(ss);
     const auto m = static_cast<float>(mu);
     const auto rs = static_cast<float>(1.0 / sqrt(ss * inv_n + eps));
@@ -81,12 +86,14 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
       rstd[r] = rs;
     }
     for (std::int64_t k = team.rank; k < n; k += team.size) {
-      const float v = (xr[k] - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
+      const float u = in(k);
+      const float v = (u - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
       if constexpr (std::is_same_v<Out, float>) {
         yr[k] = v;
       } else {
         yr[k] = f32_to_bf16_bits(v);
-        if (xb != nullptr) xb[r * n + k] = f32_to_bf16_bits(xr[k]);
+        if (xb != nullptr) xb[r * n + k] = f32_to_bf16_bits(u);
+        if (sum != nullptr) sum[r * n + k] = u;
       }
     }
   }
@@ -185,11 +192,11 @@ const float* affine(const Tensor& t, std::int64_t normalized, const char* what) 
 namespace {
 
 // layer_norm_forward's checks and launch, y of dtype Out's (F32 or BF16, then x_bf16 filled too
-// when given).
+// when given); with x2 (BF16 only), of x + x2, written into *sum.
 template <typename Out>
 Tensor run_layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
                               const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd,
-                              Tensor* x_bf16) {
+                              Tensor* x_bf16, const Tensor& x2 = Tensor(), Tensor* sum = nullptr) {
   if (normalized <= 0 || x.numel() % normalized != 0) {
     throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
                                 std::to_string(normalized) + " trailing elements");
@@ -207,18 +214,28 @@ Tensor run_layer_norm_forward(const Tensor& x, std::int64_t normalized, const Te
     *x_bf16 = Tensor::empty(x.shape(), DType::BF16);
     xb = ptr<std::uint16_t>(*x_bf16);
   }
+  const float* px2 = nullptr;
+  float* psum = nullptr;
+  if (x2.defined()) {
+    if (!kBf16) throw std::logic_error("layer_norm: a residual sum only in the bf16 forward");
+    require_dtype(x2, DType::F32);
+    check_shape(x2, x.shape(), "add_layer_norm_forward_bf16: b");
+    *sum = Tensor::empty(x.shape(), DType::F32);
+    px2 = ptr<float>(x2);
+    psum = ptr<float>(*sum);
+  }
   if (rows == 0) return y;
   cudaStream_t stream = current_stream();
   if (normalized <= kWarpRowMax) {
     layer_norm_forward_kernel<true, Out>
         <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-            ptr<float>(x), pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean), ptr<float>(save_rstd),
-            rows, normalized, eps);
+            ptr<float>(x), px2, psum, pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean),
+            ptr<float>(save_rstd), rows, normalized, eps);
     HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_kernel (warp)");
   } else {
     layer_norm_forward_kernel<false, Out><<<grid_for(rows), kBlock, 0, stream>>>(
-        ptr<float>(x), pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean), ptr<float>(save_rstd), rows,
-        normalized, eps);
+        ptr<float>(x), px2, psum, pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean),
+        ptr<float>(save_rstd), rows, normalized, eps);
     HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_kernel (block)");
   }
   return y;
@@ -237,6 +254,13 @@ Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const T
                                Tensor* x_bf16) {
   return run_layer_norm_forward<std::uint16_t>(x, normalized, weight, bias, eps, save_mean,
                                                save_rstd, x_bf16);
+}
+
+Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_t normalized,
+                                   const Tensor& weight, const Tensor& bias, float eps, Tensor& sum,
+                                   Tensor& save_mean, Tensor& save_rstd, Tensor* sum_bf16) {
+  return run_layer_norm_forward<std::uint16_t>(a, normalized, weight, bias, eps, save_mean,
+                                               save_rstd, sum_bf16, b, &sum);
 }
 
 namespace {
