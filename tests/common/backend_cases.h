@@ -149,15 +149,18 @@ inline std::vector<Case> cases() {
                    return Outputs{dw, db};
                  }});
   }
-  c.push_back({"linear_param_grads_ bf16", Op::kLinearParamGrads,
-               [](Generator& g, const To& to) {
-                 const Tensor gy = kernels::to_bf16(randn(g, {256, 64}));
-                 const Tensor x = kernels::to_bf16(randn(g, {256, 96}));
-                 Tensor dw = to(randn(g, {64, 96}));
-                 const Tensor db = kernels::linear_param_grads_(dw, to(gy), to(x), true);
-                 return Outputs{dw, db};
-               },
-               bf16_tolerance});
+  for (bool accumulate : {false, true}) {
+    c.push_back({std::string("linear_param_grads_ bf16 ") + (accumulate ? "accumulate" : "fresh"),
+                 Op::kLinearParamGrads,
+                 [accumulate](Generator& g, const To& to) {
+                   const Tensor gy = kernels::to_bf16(randn(g, {256, 64}));
+                   const Tensor x = kernels::to_bf16(randn(g, {256, 96}));
+                   Tensor dw = to(randn(g, {64, 96}));
+                   const Tensor db = kernels::linear_param_grads_(dw, to(gy), to(x), accumulate);
+                   return Outputs{dw, db};
+                 },
+                 bf16_tolerance});
+  }
   c.push_back(
       {"linear_param_grads_ no rows", Op::kLinearParamGrads, [](Generator& g, const To& to) {
          Tensor dw = to(randn(g, {5, 3}));
@@ -541,6 +544,21 @@ inline std::vector<Case> cases() {
                    return Outputs{y, sm, sr, xb, y_no_bias};
                  },
                  bf16_tolerance});
+  }
+  for (const std::int64_t width : {std::int64_t{96}, std::int64_t{1500}}) {
+    c.push_back(
+        {"add_layer_norm_forward_bf16 " + std::to_string(width), Op::kAddLayerNormForwardBf16,
+         [width](Generator& g, const To& to) {
+           Tensor sum, sm, sr, sb, sum2, sm2, sr2;
+           const Tensor a = to(randn(g, {5, width})), b = to(randn(g, {5, width}));
+           const Tensor w = to(randn(g, {width})), bias = to(randn(g, {width}));
+           const Tensor y =
+               kernels::add_layer_norm_forward_bf16(a, b, width, w, bias, 1e-5f, sum, sm, sr, &sb);
+           const Tensor y_plain = kernels::add_layer_norm_forward_bf16(
+               a, b, width, Tensor(), Tensor(), 1e-5f, sum2, sm2, sr2);
+           return Outputs{y, sum, sm, sr, sb, y_plain, sum2};
+         },
+         bf16_tolerance});
   }
   c.push_back({"layer_norm_backward", Op::kLayerNormBackward, [](Generator& g, const To& to) {
                  const Tensor x = randn(g, {2, 3, 8}), w = randn(g, {8});

@@ -322,7 +322,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < kCols / 2; ++e) {
       const int c = half * (kCols / 2) + e;
       const std::int64_t i = i0 + c;
-      const bool seen = i < t && j < s && !(causal && j > i);
+      // A row that saw no key (lse -inf: only from a caller's own lse) has no probabilities.
+      const bool seen = i < t && j < s && !(causal && j > i) && lse_s[c] != kNegInf;
       p[e] = seen ? __expf(scratch[r * L::kLdS + c] * scale - lse_s[c]) : 0.0f;
       pt_w[r * L::kLdP + c] = __float2bfloat16_rn(p[e]);
     }
@@ -391,7 +392,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int e = 0; e < kCols / 2; ++e) {
       const int c = half * (kCols / 2) + e;
       const std::int64_t j = j0 + c;
-      const bool seen = i < t && j < s && !(causal && j > i);
+      const bool seen = i < t && j < s && !(causal && j > i) && row_lse != kNegInf;
       p[e] = seen ? __expf(scratch[r * L::kLdS + c] * scale - row_lse) : 0.0f;
     }
     __syncwarp();  // every lane has read S before dP overwrites it

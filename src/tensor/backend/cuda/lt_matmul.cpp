@@ -5,11 +5,14 @@
 // more host time than the launch.
 #include "tensor/backend/cuda/lt_matmul.h"
 
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "tensor/backend/cuda/runtime.h"
@@ -71,49 +74,38 @@ cublasLtMatrixLayout_t layout(cudaDataType_t type, std::int64_t rows, std::int64
   return l;
 }
 
+// Says once per epilogue, on stderr, that cuBLASLt offered no algorithm for a product (the plain
+// cuBLAS path runs it instead, correct but unfused): on a device run, whether the fused
+// epilogues run at all is the first thing to know about them.
+void note_no_algorithm(const Key& key) {
+  static std::atomic<bool> said_bias{false}, said_bgrad{false};
+  std::atomic<bool>& said = key.epilogue == CUBLASLT_EPILOGUE_BIAS ? said_bias : said_bgrad;
+  if (said.exchange(true)) return;
+  std::fprintf(stderr,
+               "hpm: cuBLASLt has no algorithm for a %s product with the %s epilogue (m %lld, n "
+               "%lld, k %lld, alignments %u/%u/%u/%u); the plain cuBLAS path runs it (said once)\n",
+               key.bf16 ? "bf16" : (key.tf32 ? "tf32" : "f32"),
+               key.epilogue == CUBLASLT_EPILOGUE_BIAS ? "bias" : "bias-gradient",
+               static_cast<long long>(key.m), static_cast<long long>(key.n),
+               static_cast<long long>(key.k), key.align_a, key.align_b, key.align_d,
+               key.align_bias);
+}
+
 class Plan {
  public:
   // `bias` only for its alignment (the heuristic reads the pointer, never the memory).
   Plan(const Key& key, const void* bias, std::size_t workspace_bytes) {
-    const cudaDataType_t in = key.bf16 ? CUDA_R_16BF : CUDA_R_32F;
-    const cublasComputeType_t compute =
-        key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
-    HPM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F));
-    set(CUBLASLT_MATMUL_DESC_TRANSA, key.op_a);
-    set(CUBLASLT_MATMUL_DESC_TRANSB, key.op_b);
-    set(CUBLASLT_MATMUL_DESC_EPILOGUE, key.epilogue);
-    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    const bool ta = key.op_a != CUBLAS_OP_N, tb = key.op_b != CUBLAS_OP_N;
-    a_ = layout(in, ta ? key.k : key.m, ta ? key.m : key.k, key.lda);
-    b_ = layout(in, tb ? key.n : key.k, tb ? key.k : key.n, key.ldb);
-    d_ = layout(CUDA_R_32F, key.m, key.n, key.ldd);
-
-    cublasLtMatmulPreference_t pref = nullptr;
-    HPM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    auto prefer = [pref](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
-      HPM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
-    };
-    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{workspace_bytes});
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
-    cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(current_context().lt, desc_, a_, b_,
-                                                             d_, d_, pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    usable_ = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (usable_) algo_ = result.algo;
+    try {
+      build(key, bias, workspace_bytes);
+    } catch (...) {
+      release();  // a cuBLAS error part way: what was made is destroyed, not leaked
+      throw;
+    }
+    if (!usable_) note_no_algorithm(key);
   }
   Plan(const Plan&) = delete;
   Plan& operator=(const Plan&) = delete;
-  ~Plan() {
-    cublasLtMatrixLayoutDestroy(d_);
-    cublasLtMatrixLayoutDestroy(b_);
-    cublasLtMatrixLayoutDestroy(a_);
-    cublasLtMatmulDescDestroy(desc_);
-  }
+  ~Plan() { release(); }
 
   bool usable() const { return usable_; }
 
@@ -134,6 +126,51 @@ class Plan {
   }
 
  private:
+  void build(const Key& key, const void* bias, std::size_t workspace_bytes) {
+    const cudaDataType_t in = key.bf16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasComputeType_t compute =
+        key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    HPM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc_, compute, CUDA_R_32F));
+    set(CUBLASLT_MATMUL_DESC_TRANSA, key.op_a);
+    set(CUBLASLT_MATMUL_DESC_TRANSB, key.op_b);
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE, key.epilogue);
+    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    const bool ta = key.op_a != CUBLAS_OP_N, tb = key.op_b != CUBLAS_OP_N;
+    a_ = layout(in, ta ? key.k : key.m, ta ? key.m : key.k, key.lda);
+    b_ = layout(in, tb ? key.n : key.k, tb ? key.k : key.n, key.ldb);
+    d_ = layout(CUDA_R_32F, key.m, key.n, key.ldd);
+
+    cublasLtMatmulPreference_t raw = nullptr;
+    HPM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
+    const std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                          decltype(&cublasLtMatmulPreferenceDestroy)>
+        pref(raw, &cublasLtMatmulPreferenceDestroy);
+    auto prefer = [&pref](cublasLtMatmulPreferenceAttributes_t attr, auto value) {
+      HPM_CUBLAS_CHECK(
+          cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &value, sizeof(value)));
+    };
+    prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{workspace_bytes});
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
+        current_context().lt, desc_, a_, b_, d_, d_, pref.get(), 1, &result, &found);
+    usable_ = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
+    if (usable_) algo_ = result.algo;
+  }
+
+  void release() noexcept {
+    if (d_ != nullptr) cublasLtMatrixLayoutDestroy(d_);
+    if (b_ != nullptr) cublasLtMatrixLayoutDestroy(b_);
+    if (a_ != nullptr) cublasLtMatrixLayoutDestroy(a_);
+    if (desc_ != nullptr) cublasLtMatmulDescDestroy(desc_);
+    d_ = b_ = a_ = nullptr;
+    desc_ = nullptr;
+  }
+
   template <typename T>
   void set(cublasLtMatmulDescAttributes_t attr, const T& value) {
     HPM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc_, attr, &value, sizeof(value)));
