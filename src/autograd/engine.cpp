@@ -49,17 +49,30 @@ namespace autograd {
 
 Tensor take_pending_gradient(std::size_t input, const Shape& shape) {
   if (running.node == nullptr || input >= running.node->next_edges.size()) return Tensor();
-  const Edge& e = running.node->next_edges[input];
+  Edge e = running.node->next_edges[input];
+  // Through views that hand their gradient on (a Reshape: Linear's rows of a (B, T, E) stream)
+  // to where the other consumers' sum waits, while nothing waits at the view itself: the rule's
+  // gradient, handed on, then meets no sum there.
+  while (e.valid() && e.fn->bf16_grad == Bf16Grad::kPassedOn && e.fn->next_edges.size() == 1) {
+    const auto at_view = running.pending->find(e.fn.get());
+    if (at_view != running.pending->end()) {
+      for (const Tensor& g : at_view->second)
+        if (g.defined()) return Tensor();
+    }
+    e = e.fn->next_edges[0];
+  }
   if (!e.valid()) return Tensor();
   const auto it = running.pending->find(e.fn.get());
   if (it == running.pending->end()) return Tensor();
   Tensor& slot = it->second.at(static_cast<std::size_t>(e.input_nr));
-  if (!slot.defined() || slot.dtype() != DType::F32 || slot.shape() != shape) return Tensor();
+  if (!slot.defined() || slot.dtype() != DType::F32 || slot.numel() != shape.numel()) {
+    return Tensor();
+  }
   if (slot.impl_ptr().use_count() != 1 || slot.impl()->storage.use_count() != 1 ||
       slot.impl()->offset != 0) {
     return Tensor();
   }
-  return std::exchange(slot, Tensor());
+  return std::exchange(slot, Tensor()).reshape(shape);
 }
 
 }  // namespace autograd

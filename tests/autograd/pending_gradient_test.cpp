@@ -96,6 +96,33 @@ TEST(PendingGradient, AResidualLayerNormAddsIntoTheSkipPathsGradient) {
   expect_same_bits(x.grad(), kernels::binary(kernels::BinaryOp::Add, r, from_norm), "dx");
 }
 
+// The same block on a (B, T, E) stream whose rows the norm takes through a reshape (as
+// nn::Linear does): the pending sum is found behind the view, and no sum is dispatched.
+TEST(PendingGradient, IsFoundBehindAReshapeOfTheStream) {
+  Generator gen(9);
+  const std::int64_t b = 2, t = 5, width = 16;
+  Tensor x = Tensor::randn({b, t, width}, gen);
+  const Tensor w = Tensor::randn({width, width}, gen), r = Tensor::randn({b, t, width}, gen);
+  x.set_requires_grad(true);
+  const Tensor rows = reshape(x, {b * t, width});
+  const Tensor h =
+      add(x, reshape(linear(layer_norm(rows, width, Tensor(), Tensor(), 1e-5f), w, Tensor()),
+                     {b, t, width}));
+  const std::uint64_t loss_binaries = binaries_of_the_loss(r);
+  const Tensor loss = sum(mul(h, r));
+  const auto binaries = dispatch_count(DeviceType::kCpu, Op::kBinary);
+  loss.backward();
+  EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kBinary) - binaries, loss_binaries);
+
+  const Tensor r_rows = r.reshape({b * t, width});
+  Tensor mean, rstd, from_norm;
+  kernels::layer_norm_forward(rows.detach(), width, Tensor(), Tensor(), 1e-5f, mean, rstd);
+  kernels::layer_norm_backward(kernels::matmul(r_rows, w), rows.detach(), width, Tensor(), mean,
+                               rstd, &from_norm, nullptr, nullptr);
+  expect_same_bits(x.grad().reshape({b * t, width}),
+                   kernels::binary(kernels::BinaryOp::Add, r_rows, from_norm), "dx");
+}
+
 // h = x + layer_norm(x): the Add hands one tensor to both of its inputs, so the gradient pending
 // for x is the norm's own output gradient; adding into it would change what the norm reads. It is
 // not taken (the engine sums), and dx is still the sum.

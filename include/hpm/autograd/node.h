@@ -98,9 +98,10 @@ Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn
 // `input` (from that input's consumers that ran before this one: in a residual stream, the skip
 // path's), taken out of the engine so that the rule's kernel adds its own into it in place (see
 // kernels::layer_norm_backward) instead of returning a second one for the engine to add in a pass
-// of its own. Undefined when there is none, or it is not an F32 tensor of `shape` that only the
-// engine holds (a view, or a tensor another gradient shares, is never handed out). A rule that
-// takes it must return it, with its own gradient added, as that input's gradient.
+// of its own; found through views that hand their gradient on (kPassedOn: a Reshape), and
+// returned in `shape`. Undefined when there is none, or it is not an F32 tensor of shape's size
+// that only the engine holds (a view, or a tensor another gradient shares, is never handed out).
+// A rule that takes it must return it, with its own gradient added, as that input's gradient.
 Tensor take_pending_gradient(std::size_t input, const Shape& shape);
 
 // Whether a BF16 gradient for t would reach, through kPassedOn nodes only, a node that takes it
