@@ -87,9 +87,11 @@ Tensor TransformerBlock::finish(const Tensor& x, const Tensor& merged) {
 Tensor TransformerBlock::mlp(const Tensor& x, Tensor attended) {
   // Written on a change of mode only: concurrent forwards of a shared model just read it.
   if (drop_->is_training() != is_training()) drop_->train(is_training());
-  // h = x + attended, written by ln2's pass over it (one read of x and attended, no second of h).
+  // h = x + attended, written by ln2's pass over it (one read of x and attended, no second of h);
+  // under bf16 autocast the fc product's output is written in bf16 for the GELU (autocast's
+  // rounding: half the bytes of the block's widest activation, written and read).
   Tensor h;
-  Tensor f = fc->forward_after_sum(*ln2, x, drop_->forward(attended), h);
+  Tensor f = fc->forward_after_sum(*ln2, x, drop_->forward(attended), h, DType::BF16);
   attended = Tensor();
   Tensor m = out->forward_after_gelu(f);
   f = Tensor();

@@ -74,7 +74,8 @@ Tensor Linear::forward_after(LayerNorm& ln, const Tensor& x) {
   });
 }
 
-Tensor Linear::forward_after_sum(LayerNorm& ln, const Tensor& a, const Tensor& b, Tensor& sum) {
+Tensor Linear::forward_after_sum(LayerNorm& ln, const Tensor& a, const Tensor& b, Tensor& sum,
+                                 DType out) {
   if (ln.normalized_shape() != Shape{in_} || a.shape() != b.shape()) {
     sum = add(a, b);
     return forward_after(ln, sum);
@@ -82,7 +83,7 @@ Tensor Linear::forward_after_sum(LayerNorm& ln, const Tensor& a, const Tensor& b
   Tensor sum_rows;
   Tensor y = over_rows(a, in_, out_, [&](const Tensor& rows) {
     return residual_layer_norm_linear(rows, reshape(b, rows.shape()), sum_rows, ln.weight, ln.bias,
-                                      ln.eps(), weight, bias);
+                                      ln.eps(), weight, bias, out);
   });
   sum = reshape(sum_rows, a.shape());
   return y;

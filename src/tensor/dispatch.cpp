@@ -290,9 +290,24 @@ void fill_(Tensor& x, float value) {
   scope.backend().fill_(x, value);
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+namespace {
+
+// A product's output dtype: F32, or BF16 from BF16 operands.
+void check_product_out(const char* op, const Tensor& a, const Tensor& b, DType out) {
+  if (out == DType::F32) return;
+  if (out != DType::BF16 || a.dtype() != DType::BF16 || b.dtype() != DType::BF16) {
+    throw std::invalid_argument(std::string(op) + ": a " + dtype_name(out) + " output from " +
+                                dtype_name(a.dtype()) + " and " + dtype_name(b.dtype()) +
+                                " operands (F32 always, BF16 from BF16 operands)");
+  }
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType out) {
   OpScope scope(Op::kMatmul, {&a, &b});
-  return scope.backend().matmul(a, b, trans_a, trans_b);
+  check_product_out("matmul", a, b, out);
+  return scope.backend().matmul(a, b, trans_a, trans_b, out);
 }
 
 void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
@@ -305,9 +320,10 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return scope.backend().bmm(a, b, trans_a, trans_b);
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out) {
   OpScope scope(Op::kLinear, {&x, &w, &bias});
-  return scope.backend().linear(x, w, bias);
+  check_product_out("linear", x, w, out);
+  return scope.backend().linear(x, w, bias, out);
 }
 
 Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate) {

@@ -349,6 +349,63 @@ TEST(PackedSelfAttentionLinear, HandsABf16ProductItsGradientInBf16) {
   expect_same_bits(results[1], results[0], {"dh", "dWqkv", "dWproj"});
 }
 
+// The largest |a - b| over the largest |b|: two F32 tensors of one shape.
+float relative_difference(const Tensor& a, const Tensor& b) {
+  float diff = 0.0f, scale = 0.0f;
+  for (std::int64_t i = 0; i < a.numel(); ++i) {
+    diff = std::max(diff, std::fabs(a.data<float>()[i] - b.data<float>()[i]));
+    scale = std::max(scale, std::fabs(b.data<float>()[i]));
+  }
+  return diff / scale;
+}
+
+// A norm's product writing its output in bf16 for the GELU after it (the GPT's fc): the forward is
+// the F32 output rounded, then GELU and the next product on it, bit for bit; no F32 tensor of the
+// product's output (one to_bf16, the weight's, per product), and the gradients those of the F32
+// output within bf16's rounding (the GELU's output gradient is rounded too, as autocast rounds it).
+TEST(GeluLinear, ReadsANormsBf16OutputWhereAutocastRoundsIt) {
+  const FusionsOn fusions;
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  Generator gen(23);
+  const Tensor x0 = Tensor::randn({9, 16}, gen), lw = Tensor::randn({16}, gen);
+  const Tensor lb = Tensor::randn({16}, gen), w10 = Tensor::randn({32, 16}, gen);
+  const Tensor b1 = Tensor::randn({32}, gen), w20 = Tensor::randn({8, 32}, gen);
+  const Tensor b2 = Tensor::randn({8}, gen), r = Tensor::randn({9, 8}, gen);
+  std::vector<Tensor> results[2];
+  for (const DType out : {DType::F32, DType::BF16}) {
+    Tensor x = x0.clone(), w1 = w10.clone(), w2 = w20.clone();
+    for (Tensor* t : {&x, &w1, &w2}) t->set_requires_grad(true);
+    autograd::AutocastScope scope(autograd::Precision::BF16);
+    const auto rounds = dispatch_count(DeviceType::kCpu, Op::kToBf16);
+    const Tensor f = layer_norm_linear(x, lw, lb, 1e-5f, w1, b1, out);
+    const Tensor y = gelu_linear(f, w2, b2);
+    EXPECT_EQ(f.dtype(), out);
+    if (out == DType::BF16) {
+      EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kToBf16) - rounds, 2u);  // w1, w2
+      Tensor mean, rstd;
+      const Tensor f32 =
+          kernels::linear(kernels::layer_norm_forward_bf16(x0, 16, lw, lb, 1e-5f, mean, rstd),
+                          kernels::to_bf16(w10), b1);
+      const Tensor want =
+          kernels::linear(kernels::unary_bf16(kernels::UnaryOp::Gelu, kernels::to_bf16(f32)),
+                          kernels::to_bf16(w20), b2);
+      expect_same_bits({y}, {want}, {"output"});
+    }
+    sum(mul(y, r)).backward();
+    results[out == DType::BF16] = {y, x.grad(), w1.grad(), w2.grad()};
+  }
+  const std::vector<std::string> names{"output", "dx", "dW1", "dW2"};
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    EXPECT_LT(relative_difference(results[1][k], results[0][k]), 2e-2f) << names[k];
+  }
+}
+
+TEST(GeluLinear, TakesABf16InputOnlyUnderTheFusions) {
+  Generator gen(24);
+  const Tensor x = kernels::to_bf16(Tensor::randn({3, 4}, gen)), w = Tensor::randn({2, 4}, gen);
+  EXPECT_THROW(gelu_linear(x, w, Tensor()), std::invalid_argument);
+}
+
 // With the fusions off (HPM_BF16_FUSIONS=0, for an A/B or a fallback) the GPT's fused calls run
 // the compositions: no fused op dispatched, no gradient handed on in bf16, the same values.
 TEST(GeluLinear, TheSwitchRunsTheComposition) {

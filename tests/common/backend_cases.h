@@ -140,6 +140,21 @@ inline std::vector<Case> cases() {
                  return Outputs{kernels::linear(to(x), to(w), to(randn(g, {384})))};
                },
                bf16_tolerance});
+  // Products writing bf16 (the f32 result rounded as written): with and without a bias, and an
+  // odd shape (no 16-byte multiple: cuBLASLt's epilogue may decline it, then the composition).
+  c.push_back({"linear and matmul to bf16", Op::kLinear,
+               [](Generator& g, const To& to) {
+                 const Tensor x = kernels::to_bf16(randn(g, {192, 128}));
+                 const Tensor w = kernels::to_bf16(randn(g, {384, 128}));
+                 const Tensor x2 = kernels::to_bf16(randn(g, {7, 13}));
+                 const Tensor w2 = kernels::to_bf16(randn(g, {5, 13}));
+                 return Outputs{kernels::linear(to(x), to(w), to(randn(g, {384})), DType::BF16),
+                                kernels::linear(to(x), to(w), Tensor(), DType::BF16),
+                                kernels::linear(to(x2), to(w2), to(randn(g, {5})), DType::BF16),
+                                kernels::matmul(to(x), to(w), false, true, DType::BF16),
+                                kernels::matmul(to(x2), to(w2), false, true, DType::BF16)};
+               },
+               bf16_tolerance});
   for (bool accumulate : {false, true}) {
     c.push_back({std::string("linear_param_grads_ ") + (accumulate ? "accumulate" : "fresh"),
                  Op::kLinearParamGrads, [accumulate](Generator& g, const To& to) {
@@ -819,6 +834,19 @@ inline std::vector<Case> cases() {
                  return Outputs{kernels::unary_backward(UnaryOp::Gelu, to(randn(g, {7, 301})),
                                                         to(x), Tensor())};
                }});
+  // GELU after a product that wrote bf16: its input BF16 forward, its output gradient and input
+  // BF16 backward (F32 and BF16 results).
+  c.push_back({"unary_bf16 and unary_backward of bf16 gelu", Op::kUnaryBf16,
+               [](Generator& g, const To& to) {
+                 const Tensor x = kernels::to_bf16(randn(g, {7, 301}));
+                 const Tensor gy = kernels::to_bf16(randn(g, {7, 301}));
+                 Tensor xb;
+                 const Tensor y = kernels::unary_bf16(UnaryOp::Gelu, to(x), &xb);
+                 return Outputs{
+                     y, xb, kernels::unary_backward_bf16(UnaryOp::Gelu, to(gy), to(x), Tensor()),
+                     kernels::unary_backward(UnaryOp::Gelu, to(gy), to(x), Tensor())};
+               },
+               bf16_tolerance});
   c.push_back({"unary_backward_bf16 gelu", Op::kUnaryBackwardBf16,
                [](Generator& g, const To& to) {
                  const Tensor x = kernels::to_bf16(randn(g, {7, 301})), gy = randn(g, {7, 301});

@@ -71,15 +71,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);  // x 
 // autocast one pass over x makes the product's bf16 operand, where the composition makes three.
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // linear(layer_norm(x over its last dimension, ln_weight, ln_bias, eps), weight, bias) (x 2-D):
-// likewise, the norm writing the product's bf16 operand under bf16 autocast.
+// likewise, the norm writing the product's bf16 operand under bf16 autocast. There, out BF16 has
+// the product write its output rounded to bf16 (for gelu_linear, which then keeps it as GELU's
+// bf16 input: what PyTorch's autocast rounds); elsewhere the output is F32 whatever out says.
+// x may also be BF16 in gelu_linear: a product's bf16 output, under the fusions only.
 Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
-                         const Tensor& weight, const Tensor& bias);
+                         const Tensor& weight, const Tensor& bias, DType out = DType::F32);
 // A residual stream's step: sum = add(a, b) (a and b 2-D, one shape) and
 // layer_norm_linear(sum, ...), returned, with the same values and gradients; under bf16 autocast
 // the sum and the norm in one pass (add_layer_norm_forward_bf16): the sum is not read again.
 Tensor residual_layer_norm_linear(const Tensor& a, const Tensor& b, Tensor& sum,
                                   const Tensor& ln_weight, const Tensor& ln_bias, float eps,
-                                  const Tensor& weight, const Tensor& bias);
+                                  const Tensor& weight, const Tensor& bias, DType out = DType::F32);
 // linear(packed_self_attention(qkv, heads, causal), weight, bias) over its rows: qkv (B, T, 3E)
 // -> (B, T, OUT); likewise, the attention's merged heads written as the product's bf16 operand.
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,

@@ -24,8 +24,10 @@ class Linear : public Module {
   // last dimension alone.
   Tensor forward_after(LayerNorm& ln, const Tensor& x);
   // A residual stream's step: sum = a + b (one shape) and forward_after(ln, sum), the sum written
-  // by the norm's pass (autograd's residual_layer_norm_linear).
-  Tensor forward_after_sum(LayerNorm& ln, const Tensor& a, const Tensor& b, Tensor& sum);
+  // by the norm's pass (autograd's residual_layer_norm_linear). out BF16: under bf16 autocast's
+  // fusions the output rounded to bf16 as the product writes it, for forward_after_gelu to read.
+  Tensor forward_after_sum(LayerNorm& ln, const Tensor& a, const Tensor& b, Tensor& sum,
+                           DType out = DType::F32);
   // forward(packed_self_attention(qkv, heads)), causal, qkv (B, T, 3 x in): the attention's merged
   // heads written as the product's operand (packed_self_attention_linear).
   Tensor forward_after_attention(const Tensor& qkv, std::int64_t heads);

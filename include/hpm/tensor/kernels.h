@@ -33,8 +33,10 @@ bool native_bf16();
 
 // ---- products ------------------------------------------------------------------------------
 // 2-D matrix product of op(a) and op(b), op(X) = X or X^T: F32 operands, or BF16 ones with f32
-// accumulation and an F32 result.
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// accumulation and an F32 result, or (out BF16, BF16 operands) the f32 result rounded to bf16 as
+// the product writes it: to_bf16 of the F32 product's values, without its F32 tensor.
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
+              DType out = DType::F32);
 // c (F32, M x N) += op(a) op(b), accumulated by the product itself (a weight's gradient).
 void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a = false,
                  bool trans_b = false);
@@ -42,8 +44,9 @@ void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a = fal
 // broadcast NumPy-style (a 2-D operand is shared by every batch).
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // y(N,OUT) = x(N,IN) w(OUT,IN)^T + bias(OUT); bias (F32) may be undefined; x and w both F32 or
-// both BF16 (then y is F32).
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias);
+// both BF16 (then y is F32, or with out BF16 the F32 values, bias added, rounded to bf16 as the
+// product writes them).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out = DType::F32);
 // A Linear's parameter gradients from its output's gradient g(N,OUT) and input x(N,IN), both F32
 // or both BF16: dw (F32, OUT x IN) = g^T x, added to dw's contents when `accumulate`; returns db
 // (F32, OUT), g's rows summed (in f32, from g as given: a BF16 g's rounded values). One product
@@ -62,8 +65,10 @@ Tensor unary(UnaryOp op, const Tensor& x);
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 // to_bf16(unary(op, x)) in one pass over x (F32): a bf16 product's operand made by its activation;
 // with x_bf16, to_bf16(x) into it from the same pass (what bf16 autocast keeps of the input).
+// x may be BF16 (a product's bf16 output): the same of to_f32(x), and *x_bf16 is x itself.
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16 = nullptr);
 // to_bf16(unary_backward(...)) in one pass: the gradient a bf16 product's rule takes as it is.
+// grad_y may be BF16 where x is (a bf16 product's input gradient, its activation's bf16 input).
 Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 
 // ---- reductions ----------------------------------------------------------------------------

@@ -3,6 +3,10 @@
 // where the composition writes its f32 output, rounds it for the product and rounds its input
 // for backward: GELU, layer norm and attention, each followed by a Linear. Each is bit-identical to
 // its composition (values and gradients); outside bf16 autocast it is the composition.
+//
+// A norm's product may also write its output in bf16 for a GELU that reads it (out = BF16: the
+// rounding PyTorch's autocast makes there): then GELU reads and keeps that bf16 output, and its
+// backward takes the next product's input gradient in bf16 too, as autocast's would.
 #include <cmath>
 #include <utility>
 
@@ -21,10 +25,15 @@ bool fusing(const Tensor& x) {
 }  // namespace
 
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  if (!fusing(x)) return linear(gelu(x), weight, bias);
+  // A BF16 x is a product's bf16 output (layer_norm_linear with out BF16), made only when fusing.
+  const bool bf16_x = x.dtype() == DType::BF16;
+  if (bf16_x && (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions())) {
+    throw std::invalid_argument("gelu_linear: a BF16 input outside bf16 autocast's fusions");
+  }
+  if (!bf16_x && !fusing(x)) return linear(gelu(x), weight, bias);
   // One pass over x makes the product's operand and the bf16 copy of x that GELU's backward
   // reads (what gelu() would keep under autocast): to_bf16 of GELU's output and of its input are
-  // no passes of their own, and GELU's f32 output is never written.
+  // no passes of their own, and GELU's f32 output is never written. A BF16 x is its own copy.
   Tensor xb;
   const Tensor ab = kernels::unary_bf16(UnaryOp::Gelu, x, &xb);
   Tensor y = kernels::linear(ab, kernels::to_bf16(weight), bias);
@@ -33,11 +42,14 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const bool bf16_dx = bf16_gradient_taken(x);
   return record(
       "GeluLinearBF16", {x, weight, bias}, y,
-      [xb, ab, weight, bias, bf16_dx](const Tensor& g, const Needs& n) {
+      [xb, ab, weight, bias, bf16_dx, bf16_x](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
         Tensor dx;
         if (n[0]) {
-          const Tensor da = kernels::matmul(gb, kernels::to_bf16(weight));
+          // GELU's output gradient in bf16 where its input came in bf16 (autocast's rounding
+          // there), else in f32 as the composition's.
+          const Tensor da = kernels::matmul(gb, kernels::to_bf16(weight), false, false,
+                                            bf16_x ? DType::BF16 : DType::F32);
           dx = bf16_dx ? kernels::unary_backward_bf16(UnaryOp::Gelu, da, xb, Tensor())
                        : kernels::unary_backward(UnaryOp::Gelu, da, xb, Tensor());
         }
@@ -52,9 +64,10 @@ namespace {
 // operand yb, x's bf16 copy xb and the norm's statistics.
 Tensor record_layer_norm_linear(const Tensor& x, const Tensor& xb, const Tensor& yb,
                                 const Tensor& mean, const Tensor& rstd, const Tensor& ln_weight,
-                                const Tensor& ln_bias, const Tensor& weight, const Tensor& bias) {
+                                const Tensor& ln_bias, const Tensor& weight, const Tensor& bias,
+                                DType out) {
   const std::int64_t normalized = x.size(1);
-  Tensor y = kernels::linear(yb, kernels::to_bf16(weight), bias);
+  Tensor y = kernels::linear(yb, kernels::to_bf16(weight), bias, out);
   return record(
       "LayerNormLinearBF16", {x, ln_weight, ln_bias, weight, bias}, y,
       [xb, yb, mean, rstd, normalized, ln_weight, weight, bias](const Tensor& g, const Needs& n) {
@@ -79,8 +92,8 @@ Tensor record_layer_norm_linear(const Tensor& x, const Tensor& xb, const Tensor&
 }  // namespace
 
 Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor& ln_bias, float eps,
-                         const Tensor& weight, const Tensor& bias) {
-  if (!fusing(x) || x.dim() != 2) {
+                         const Tensor& weight, const Tensor& bias, DType out) {
+  if (!fusing(x) || x.dim() != 2) {  // out applies to the fused path alone
     return linear(layer_norm(x, x.size(-1), ln_weight, ln_bias, eps), weight, bias);
   }
   // One pass over x makes the product's operand and the bf16 copy of x the norm's backward reads
@@ -89,15 +102,15 @@ Tensor layer_norm_linear(const Tensor& x, const Tensor& ln_weight, const Tensor&
   Tensor mean, rstd, xb;
   const Tensor yb =
       kernels::layer_norm_forward_bf16(x, x.size(1), ln_weight, ln_bias, eps, mean, rstd, &xb);
-  return record_layer_norm_linear(x, xb, yb, mean, rstd, ln_weight, ln_bias, weight, bias);
+  return record_layer_norm_linear(x, xb, yb, mean, rstd, ln_weight, ln_bias, weight, bias, out);
 }
 
 Tensor residual_layer_norm_linear(const Tensor& a, const Tensor& b, Tensor& sum,
                                   const Tensor& ln_weight, const Tensor& ln_bias, float eps,
-                                  const Tensor& weight, const Tensor& bias) {
+                                  const Tensor& weight, const Tensor& bias, DType out) {
   if (!fusing(a) || a.dim() != 2 || b.dtype() != DType::F32 || b.shape() != a.shape()) {
     sum = add(a, b);
-    return layer_norm_linear(sum, ln_weight, ln_bias, eps, weight, bias);
+    return layer_norm_linear(sum, ln_weight, ln_bias, eps, weight, bias, out);
   }
   // The sum, the norm's bf16 output and the sum's bf16 copy from one pass over a and b: add's
   // output is not read again by the norm. Recorded as add() and layer_norm_linear() record
@@ -108,7 +121,7 @@ Tensor residual_layer_norm_linear(const Tensor& a, const Tensor& b, Tensor& sum,
   sum = record("Add", {a, b}, s, [](const Tensor& g, const Needs& n) {
     return Tensors{n[0] ? g : Tensor(), n[1] ? g : Tensor()};
   });
-  return record_layer_norm_linear(sum, sb, yb, mean, rstd, ln_weight, ln_bias, weight, bias);
+  return record_layer_norm_linear(sum, sb, yb, mean, rstd, ln_weight, ln_bias, weight, bias, out);
 }
 
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,

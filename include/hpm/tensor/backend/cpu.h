@@ -77,7 +77,8 @@ void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x (same nu
 void scale_(Tensor& y, float alpha);                  // y *= alpha
 
 Tensor unary(UnaryOp op, const Tensor& x);
-// to_bf16(unary(op, x)) (and *x_bf16 = to_bf16(x)) in one pass: block by block, no f32 output.
+// to_bf16(unary(op, x)) (and *x_bf16 = to_bf16(x)) in one pass: block by block, no f32 output;
+// x F32, or BF16 (widened as read; *x_bf16 is then x itself).
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16);
 // dL/dx for a unary op given dL/dy, the input x and the output y (any of them a BF16 copy,
 // widened block by block).

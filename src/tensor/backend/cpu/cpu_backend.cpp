@@ -85,9 +85,11 @@ class CpuBackend final : public Backend {
     }
   }
 
-  Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override {
-    return both_bf16(a, b) ? cpu::matmul_bf16(a, b, trans_a, trans_b)
-                           : cpu::matmul(a, b, trans_a, trans_b);
+  // A BF16 output is the F32 product rounded (the CPU's products write F32).
+  Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType out) override {
+    Tensor y = both_bf16(a, b) ? cpu::matmul_bf16(a, b, trans_a, trans_b)
+                               : cpu::matmul(a, b, trans_a, trans_b);
+    return out == DType::BF16 ? cpu::to_bf16(y) : y;
   }
 
   void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
@@ -112,8 +114,9 @@ class CpuBackend final : public Backend {
     }
   }
 
-  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) override {
-    return both_bf16(x, w) ? cpu::linear_bf16(x, w, bias) : cpu::linear(x, w, bias);
+  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out) override {
+    Tensor y = both_bf16(x, w) ? cpu::linear_bf16(x, w, bias) : cpu::linear(x, w, bias);
+    return out == DType::BF16 ? cpu::to_bf16(y) : y;
   }
 
   Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,

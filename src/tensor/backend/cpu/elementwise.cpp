@@ -258,15 +258,21 @@ Tensor unary(UnaryOp op, const Tensor& x) {
 
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
   Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
-  if (x_bf16 != nullptr) *x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
-  const float* px = x.data<float>();
+  const bool widen = x.dtype() == DType::BF16;
+  std::uint16_t* pxb = nullptr;
+  if (x_bf16 != nullptr && widen) {
+    *x_bf16 = x;  // already its own bf16 copy
+  } else if (x_bf16 != nullptr) {
+    *x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
+    pxb = x_bf16->data<std::uint16_t>();
+  }
   auto* py = y.data<std::uint16_t>();
-  std::uint16_t* pxb = x_bf16 != nullptr ? x_bf16->data<std::uint16_t>() : nullptr;
   for_blocks(x.numel(), [&](std::int64_t lo, std::int64_t n) {
-    float block[kFusedBlock];
-    unary_span(op, px + lo, block, n);
+    float in[kFusedBlock], block[kFusedBlock];
+    const float* px = f32_block(x, lo, n, in);
+    unary_span(op, px, block, n);
     f32_to_bf16(block, py + lo, n);
-    if (pxb != nullptr) f32_to_bf16(px + lo, pxb + lo, n);
+    if (pxb != nullptr) f32_to_bf16(px, pxb + lo, n);
   });
   return y;
 }

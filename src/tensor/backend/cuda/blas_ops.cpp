@@ -29,16 +29,17 @@ void check_operands(const Tensor& a, const Tensor& b, const char* op) {
   }
 }
 
-// c (M x N, F32, leading dimension ldc) = alpha op(a) op(b) + beta c, `batches` times with the
-// given strides (in elements; 0 shares an operand across the batch).
+// c (M x N, F32 or with c_bf16 BF16, leading dimension ldc) = alpha op(a) op(b) + beta c,
+// `batches` times with the given strides (in elements; 0 shares an operand across the batch).
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, const void* a,
           std::int64_t lda, std::int64_t stride_a, const void* b, std::int64_t ldb,
-          std::int64_t stride_b, float beta, float* c, std::int64_t stride_c, std::int64_t batches,
-          bool bf16) {
+          std::int64_t stride_b, float beta, void* c, std::int64_t stride_c, std::int64_t batches,
+          bool bf16, bool c_bf16 = false) {
   if (m == 0 || n == 0 || batches == 0) return;
   Context& ctx = current_context();
   const float alpha = 1.0f;
   const cudaDataType_t in = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  const cudaDataType_t out = c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
   const cublasComputeType_t compute =
       bf16 ? CUBLAS_COMPUTE_32F
            : (allow_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
@@ -47,21 +48,21 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   if (k == 0) {
     // An empty sum: cuBLAS would leave C alone; the product is zero (times alpha) plus beta C.
     if (beta == 0.0f) {
-      HPM_CUDA_CHECK(
-          cudaMemsetAsync(c, 0, static_cast<std::size_t>(m * n * batches) * 4, ctx.compute));
+      HPM_CUDA_CHECK(cudaMemsetAsync(
+          c, 0, static_cast<std::size_t>(m * n * batches) * (c_bf16 ? 2 : 4), ctx.compute));
     }
     return;
   }
   if (batches == 1) {
     HPM_CUBLAS_CHECK(cublasGemmEx(ctx.blas, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
                                   static_cast<int>(k), &alpha, b, in, static_cast<int>(ldb), a, in,
-                                  static_cast<int>(lda), &beta, c, CUDA_R_32F, static_cast<int>(n),
+                                  static_cast<int>(lda), &beta, c, out, static_cast<int>(n),
                                   compute, CUBLAS_GEMM_DEFAULT));
   } else {
     HPM_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
         ctx.blas, op_b, op_a, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha,
         b, in, static_cast<int>(ldb), stride_b, a, in, static_cast<int>(lda), stride_a, &beta, c,
-        CUDA_R_32F, static_cast<int>(n), stride_c, static_cast<int>(batches), compute,
+        out, static_cast<int>(n), stride_c, static_cast<int>(batches), compute,
         CUBLAS_GEMM_DEFAULT));
   }
 }
@@ -70,7 +71,7 @@ std::string t_suffix(bool t) { return t ? "^T" : ""; }
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType out) {
   if (a.dim() != 2 || b.dim() != 2) {
     throw std::invalid_argument("matmul needs 2-D tensors, got " + a.shape().str() + " and " +
                                 b.shape().str());
@@ -82,9 +83,11 @@ Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
     throw std::invalid_argument("matmul: inner dimensions differ: " + a.shape().str() +
                                 t_suffix(trans_a) + " x " + b.shape().str() + t_suffix(trans_b));
   }
-  Tensor c = Tensor::empty({m, n}, DType::F32, a.device());
+  // A BF16 output (BF16 operands, the dispatch checked): cuBLAS rounds its f32 result as it
+  // writes it, no F32 matrix and no rounding pass.
+  Tensor c = Tensor::empty({m, n}, out, a.device());
   gemm(trans_a, trans_b, m, n, k, device_ptr(a), a.size(1), 0, device_ptr(b), b.size(1), 0, 0.0f,
-       ptr<float>(c), 0, 1, both_bf16(a, b));
+       device_ptr(c), 0, 1, both_bf16(a, b), out == DType::BF16);
   return c;
 }
 
@@ -172,15 +175,15 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return y;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out_dtype) {
   if (x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(1)) {
     throw std::invalid_argument("linear: input " + x.shape().str() + " does not match weight " +
                                 w.shape().str());
   }
   check_operands(x, w, "linear");
   const std::int64_t n = x.size(0), out = w.size(0), in = x.size(1);
-  Tensor y = Tensor::empty({n, out}, DType::F32, x.device());
-  const bool bf16 = both_bf16(x, w);
+  const bool bf16 = both_bf16(x, w), bf16_out = out_dtype == DType::BF16;
+  Tensor y = Tensor::empty({n, out}, out_dtype, x.device());
   float beta = 0.0f;
   if (bias.defined()) {
     if (bias.dtype() != DType::F32 || bias.numel() != out) {
@@ -198,17 +201,21 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) {
                       .lda = in,
                       .b = device_ptr(x),
                       .ldb = in,
-                      .d = ptr<float>(y),
+                      .d = device_ptr(y),
                       .ldd = out,
                       .beta = 0.0f,
-                      .bf16 = bf16};
+                      .bf16 = bf16,
+                      .d_bf16 = bf16_out};
     if (lt_matmul_bias(p, ptr<float>(bias))) return y;
+    // A BF16 output without the epilogue: the F32 product with its bias, rounded once (a product
+    // writing bf16 onto bf16 bias rows would round twice).
+    if (bf16_out) return to_bf16(linear(x, w, bias, DType::F32));
     // Otherwise every row seeded with the bias, which the product then adds into (beta 1).
     bias_rows(ptr<float>(y), ptr<float>(bias), n, out);
     beta = 1.0f;
   }
   gemm(false, true, n, out, in, device_ptr(x), in, 0, device_ptr(w), w.size(1), 0, beta,
-       ptr<float>(y), 0, 1, bf16);
+       device_ptr(y), 0, 1, bf16, bf16_out);
   return y;
 }
 

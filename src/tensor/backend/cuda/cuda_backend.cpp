@@ -49,8 +49,8 @@ class CudaBackend final : public Backend {
   Tensor to_f32(const Tensor& x) override { return cuda::to_f32(x); }
   Tensor to_f16(const Tensor& x) override { return cuda::to_f16(x); }
   void fill_(Tensor& x, float value) override { cuda::fill_(x, value); }
-  Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override {
-    return cuda::matmul(a, b, trans_a, trans_b);
+  Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType out) override {
+    return cuda::matmul(a, b, trans_a, trans_b, out);
   }
   void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
                    bool trans_b) override {
@@ -59,8 +59,8 @@ class CudaBackend final : public Backend {
   Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override {
     return cuda::bmm(a, b, trans_a, trans_b);
   }
-  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias) override {
-    return cuda::linear(x, w, bias);
+  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out) override {
+    return cuda::linear(x, w, bias, out);
   }
   Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,
                              bool accumulate) override {

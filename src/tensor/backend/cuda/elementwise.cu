@@ -337,25 +337,25 @@ __global__ void unary_kernel(const float* x, float* y, std::int64_t n) {
 }
 
 // The activation rounded as f32_to_bf16_kernel rounds: to_bf16(unary(x)) bit for bit; and x
-// rounded too into xb when it is given.
-template <UnaryOp Op>
-__global__ void unary_bf16_kernel(const float* x, std::uint16_t* y, std::uint16_t* xb,
-                                  std::int64_t n) {
+// rounded too into xb when it is given. x F32 or BF16 (X float or its bits; xb then null).
+template <UnaryOp Op, typename X>
+__global__ void unary_bf16_kernel(const X* x, std::uint16_t* y, std::uint16_t* xb, std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
-    const float v = x[i];
+    const float v = as_f32(x[i]);
     y[i] = f32_to_bf16_bits(apply_unary<Op>(v));
     if (xb != nullptr) xb[i] = f32_to_bf16_bits(v);
   }
 }
 
-// x F32 or BF16 (X float or its bits); out F32 or rounded to BF16 (Out float or its bits).
-template <UnaryOp Op, typename X, typename Out>
-__global__ void unary_backward_kernel(const float* g, const X* x, const float* y, Out* out,
+// x F32 or BF16 (X float or its bits), g likewise (G); out F32 or rounded to BF16 (Out float or
+// its bits).
+template <UnaryOp Op, typename G, typename X, typename Out>
+__global__ void unary_backward_kernel(const G* g, const X* x, const float* y, Out* out,
                                       std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
     const float u = x != nullptr ? as_f32(x[i]) : 0.0f;
     const float v = y != nullptr ? y[i] : 0.0f;
-    const float d = apply_unary_backward<Op>(g[i], u, v);
+    const float d = apply_unary_backward<Op>(as_f32(g[i]), u, v);
     if constexpr (std::is_same_v<Out, float>) {
       out[i] = d;
     } else {
@@ -597,17 +597,26 @@ Tensor unary(UnaryOp op, const Tensor& x) {
 }
 
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
-  require_dtype(x, DType::F32);
+  const bool bf16_x = x.dtype() == DType::BF16;
+  if (!bf16_x) require_dtype(x, DType::F32);
   const std::int64_t n = x.numel();
   Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
   std::uint16_t* xb = nullptr;
-  if (x_bf16 != nullptr) {
+  if (x_bf16 != nullptr && bf16_x) {
+    *x_bf16 = x;  // already its own bf16 copy
+  } else if (x_bf16 != nullptr) {
     *x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
     xb = ptr<std::uint16_t>(*x_bf16);
   }
   with_unary_op(op, [&](auto kop) {
-    launch("unary_bf16", n, unary_bf16_kernel<decltype(kop)::value>, ptr<const float>(x),
-           ptr<std::uint16_t>(y), xb, n);
+    constexpr UnaryOp kOp = decltype(kop)::value;
+    if (bf16_x) {
+      launch("unary_bf16", n, unary_bf16_kernel<kOp, std::uint16_t>, ptr<const std::uint16_t>(x),
+             ptr<std::uint16_t>(y), nullptr, n);
+    } else {
+      launch("unary_bf16", n, unary_bf16_kernel<kOp, float>, ptr<const float>(x),
+             ptr<std::uint16_t>(y), xb, n);
+    }
   });
   return y;
 }
@@ -617,7 +626,9 @@ namespace {
 // unary_backward's checks and launch, the result F32 or rounded to BF16 (Out float or its bits).
 template <typename Out>
 Tensor run_unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y) {
-  require_dtype(grad_y, DType::F32);
+  // A BF16 grad_y comes with a BF16 x (a bf16 product's input gradient, its activation's input).
+  const bool bf16_g = grad_y.dtype() == DType::BF16;
+  if (!bf16_g) require_dtype(grad_y, DType::F32);
   // Relu reads only y and Gelu only x, which must be there; the other formulas read whichever
   // of x and y is defined and take 0 for the other, as the CPU's ternary map does.
   if (op == UnaryOp::Relu && !y.defined()) {
@@ -635,18 +646,27 @@ Tensor run_unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, con
                                 grad_y.shape().str());
   }
   if (reads_y) check_operand(y, grad_y, "y");
+  if (bf16_g && (!x_bf16 || reads_y)) {
+    throw std::invalid_argument(
+        "unary_backward: a BF16 grad_y needs a BF16 x and no y (a bf16 product's activation)");
+  }
   const std::int64_t n = grad_y.numel();
   constexpr bool kBf16 = std::is_same_v<Out, std::uint16_t>;
   Tensor out = Tensor::empty(grad_y.shape(), kBf16 ? DType::BF16 : DType::F32, grad_y.device());
   const float* py = reads_y ? ptr<const float>(y) : nullptr;
   with_unary_op(op, [&](auto kop) {
     constexpr UnaryOp kOp = decltype(kop)::value;
-    if (x_bf16) {
-      launch("unary_backward", n, unary_backward_kernel<kOp, std::uint16_t, Out>,
+    if (bf16_g) {
+      launch("unary_backward", n, unary_backward_kernel<kOp, std::uint16_t, std::uint16_t, Out>,
+             ptr<const std::uint16_t>(grad_y), ptr<const std::uint16_t>(x), nullptr, ptr<Out>(out),
+             n);
+    } else if (x_bf16) {
+      launch("unary_backward", n, unary_backward_kernel<kOp, float, std::uint16_t, Out>,
              ptr<const float>(grad_y), ptr<const std::uint16_t>(x), py, ptr<Out>(out), n);
     } else {
-      launch("unary_backward", n, unary_backward_kernel<kOp, float, Out>, ptr<const float>(grad_y),
-             reads_x ? ptr<const float>(x) : nullptr, py, ptr<Out>(out), n);
+      launch("unary_backward", n, unary_backward_kernel<kOp, float, float, Out>,
+             ptr<const float>(grad_y), reads_x ? ptr<const float>(x) : nullptr, py, ptr<Out>(out),
+             n);
     }
   });
   return out;

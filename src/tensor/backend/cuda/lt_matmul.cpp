@@ -43,7 +43,7 @@ struct Key {
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
   std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
-  bool bf16 = false, tf32 = false, accumulate = false;
+  bool bf16 = false, tf32 = false, accumulate = false, d_bf16 = false;
   std::uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
   bool operator==(const Key&) const = default;
 };
@@ -54,11 +54,11 @@ struct KeyHash {
     auto mix = [&h](std::int64_t v) {
       h ^= std::hash<std::int64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
     };
-    for (std::int64_t v :
-         {std::int64_t{k.device}, std::int64_t{k.epilogue}, std::int64_t{k.op_a},
-          std::int64_t{k.op_b}, k.m, k.n, k.k, k.lda, k.ldb, k.ldd, std::int64_t{k.bf16},
-          std::int64_t{k.tf32}, std::int64_t{k.accumulate}, std::int64_t{k.align_a},
-          std::int64_t{k.align_b}, std::int64_t{k.align_d}, std::int64_t{k.align_bias}}) {
+    for (std::int64_t v : {std::int64_t{k.device}, std::int64_t{k.epilogue}, std::int64_t{k.op_a},
+                           std::int64_t{k.op_b}, k.m, k.n, k.k, k.lda, k.ldb, k.ldd,
+                           std::int64_t{k.bf16}, std::int64_t{k.tf32}, std::int64_t{k.accumulate},
+                           std::int64_t{k.d_bf16}, std::int64_t{k.align_a}, std::int64_t{k.align_b},
+                           std::int64_t{k.align_d}, std::int64_t{k.align_bias}}) {
       mix(v);
     }
     return h;
@@ -74,17 +74,18 @@ cublasLtMatrixLayout_t layout(cudaDataType_t type, std::int64_t rows, std::int64
   return l;
 }
 
-// Says once per epilogue, on stderr, that cuBLASLt offered no algorithm for a product (the plain
-// cuBLAS path runs it instead, correct but unfused): on a device run, whether the fused
-// epilogues run at all is the first thing to know about them.
+// Says once per epilogue (and output type), on stderr, that cuBLASLt offered no algorithm for a
+// product (the plain cuBLAS path runs it instead, correct but unfused): on a device run, whether
+// the fused epilogues run at all is the first thing to know about them.
 void note_no_algorithm(const Key& key) {
-  static std::atomic<bool> said_bias{false}, said_bgrad{false};
-  std::atomic<bool>& said = key.epilogue == CUBLASLT_EPILOGUE_BIAS ? said_bias : said_bgrad;
-  if (said.exchange(true)) return;
+  static std::atomic<bool> said[3] = {false, false, false};  // bias, bias to bf16, bias gradient
+  const int kind = key.epilogue != CUBLASLT_EPILOGUE_BIAS ? 2 : (key.d_bf16 ? 1 : 0);
+  if (said[kind].exchange(true)) return;
   std::fprintf(stderr,
-               "hpm: cuBLASLt has no algorithm for a %s product with the %s epilogue (m %lld, n "
-               "%lld, k %lld, alignments %u/%u/%u/%u); the plain cuBLAS path runs it (said once)\n",
-               key.bf16 ? "bf16" : (key.tf32 ? "tf32" : "f32"),
+               "hpm: cuBLASLt has no algorithm for a %s product%s with the %s epilogue (m %lld, "
+               "n %lld, k %lld, alignments %u/%u/%u/%u); the plain cuBLAS path runs it (said "
+               "once)\n",
+               key.bf16 ? "bf16" : (key.tf32 ? "tf32" : "f32"), key.d_bf16 ? " to bf16" : "",
                key.epilogue == CUBLASLT_EPILOGUE_BIAS ? "bias" : "bias-gradient",
                static_cast<long long>(key.m), static_cast<long long>(key.n),
                static_cast<long long>(key.k), key.align_a, key.align_b, key.align_d,
@@ -135,10 +136,12 @@ class Plan {
     set(CUBLASLT_MATMUL_DESC_TRANSB, key.op_b);
     set(CUBLASLT_MATMUL_DESC_EPILOGUE, key.epilogue);
     set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+    // The bias is F32 whatever D is (its type defaults to D's).
+    if (key.d_bf16) set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, std::int32_t{CUDA_R_32F});
     const bool ta = key.op_a != CUBLAS_OP_N, tb = key.op_b != CUBLAS_OP_N;
     a_ = layout(in, ta ? key.k : key.m, ta ? key.m : key.k, key.lda);
     b_ = layout(in, tb ? key.n : key.k, tb ? key.k : key.n, key.ldb);
-    d_ = layout(CUDA_R_32F, key.m, key.n, key.ldd);
+    d_ = layout(key.d_bf16 ? CUDA_R_16BF : CUDA_R_32F, key.m, key.n, key.ldd);
 
     cublasLtMatmulPreference_t raw = nullptr;
     HPM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw));
@@ -199,6 +202,7 @@ bool run(const LtProduct& p, cublasLtEpilogue_t epilogue, const void* bias) {
   key.bf16 = p.bf16;
   key.tf32 = !p.bf16 && allow_tf32();
   key.accumulate = p.beta != 0.0f;
+  key.d_bf16 = p.d_bf16;
   key.align_a = alignment(p.a);
   key.align_b = alignment(p.b);
   key.align_d = alignment(p.d);

@@ -2,10 +2,10 @@
 // bias gradient (the output gradient's rows summed) computed while the product reads them. Each
 // saves a pass over the (rows x out) matrix that blas_ops.cpp's plain cuBLAS path makes.
 //
-// Arguments are in cuBLAS's column-major terms, as cublasLtMatmul takes them: D (m x n, F32,
-// leading dimension ldd) = op_a(A) op_b(B) + beta D. An epilogue cuBLASLt has no algorithm for
-// (a type combination, an alignment) returns false having done nothing, and the caller takes the
-// unfused path: the fusion is a speed-up, never a requirement. HPM_CUDA_LT_EPILOGUES=0 turns it
+// Arguments are in cuBLAS's column-major terms, as cublasLtMatmul takes them: D (m x n, F32 or
+// BF16, leading dimension ldd) = op_a(A) op_b(B) + beta D. An epilogue cuBLASLt has no algorithm
+// for (a type combination, an alignment) returns false having done nothing, and the caller takes
+// the unfused path: the fusion is a speed-up, never a requirement. HPM_CUDA_LT_EPILOGUES=0 turns it
 // off (the A/B switch of bench/gpu_gpt.py --ab-env).
 #pragma once
 #include <cublasLt.h>
@@ -21,10 +21,12 @@ struct LtProduct {
   std::int64_t lda = 0;
   const void* b = nullptr;
   std::int64_t ldb = 0;
-  float* d = nullptr;
+  void* d = nullptr;
   std::int64_t ldd = 0;
   float beta = 0.0f;
-  bool bf16 = false;  // A and B BF16 (else F32); D is F32 either way
+  bool bf16 = false;    // A and B BF16 (else F32)
+  bool d_bf16 = false;  // D BF16 (A and B BF16, beta 0): the f32 result rounded as written; the
+                        // bias stays F32
 };
 
 // D = op_a(A) op_b(B) + beta D, plus bias (F32, m) on every column (CUBLASLT_EPILOGUE_BIAS).
