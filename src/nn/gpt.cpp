@@ -100,7 +100,9 @@ Tensor TransformerBlock::mlp(const Tensor& x, Tensor attended) {
 
 Tensor TransformerBlock::forward(const Tensor& x) {
   check_input(x);
-  Tensor attended = proj->forward_after_attention(qkv->forward_after(*ln1, x), n_head_);
+  // Under bf16 autocast the qkv product writes bf16 (its heads would be rounded on the split).
+  Tensor attended =
+      proj->forward_after_attention(qkv->forward_after(*ln1, x, DType::BF16), n_head_);
   return mlp(x, std::move(attended));
 }
 

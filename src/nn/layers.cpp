@@ -67,10 +67,10 @@ Tensor Linear::forward_after_attention(const Tensor& qkv, std::int64_t heads) {
   return packed_self_attention_linear(qkv, heads, /*causal=*/true, weight, bias);
 }
 
-Tensor Linear::forward_after(LayerNorm& ln, const Tensor& x) {
+Tensor Linear::forward_after(LayerNorm& ln, const Tensor& x, DType out) {
   if (ln.normalized_shape() != Shape{in_}) return forward(ln.forward(x));
-  return over_rows(x, in_, out_, [this, &ln](const Tensor& rows) {
-    return layer_norm_linear(rows, ln.weight, ln.bias, ln.eps(), weight, bias);
+  return over_rows(x, in_, out_, [this, &ln, out](const Tensor& rows) {
+    return layer_norm_linear(rows, ln.weight, ln.bias, ln.eps(), weight, bias, out);
   });
 }
 
@@ -78,7 +78,7 @@ Tensor Linear::forward_after_sum(LayerNorm& ln, const Tensor& a, const Tensor& b
                                  DType out) {
   if (ln.normalized_shape() != Shape{in_} || a.shape() != b.shape()) {
     sum = add(a, b);
-    return forward_after(ln, sum);
+    return forward_after(ln, sum, out);
   }
   Tensor sum_rows;
   Tensor y = over_rows(a, in_, out_, [&](const Tensor& rows) {

@@ -400,10 +400,39 @@ TEST(GeluLinear, ReadsANormsBf16OutputWhereAutocastRoundsIt) {
   }
 }
 
+// The qkv product writing bf16 for the packed attention: its heads were rounded on the split
+// anyway, so the output and every gradient are the F32 output's, bit for bit.
+TEST(PackedSelfAttentionLinear, ReadsANormsBf16OutputBitForBit) {
+  const FusionsOn fusions;
+  if (!kernels::native_bf16()) GTEST_SKIP() << "bf16 autocast needs AVX512_BF16";
+  Generator gen(25);
+  const std::int64_t b = 2, t = 7, e = 32;  // two heads of 16
+  const Tensor x0 = Tensor::randn({b * t, e}, gen), lw = Tensor::randn({e}, gen);
+  const Tensor lb = Tensor::randn({e}, gen), wq0 = Tensor::randn({3 * e, e}, gen);
+  const Tensor bq = Tensor::randn({3 * e}, gen), wp0 = Tensor::randn({e, e}, gen);
+  const Tensor r = Tensor::randn({b, t, e}, gen);
+  std::vector<Tensor> results[2];
+  for (const DType out : {DType::F32, DType::BF16}) {
+    Tensor x = x0.clone(), wq = wq0.clone(), wp = wp0.clone();
+    for (Tensor* p : {&x, &wq, &wp}) p->set_requires_grad(true);
+    autograd::AutocastScope scope(autograd::Precision::BF16);
+    const Tensor qkv = layer_norm_linear(x, lw, lb, 1e-5f, wq, bq, out);
+    EXPECT_EQ(qkv.dtype(), out);
+    const Tensor y =
+        packed_self_attention_linear(reshape(qkv, {b, t, 3 * e}), 2, true, wp, Tensor());
+    sum(mul(y, r)).backward();
+    results[out == DType::BF16] = {y, x.grad(), wq.grad(), wp.grad()};
+  }
+  expect_same_bits(results[1], results[0], {"output", "dx", "dWqkv", "dWproj"});
+}
+
 TEST(GeluLinear, TakesABf16InputOnlyUnderTheFusions) {
   Generator gen(24);
   const Tensor x = kernels::to_bf16(Tensor::randn({3, 4}, gen)), w = Tensor::randn({2, 4}, gen);
   EXPECT_THROW(gelu_linear(x, w, Tensor()), std::invalid_argument);
+  const Tensor qkv = kernels::to_bf16(Tensor::randn({1, 3, 12}, gen));
+  EXPECT_THROW(packed_self_attention_linear(qkv, 2, true, Tensor::randn({4, 4}, gen), Tensor()),
+               std::invalid_argument);
 }
 
 // With the fusions off (HPM_BF16_FUSIONS=0, for an A/B or a fallback) the GPT's fused calls run

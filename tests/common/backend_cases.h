@@ -386,6 +386,12 @@ inline std::vector<Case> cases() {
                    return Outputs{q, k, v};
                  }});
   }
+  c.push_back({"split_qkv_heads of bf16", Op::kSplitQkvHeads, [](Generator& g, const To& to) {
+                 Tensor q, k, v;
+                 kernels::split_qkv_heads(to(kernels::to_bf16(randn(g, {2, 5, 3 * 12}))), 3,
+                                          DType::BF16, q, k, v);
+                 return Outputs{q, k, v};
+               }});
   c.push_back({"merge_qkv_heads", Op::kMergeQkvHeads, [](Generator& g, const To& to) {
                  return Outputs{kernels::merge_qkv_heads(to(randn(g, {2, 3, 5, 4})),
                                                          to(randn(g, {2, 3, 5, 4})),

@@ -21,11 +21,13 @@ class Linear : public Module {
   // forward(gelu(x)), the GELU fused into the product's operand (autograd's gelu_linear).
   Tensor forward_after_gelu(const Tensor& x);
   // forward(ln.forward(x)), the norm fused likewise (layer_norm_linear) when it normalizes the
-  // last dimension alone.
-  Tensor forward_after(LayerNorm& ln, const Tensor& x);
+  // last dimension alone; out BF16: under bf16 autocast's fusions the output rounded to bf16 as
+  // the product writes it, for a fused op that reads it so (forward_after_gelu,
+  // forward_after_attention).
+  Tensor forward_after(LayerNorm& ln, const Tensor& x, DType out = DType::F32);
   // A residual stream's step: sum = a + b (one shape) and forward_after(ln, sum), the sum written
   // by the norm's pass (autograd's residual_layer_norm_linear). out BF16: under bf16 autocast's
-  // fusions the output rounded to bf16 as the product writes it, for forward_after_gelu to read.
+  // fusions the output rounded to bf16 as forward_after's.
   Tensor forward_after_sum(LayerNorm& ln, const Tensor& a, const Tensor& b, Tensor& sum,
                            DType out = DType::F32);
   // forward(packed_self_attention(qkv, heads)), causal, qkv (B, T, 3 x in): the attention's merged

@@ -151,8 +151,9 @@ Tensor concat(const std::vector<Tensor>& xs, int dim);
 Tensor narrow_copy(const Tensor& x, int dim, std::int64_t start, std::int64_t length);
 void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part);
 // Attention heads, one pass each: a packed (B, T, 3 x H x D) q|k|v, as one Linear computes it, to
-// q, k and v (B, H, T, D) of `dtype` (F32, or BF16 rounded on the way), and their F32 gradients
-// back; (B, T, H x D) <-> (B, H, T, D) for one tensor.
+// q, k and v (B, H, T, D) of `dtype` (F32, or BF16 rounded on the way; a BF16 qkv, a product's
+// bf16 output, to BF16 heads only), and their F32 gradients back; (B, T, H x D) <-> (B, H, T, D)
+// for one tensor.
 void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
                      Tensor& v);
 Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v);

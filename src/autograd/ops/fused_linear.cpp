@@ -126,7 +126,15 @@ Tensor residual_layer_norm_linear(const Tensor& a, const Tensor& b, Tensor& sum,
 
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,
                                     const Tensor& weight, const Tensor& bias) {
-  if (!fusing(qkv) || qkv.dim() != 3) {
+  // A BF16 qkv is a product's bf16 output (layer_norm_linear with out BF16), made only when
+  // fusing: its heads are its bits moved, the rounding the F32 split would make.
+  const bool bf16_qkv = qkv.dtype() == DType::BF16;
+  if (bf16_qkv &&
+      (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions() || qkv.dim() != 3)) {
+    throw std::invalid_argument(
+        "packed_self_attention_linear: a BF16 qkv outside bf16 autocast's fusions");
+  }
+  if (!bf16_qkv && (!fusing(qkv) || qkv.dim() != 3)) {
     const Tensor merged = packed_self_attention(qkv, heads, causal);
     const std::int64_t b = merged.size(0), t = merged.size(1);
     return reshape(linear(reshape(merged, {b * t, merged.size(2)}), weight, bias),

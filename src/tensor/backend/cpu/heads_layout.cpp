@@ -38,13 +38,15 @@ void move_rows(const HeadsLayout& l, std::int64_t parts, Packed* packed, Head* c
                });
 }
 
-HeadsLayout packed_layout(const Tensor& x, std::int64_t parts, std::int64_t heads,
-                          const char* what) {
-  if (x.dim() != 3 || x.dtype() != DType::F32 || heads <= 0 || x.size(2) % (parts * heads) != 0) {
-    throw std::invalid_argument(std::string(what) + ": expected F32 (B, T, " +
-                                std::to_string(parts) + " x " + std::to_string(heads) +
-                                " heads x D), got " + dtype_name(x.dtype()) + " " +
-                                x.shape().str());
+// x F32, or BF16 where bf16_ok.
+HeadsLayout packed_layout(const Tensor& x, std::int64_t parts, std::int64_t heads, const char* what,
+                          bool bf16_ok = false) {
+  const bool dtype_ok = x.dtype() == DType::F32 || (bf16_ok && x.dtype() == DType::BF16);
+  if (x.dim() != 3 || !dtype_ok || heads <= 0 || x.size(2) % (parts * heads) != 0) {
+    throw std::invalid_argument(
+        std::string(what) + ": expected " + (bf16_ok ? "F32 or BF16" : "F32") + " (B, T, " +
+        std::to_string(parts) + " x " + std::to_string(heads) + " heads x D), got " +
+        dtype_name(x.dtype()) + " " + x.shape().str());
   }
   return {x.size(0), x.size(1), heads, x.size(2) / (parts * heads)};
 }
@@ -64,6 +66,9 @@ HeadsLayout heads_layout(const std::vector<const Tensor*>& xs, const char* what)
 void to_head(const float* packed, float* head, std::int64_t n) {
   std::copy(packed, packed + n, head);
 }
+void bf16_to_head(const std::uint16_t* packed, std::uint16_t* head, std::int64_t n) {
+  std::copy(packed, packed + n, head);
+}
 void to_packed(float* packed, const float* head, std::int64_t n) {
   std::copy(head, head + n, packed);
 }
@@ -76,7 +81,9 @@ void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor&
     throw std::invalid_argument(std::string("split_qkv_heads: F32 or BF16 heads, not ") +
                                 dtype_name(dtype));
   }
-  const HeadsLayout l = packed_layout(qkv, 3, heads, "split_qkv_heads");
+  // A BF16 qkv (a product's bf16 output) splits into BF16 heads, its bits moved.
+  const HeadsLayout l =
+      packed_layout(qkv, 3, heads, "split_qkv_heads", /*bf16_ok=*/dtype == DType::BF16);
   const Shape shape{l.batch, l.heads, l.t, l.d};
   q = Tensor::empty(shape, dtype, qkv.device());
   k = Tensor::empty(shape, dtype, qkv.device());
@@ -84,6 +91,10 @@ void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor&
   if (dtype == DType::BF16) {
     std::uint16_t* out[3] = {q.data<std::uint16_t>(), k.data<std::uint16_t>(),
                              v.data<std::uint16_t>()};
+    if (qkv.dtype() == DType::BF16) {
+      move_rows(l, 3, qkv.data<std::uint16_t>(), out, bf16_to_head);
+      return;
+    }
     move_rows(l, 3, qkv.data<float>(), out, f32_to_bf16);
   } else {
     float* out[3] = {q.data<float>(), k.data<float>(), v.data<float>()};

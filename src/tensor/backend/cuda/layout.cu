@@ -173,13 +173,17 @@ __device__ inline std::int64_t head_index(std::int64_t i, const HeadsLayout& l, 
   return ((b * l.heads + h) * l.t + t) * l.d + dd;
 }
 
-template <typename Head>
-__global__ void to_heads_kernel(const float* packed, HeadPtrs<Head> heads, HeadsLayout l,
+// Packed float (rounded to bf16 heads when Head is std::uint16_t), or std::uint16_t bf16 bits
+// moved to bf16 heads.
+template <typename Head, typename Packed = float>
+__global__ void to_heads_kernel(const Packed* packed, HeadPtrs<Head> heads, HeadsLayout l,
                                 std::int64_t parts, std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
     std::int64_t part;
     const std::int64_t hi = head_index(i, l, parts, part);
-    if constexpr (sizeof(Head) == 2) {
+    if constexpr (sizeof(Packed) == 2) {
+      heads.p[part][hi] = packed[i];  // bf16 bits to bf16 heads
+    } else if constexpr (sizeof(Head) == 2) {
       heads.p[part][hi] = f32_to_bf16_bits(packed[i]);
     } else {
       heads.p[part][hi] = packed[i];
@@ -218,13 +222,15 @@ std::int64_t packed_numel(const HeadsLayout& l, std::int64_t parts) {
   return l.batch * l.t * parts * l.heads * l.d;
 }
 
-HeadsLayout packed_layout(const Tensor& x, std::int64_t parts, std::int64_t heads,
-                          const char* what) {
-  if (x.dim() != 3 || x.dtype() != DType::F32 || heads <= 0 || x.size(2) % (parts * heads) != 0) {
-    throw std::invalid_argument(std::string(what) + ": expected F32 (B, T, " +
-                                std::to_string(parts) + " x " + std::to_string(heads) +
-                                " heads x D), got " + dtype_name(x.dtype()) + " " +
-                                x.shape().str());
+// x F32, or BF16 where bf16_ok.
+HeadsLayout packed_layout(const Tensor& x, std::int64_t parts, std::int64_t heads, const char* what,
+                          bool bf16_ok = false) {
+  const bool dtype_ok = x.dtype() == DType::F32 || (bf16_ok && x.dtype() == DType::BF16);
+  if (x.dim() != 3 || !dtype_ok || heads <= 0 || x.size(2) % (parts * heads) != 0) {
+    throw std::invalid_argument(
+        std::string(what) + ": expected " + (bf16_ok ? "F32 or BF16" : "F32") + " (B, T, " +
+        std::to_string(parts) + " x " + std::to_string(heads) + " heads x D), got " +
+        dtype_name(x.dtype()) + " " + x.shape().str());
   }
   return {x.size(0), x.size(1), heads, x.size(2) / (parts * heads)};
 }
@@ -241,13 +247,13 @@ HeadsLayout heads_layout(const std::vector<const Tensor*>& xs, const char* what)
   return {x.size(0), x.size(2), x.size(1), x.size(3)};
 }
 
-template <typename Head>
+template <typename Head, typename Packed = float>
 void to_heads(const Tensor& packed, HeadPtrs<Head> heads, const HeadsLayout& l, std::int64_t parts,
               const char* name) {
   const std::int64_t n = packed_numel(l, parts);
   if (n == 0) return;
-  to_heads_kernel<Head><<<blocks_for(n, kThreads), kThreads, 0, current_stream()>>>(
-      ptr<const float>(packed), heads, l, parts, n);
+  to_heads_kernel<Head, Packed><<<blocks_for(n, kThreads), kThreads, 0, current_stream()>>>(
+      ptr<const Packed>(packed), heads, l, parts, n);
   HPM_CUDA_LAUNCH_CHECK(name);
 }
 
@@ -402,7 +408,9 @@ void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor&
     throw std::invalid_argument(std::string("split_qkv_heads: F32 or BF16 heads, not ") +
                                 dtype_name(dtype));
   }
-  const HeadsLayout l = packed_layout(qkv, 3, heads, "split_qkv_heads");
+  // A BF16 qkv (a product's bf16 output) splits into BF16 heads, its bits moved.
+  const HeadsLayout l =
+      packed_layout(qkv, 3, heads, "split_qkv_heads", /*bf16_ok=*/dtype == DType::BF16);
   const Shape shape{l.batch, l.heads, l.t, l.d};
   q = Tensor::empty(shape, dtype, qkv.device());
   k = Tensor::empty(shape, dtype, qkv.device());
@@ -410,6 +418,10 @@ void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor&
   if (dtype == DType::BF16) {  // rounded on the way, as the CPU
     const HeadPtrs<std::uint16_t> out{
         {ptr<std::uint16_t>(q), ptr<std::uint16_t>(k), ptr<std::uint16_t>(v)}};
+    if (qkv.dtype() == DType::BF16) {
+      to_heads<std::uint16_t, std::uint16_t>(qkv, out, l, 3, "split_qkv_heads");
+      return;
+    }
     to_heads(qkv, out, l, 3, "split_qkv_heads");
   } else {
     const HeadPtrs<float> out{{ptr<float>(q), ptr<float>(k), ptr<float>(v)}};
