@@ -122,6 +122,22 @@ TEST(LanguageModelWindows, ValidationSweepsEveryTokenOnce) {
     EXPECT_EQ(predicted[i], static_cast<std::int64_t>(i + 1));
 }
 
+// An evaluation of fewer batches than the sweep holds takes windows spread over the whole split,
+// not its beginning: 2 batches of 3 from 100 windows start at windows 0, 16, 33, 50, 66 and 83.
+TEST(LanguageModelWindows, AShortEvaluationSpreadsItsWindowsOverTheSplit) {
+  const LabelledData all = validation_windows(counting(401), 4, 3);
+  EXPECT_EQ(all.size(), 100);
+  const LabelledData some = validation_windows(counting(401), 4, 3, 2);
+  ASSERT_EQ(some.size(), 6);
+  const auto x = some.inputs.to_vector_i64();
+  const std::vector<std::int64_t> first_tokens = {0, 64, 132, 200, 264, 332};
+  for (std::size_t i = 0; i < first_tokens.size(); ++i) EXPECT_EQ(x[i * 4], first_tokens[i]) << i;
+  const auto y = some.labels.to_vector_i64();
+  EXPECT_EQ(y[4 * 5 + 3], 332 + 4);  // targets are the inputs shifted by one
+  // As many batches as the sweep has, or more: the whole sweep, in order.
+  EXPECT_EQ(validation_windows(counting(401), 4, 3, 34).size(), 100);
+}
+
 // Debian's fortunes, where installed (scripts/setup_peers.sh): torch_gpt.py's corpus.
 TEST(TextCorpus, FortunesWhereInstalled) {
   if (!std::filesystem::exists("/usr/share/games/fortunes")) GTEST_SKIP() << "no fortunes package";

@@ -67,8 +67,10 @@ Dataset random_windows(TokenSequence tokens, std::int64_t block, std::int64_t ba
 // of the split predicted once but the first.
 Dataset sequential_windows(TokenSequence tokens, std::int64_t block, std::int64_t batch);
 
-// The first `max_batches` elements of that sweep (0: all of it) as rows, inputs and targets
-// (N, block): what a language model is evaluated on (train::Trainer::evaluate).
+// That sweep as rows, inputs and targets (N, block): what a language model is evaluated on
+// (train::Trainer::evaluate). With max_batches (0: all of it) smaller than the sweep,
+// max_batches x batch of its windows spread evenly over the whole split (deterministic; the first
+// ones alone would measure the split's beginning).
 LabelledData validation_windows(TokenSequence tokens, std::int64_t block, std::int64_t batch,
                                 std::int64_t max_batches = 0);
 
