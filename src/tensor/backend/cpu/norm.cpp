@@ -207,10 +207,10 @@ HPM_SIMD_CLONES void layer_norm_backward_rows(const float* g, const float* x, co
 // Rows a kernel thread takes at once: enough elements to pay for waking it.
 std::int64_t row_grain(std::int64_t n) { return std::max<std::int64_t>(1, kElementwiseGrain / n); }
 
-}  // namespace
-
-Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
-                          const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
+// What every layer norm forward begins with: x's rows of `normalized` elements, checked, and
+// their statistics' tensors made.
+std::int64_t normalized_rows(const Tensor& x, std::int64_t normalized, Tensor& save_mean,
+                             Tensor& save_rstd) {
   if (normalized <= 0 || x.numel() % normalized != 0) {
     throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
                                 std::to_string(normalized) + " trailing elements");
@@ -218,6 +218,14 @@ Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor
   const std::int64_t rows = x.numel() / normalized;
   save_mean = Tensor::empty({rows}, DType::F32, x.device());
   save_rstd = Tensor::empty({rows}, DType::F32, x.device());
+  return rows;
+}
+
+}  // namespace
+
+Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,
+                          const Tensor& bias, float eps, Tensor& save_mean, Tensor& save_rstd) {
+  const std::int64_t rows = normalized_rows(x, normalized, save_mean, save_rstd);
   Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
   const float* px = x.data<float>();
   const float* pw = weight.defined() ? weight.data<float>() : nullptr;
@@ -237,13 +245,7 @@ namespace {
 Tensor layer_norm_bf16_rows(const Tensor& x, const Tensor& b, Tensor* sum, std::int64_t normalized,
                             const Tensor& weight, const Tensor& bias, float eps, Tensor& save_mean,
                             Tensor& save_rstd, Tensor* x_bf16) {
-  if (normalized <= 0 || x.numel() % normalized != 0) {
-    throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
-                                std::to_string(normalized) + " trailing elements");
-  }
-  const std::int64_t rows = x.numel() / normalized;
-  save_mean = Tensor::empty({rows}, DType::F32, x.device());
-  save_rstd = Tensor::empty({rows}, DType::F32, x.device());
+  const std::int64_t rows = normalized_rows(x, normalized, save_mean, save_rstd);
   Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
   if (x_bf16 != nullptr) *x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
   const float* px = x.data<float>();
