@@ -4,10 +4,12 @@
 // for backward: GELU, layer norm and attention, each followed by a Linear. Each is bit-identical to
 // its composition (values and gradients); outside bf16 autocast it is the composition.
 //
-// A norm's product may also write its output in bf16 for a GELU that reads it (out = BF16: the
-// rounding PyTorch's autocast makes there): then GELU reads and keeps that bf16 output, and its
-// backward takes the next product's input gradient in bf16 too, as autocast's would.
+// A norm's product may also write its output in bf16 (out = BF16) for the fused op after it: for
+// a GELU (the rounding PyTorch's autocast makes there), which reads and keeps that bf16 output and
+// whose backward takes the next product's input gradient in bf16 too, as autocast's would; for the
+// packed attention, whose heads were rounded on the split anyway (the same values).
 #include <cmath>
+#include <string>
 #include <utility>
 
 #include "autograd/ops/common.h"
@@ -22,14 +24,20 @@ bool fusing(const Tensor& x) {
          x.dtype() == DType::F32;
 }
 
+// Whether x is a product's bf16 output (layer_norm_linear with out BF16, made only when fusing);
+// a BF16 x anywhere else is an error naming `op`.
+bool bf16_product_output(const Tensor& x, const char* op) {
+  if (x.dtype() != DType::BF16) return false;
+  if (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions()) {
+    throw std::invalid_argument(std::string(op) + ": a BF16 input outside bf16 autocast's fusions");
+  }
+  return true;
+}
+
 }  // namespace
 
 Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
-  // A BF16 x is a product's bf16 output (layer_norm_linear with out BF16), made only when fusing.
-  const bool bf16_x = x.dtype() == DType::BF16;
-  if (bf16_x && (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions())) {
-    throw std::invalid_argument("gelu_linear: a BF16 input outside bf16 autocast's fusions");
-  }
+  const bool bf16_x = bf16_product_output(x, "gelu_linear");
   if (!bf16_x && !fusing(x)) return linear(gelu(x), weight, bias);
   // One pass over x makes the product's operand and the bf16 copy of x that GELU's backward
   // reads (what gelu() would keep under autocast): to_bf16 of GELU's output and of its input are
@@ -126,13 +134,11 @@ Tensor residual_layer_norm_linear(const Tensor& a, const Tensor& b, Tensor& sum,
 
 Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool causal,
                                     const Tensor& weight, const Tensor& bias) {
-  // A BF16 qkv is a product's bf16 output (layer_norm_linear with out BF16), made only when
-  // fusing: its heads are its bits moved, the rounding the F32 split would make.
-  const bool bf16_qkv = qkv.dtype() == DType::BF16;
-  if (bf16_qkv &&
-      (autocast_precision() != Precision::BF16 || !autograd::bf16_fusions() || qkv.dim() != 3)) {
-    throw std::invalid_argument(
-        "packed_self_attention_linear: a BF16 qkv outside bf16 autocast's fusions");
+  // A BF16 qkv's heads are its bits moved: the rounding the F32 split would make.
+  const bool bf16_qkv = bf16_product_output(qkv, "packed_self_attention_linear");
+  if (bf16_qkv && qkv.dim() != 3) {
+    throw std::invalid_argument("packed_self_attention_linear: expected a (B, T, 3E) qkv, got " +
+                                qkv.shape().str());
   }
   if (!bf16_qkv && (!fusing(qkv) || qkv.dim() != 3)) {
     const Tensor merged = packed_self_attention(qkv, heads, causal);
