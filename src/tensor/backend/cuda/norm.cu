@@ -71,13 +71,13 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
     const float* xr = x + r * n;
     const float* x2r = x2 != nullptr ? x2 + r * n : nullptr;
-    const auto in = [&](std::int64_t k) { return x2r != nullptr ? xr[k] + x2r[k] : xr[k]; };
+    const auto value = [&](std::int64_t k) { return x2r != nullptr ? xr[k] + x2r[k] : xr[k]; };
     Out* yr = y + r * n;
     double s = 0.0;
-    for (std::int64_t k = team.rank; k < n; k += team.size) s += in(k);
+    for (std::int64_t k = team.rank; k < n; k += team.size) s += value(k);
     const double mu = team.sum(s) * inv_n;
     double ss = 0.0;
-    for (std::int64_t k = team.rank; k < n; k += team.size) ss += (in(k)-mu) * (in(k)-mu);
+    for (std::int64_t k = team.rank; k < n; k += team.size) ss += (value(k) - mu) * (value(k) - mu);
     ss = team.sum(ss);
     const auto m = static_cast<float>(mu);
     const auto rs = static_cast<float>(1.0 / sqrt(ss * inv_n + eps));
@@ -86,7 +86,7 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
       rstd[r] = rs;
     }
     for (std::int64_t k = team.rank; k < n; k += team.size) {
-      const float u = in(k);
+      const float u = value(k);
       const float v = (u - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
       if constexpr (std::is_same_v<Out, float>) {
         yr[k] = v;
