@@ -108,6 +108,23 @@ TEST(Bf16, TheCpusFusedRoundingsEqualTheirCompositionsBitForBit) {
   }
 }
 
+// The CPU's products writing bf16 work a block of rows at a time (no F32 matrix of the whole):
+// equal to the rounded F32 product bit for bit, across blocks (1000 rows: 64, then 873 and 63).
+TEST(Bf16, TheCpusBf16ProductOutputsEqualTheRoundedF32ProductsBitForBit) {
+  Generator gen(12);
+  const Tensor x = cpu::to_bf16(Tensor::randn({1000, 96}, gen));
+  const Tensor w = cpu::to_bf16(Tensor::randn({300, 96}, gen)), b = Tensor::randn({300}, gen);
+  expect_same_bits(kernels::linear(x, w, b, DType::BF16), cpu::to_bf16(kernels::linear(x, w, b)),
+                   "linear");
+  expect_same_bits(kernels::linear(x, w, Tensor(), DType::BF16),
+                   cpu::to_bf16(kernels::linear(x, w, Tensor())), "linear without bias");
+  expect_same_bits(kernels::matmul(x, w, false, true, DType::BF16),
+                   cpu::to_bf16(kernels::matmul(x, w, false, true)), "matmul");
+  const Tensor xt = cpu::to_bf16(Tensor::randn({96, 1000}, gen));
+  expect_same_bits(kernels::matmul(xt, w, true, true, DType::BF16),
+                   cpu::to_bf16(kernels::matmul(xt, w, true, true)), "matmul of a^T");
+}
+
 // Products of bf16 values are exact in f32, so gemm_bf16 equals an f32 GEMM of the rounded
 // operands up to the order of the f32 sums.
 TEST(Bf16, GemmEqualsF32GemmOfRoundedOperands) {

@@ -43,6 +43,30 @@ void fill_as(Tensor& x, T value) {
   for (std::int64_t i = 0; i < x.numel(); ++i) p[i] = value;
 }
 
+// `product` (of a block of x's rows, F32) over x's rows a block at a time, each block rounded to
+// bf16 into the result while in cache: to_bf16(product(x)) without its F32 matrix. A row's values
+// do not depend on the block it is in (the products sum each output along k alone).
+template <typename Product>
+Tensor rounded_by_rows(const Tensor& x, Product&& product) {
+  const std::int64_t rows = x.size(0);
+  if (rows == 0) return cpu::to_bf16(product(x));
+  constexpr std::int64_t kBlockElements = 1 << 18;  // 1 MiB of f32
+  Tensor y;
+  std::int64_t block = 64;  // the first block's rows, before the output's width is known
+  for (std::int64_t r = 0; r < rows;) {
+    const std::int64_t len = std::min(block, rows - r);
+    const Tensor part = product(x.narrow(r, len));
+    const std::int64_t cols = part.size(1);
+    if (!y.defined()) {
+      y = Tensor::empty({rows, cols}, DType::BF16, x.device());
+      block = std::max<std::int64_t>(1, kBlockElements / std::max<std::int64_t>(cols, 1));
+    }
+    cpu::f32_to_bf16(part.data<float>(), y.data<std::uint16_t>() + r * cols, len * cols);
+    r += len;
+  }
+  return y;
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(DeviceType type) : type_(type) {}
@@ -85,11 +109,17 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // A BF16 output is the F32 product rounded (the CPU's products write F32).
+  // A BF16 output is the F32 product rounded (the CPU's products write F32), a block of rows at
+  // a time where the rows are a's: the F32 product never exists whole (the step's peak holds one
+  // block of it, as a GPU's holds none).
   Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType out) override {
-    Tensor y = both_bf16(a, b) ? cpu::matmul_bf16(a, b, trans_a, trans_b)
-                               : cpu::matmul(a, b, trans_a, trans_b);
-    return out == DType::BF16 ? cpu::to_bf16(y) : y;
+    const auto product = [&](const Tensor& rows) {
+      return both_bf16(rows, b) ? cpu::matmul_bf16(rows, b, trans_a, trans_b)
+                                : cpu::matmul(rows, b, trans_a, trans_b);
+    };
+    if (out != DType::BF16) return product(a);
+    if (trans_a || a.dim() != 2) return cpu::to_bf16(product(a));
+    return rounded_by_rows(a, product);
   }
 
   void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
@@ -115,8 +145,12 @@ class CpuBackend final : public Backend {
   }
 
   Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out) override {
-    Tensor y = both_bf16(x, w) ? cpu::linear_bf16(x, w, bias) : cpu::linear(x, w, bias);
-    return out == DType::BF16 ? cpu::to_bf16(y) : y;
+    const auto product = [&](const Tensor& rows) {
+      return both_bf16(rows, w) ? cpu::linear_bf16(rows, w, bias) : cpu::linear(rows, w, bias);
+    };
+    if (out != DType::BF16) return product(x);
+    if (x.dim() != 2) return cpu::to_bf16(product(x));
+    return rounded_by_rows(x, product);
   }
 
   Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,
