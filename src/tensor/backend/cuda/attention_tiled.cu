@@ -194,8 +194,11 @@ __global__ void __launch_bounds__(kThreads)
   float* acc = reinterpret_cast<float*>(mine + L::kScratch + L::kProbs);
   float* inv_l = reinterpret_cast<float*>(mine + L::kScratch + L::kProbs + L::kAcc);
 
+  // A problem's query blocks last to first: under the causal mask the last see the most keys, and
+  // starting them first leaves the short ones for the grid's tail (the same values either way).
   const std::int64_t row_blocks = (t + kRows - 1) / kRows;
-  const std::int64_t b = blockIdx.x / row_blocks, i0 = (blockIdx.x % row_blocks) * kRows;
+  const std::int64_t b = blockIdx.x / row_blocks;
+  const std::int64_t i0 = (row_blocks - 1 - blockIdx.x % row_blocks) * kRows;
   const std::int64_t w0 = i0 + 16 * warp;  // the warp's first query
   const int r = lane >> 1, half = lane & 1;
   const std::int64_t i = w0 + r;  // this lane's query
@@ -365,8 +368,11 @@ __global__ void __launch_bounds__(kThreads)
   float* scratch = reinterpret_cast<float*>(mine);
   bf16* ds_w = reinterpret_cast<bf16*>(mine + L::kScratch);
 
+  // A problem's query blocks last to first: under the causal mask the last see the most keys, and
+  // starting them first leaves the short ones for the grid's tail (the same values either way).
   const std::int64_t row_blocks = (t + kRows - 1) / kRows;
-  const std::int64_t b = blockIdx.x / row_blocks, i0 = (blockIdx.x % row_blocks) * kRows;
+  const std::int64_t b = blockIdx.x / row_blocks;
+  const std::int64_t i0 = (row_blocks - 1 - blockIdx.x % row_blocks) * kRows;
   const std::int64_t w0 = i0 + 16 * warp;  // the warp's first query
   const int r = lane >> 1, half = lane & 1;
   const std::int64_t i = w0 + r;  // this lane's query
