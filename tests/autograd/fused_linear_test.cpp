@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/same_bits.h"
 #include "hpm/autograd/autocast.h"
 #include "hpm/autograd/ops.h"
 #include "hpm/tensor/backend.h"
@@ -36,13 +37,16 @@ void expect_same_bits(const std::vector<Tensor>& actual, const std::vector<Tenso
   ASSERT_EQ(actual.size(), expected.size());
   ASSERT_EQ(actual.size(), names.size());
   for (std::size_t k = 0; k < actual.size(); ++k) {
-    const Tensor& a = actual[k];
-    const Tensor& e = expected[k];
-    ASSERT_EQ(a.shape(), e.shape()) << names[k];
-    ASSERT_EQ(a.dtype(), DType::F32) << names[k];
-    for (std::int64_t i = 0; i < a.numel(); ++i)
-      ASSERT_EQ(a.data<float>()[i], e.data<float>()[i]) << names[k] << " element " << i;
+    ASSERT_EQ(actual[k].dtype(), DType::F32) << names[k];
+    testing::expect_same_bits(actual[k], expected[k], names[k]);
   }
+}
+
+// F32, and BF16 where this CPU runs bf16 products (autocast to bf16 needs it).
+std::vector<autograd::Precision> precisions_here() {
+  std::vector<autograd::Precision> p{autograd::Precision::F32};
+  if (kernels::native_bf16()) p.push_back(autograd::Precision::BF16);
+  return p;
 }
 
 // A Linear's weight and bias gradients come from one product whose epilogue sums the output
@@ -50,9 +54,7 @@ void expect_same_bits(const std::vector<Tensor>& actual, const std::vector<Tenso
 // gradient the second; under bf16 autocast both from the rounded g and x.
 TEST(Linear, BackwardGivesWeightAndBiasGradientsFromOneProduct) {
   const FusionsOn fusions;
-  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
-  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
-  for (const autograd::Precision precision : precisions) {
+  for (const autograd::Precision precision : precisions_here()) {
     SCOPED_TRACE(autograd::precision_name(precision));
     const bool bf16 = precision == autograd::Precision::BF16;
     Generator gen(11);
@@ -90,9 +92,7 @@ TEST(Linear, BackwardGivesWeightAndBiasGradientsFromOneProduct) {
 // autocast, where its forward reads x once (one unary_bf16, no unary, no to_bf16 of activations).
 TEST(GeluLinear, EqualsTheCompositionBitForBit) {
   const FusionsOn fusions;
-  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
-  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
-  for (const autograd::Precision precision : precisions) {
+  for (const autograd::Precision precision : precisions_here()) {
     SCOPED_TRACE(autograd::precision_name(precision));
     Generator gen(5);
     const Tensor x0 = Tensor::randn({9, 16}, gen), w0 = Tensor::randn({6, 16}, gen);
@@ -130,9 +130,7 @@ TEST(GeluLinear, EqualsTheCompositionBitForBit) {
 // layer_norm_forward, only the weight rounded by to_bf16).
 TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
   const FusionsOn fusions;
-  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
-  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
-  for (const autograd::Precision precision : precisions) {
+  for (const autograd::Precision precision : precisions_here()) {
     SCOPED_TRACE(autograd::precision_name(precision));
     Generator gen(9);
     const Tensor x0 = Tensor::randn({7, 24}, gen), lw0 = Tensor::randn({24}, gen);
@@ -167,9 +165,7 @@ TEST(LayerNormLinear, EqualsTheCompositionBitForBit) {
 // second consumer (the residual stream's next step) whose gradient the norm's adds into.
 TEST(ResidualLayerNormLinear, EqualsTheCompositionBitForBit) {
   const FusionsOn fusions;
-  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
-  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
-  for (const autograd::Precision precision : precisions) {
+  for (const autograd::Precision precision : precisions_here()) {
     SCOPED_TRACE(autograd::precision_name(precision));
     Generator gen(21);
     const Tensor a0 = Tensor::randn({7, 24}, gen), b0 = Tensor::randn({7, 24}, gen);
@@ -208,9 +204,7 @@ TEST(ResidualLayerNormLinear, EqualsTheCompositionBitForBit) {
 // weight rounded by to_bf16) and its backward widens nothing.
 TEST(PackedSelfAttentionLinear, EqualsTheCompositionBitForBit) {
   const FusionsOn fusions;
-  std::vector<autograd::Precision> precisions{autograd::Precision::F32};
-  if (kernels::native_bf16()) precisions.push_back(autograd::Precision::BF16);
-  for (const autograd::Precision precision : precisions) {
+  for (const autograd::Precision precision : precisions_here()) {
     SCOPED_TRACE(autograd::precision_name(precision));
     Generator gen(13);
     const std::int64_t b = 2, t = 9, heads = 2, e = 32;  // head size 16

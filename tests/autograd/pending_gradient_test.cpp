@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/same_bits.h"
 #include "hpm/autograd/autocast.h"
 #include "hpm/autograd/node.h"
 #include "hpm/autograd/ops.h"
@@ -18,12 +19,10 @@
 namespace hpm {
 namespace {
 
+// dx is an F32 gradient with the separate sum's bits.
 void expect_same_bits(const Tensor& actual, const Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.shape(), expected.shape()) << what;
   ASSERT_EQ(actual.dtype(), DType::F32) << what;
-  ASSERT_EQ(expected.dtype(), DType::F32) << what;
-  for (std::int64_t i = 0; i < actual.numel(); ++i)
-    ASSERT_EQ(actual.data<float>()[i], expected.data<float>()[i]) << what << " element " << i;
+  testing::expect_same_bits(actual, expected, what);
 }
 
 // The kernel's contract: dx added into a defined *grad_x equals the sum of the pending gradient

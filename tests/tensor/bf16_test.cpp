@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/same_bits.h"
 #include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
@@ -51,16 +52,7 @@ TEST(Bf16, RoundsToNearestEvenAndKeepsSpecials) {
   }
 }
 
-void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
-  ASSERT_EQ(a.dtype(), b.dtype()) << what;
-  ASSERT_EQ(a.shape(), b.shape()) << what;
-  const std::size_t bytes = static_cast<std::size_t>(a.numel()) * dtype_size(a.dtype());
-  const auto* pa = static_cast<const unsigned char*>(a.raw_data());
-  const auto* pb = static_cast<const unsigned char*>(b.raw_data());
-  std::size_t first = 0;
-  while (first < bytes && pa[first] == pb[first]) ++first;
-  EXPECT_EQ(first, bytes) << what << ": first differing byte";
-}
+using testing::expect_same_bits;
 
 // The CPU's fused roundings (unary_bf16, unary_backward_bf16, layer_norm_forward_bf16, and the
 // backward kernels reading bf16 copies) work block by block: equal to their compositions bit for
