@@ -16,6 +16,23 @@ namespace hpm::comm {
 
 namespace {
 
+// A recv that can be withdrawn from its group while no message has matched it.
+class RecvWork final : public Work {
+ public:
+  RecvWork(std::string what, Milliseconds limit, std::weak_ptr<LocalGroup> group)
+      : Work(std::move(what), limit), group_(std::move(group)) {}
+  void cancel() override {
+    if (auto group = group_.lock()) {
+      group->withdraw(this);
+    } else if (!completed()) {  // went with its group's pending list: nobody else finishes it
+      finish(std::make_exception_ptr(CommError(what() + ": cancelled, its group is gone")));
+    }
+  }
+
+ private:
+  std::weak_ptr<LocalGroup> group_;
+};
+
 class LocalCommunicator final : public Communicator {
  public:
   LocalCommunicator(std::shared_ptr<LocalGroup> group, int rank, Milliseconds timeout)
@@ -105,11 +122,11 @@ class LocalCommunicator final : public Communicator {
   WorkPtr recv(Tensor data, int src, int tag) override {
     check_bytes(data, "recv");
     check_rank(src, "recv source");
-    auto work = std::make_shared<Work>("rank " + std::to_string(rank_) + ": recv of " +
-                                           std::to_string(data.numel()) + " " +
-                                           values_of(data.dtype()) + " from rank " +
-                                           std::to_string(src) + " tag " + std::to_string(tag),
-                                       timeout_);
+    auto work = std::make_shared<RecvWork>("rank " + std::to_string(rank_) + ": recv of " +
+                                               std::to_string(data.numel()) + " " +
+                                               values_of(data.dtype()) + " from rank " +
+                                               std::to_string(src) + " tag " + std::to_string(tag),
+                                           timeout_, group_);
     group_->recv(rank_, src, tag, data, work);
     return work;
   }

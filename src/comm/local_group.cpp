@@ -412,4 +412,16 @@ void LocalGroup::recv(int dst, int src, int tag, const Tensor& data, const WorkP
   pending_.push_back(PendingRecv{src, dst, tag, data, work});
 }
 
+void LocalGroup::withdraw(const Work* work) {
+  std::unique_lock<std::mutex> lock(mail_mu_);
+  auto it = std::find_if(pending_.begin(), pending_.end(),
+                         [&](const PendingRecv& r) { return r.work.get() == work; });
+  if (it == pending_.end()) return;  // delivered already
+  PendingRecv r = std::move(*it);
+  pending_.erase(it);
+  lock.unlock();
+  r.data = Tensor();
+  r.work->finish(std::make_exception_ptr(CommError(r.work->what() + ": cancelled")));
+}
+
 }  // namespace hpm::comm

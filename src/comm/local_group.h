@@ -49,6 +49,8 @@ class LocalGroup {
   // completes at once; a recv completes when its message is there.
   void send(int src, int dst, int tag, const Tensor& data);
   void recv(int dst, int src, int tag, const Tensor& data, const WorkPtr& work);
+  // Withdraws a recv still waiting for its message: its Work fails, its buffer let go of.
+  void withdraw(const Work* work);
 
   // The rank's communicator is gone: whoever waits for it fails.
   void leave(int rank);

@@ -88,7 +88,9 @@ class Pipeline::Stage {
         options_(o),
         schedule_(s),
         chunks_(chunks),
-        device_("stage" + std::to_string(index), o.device_budget, o.threads_per_stage),
+        owned_device_(std::make_unique<Device>("stage" + std::to_string(index), o.device_budget,
+                                               o.threads_per_stage)),
+        device_(*owned_device_),
         generator_(o.seed + 7919 * static_cast<std::uint64_t>(index + 1)),
         comm_(std::move(comm)),
         receive_ahead_(streams_in_micro_order(s)) {
@@ -119,6 +121,10 @@ class Pipeline::Stage {
   // (backward reaches the last stage first), though the weight lives on an earlier stage: it
   // follows the weight, wherever that is by now.
   ~Stage() {
+    // Gloo cannot withdraw a receive (communicator.h): one still posted when a stop or a failure
+    // ends the pipeline lets go of its buffer only when the communicator goes, after this stage.
+    // Its memory must then go back to a live allocator: this Device stays, unowned.
+    if (!settle()) static_cast<void>(owned_device_.release());
     for (Tensor& t : tied_) {
       if (t.requires_grad() && t.grad().defined() && &t.grad().device() == &device_) {
         t.grad().impl()->storage->move_to(t.device());
@@ -157,6 +163,7 @@ class Pipeline::Stage {
     const autograd::AutocastScope precision(options_.precision);
     set_num_threads(options_.threads_per_stage);
     if (trace::enabled()) trace::name_thread("stage " + std::to_string(index_));
+    settle();  // what a failed step left in flight must not meet this step's messages
     device_.reset_peak();
     abort_ = &abort;
     result_ = Result{};
@@ -321,7 +328,26 @@ class Pipeline::Stage {
   }
 
   void post_send(const Tensor& t, int dst, int tag) {
-    sends_.emplace_back(comm_->send(t, dst, tag), t);
+    sends_.emplace_back(track(comm_->send(t, dst, tag)), t);
+  }
+
+  // Every send and recv posted is kept until it completes: its buffer lives on device_, and a
+  // communicator's thread still holding it when device_ goes would hand the memory back to a
+  // dead allocator (a failed step, or a stop, leaves operations in flight).
+  comm::WorkPtr track(comm::WorkPtr work) {
+    std::erase_if(posted_, [](const comm::WorkPtr& w) { return w->completed(); });
+    posted_.push_back(work);
+    return work;
+  }
+
+  // Withdraws what is still in flight where the communicator can (a local group's receives);
+  // true when no operation holds a buffer of this stage any more.
+  bool settle() {
+    for (const comm::WorkPtr& w : posted_) {
+      if (!w->completed()) w->cancel();
+    }
+    std::erase_if(posted_, [](const comm::WorkPtr& w) { return w->completed(); });
+    return posted_.empty();
   }
 
   void transmit(const Tensor& t, int micro, int edge, bool gradient) {
@@ -359,10 +385,11 @@ class Pipeline::Stage {
   Incoming post_receive(int src, int micro, int edge, bool gradient, const Shape* guess) {
     Incoming in;
     in.header = Tensor::empty({kHeaderLength}, DType::I64);
-    in.header_done = comm_->recv(in.header, src, tag(micro, edge, gradient, Part::kHeader));
+    in.header_done = track(comm_->recv(in.header, src, tag(micro, edge, gradient, Part::kHeader)));
     if (guess != nullptr) {
       in.payload = Tensor::empty(*guess);
-      in.payload_done = comm_->recv(in.payload, src, tag(micro, edge, gradient, Part::kPayload));
+      in.payload_done =
+          track(comm_->recv(in.payload, src, tag(micro, edge, gradient, Part::kPayload)));
     }
     return in;
   }
@@ -397,7 +424,7 @@ class Pipeline::Stage {
     } else {
       data = Tensor::empty(shape);
       const Part part = in.payload_done ? Part::kRetry : Part::kPayload;
-      wait(*comm_->recv(data, src, tag(micro, edge, gradient, part)), "recv");
+      wait(*track(comm_->recv(data, src, tag(micro, edge, gradient, part))), "recv");
     }
     if (received_ahead(micro + 1)) {
       ahead_[{micro + 1, edge, gradient}] = post_receive(src, micro + 1, edge, gradient, &shape);
@@ -434,7 +461,9 @@ class Pipeline::Stage {
   const PipelineOptions& options_;
   const Schedule& schedule_;
   const std::vector<std::shared_ptr<nn::Module>>& chunks_;
-  Device device_;
+  // Declared before anything that holds its tensors, so that they go first.
+  std::unique_ptr<Device> owned_device_;
+  Device& device_;
   Device* home_ = nullptr;         // where the variables were before they moved here
   std::vector<Tensor> variables_;  // this stage's parameters and buffers
   std::vector<Tensor> tied_;       // used here, owned by an earlier stage of this process
@@ -451,7 +480,8 @@ class Pipeline::Stage {
   std::map<std::pair<int, int>, autograd::DeferredWeightGradients> deferred_;  // B done, W not
   std::map<std::tuple<int, int, bool>, Tensor> local_mail_;
   std::vector<std::pair<comm::WorkPtr, Tensor>> sends_;
-  const bool receive_ahead_;                              // streams_in_micro_order(schedule_)
+  std::vector<comm::WorkPtr> posted_;  // sends and recvs not known to be complete
+  const bool receive_ahead_;           // streams_in_micro_order(schedule_)
   std::map<std::tuple<int, int, bool>, Incoming> ahead_;  // (micro, edge, gradient)
   std::map<std::pair<int, int>, Shape> sent_shapes_;      // (edge, gradient) -> the last sent
 };

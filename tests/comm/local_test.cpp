@@ -258,6 +258,38 @@ TEST(LocalPointToPoint, SizeMismatchAndMissingMessageAreErrors) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
 }
 
+// A withdrawn recv fails at once and lets go of its buffer (whose Device may go next); the
+// message of its tag reaches the next recv. Cancelling a completed Work changes nothing.
+TEST(LocalPointToPoint, ACancelledRecvLetsGoOfItsBufferAndMissesTheMessage) {
+  auto comms = make_local_group(2, 10s);
+  Device stage("stage");
+  WorkPtr pending;
+  {
+    DeviceGuard on_stage(stage);
+    pending = comms[1]->recv(Tensor::empty({4}), 0, 3);
+  }
+  EXPECT_GE(stage.stats().current_bytes, 4 * sizeof(float));  // held by the group
+  const auto t0 = std::chrono::steady_clock::now();
+  pending->cancel();
+  try {
+    pending->wait();
+    FAIL() << "a cancelled recv completed";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("recv of 4 floats from rank 0 tag 3: cancelled"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_EQ(stage.stats().current_bytes, 0u);
+  comms[0]->send(Tensor::full({4}, 7.0f), 1, 3);
+  Tensor got = Tensor::zeros({4});
+  auto delivered = comms[1]->recv(got, 0, 3);
+  delivered->wait();
+  delivered->cancel();
+  delivered->wait();
+  EXPECT_EQ(got.to_vector(), std::vector<float>(4, 7.0f));
+}
+
 TEST(LocalFailures, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   auto comms = make_local_group(3, 400ms);
   std::vector<std::string> errors(3);

@@ -328,6 +328,30 @@ TEST(Pipeline, StagesInSeparateCommunicatorsMatchTheInProcessPipeline) {
   EXPECT_GT(stats[1].loss_sum, 0.0);
 }
 
+// A stage that stops with a receive still posted (its sender never came) withdraws it: the
+// message meant for it, sent later, reaches the next receive of its tag instead of a buffer of a
+// Device that no longer exists (under ASan, the group's release of that buffer was a
+// use-after-free).
+TEST(Pipeline, AStoppedStageWithdrawsItsPostedReceives) {
+  auto comms = comm::make_local_group(2, std::chrono::seconds(5));
+  {
+    PipelineOptions o;
+    o.stages = 2;
+    o.micro_batches = 2;
+    o.timeout = std::chrono::milliseconds(200);
+    Pipeline last(cut(*mlp(), {0, 3, 7}), o, comms[1]);
+    const Batch b = batch(8, 1);
+    EXPECT_THROW(last.forward_backward(b.x, b.y, loss_fn), comm::CommError);
+  }
+  // Stage 1's first receive: the header (tag 1) of micro-batch 0's activations.
+  const std::vector<std::int64_t> shape{2, 4, 32, 0, 0, 0, 0, 0};
+  const Tensor header = Tensor::from_i64(shape, {8});
+  comms[0]->send(header, 1, 1)->wait();
+  Tensor got = Tensor::zeros({8}, DType::I64);
+  comms[1]->recv(got, 0, 1)->wait(std::chrono::seconds(2));
+  EXPECT_EQ(got.to_vector_i64(), header.to_vector_i64());
+}
+
 // Keeps the first 2 columns, then 3, then 2...: an activation whose shape changes from one
 // micro-batch to the next (chunks run their micro-batches in order), which a stage receiving
 // ahead guesses wrong.

@@ -64,6 +64,13 @@ class Work {
   bool completed() const;
   const std::string& what() const { return what_; }
 
+  // Withdraws a recv that no message has matched yet, where the backend can: the Work fails at
+  // once with a CommError, having let go of its buffer (which the caller may then free, with the
+  // Device it lives on), and a later message of its tag goes to a later recv. The local group
+  // can; gloo cannot (a message arriving for a withdrawn receive aborts gloo's transport thread),
+  // nor can any collective: there, and on a completed Work, it does nothing.
+  virtual void cancel() {}
+
   // For backends: mark done, successfully or with the given exception.
   void finish(std::exception_ptr error = nullptr);
 
