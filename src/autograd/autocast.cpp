@@ -13,6 +13,7 @@ namespace hpm::autograd {
 namespace {
 
 thread_local Precision current = Precision::F32;
+thread_local bool outputs_in_bf16 = false;
 
 std::atomic<bool>& fusions_flag() {
   static std::atomic<bool> on{[] {
@@ -57,6 +58,14 @@ AutocastScope::AutocastScope(Precision p) : previous_(current) {
 }
 
 AutocastScope::~AutocastScope() { current = previous_; }
+
+bool bf16_outputs() { return outputs_in_bf16 && current == Precision::BF16 && bf16_fusions(); }
+
+Bf16OutputsScope::Bf16OutputsScope(bool allowed) : previous_(outputs_in_bf16) {
+  outputs_in_bf16 = allowed;
+}
+
+Bf16OutputsScope::~Bf16OutputsScope() { outputs_in_bf16 = previous_; }
 
 bool bf16_fusions() { return fusions_flag().load(std::memory_order_relaxed); }
 void set_bf16_fusions(bool on) { fusions_flag().store(on, std::memory_order_relaxed); }

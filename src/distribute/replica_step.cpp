@@ -42,6 +42,7 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
   ReplicaStepResult out;
   out.rows = batch.rows();
   const autograd::AutocastScope precision(o.precision);
+  const autograd::Bf16OutputsScope outputs_as_read(objective.reads_bf16_outputs());
   const auto micro = micro_batches(batch.rows(), o.micro_batches);
   // A whole batch that is the whole step needs no weights (its scale is R): a language model's
   // weight counts the batch's tokens, a read of the targets the device would wait for.

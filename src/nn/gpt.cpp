@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/autograd/grad_mode.h"
 
 namespace hpm::nn {
@@ -148,7 +149,11 @@ Tensor GPTEmbedding::embed(const Tensor& idx, std::int64_t offset) {
 GPTHead::GPTHead(std::shared_ptr<LayerNorm> ln, std::shared_ptr<Linear> head)
     : ln_(register_module("ln", std::move(ln))), head_(register_module("head", std::move(head))) {}
 
-Tensor GPTHead::forward(const Tensor& x) { return head_->forward_after(*ln_, x); }
+// The logits in bf16 where the objective takes them so (autocast.h): PyTorch's autocast rounds
+// its classifier's output too.
+Tensor GPTHead::forward(const Tensor& x) {
+  return head_->forward_after(*ln_, x, autograd::bf16_outputs() ? DType::BF16 : DType::F32);
+}
 
 // ---- the model --------------------------------------------------------------------------------
 

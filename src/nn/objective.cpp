@@ -152,10 +152,11 @@ void add_accuracy(Metrics& m, const Tensor& hits, double rows) {
 
 ObjectiveResult Classification::compute(const Tensor& outputs, const Batch& batch) const {
   ObjectiveResult r;
-  r.loss = cross_entropy(outputs, batch.targets, smoothing_);
+  Tensor predicted;  // top1_hits' argmax, from the loss's pass over the logits
+  r.loss = cross_entropy(outputs, batch.targets, smoothing_, -100, &predicted);
   const auto rows = static_cast<double>(batch.rows());
   add_loss(r.metrics, r.loss, rows);
-  add_accuracy(r.metrics, top1_hits(outputs, batch.targets, kNoIgnore), rows);
+  add_accuracy(r.metrics, kernels::count_matches(predicted, batch.targets, kNoIgnore), rows);
   return r;
 }
 
@@ -171,9 +172,10 @@ ObjectiveResult LanguageModelling::compute(const Tensor& outputs, const Batch& b
         outputs.shape().str() + " and " + batch.targets.shape().str());
   }
   ObjectiveResult r;
-  r.loss = cross_entropy(outputs, batch.targets, smoothing_, ignore_);
+  Tensor predicted;  // top1_hits' argmax, from the loss's pass over the logits
+  r.loss = cross_entropy(outputs, batch.targets, smoothing_, ignore_, &predicted);
   // The loss is a mean over the counted tokens; both sums wait on the device with the counts.
-  const Tensor counts = top1_hits(outputs, batch.targets, ignore_);
+  const Tensor counts = kernels::count_matches(predicted, batch.targets, ignore_);
   Metrics::Pending loss;
   loss.sum_of = r.loss;
   loss.sum_times_count = true;

@@ -161,6 +161,7 @@ class Pipeline::Stage {
     DeviceGuard on_device(device_);
     ThreadGeneratorGuard with_generator(generator_);
     const autograd::AutocastScope precision(options_.precision);
+    const autograd::Bf16OutputsScope outputs_as_read(objective.reads_bf16_outputs());
     set_num_threads(options_.threads_per_stage);
     if (trace::enabled()) trace::name_thread("stage " + std::to_string(index_));
     settle();  // what a failed step left in flight must not meet this step's messages

@@ -454,10 +454,10 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
 }
 
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                             Tensor& stats, std::int64_t ignore_index) {
+                             Tensor& stats, std::int64_t ignore_index, Tensor* predicted) {
   OpScope scope(Op::kCrossEntropyForward, {&logits, &labels});
-  return scope.backend().cross_entropy_forward(logits, labels, label_smoothing, stats,
-                                               ignore_index);
+  return scope.backend().cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index,
+                                               predicted);
 }
 
 namespace {
@@ -485,11 +485,11 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
 
 Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                                    float label_smoothing, const Tensor& grad,
-                                   std::int64_t ignore_index) {
+                                   std::int64_t ignore_index, bool overwrite_logits) {
   check_cross_entropy_backward(logits, stats, labels, "cross_entropy_backward_bf16");
   OpScope scope(Op::kCrossEntropyBackwardBf16, {&logits, &stats, &labels, &grad});
   return scope.backend().cross_entropy_backward_bf16(logits, stats, labels, label_smoothing, grad,
-                                                     ignore_index);
+                                                     ignore_index, overwrite_logits);
 }
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

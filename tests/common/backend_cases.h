@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -704,6 +705,80 @@ inline std::vector<Case> cases() {
                                                                        to(Tensor::scalar(2.0f)))};
                  },
                  bf16_tolerance});
+  }
+  // The prediction made in cross-entropy's pass is argmax_last's: logits rounded to halves (ties
+  // everywhere), a row whose largest values are -0 then +0 (the first wins), a NaN first (the
+  // answer) and one elsewhere (passed over), a row of -inf; F32 and BF16, in a warp's rows (65
+  // classes) and a block's (5003).
+  for (const std::int64_t classes : {std::int64_t{5003}, std::int64_t{65}}) {
+    for (const bool bf16 : {false, true}) {
+      c.push_back({"cross_entropy_forward predicted " + std::string(bf16 ? "bf16 " : "") +
+                       std::to_string(classes),
+                   Op::kCrossEntropyForward, [classes, bf16](Generator& g, const To& to) {
+                     Tensor x = randn(g, {9, classes});
+                     float* p = x.data<float>();
+                     for (std::int64_t i = 0; i < x.numel(); ++i)
+                       p[i] = std::round(p[i] * 2.0f) / 2.0f;
+                     for (std::int64_t j = 0; j < classes; ++j) {
+                       p[j] = -1.0f - std::fabs(p[j]);
+                       p[3 * classes + j] = -std::numeric_limits<float>::infinity();
+                     }
+                     p[3] = -0.0f;
+                     p[classes - 2] = 0.0f;
+                     p[classes] = std::nanf("");
+                     p[2 * classes + 1] = std::nanf("");
+                     const Tensor logits = bf16 ? kernels::to_bf16(x) : x;
+                     Tensor stats, predicted;
+                     const Tensor loss = kernels::cross_entropy_forward(
+                         to(logits), to(labels(g, 9, classes)), 0.0f, stats, -100, &predicted);
+                     return Outputs{loss, stats, predicted};
+                   }});
+    }
+  }
+  // bf16 logits (a language model's under autocast): across a block (5003) and under a warp
+  // (65); both gradients, the bf16 one also written over the logits; argmax.
+  for (const std::int64_t classes : {std::int64_t{5003}, std::int64_t{65}}) {
+    const std::string size = " bf16 logits " + std::to_string(classes);
+    // The labels, the logits and the CPU forward's statistics, moved.
+    const auto inputs = [classes](Generator& g, const To& to, Tensor& y, Tensor& stats) {
+      Tensor labels_cpu = labels(g, 37, classes), stats_cpu;
+      labels_cpu.data<std::int64_t>()[3] = -100;
+      const Tensor logits = kernels::to_bf16(randn(g, {37, classes}));
+      kernels::cross_entropy_forward(logits, labels_cpu, 0.1f, stats_cpu);
+      y = to(labels_cpu);
+      stats = to(stats_cpu);
+      return to(logits);
+    };
+    c.push_back({"cross_entropy_forward" + size, Op::kCrossEntropyForward,
+                 [inputs](Generator& g, const To& to) {
+                   Tensor y, stats;
+                   const Tensor logits = inputs(g, to, y, stats);
+                   Tensor again;
+                   const Tensor loss = kernels::cross_entropy_forward(logits, y, 0.1f, again);
+                   return Outputs{loss, again};
+                 }});
+    c.push_back({"cross_entropy_backward" + size, Op::kCrossEntropyBackward,
+                 [inputs](Generator& g, const To& to) {
+                   Tensor y, stats;
+                   const Tensor logits = inputs(g, to, y, stats);
+                   return Outputs{kernels::cross_entropy_backward(logits, stats, y, 0.1f,
+                                                                  to(Tensor::scalar(2.0f)))};
+                 }});
+    c.push_back({"cross_entropy_backward_bf16" + size, Op::kCrossEntropyBackwardBf16,
+                 [inputs](Generator& g, const To& to) {
+                   Tensor y, stats;
+                   const Tensor logits = inputs(g, to, y, stats);
+                   const Tensor apart = kernels::cross_entropy_backward_bf16(
+                       logits, stats, y, 0.1f, to(Tensor::scalar(2.0f)));
+                   const Tensor over = kernels::cross_entropy_backward_bf16(
+                       logits.clone(), stats, y, 0.1f, to(Tensor::scalar(2.0f)), -100, true);
+                   return Outputs{apart, over};
+                 },
+                 bf16_tolerance});
+    c.push_back(
+        {"argmax_last" + size, Op::kArgmaxLast, [classes](Generator& g, const To& to) {
+           return Outputs{kernels::argmax_last(to(kernels::to_bf16(randn(g, {37, classes}))))};
+         }});
   }
   for (bool bf16 : {false, true}) {
     const auto q_of = [bf16](const Tensor& t) { return bf16 ? kernels::to_bf16(t) : t; };

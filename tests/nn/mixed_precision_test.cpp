@@ -226,6 +226,7 @@ void expect_bf16_gradients_near_f32(nn::Module& model, const nn::Objective& obje
   const auto gradients = [&](Precision p) {
     model.zero_grad();
     AutocastScope scope(p);
+    const autograd::Bf16OutputsScope outputs(objective.reads_bf16_outputs());  // as a step does
     objective.compute(model.forward(batch.inputs), batch).loss.backward();
     std::vector<std::vector<float>> g;
     for (const auto& [name, t] : model.named_parameters()) g.push_back(t.grad().to_vector());

@@ -117,6 +117,44 @@ TEST(Bf16, TheCpusBf16ProductOutputsEqualTheRoundedF32ProductsBitForBit) {
                    cpu::to_bf16(kernels::matmul(xt, w, true, true)), "matmul of a^T");
 }
 
+// A language model's bf16 logits: cross-entropy (loss, statistics, both gradients), and argmax,
+// give what the logits' f32 widening gives, bit for bit; the bf16 gradient written over the
+// logits equals the one written apart. 1000 classes, a smoothed loss and an ignored row.
+TEST(Bf16, CrossEntropyAndArgmaxOfBf16LogitsEqualThoseOfTheirWidening) {
+  Generator gen(21);
+  const Tensor logits = cpu::to_bf16(Tensor::randn({2, 6, 1000}, gen));
+  const Tensor wide = cpu::to_f32(logits);
+  std::vector<std::int64_t> y;
+  for (int i = 0; i < 12; ++i) y.push_back((i * 379) % 1000);
+  y[5] = -100;
+  const Tensor labels = Tensor::from_i64(y, Shape{2, 6});
+  Tensor stats, stats_wide;
+  const Tensor loss = kernels::cross_entropy_forward(logits, labels, 0.1f, stats);
+  const Tensor loss_wide = kernels::cross_entropy_forward(wide, labels, 0.1f, stats_wide);
+  expect_same_bits(loss, loss_wide, "loss");
+  expect_same_bits(stats, stats_wide, "stats");
+  const Tensor g = Tensor::scalar(0.75f);
+  expect_same_bits(kernels::cross_entropy_backward(logits, stats, labels, 0.1f, g),
+                   kernels::cross_entropy_backward(wide, stats, labels, 0.1f, g), "f32 gradient");
+  const Tensor expected = kernels::cross_entropy_backward_bf16(wide, stats, labels, 0.1f, g);
+  expect_same_bits(kernels::cross_entropy_backward_bf16(logits, stats, labels, 0.1f, g), expected,
+                   "bf16 gradient");
+  expect_same_bits(expected,
+                   cpu::to_bf16(kernels::cross_entropy_backward(wide, stats, labels, 0.1f, g)),
+                   "bf16 gradient = the f32 one rounded");
+  const Tensor overwritten = logits.clone();
+  const Tensor in_place = kernels::cross_entropy_backward_bf16(overwritten, stats, labels, 0.1f, g,
+                                                               -100, /*overwrite_logits=*/true);
+  EXPECT_EQ(in_place.raw_data(), overwritten.raw_data());
+  expect_same_bits(in_place, expected, "bf16 gradient over the logits");
+  EXPECT_EQ(kernels::argmax_last(logits).to_vector_i64(),
+            kernels::argmax_last(wide).to_vector_i64());
+  Tensor predicted, again;
+  kernels::cross_entropy_forward(logits, labels, 0.1f, again, -100, &predicted);
+  EXPECT_EQ(predicted.shape(), labels.shape());
+  EXPECT_EQ(predicted.to_vector_i64(), kernels::argmax_last(wide).to_vector_i64());
+}
+
 // Products of bf16 values are exact in f32, so gemm_bf16 equals an f32 GEMM of the rounded
 // operands up to the order of the f32 sums.
 TEST(Bf16, GemmEqualsF32GemmOfRoundedOperands) {

@@ -25,7 +25,9 @@
 //     read as they are: with the products' inputs, a transformer's saved activations are bf16;
 //   - parameters, their gradients and the optimizer state stay f32 (the master weights): a
 //     product converts its weight when it runs.
-// Outputs are f32 tensors either way, so nothing outside the products sees a bf16 tensor.
+// Outputs are f32 tensors either way, so nothing outside the products sees a bf16 tensor, with
+// one exception that its consumer asks for: a language model's logits, which its objective's
+// cross-entropy and accuracy read as they are (Bf16OutputsScope below).
 // Two savings keep that rule's values (autograd/ops/fused_linear.cpp, node.h's Bf16Grad): GELU,
 // layer norm and attention write the next product's bf16 operand in the pass that computes
 // them, and a gradient a product's rule would round first thing is handed to it in bf16.
@@ -61,6 +63,24 @@ class AutocastScope {
 
 // Throws the error above when bf16 is not native here; config checks call it before training.
 void require_native_bf16();
+
+// Whether a model may hand its outputs to its objective in bf16 (GPT's logits: the classifier's
+// product writes them so, as under torch.autocast; half the bytes of the step's largest tensor,
+// written once and read by the loss, its gradient and the accuracy): true under BF16 with the
+// fusions on, inside a Bf16OutputsScope that allows it. A training step opens one for its forward
+// and backward where its objective reads bf16 outputs (nn::Objective::reads_bf16_outputs);
+// nowhere else (evaluation, sampling, distillation's losses) does a model output bf16.
+bool bf16_outputs();
+class Bf16OutputsScope {
+ public:
+  explicit Bf16OutputsScope(bool allowed);
+  ~Bf16OutputsScope();
+  Bf16OutputsScope(const Bf16OutputsScope&) = delete;
+  Bf16OutputsScope& operator=(const Bf16OutputsScope&) = delete;
+
+ private:
+  bool previous_;
+};
 
 // Whether the fused products and bf16 gradients above are on (every thread; HPM_BF16_FUSIONS=0
 // at start turns them off).

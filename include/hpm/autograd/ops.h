@@ -114,9 +114,10 @@ Tensor log_softmax(const Tensor& x, int dim = -1);
 // softmax over the entries where mask is false; a row masked everywhere gives zeros.
 Tensor masked_softmax(const Tensor& x, const Tensor& mask, int dim = -1);
 // Mean over the rows of logits (..., C) whose label (...) is not ignore_index: (N, C) for a
-// classifier, (B, T, V) for a language model.
+// classifier, (B, T, V) for a language model. With `predicted`, also each row's argmax (I64, the
+// labels' shape; kernels::argmax_last's) from the same pass over the logits.
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing = 0.0f,
-                     std::int64_t ignore_index = -100);
+                     std::int64_t ignore_index = -100, Tensor* predicted = nullptr);
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels);
 Tensor mse_loss(const Tensor& input, const Tensor& target);
 // KL(target || exp(input)) summed over classes and divided by the batch size, as PyTorch's

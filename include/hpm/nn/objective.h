@@ -93,6 +93,9 @@ class Objective {
   // label-smoothed run is evaluated on its labels alone, a distilled or codistilled one by its
   // base objective, without the teachers' term).
   virtual const Objective* evaluation() const { return nullptr; }
+  // Whether compute() reads bf16 outputs as they are (autograd::bf16_outputs): its every use of
+  // them accepts BF16 (cross-entropy, top-1 hits).
+  virtual bool reads_bf16_outputs() const { return false; }
   virtual std::string name() const = 0;
 };
 
@@ -104,6 +107,7 @@ class Classification : public Objective {
   std::vector<std::string> metric_names(const Batch&) const override {
     return {"loss", "accuracy"};
   }
+  bool reads_bf16_outputs() const override { return true; }
   std::string name() const override { return "classification"; }
 
  private:
@@ -124,6 +128,7 @@ class LanguageModelling : public Objective {
   }
   void derive(Metrics& m) const override;
   const Objective* evaluation() const override { return plain_ ? plain_.get() : this; }
+  bool reads_bf16_outputs() const override { return true; }
   std::string name() const override { return "language_modelling"; }
 
  private:

@@ -166,14 +166,15 @@ class Backend {
   virtual Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) = 0;
   virtual Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels,
                                        float label_smoothing, Tensor& stats,
-                                       std::int64_t ignore_index) = 0;
+                                       std::int64_t ignore_index, Tensor* predicted) = 0;
   virtual Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats,
                                         const Tensor& labels, float label_smoothing,
                                         const Tensor& grad, std::int64_t ignore_index,
                                         bool overwrite_logits) = 0;
   virtual Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats,
                                              const Tensor& labels, float label_smoothing,
-                                             const Tensor& grad, std::int64_t ignore_index) = 0;
+                                             const Tensor& grad, std::int64_t ignore_index,
+                                             bool overwrite_logits) = 0;
   virtual Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                    float scale, Tensor& lse) = 0;
   virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,

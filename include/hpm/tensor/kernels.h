@@ -84,7 +84,8 @@ Tensor sum_dim(const Tensor& x, int dim, bool keepdim);
 Tensor sum_to(const Tensor& x, const Shape& shape);
 // Expands x to `shape` (x broadcastable to it).
 Tensor broadcast_to(const Tensor& x, const Shape& shape);
-// Index of the largest value along the last dimension: (..., D) -> (...) as I64.
+// Index of the largest value along the last dimension: (..., D) -> (...) as I64; x F32 or BF16
+// (bf16 logits of a language model under autocast).
 Tensor argmax_last(const Tensor& x);
 // Top-1 accuracy's counts, left on the device: an I64 (2) tensor of [matches, counted] over I64
 // `predicted` and `labels` of equal size, counting the labels that are not `ignore_index` and,
@@ -97,13 +98,18 @@ Tensor log_softmax(const Tensor& x, int dim);
 Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 // Mean cross-entropy (a 0-d tensor) of logits(..., C) against labels(...) with label smoothing
-// eps, over the rows whose label is not ignore_index. Writes `stats`, F32 (rows, 2): each row's
-// max and 1 / sum(exp(x - max)), from which the backward recomputes softmax(logits) bit for bit
-// rather than keep a (rows, C) tensor of probabilities (GPT-2's classifier on 16 x 1024 tokens:
-// 3.3 GB). A label outside [0, C) is a std::out_of_range naming it: at the op on the CPU, at the
-// next copy from the device on a GPU (which does not wait for the check at the op).
+// eps, over the rows whose label is not ignore_index. Logits F32, or BF16 (here and in both
+// backwards: read widened, the result that of their f32 widening). Writes `stats`, F32 (rows, 2):
+// each row's max and 1 / sum(exp(x - max)), from which the backward recomputes softmax(logits) bit
+// for bit rather than keep a (rows, C) tensor of probabilities (GPT-2's classifier on 16 x 1024
+// tokens: 3.3 GB). A label outside [0, C) is a std::out_of_range naming it: at the op on the CPU,
+// at the next copy from the device on a GPU (which does not wait for the check at the op).
+// With `predicted`, it also receives argmax_last(logits) (I64, the labels' shape), found in the
+// same pass over the logits: a classifier's accuracy then costs no read of them of its own (a
+// GPT-2's logits: 1.6 GB in bf16).
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                             Tensor& stats, std::int64_t ignore_index = -100);
+                             Tensor& stats, std::int64_t ignore_index = -100,
+                             Tensor* predicted = nullptr);
 // d loss / d logits (softmax - smoothed one-hot over the counted rows), scaled by grad (the
 // upstream 0-d gradient); zero on ignored rows. `stats` is the forward's. With overwrite_logits
 // the gradient is written over the logits, which the caller must no longer need, and returned as
@@ -112,10 +118,11 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
                               float label_smoothing, const Tensor& grad,
                               std::int64_t ignore_index = -100, bool overwrite_logits = false);
 // The same rounded to bf16 in the pass that computes it: the gradient a bf16 classifier's product
-// takes as it is (half the bytes of an f32 one, and no rounding pass of its own).
+// takes as it is (half the bytes of an f32 one, and no rounding pass of its own). With
+// overwrite_logits and BF16 logits it is written over them, as above.
 Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                                    float label_smoothing, const Tensor& grad,
-                                   std::int64_t ignore_index = -100);
+                                   std::int64_t ignore_index = -100, bool overwrite_logits = false);
 // Its gradients, scaled by grad (0-d); fills whichever pointer is non-null.
 void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs, const Tensor& target_probs,
                      Tensor* grad_input, Tensor* grad_target);

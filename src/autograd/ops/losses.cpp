@@ -35,14 +35,14 @@ Tensor masked_softmax(const Tensor& x, const Tensor& mask, int dim) {
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                     std::int64_t ignore_index) {
+                     std::int64_t ignore_index, Tensor* predicted) {
   if (label_smoothing < 0.0f || label_smoothing > 1.0f) {
     throw std::invalid_argument("label_smoothing must be in [0, 1]");
   }
   // The backward keeps the logits and two numbers a row, not a (rows, C) tensor of probabilities.
   Tensor stats;
-  Tensor loss =
-      kernels::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index);
+  Tensor loss = kernels::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index,
+                                               predicted);
   const Tensor kept = logits.detach();
   // The logits' gradient in bf16 when it goes to a bf16 product's rule (a classifier under bf16
   // autocast), which would round it first thing: half the bytes written, no rounding pass there.
@@ -50,14 +50,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smo
   return record("CrossEntropy", {logits}, loss,
                 [kept, stats, labels, label_smoothing, ignore_index, bf16_grad](const Tensor& g,
                                                                                 const Needs&) {
+                  // When nothing but this backward holds the logits' memory (the training step
+                  // dropped its outputs), the gradient is written over them where it has their
+                  // dtype: no second (rows, C) tensor. Else someone may still read them, and they
+                  // stay as they are.
+                  const bool sole = kept.impl()->storage.use_count() == 1;
                   if (bf16_grad) {
                     return Tensors{kernels::cross_entropy_backward_bf16(
-                        kept, stats, labels, label_smoothing, g, ignore_index)};
+                        kept, stats, labels, label_smoothing, g, ignore_index, sole)};
                   }
-                  // When nothing but this backward holds the logits' memory (the training step
-                  // dropped its outputs), the gradient is written over them: no second (rows, C)
-                  // tensor. Else someone may still read them, and they stay as they are.
-                  const bool sole = kept.impl()->storage.use_count() == 1;
                   return Tensors{kernels::cross_entropy_backward(
                       kept, stats, labels, label_smoothing, g, ignore_index, sole)};
                 });

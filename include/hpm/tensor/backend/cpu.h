@@ -94,7 +94,7 @@ Tensor sum_dim(const Tensor& x, int dim, bool keepdim);
 Tensor sum_to(const Tensor& x, const Shape& shape);
 // Expands x to `shape` (x broadcastable to it).
 Tensor broadcast_to(const Tensor& x, const Shape& shape);
-// Index of the largest value along the last dimension: (..., D) -> (...) as I64.
+// Index of the largest value along the last dimension: (..., D) -> (...) as I64; x F32 or BF16.
 Tensor argmax_last(const Tensor& x);
 
 // ---- softmax and losses ----------------------------------------------------------------------
@@ -104,9 +104,10 @@ Tensor softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 // Mean cross-entropy of logits(..., C) against labels(...) with label smoothing eps, over the
 // rows whose label is not ignore_index; writes each row's max and 1 / sum(exp(x - max)) to
-// `stats` (rows, 2) for the backward (kernels.h).
+// `stats` (rows, 2) for the backward, and with `predicted` each row's argmax_last (kernels.h).
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                            Tensor& stats, std::int64_t ignore_index = -100);
+                            Tensor& stats, std::int64_t ignore_index = -100,
+                            Tensor* predicted = nullptr);
 // Mean of -log_probs(N,C) at labels(N); its gradient, -grad / N at the labels.
 float nll_loss_forward(const Tensor& log_probs, const Tensor& labels);
 Tensor nll_loss_backward(float grad, const Tensor& labels, const Shape& shape);
@@ -114,10 +115,12 @@ Tensor nll_loss_backward(float grad, const Tensor& labels, const Shape& shape);
 float kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs);
 void kl_div_backward(float grad, const Tensor& input_log_probs, const Tensor& target_probs,
                      Tensor* grad_input, Tensor* grad_target);
-// d loss / d logits, scaled by grad (the upstream scalar); zero on ignored rows.
+// d loss / d logits, scaled by grad (the upstream scalar); zero on ignored rows. Logits F32 or
+// BF16 (here and in the forward); the gradient F32 or BF16 (`out`: computed in f32, rounded as
+// stored), written over the logits when overwrite_logits and they are of its dtype.
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                               float label_smoothing, float grad, std::int64_t ignore_index = -100,
-                              bool overwrite_logits = false);
+                              bool overwrite_logits = false, DType out = DType::F32);
 
 // ---- attention -------------------------------------------------------------------------------
 // Fused scaled dot-product attention, softmax(scale q k^T [causal mask]) v, tiled so that the

@@ -190,9 +190,10 @@ class CpuBackend final : public Backend {
   }
 
   Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                               Tensor& stats, std::int64_t ignore_index) override {
-    return Tensor::scalar(
-        cpu::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index));
+                               Tensor& stats, std::int64_t ignore_index,
+                               Tensor* predicted) override {
+    return Tensor::scalar(cpu::cross_entropy_forward(logits, labels, label_smoothing, stats,
+                                                     ignore_index, predicted));
   }
 
   Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
@@ -203,9 +204,10 @@ class CpuBackend final : public Backend {
   }
   Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats,
                                      const Tensor& labels, float label_smoothing,
-                                     const Tensor& grad, std::int64_t ignore_index) override {
-    return cpu::to_bf16(cpu::cross_entropy_backward(logits, stats, labels, label_smoothing,
-                                                    grad.item(), ignore_index, false));
+                                     const Tensor& grad, std::int64_t ignore_index,
+                                     bool overwrite_logits) override {
+    return cpu::cross_entropy_backward(logits, stats, labels, label_smoothing, grad.item(),
+                                       ignore_index, overwrite_logits, DType::BF16);
   }
 
   Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "broadcast.h"
 #include "hpm/tensor/backend/cpu.h"
@@ -386,10 +387,17 @@ Tensor argmax_last(const Tensor& x) {
   const std::int64_t d = x.size(-1), rows = x.numel() / d;
   std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
   Tensor y = Tensor::empty(Shape(dims), DType::I64, x.device());
-  const float* px = x.data<float>();
+  // A BF16 row is widened first (bf16 values compare as their f32 widenings do).
+  const bool bf16 = x.dtype() == DType::BF16;
+  std::vector<float> widened(bf16 ? static_cast<std::size_t>(d) : 0);
   auto* py = y.data<std::int64_t>();
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = px + r * d;
+    const float* row = widened.data();
+    if (bf16) {
+      bf16_to_f32(x.data<std::uint16_t>() + r * d, widened.data(), d);
+    } else {
+      row = x.data<float>() + r * d;
+    }
     std::int64_t best = 0;
     for (std::int64_t j = 1; j < d; ++j)
       if (row[j] > row[best]) best = j;

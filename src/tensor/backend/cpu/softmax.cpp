@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "hpm/tensor/backend/cpu.h"
 
@@ -52,15 +53,42 @@ Tensor softmax_impl(const Tensor& x, int dim) {
   return y;
 }
 
+// The rows of F32 or BF16 logits (..., C) as floats: a BF16 row widened into a scratch row, so
+// that bf16 logits give exactly what their f32 widening would.
+class LogitRows {
+ public:
+  explicit LogitRows(const Tensor& logits) : c_(logits.size(-1)) {
+    if (logits.dtype() == DType::BF16) {
+      bits_ = logits.data<std::uint16_t>();
+      scratch_.resize(static_cast<std::size_t>(c_));
+    } else {
+      f32_ = logits.data<float>();
+    }
+  }
+  const float* row(std::int64_t i) {
+    if (f32_ != nullptr) return f32_ + i * c_;
+    bf16_to_f32(bits_ + i * c_, scratch_.data(), c_);
+    return scratch_.data();
+  }
+
+ private:
+  std::int64_t c_;
+  const float* f32_ = nullptr;
+  const std::uint16_t* bits_ = nullptr;
+  std::vector<float> scratch_;
+};
+
 // logits (..., C) and I64 labels (...); returns the number of rows (the product of "...").
 std::int64_t check_labels(const Tensor& logits, const Tensor& labels, std::int64_t ignore_index) {
-  bool ok = logits.dim() >= 2 && labels.dim() == logits.dim() - 1 && labels.dtype() == DType::I64;
+  bool ok = logits.dim() >= 2 && labels.dim() == logits.dim() - 1 && labels.dtype() == DType::I64 &&
+            (logits.dtype() == DType::F32 || logits.dtype() == DType::BF16);
   for (int i = 0; ok && i < labels.dim(); ++i) ok = labels.size(i) == logits.size(i);
   if (!ok) {
     throw std::invalid_argument(
-        "cross_entropy: expected logits (..., C) and I64 labels (...) with the same leading "
-        "dimensions, got " +
-        logits.shape().str() + " and " + labels.shape().str());
+        "cross_entropy: expected F32 or BF16 logits (..., C) and I64 labels (...) with the same "
+        "leading dimensions, got " +
+        logits.shape().str() + " " + dtype_name(logits.dtype()) + " and " + labels.shape().str() +
+        " " + dtype_name(labels.dtype()));
   }
   const auto* y = labels.data<std::int64_t>();
   const std::int64_t c = logits.size(-1);
@@ -123,18 +151,29 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
 // loss_i = (1 - eps) * -log p[i, y_i] + eps * mean_c(-log p[i, c]), averaged over the rows i
 // whose label is not ignore_index (NaN when every row is ignored, as PyTorch).
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                            Tensor& stats, std::int64_t ignore_index) {
+                            Tensor& stats, std::int64_t ignore_index, Tensor* predicted) {
   const std::int64_t n = check_labels(logits, labels, ignore_index), c = logits.size(-1);
   stats = Tensor::empty(Shape{n, 2}, DType::F32, logits.device());
-  const float* px = logits.data<float>();
+  std::int64_t* pred = nullptr;
+  if (predicted != nullptr) {
+    *predicted = Tensor::empty(labels.shape(), DType::I64, logits.device());
+    pred = predicted->data<std::int64_t>();
+  }
+  LogitRows rows(logits);
   float* ps = stats.data<float>();
   const auto* y = labels.data<std::int64_t>();
   double total = 0.0;
   std::int64_t counted = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    const float* row = px + i * c;
+    const float* row = rows.row(i);
     float mx = row[0];
     for (std::int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
+    if (pred != nullptr) {  // argmax_last's loop, on the row while it is in cache
+      std::int64_t best = 0;
+      for (std::int64_t j = 1; j < c; ++j)
+        if (row[j] > row[best]) best = j;
+      pred[i] = best;
+    }
     double sum = 0.0;
     for (std::int64_t j = 0; j < c; ++j) sum += std::exp(row[j] - mx);
     const double lse = mx + std::log(sum);
@@ -153,31 +192,36 @@ float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float la
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                               float label_smoothing, float grad, std::int64_t ignore_index,
-                              bool overwrite_logits) {
+                              bool overwrite_logits, DType out) {
   const std::int64_t n = labels.numel(), c = logits.size(-1);
-  // In place, each element is read before it is written, by the same iteration.
-  Tensor gx =
-      overwrite_logits ? logits : Tensor::empty(logits.shape(), DType::F32, logits.device());
-  const float* px = logits.data<float>();
+  // In place, each row is read (a BF16 one widened whole) before it is written.
+  Tensor gx = overwrite_logits && logits.dtype() == out
+                  ? logits
+                  : Tensor::empty(logits.shape(), out, logits.device());
+  LogitRows rows(logits);
   const float* ps = stats.data<float>();
   const auto* y = labels.data<std::int64_t>();
-  float* pg = gx.data<float>();
+  // A BF16 gradient row is computed in f32, then rounded as it is stored.
+  std::vector<float> row_f32(out == DType::BF16 ? static_cast<std::size_t>(c) : 0);
   std::int64_t counted = 0;
   for (std::int64_t i = 0; i < n; ++i) counted += y[i] != ignore_index;
   const float scale = grad / static_cast<float>(counted);
   const float smooth = label_smoothing / static_cast<float>(c);
   for (std::int64_t i = 0; i < n; ++i) {
+    const float* px = rows.row(i);
+    float* pg = out == DType::BF16 ? row_f32.data() : gx.data<float>() + i * c;
     if (y[i] == ignore_index) {
-      std::fill(pg + i * c, pg + (i + 1) * c, 0.0f);
-      continue;
+      std::fill(pg, pg + c, 0.0f);
+    } else {
+      // softmax as the forward's rows had it: exp(x - max) * (1 / sum), in float.
+      const float mx = ps[2 * i], inv = ps[2 * i + 1];
+      for (std::int64_t j = 0; j < c; ++j) {
+        const float p = std::exp(px[j] - mx) * inv;
+        pg[j] = (p - smooth) * scale;
+      }
+      pg[y[i]] -= (1.0f - label_smoothing) * scale;
     }
-    // softmax as the forward's rows had it: exp(x - max) * (1 / sum), in float.
-    const float mx = ps[2 * i], inv = ps[2 * i + 1];
-    for (std::int64_t j = 0; j < c; ++j) {
-      const float p = std::exp(px[i * c + j] - mx) * inv;
-      pg[i * c + j] = (p - smooth) * scale;
-    }
-    pg[i * c + y[i]] -= (1.0f - label_smoothing) * scale;
+    if (out == DType::BF16) f32_to_bf16(pg, gx.data<std::uint16_t>() + i * c, c);
   }
   return gx;
 }

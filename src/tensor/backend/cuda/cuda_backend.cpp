@@ -152,8 +152,10 @@ class CudaBackend final : public Backend {
     return cuda::log_softmax_backward(grad_y, y, dim);
   }
   Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                               Tensor& stats, std::int64_t ignore_index) override {
-    return cuda::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index);
+                               Tensor& stats, std::int64_t ignore_index,
+                               Tensor* predicted) override {
+    return cuda::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index,
+                                       predicted);
   }
   Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                                 float label_smoothing, const Tensor& grad,
@@ -163,9 +165,10 @@ class CudaBackend final : public Backend {
   }
   Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats,
                                      const Tensor& labels, float label_smoothing,
-                                     const Tensor& grad, std::int64_t ignore_index) override {
+                                     const Tensor& grad, std::int64_t ignore_index,
+                                     bool overwrite_logits) override {
     return cuda::cross_entropy_backward_bf16(logits, stats, labels, label_smoothing, grad,
-                                             ignore_index);
+                                             ignore_index, overwrite_logits);
   }
   Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                            float scale, Tensor& lse) override {

@@ -20,14 +20,14 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 // Returns a 0-d F32 tensor on the device. Checks the labels on the device; a bad one is the CPU's
 // std::out_of_range, thrown at the host's next copy from the device (deferred_checks.h).
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                             Tensor& stats, std::int64_t ignore_index);
+                             Tensor& stats, std::int64_t ignore_index, Tensor* predicted);
 // `grad` is the 0-d upstream gradient on the device, read by the kernel (no host wait).
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                               float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
                               bool overwrite_logits);
 Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                                    float label_smoothing, const Tensor& grad,
-                                   std::int64_t ignore_index);
+                                   std::int64_t ignore_index, bool overwrite_logits);
 
 // ---- attention (attention.cu) -----------------------------------------------------------------
 // F32 or BF16 q, k, v (the BF16 path rounds as attention_bf16.cpp); head size up to 256.

@@ -320,16 +320,18 @@ __device__ inline Best better(Best a, Best b) {
 
 // One warp per row. The CPU keeps the first j with row[j] > row[best], starting from best = 0:
 // the first largest of the non-NaN values, except that a NaN first element (which no comparison
-// beats) stays the answer; an all-NaN row gives 0 too.
-__global__ void argmax_last_kernel(const float* x, std::int64_t rows, std::int64_t d,
+// beats) stays the answer; an all-NaN row gives 0 too. In: float, or std::uint16_t for bf16
+// (compared as its f32 widening).
+template <typename In>
+__global__ void argmax_last_kernel(const In* x, std::int64_t rows, std::int64_t d,
                                    std::int64_t* y) {
   const unsigned lane = threadIdx.x % 32;
   const std::int64_t warps = grid_stride() / 32;
   for (std::int64_t r = first_index() / 32; r < rows; r += warps) {
-    const float* row = x + r * d;
+    const In* row = x + r * d;
     Best best{0.0f, -1};
     for (std::int64_t j = lane; j < d; j += 32) {
-      const float v = row[j];
+      const float v = as_f32(row[j]);
       if (v == v && (best.index < 0 || v > best.value)) best = {v, j};  // first max in the lane
     }
     for (int offset = 16; offset > 0; offset /= 2) {
@@ -338,7 +340,7 @@ __global__ void argmax_last_kernel(const float* x, std::int64_t rows, std::int64
       best = better(best, other);
     }
     if (lane == 0) {
-      const float first = row[0];
+      const float first = as_f32(row[0]);
       y[r] = (first != first || best.index < 0) ? 0 : best.index;
     }
   }
@@ -512,7 +514,7 @@ Tensor count_matches(const Tensor& predicted, const Tensor& labels, std::int64_t
 
 Tensor argmax_last(const Tensor& x) {
   const std::int64_t d = x.size(-1);
-  require_dtype(x, DType::F32);
+  if (x.dtype() != DType::BF16) require_dtype(x, DType::F32);
   if (d == 0) {  // the CPU would divide by zero
     throw std::invalid_argument("argmax_last: empty last dimension in " + x.shape().str());
   }
@@ -522,8 +524,13 @@ Tensor argmax_last(const Tensor& x) {
   if (rows > 0) {
     constexpr std::int64_t kRowsPerBlock = kThreads / 32;
     const auto blocks = static_cast<unsigned>(std::min(ceil_div(rows, kRowsPerBlock), kMaxGrid));
-    argmax_last_kernel<<<blocks, kThreads, 0, current_stream()>>>(ptr<const float>(x), rows, d,
-                                                                  ptr<std::int64_t>(y));
+    if (x.dtype() == DType::BF16) {
+      argmax_last_kernel<<<blocks, kThreads, 0, current_stream()>>>(ptr<const std::uint16_t>(x),
+                                                                    rows, d, ptr<std::int64_t>(y));
+    } else {
+      argmax_last_kernel<<<blocks, kThreads, 0, current_stream()>>>(ptr<const float>(x), rows, d,
+                                                                    ptr<std::int64_t>(y));
+    }
     HPM_CUDA_LAUNCH_CHECK("argmax_last");
   }
   return y;

@@ -45,6 +45,11 @@ Axis split_axis(const Shape& s, int dim) {
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
 };
+struct MaxKeyOp {
+  __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const {
+    return a > b ? a : b;
+  }
+};
 struct SumOp {
   template <typename T>
   __device__ T operator()(T a, T b) const {
@@ -276,43 +281,68 @@ Tensor softmax_backward_impl(const Tensor& grad_y, const Tensor& y, int dim) {
 // ---- cross-entropy
 // -------------------------------------------------------------------------------
 
+// argmax_last's choice (the first largest element, NaNs passed over, except that a NaN first
+// element is the answer) as a maximum that reduces in any order: the value's order-preserving
+// bits (-0 counted as +0, which compares equal to it) above the complement of its index (of two
+// equal values, the first). A NaN has key 0, below every number's.
+__device__ inline unsigned long long argmax_key(float v, std::int64_t j) {
+  if (v != v) return 0;
+  const std::uint32_t u = __float_as_uint(__fadd_rn(v, 0.0f));
+  const std::uint32_t ordered = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(ordered) << 32) |
+         (0xffffffffu - static_cast<std::uint32_t>(j));
+}
+__device__ inline std::int64_t argmax_of_key(unsigned long long best, float first) {
+  if (first != first || best == 0) return 0;
+  return static_cast<std::int64_t>(0xffffffffu - static_cast<std::uint32_t>(best & 0xffffffffu));
+}
+
 // Per row of `c` logits: its max and 1 / sum(exp(x - max)) into stats (the backward recomputes
 // softmax from them), and the row's loss term (0 for an ignored row)
 //   (1 - eps) * (lse - x[label]) + eps * mean_c(lse - x[c])
 // in double, as the CPU's. A label neither ignore_index nor in [0, c) records its row in
 // *error (the smallest such row wins: atomicMin's result does not depend on the order) and
-// is not read through.
-template <bool kWarp>
-__global__ void cross_entropy_rows_kernel(const float* __restrict__ logits,
+// is not read through. In: float, or std::uint16_t for bf16 logits (widened as read).
+// With `predicted`, each row's argmax_last too, from the same reads: the largest argmax_key.
+template <bool kWarp, typename In>
+__global__ void cross_entropy_rows_kernel(const In* __restrict__ logits,
                                           const std::int64_t* __restrict__ labels,
                                           float* __restrict__ stats, double* __restrict__ row_loss,
                                           unsigned long long* __restrict__ error, std::int64_t rows,
                                           std::int64_t c, double smoothing,
-                                          std::int64_t ignore_index) {
+                                          std::int64_t ignore_index,
+                                          std::int64_t* __restrict__ predicted) {
   const Team<kWarp> team;
   for (std::int64_t row = team.first_row; row < rows; row += team.row_stride) {
-    const float* xr = logits + row * c;
+    const In* xr = logits + row * c;
     float mx = kNegInf;
-    for (std::int64_t j = team.rank; j < c; j += team.size) mx = fmaxf(mx, xr[j]);
+    unsigned long long best = 0;
+    for (std::int64_t j = team.rank; j < c; j += team.size) {
+      const float v = as_f32(xr[j]);
+      mx = fmaxf(mx, v);
+      if (predicted != nullptr) best = MaxKeyOp{}(best, argmax_key(v, j));
+    }
     mx = team.reduce(mx, MaxOp{}, kNegInf);
+    if (predicted != nullptr) best = team.reduce(best, MaxKeyOp{}, 0ull);
     double sum = 0.0;
-    for (std::int64_t j = team.rank; j < c; j += team.size) sum += expf(xr[j] - mx);
+    for (std::int64_t j = team.rank; j < c; j += team.size) sum += expf(as_f32(xr[j]) - mx);
     sum = team.reduce(sum, SumOp{}, 0.0);
     const double lse = mx + log(sum);
     const auto inv = static_cast<float>(1.0 / sum);
     double nll_sum = 0.0;
-    for (std::int64_t j = team.rank; j < c; j += team.size) nll_sum += lse - xr[j];
+    for (std::int64_t j = team.rank; j < c; j += team.size) nll_sum += lse - as_f32(xr[j]);
     nll_sum = team.reduce(nll_sum, SumOp{}, 0.0);
     if (team.rank != 0) continue;
     stats[2 * row] = mx;
     stats[2 * row + 1] = inv;
+    if (predicted != nullptr) predicted[row] = argmax_of_key(best, as_f32(xr[0]));
     const std::int64_t y = labels[row];
     double loss = 0.0;
     if (y != ignore_index) {
       if (y < 0 || y >= c) {
         atomicMin(error, static_cast<unsigned long long>(row));
       } else {
-        const double nll = lse - xr[y];
+        const double nll = lse - as_f32(xr[y]);
         loss = (1.0 - smoothing) * nll + smoothing * nll_sum / static_cast<double>(c);
       }
     }
@@ -364,10 +394,11 @@ __global__ void count_labels_kernel(const std::int64_t* __restrict__ labels, std
 // scale = grad / counted (grad the 0-d upstream gradient on the device); 0 on ignored rows.
 // gx may be logits itself (overwrite_logits): each element is read, then written, by one thread.
 // A block per row (rows strided over the grid), its threads across the row's C logits: the row's
-// statistics and label read once, no division per element. Out is float, or std::uint16_t for the
-// gradient rounded to bf16 as it is written.
-template <typename Out>
-__global__ void cross_entropy_backward_kernel(const float* logits, const float* __restrict__ stats,
+// statistics and label read once, no division per element. In and Out are float, or
+// std::uint16_t for bf16 logits (widened as read) and the gradient rounded to bf16 as it is
+// written; gx may be logits when they are one type.
+template <typename In, typename Out>
+__global__ void cross_entropy_backward_kernel(const In* logits, const float* __restrict__ stats,
                                               const std::int64_t* __restrict__ labels,
                                               const float* __restrict__ grad,
                                               const float* __restrict__ count, Out* gx,
@@ -378,14 +409,14 @@ __global__ void cross_entropy_backward_kernel(const float* logits, const float* 
   for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const std::int64_t y = labels[row];
     const float max = stats[2 * row], inv_sum = stats[2 * row + 1];
-    const float* lr = logits + row * c;
+    const In* lr = logits + row * c;
     Out* gr = gx + row * c;
     for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) {
       float v = 0.0f;
       if (y != ignore_index) {
         // softmax as the forward's row had it, rounded before the subtraction (no FMA), as the
         // CPU's.
-        const float p = __fmul_rn(expf(lr[j] - max), inv_sum);
+        const float p = __fmul_rn(expf(as_f32(lr[j]) - max), inv_sum);
         v = (p - smooth) * scale;
         if (j == y) v -= (1.0f - smoothing) * scale;
       }
@@ -415,10 +446,18 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
 }
 
 Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                             Tensor& stats, std::int64_t ignore_index) {
+                             Tensor& stats, std::int64_t ignore_index, Tensor* predicted) {
   const std::int64_t n = check_labels(logits, labels), c = logits.size(-1);
-  require_dtype(logits, DType::F32);
   stats = Tensor::empty(Shape{n, 2}, DType::F32);
+  std::int64_t* pp = nullptr;
+  if (predicted != nullptr) {
+    if (c > std::int64_t{0xffffffff}) {  // argmax_key's index field
+      throw std::invalid_argument("cross_entropy: " + std::to_string(c) +
+                                  " classes are too many to predict in the same pass");
+    }
+    *predicted = Tensor::empty(labels.shape(), DType::I64);
+    pp = ptr<std::int64_t>(*predicted);
+  }
   Tensor loss = Tensor::empty(Shape{}, DType::F32);
   cudaStream_t stream = current_stream();
   if (n == 0) {
@@ -434,19 +473,25 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
         return "cross_entropy: label " + std::to_string(label) + " at row " + std::to_string(row) +
                " is not a class index in [0, " + std::to_string(c) + ")";
       });
-  const float* px = ptr<float>(logits);
   const auto* py = ptr<std::int64_t>(labels);
-  if (c <= kWarpRowMax) {
-    cross_entropy_rows_kernel<true>
-        <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-            px, py, ptr<float>(stats), ptr<double>(row_loss), perr, n, c, label_smoothing,
-            ignore_index);
-    HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (warp)");
+  const auto rows = [&](const auto* px) {
+    if (c <= kWarpRowMax) {
+      cross_entropy_rows_kernel<true>
+          <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+              px, py, ptr<float>(stats), ptr<double>(row_loss), perr, n, c, label_smoothing,
+              ignore_index, pp);
+      HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (warp)");
+    } else {
+      cross_entropy_rows_kernel<false>
+          <<<grid_for(n), kBlock, 0, stream>>>(px, py, ptr<float>(stats), ptr<double>(row_loss),
+                                               perr, n, c, label_smoothing, ignore_index, pp);
+      HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (block)");
+    }
+  };
+  if (logits.dtype() == DType::BF16) {
+    rows(ptr<std::uint16_t>(logits));
   } else {
-    cross_entropy_rows_kernel<false>
-        <<<grid_for(n), kBlock, 0, stream>>>(px, py, ptr<float>(stats), ptr<double>(row_loss), perr,
-                                             n, c, label_smoothing, ignore_index);
-    HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (block)");
+    rows(ptr<float>(logits));
   }
   cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(ptr<double>(row_loss), py, n, ignore_index,
                                                     ptr<float>(loss));
@@ -470,15 +515,22 @@ void run_cross_entropy_backward(const Tensor& logits, const Tensor& stats, const
   const auto* py = ptr<std::int64_t>(labels);
   count_labels_kernel<<<1, 1024, 0, stream>>>(py, n, ignore_index, ptr<float>(count));
   HPM_CUDA_LAUNCH_CHECK("count_labels_kernel");
-  cross_entropy_backward_kernel<Out><<<grid_for(n), row_threads(c), 0, stream>>>(
-      ptr<float>(logits), ptr<float>(stats), py, ptr<float>(grad), ptr<float>(count), ptr<Out>(gx),
-      n, c, label_smoothing, ignore_index);
-  HPM_CUDA_LAUNCH_CHECK("cross_entropy_backward_kernel");
+  const auto launch = [&](const auto* px) {
+    cross_entropy_backward_kernel<<<grid_for(n), row_threads(c), 0, stream>>>(
+        px, ptr<float>(stats), py, ptr<float>(grad), ptr<float>(count), ptr<Out>(gx), n, c,
+        label_smoothing, ignore_index);
+    HPM_CUDA_LAUNCH_CHECK("cross_entropy_backward_kernel");
+  };
+  if (logits.dtype() == DType::BF16) {
+    launch(ptr<std::uint16_t>(logits));
+  } else {
+    launch(ptr<float>(logits));
+  }
 }
 
 void check_backward_operands(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                              const Tensor& grad, const char* op) {
-  require_dtype(logits, DType::F32);
+  if (logits.dtype() != DType::BF16) require_dtype(logits, DType::F32);
   require_dtype(stats, DType::F32);
   require_dtype(labels, DType::I64);
   if (grad.numel() != 1 || grad.dtype() != DType::F32) {
@@ -493,16 +545,20 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
                               float label_smoothing, const Tensor& grad, std::int64_t ignore_index,
                               bool overwrite_logits) {
   check_backward_operands(logits, stats, labels, grad, "cross_entropy_backward");
-  Tensor gx = overwrite_logits ? logits : Tensor::empty(logits.shape(), DType::F32);
+  Tensor gx = overwrite_logits && logits.dtype() == DType::F32
+                  ? logits
+                  : Tensor::empty(logits.shape(), DType::F32);
   run_cross_entropy_backward<float>(logits, stats, labels, label_smoothing, grad, ignore_index, gx);
   return gx;
 }
 
 Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                                    float label_smoothing, const Tensor& grad,
-                                   std::int64_t ignore_index) {
+                                   std::int64_t ignore_index, bool overwrite_logits) {
   check_backward_operands(logits, stats, labels, grad, "cross_entropy_backward_bf16");
-  Tensor gx = Tensor::empty(logits.shape(), DType::BF16);
+  Tensor gx = overwrite_logits && logits.dtype() == DType::BF16
+                  ? logits
+                  : Tensor::empty(logits.shape(), DType::BF16);
   run_cross_entropy_backward<std::uint16_t>(logits, stats, labels, label_smoothing, grad,
                                             ignore_index, gx);
   return gx;
