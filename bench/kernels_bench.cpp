@@ -192,6 +192,44 @@ void BM_LayerNormBackwardBf16(benchmark::State& st, bool fused) {
 BENCHMARK_CAPTURE(BM_LayerNormBackwardBf16, fused, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_LayerNormBackwardBf16, composed, false)->Unit(benchmark::kMillisecond);
 
+// Cross-entropy on a GPT's classifier with GPT-2's vocabulary (768 rows of 50304 logits, the
+// default fortunes model's batch): the forward in f32 and bf16, with the prediction token
+// accuracy reads, and the bf16 gradient.
+struct ClassifierRows {
+  Tensor logits, logits_bf16, labels, stats;
+  ClassifierRows() {
+    Generator gen(1);
+    logits = Tensor::randn({768, 50304}, gen);
+    logits_bf16 = to_bf16(logits);
+    std::vector<std::int64_t> y;
+    for (std::int64_t i = 0; i < 768; ++i) y.push_back((i * 7919) % 50304);
+    labels = Tensor::from_i64(y, Shape{768});
+    cross_entropy_forward(logits, labels, 0.0f, stats);
+  }
+};
+
+void BM_CrossEntropyForward(benchmark::State& st, bool bf16, bool predict) {
+  const ClassifierRows c;
+  for (auto _ : st) {
+    Tensor stats, predicted;
+    benchmark::DoNotOptimize(cross_entropy_forward(bf16 ? c.logits_bf16 : c.logits, c.labels, 0.0f,
+                                                   stats, -100, predict ? &predicted : nullptr));
+  }
+}
+BENCHMARK_CAPTURE(BM_CrossEntropyForward, f32, false, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_CrossEntropyForward, bf16, true, false)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_CrossEntropyForward, bf16_predicting, true, true)
+    ->Unit(benchmark::kMillisecond);
+
+void BM_CrossEntropyBackwardBf16(benchmark::State& st) {
+  const ClassifierRows c;
+  for (auto _ : st) {
+    benchmark::DoNotOptimize(cross_entropy_backward(c.logits_bf16, c.stats, c.labels, 0.0f, 1.0f,
+                                                    -100, false, DType::BF16));
+  }
+}
+BENCHMARK(BM_CrossEntropyBackwardBf16)->Unit(benchmark::kMillisecond);
+
 }  // namespace
 }  // namespace hpm::cpu
 

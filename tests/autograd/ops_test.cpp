@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "common/attention.h"
 #include "hpm/tensor/device.h"
@@ -167,6 +168,23 @@ TEST(CrossEntropy, LanguageModelMeanSkipsIgnoredPositions) {
   EXPECT_THROW(cross_entropy(logits, wrong), std::out_of_range);
   EXPECT_THROW(cross_entropy(logits, Tensor::from_i64(std::vector<std::int64_t>{0, 1}, Shape{2})),
                std::invalid_argument);
+}
+
+// A masked class (a -inf logit) costs a row nothing without smoothing (its mean term is left out,
+// not multiplied by zero: 0 * inf is NaN); with smoothing it makes the loss infinite, as PyTorch.
+// Its gradient is 0 there.
+TEST(CrossEntropy, AMaskedClassIsFiniteWithoutSmoothing) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor logits = Tensor::from({1, -inf, 3, 0, 2, 2}, {2, 3});
+  logits.set_requires_grad(true);
+  const Tensor labels = Tensor::from_i64(std::vector<std::int64_t>{2, 0}, Shape{2});
+  Tensor loss = cross_entropy(logits, labels);
+  const double row0 = std::log(std::exp(1.0) + std::exp(3.0)) - 3.0;
+  const double row1 = std::log(1.0 + 2.0 * std::exp(2.0));
+  EXPECT_NEAR(loss.item(), (row0 + row1) / 2.0, 1e-6);
+  loss.backward();
+  EXPECT_EQ(logits.grad().to_vector()[1], 0.0f);
+  EXPECT_TRUE(std::isinf(cross_entropy(logits.detach(), labels, 0.1f).item()));
 }
 
 // What the loss keeps for its backward is two numbers a row, not a probability per logit: a

