@@ -168,6 +168,12 @@ TEST(CrossEntropy, LanguageModelMeanSkipsIgnoredPositions) {
   EXPECT_THROW(cross_entropy(logits, wrong), std::out_of_range);
   EXPECT_THROW(cross_entropy(logits, Tensor::from_i64(std::vector<std::int64_t>{0, 1}, Shape{2})),
                std::invalid_argument);
+  EXPECT_THROW(cross_entropy(Tensor::zeros({1, 3, 3}, DType::I64), targets), std::invalid_argument);
+  // No classes at all (every row ignored): NaN, and a prediction of 0 for each row.
+  Tensor predicted;
+  EXPECT_TRUE(std::isnan(
+      cross_entropy(Tensor::zeros({1, 3, 0}), all_ignored, 0.0f, -100, &predicted).item()));
+  EXPECT_EQ(predicted.to_vector_i64(), std::vector<std::int64_t>(3, 0));
 }
 
 // A masked class (a -inf logit) costs a row nothing without smoothing (its mean term is left out,

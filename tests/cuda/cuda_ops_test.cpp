@@ -115,6 +115,10 @@ TEST(CudaOps, ABadIndexOrLabelIsAnErrorAtTheNextReadNamingIt) {
   const Tensor labels = Tensor::from_i64(std::vector<std::int64_t>{0, -100, 5}, {3}, gpu);
   const Tensor loss = kernels::cross_entropy_forward(logits, labels, 0.0f, stats);
   EXPECT_THROW(loss.item(), std::out_of_range);
+  // Logits of a dtype the kernels do not read: an error at the call, as on the CPU.
+  EXPECT_THROW(kernels::cross_entropy_forward(Tensor::zeros({3, 5}, DType::I64).to(gpu), labels,
+                                              0.0f, stats),
+               std::invalid_argument);
   const Tensor nll = kernels::nll_loss_forward(kernels::log_softmax(logits, -1), labels);
   try {
     (void)nll.item();

@@ -247,7 +247,7 @@ float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float la
       if (pred != nullptr) {
         // argmax_last's choice: the first largest value, unless the first is NaN (which no
         // comparison beats there).
-        const std::int64_t best = std::isnan(row[0]) ? 0 : first_equal(row, c, mx);
+        const std::int64_t best = c == 0 || std::isnan(row[0]) ? 0 : first_equal(row, c, mx);
         pred[i] = best == c ? 0 : best;
       }
       const bool smoothed = label_smoothing != 0.0f;

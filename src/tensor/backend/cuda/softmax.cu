@@ -335,7 +335,7 @@ __global__ void cross_entropy_rows_kernel(const In* __restrict__ logits,
     if (team.rank != 0) continue;
     stats[2 * row] = mx;
     stats[2 * row + 1] = inv;
-    if (predicted != nullptr) predicted[row] = argmax_of_key(best, as_f32(xr[0]));
+    if (predicted != nullptr) predicted[row] = c == 0 ? 0 : argmax_of_key(best, as_f32(xr[0]));
     const std::int64_t y = labels[row];
     double loss = 0.0;
     if (y != ignore_index) {
@@ -372,13 +372,15 @@ __global__ void cross_entropy_mean_kernel(const double* __restrict__ row_loss,
 
 // softmax.cpp's check_labels, on the host: shapes and dtype (the range is checked on the device).
 std::int64_t check_labels(const Tensor& logits, const Tensor& labels) {
-  bool ok = logits.dim() >= 2 && labels.dim() == logits.dim() - 1 && labels.dtype() == DType::I64;
+  bool ok = logits.dim() >= 2 && labels.dim() == logits.dim() - 1 && labels.dtype() == DType::I64 &&
+            (logits.dtype() == DType::F32 || logits.dtype() == DType::BF16);
   for (int i = 0; ok && i < labels.dim(); ++i) ok = labels.size(i) == logits.size(i);
   if (!ok) {
     throw std::invalid_argument(
-        "cross_entropy: expected logits (..., C) and I64 labels (...) with the same leading "
-        "dimensions, got " +
-        logits.shape().str() + " and " + labels.shape().str());
+        "cross_entropy: expected F32 or BF16 logits (..., C) and I64 labels (...) with the same "
+        "leading dimensions, got " +
+        logits.shape().str() + " " + dtype_name(logits.dtype()) + " and " + labels.shape().str() +
+        " " + dtype_name(labels.dtype()));
   }
   return labels.numel();
 }
