@@ -412,6 +412,13 @@ void LocalGroup::recv(int dst, int src, int tag, const Tensor& data, const WorkP
   pending_.push_back(PendingRecv{src, dst, tag, data, work});
 }
 
+LocalGroup::~LocalGroup() {
+  for (PendingRecv& r : pending_) {
+    r.data = Tensor();  // the receiver may free it, and its Device, once the Work completes
+    r.work->finish(std::make_exception_ptr(CommError(r.work->what() + ": its group is gone")));
+  }
+}
+
 void LocalGroup::withdraw(const Work* work) {
   std::unique_lock<std::mutex> lock(mail_mu_);
   auto it = std::find_if(pending_.begin(), pending_.end(),

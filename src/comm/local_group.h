@@ -32,6 +32,10 @@ struct CollectiveDesc {
 class LocalGroup {
  public:
   explicit LocalGroup(int size);
+  // Recvs still waiting fail, their buffers let go of first.
+  ~LocalGroup();
+  LocalGroup(const LocalGroup&) = delete;
+  LocalGroup& operator=(const LocalGroup&) = delete;
 
   int size() const { return size_; }
 

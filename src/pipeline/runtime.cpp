@@ -77,6 +77,20 @@ bool streams_in_micro_order(const Schedule& s) {
   return true;
 }
 
+namespace {
+
+// Devices that stopped stages could not free (a message of theirs still in flight, whose buffer
+// the communicator releases later): reachable, so that no leak checker reports them, and never
+// destroyed.
+void keep_alive(std::unique_ptr<Device> device) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<std::unique_ptr<Device>>();
+  const std::lock_guard lock(mu);
+  kept->push_back(std::move(device));
+}
+
+}  // namespace
+
 // One device of the pipeline: its Device, generator and communicator, and the bookkeeping of
 // one mini-batch (micro-batch activations kept from forward to backward, messages in flight).
 class Pipeline::Stage {
@@ -123,19 +137,31 @@ class Pipeline::Stage {
   ~Stage() {
     // Gloo cannot withdraw a receive (communicator.h): one still posted when a stop or a failure
     // ends the pipeline lets go of its buffer only when the communicator goes, after this stage.
-    // Its memory must then go back to a live allocator: this Device stays, unowned.
-    if (!settle()) static_cast<void>(owned_device_.release());
+    // Its memory must then go back to a live allocator: this Device is kept, holding nothing but
+    // those buffers.
+    const bool in_flight = !settle();
     for (Tensor& t : tied_) {
       if (t.requires_grad() && t.grad().defined() && &t.grad().device() == &device_) {
         t.grad().impl()->storage->move_to(t.device());
       }
     }
-    if (home_ == nullptr) return;
-    for (Tensor& t : variables_) {
-      t.impl()->storage->move_to(*home_);
-      if (t.requires_grad() && t.grad().defined() && &t.grad().device() == &device_) {
-        t.grad().impl()->storage->move_to(*home_);
+    if (home_ != nullptr) {
+      for (Tensor& t : variables_) {
+        t.impl()->storage->move_to(*home_);
+        if (t.requires_grad() && t.grad().defined() && &t.grad().device() == &device_) {
+          t.grad().impl()->storage->move_to(*home_);
+        }
       }
+    }
+    if (in_flight) {
+      saved_.clear();
+      deferred_.clear();
+      local_mail_.clear();
+      ahead_.clear();
+      sends_.clear();
+      x_ = y_ = Tensor();
+      device_.empty_cache();
+      keep_alive(std::move(owned_device_));
     }
   }
   Stage(const Stage&) = delete;
@@ -164,7 +190,6 @@ class Pipeline::Stage {
     const autograd::Bf16OutputsScope outputs_as_read(objective.reads_bf16_outputs());
     set_num_threads(options_.threads_per_stage);
     if (trace::enabled()) trace::name_thread("stage " + std::to_string(index_));
-    settle();  // what a failed step left in flight must not meet this step's messages
     device_.reset_peak();
     abort_ = &abort;
     result_ = Result{};
