@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "hpm/autograd/weight_cast.h"
 #include "hpm/trace/trace.h"
 
 namespace hpm::distribute {
@@ -43,6 +44,7 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
   out.rows = batch.rows();
   const autograd::AutocastScope precision(o.precision);
   const autograd::Bf16OutputsScope outputs_as_read(objective.reads_bf16_outputs());
+  const autograd::WeightCastScope weights_once;  // no parameter changes until the optimizer's
   const auto micro = micro_batches(batch.rows(), o.micro_batches);
   // A whole batch that is the whole step needs no weights (its scale is R): a language model's
   // weight counts the batch's tokens, a read of the targets the device would wait for.

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "hpm/autograd/deferred.h"
+#include "hpm/autograd/weight_cast.h"
 #include "hpm/comm/local.h"
 #include "hpm/distribute/replica_step.h"
 #include "hpm/nn/losses.h"
@@ -188,6 +189,7 @@ class Pipeline::Stage {
     ThreadGeneratorGuard with_generator(generator_);
     const autograd::AutocastScope precision(options_.precision);
     const autograd::Bf16OutputsScope outputs_as_read(objective.reads_bf16_outputs());
+    const autograd::WeightCastScope weights_once;  // no parameter changes until the optimizer's
     set_num_threads(options_.threads_per_stage);
     if (trace::enabled()) trace::name_thread("stage " + std::to_string(index_));
     device_.reset_peak();

@@ -24,7 +24,7 @@
 //     for backward as bf16 copies, as attention keeps its output, which their backward kernels
 //     read as they are: with the products' inputs, a transformer's saved activations are bf16;
 //   - parameters, their gradients and the optimizer state stay f32 (the master weights): a
-//     product converts its weight when it runs.
+//     product converts its weight when it runs, once a training step (weight_cast.h).
 // Outputs are f32 tensors either way, so nothing outside the products sees a bf16 tensor, with
 // one exception that its consumer asks for: a language model's logits, which its objective's
 // cross-entropy and accuracy read as they are (Bf16OutputsScope below).

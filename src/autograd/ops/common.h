@@ -7,6 +7,7 @@
 #include "hpm/autograd/autocast.h"
 #include "hpm/autograd/node.h"
 #include "hpm/autograd/ops.h"
+#include "hpm/autograd/weight_cast.h"
 #include "hpm/tensor/kernels.h"
 
 namespace hpm::autograd::rules {
@@ -42,6 +43,7 @@ namespace hpm {
 using autograd::accumulate_into;
 using autograd::autocast_precision;
 using autograd::bf16_gradient_taken;
+using autograd::bf16_parameter;
 using autograd::Bf16Grad;
 using autograd::Precision;
 using autograd::record;

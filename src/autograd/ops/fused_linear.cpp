@@ -44,7 +44,7 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   // no passes of their own, and GELU's f32 output is never written. A BF16 x is its own copy.
   Tensor xb;
   const Tensor ab = kernels::unary_bf16(UnaryOp::Gelu, x, &xb);
-  Tensor y = kernels::linear(ab, kernels::to_bf16(weight), bias);
+  Tensor y = kernels::linear(ab, bf16_parameter(weight), bias);
   // x's gradient in bf16 when it goes to a bf16 product's rule (in a GPT, the fc product's), which
   // would round it first thing: half the bytes written, and no rounding pass there.
   const bool bf16_dx = bf16_gradient_taken(x);
@@ -56,7 +56,7 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
         if (n[0]) {
           // GELU's output gradient in bf16 where its input came in bf16 (autocast's rounding
           // there), else in f32 as the composition's.
-          const Tensor da = kernels::matmul(gb, kernels::to_bf16(weight), false, false,
+          const Tensor da = kernels::matmul(gb, bf16_parameter(weight), false, false,
                                             bf16_x ? DType::BF16 : DType::F32);
           dx = bf16_dx ? kernels::unary_backward_bf16(UnaryOp::Gelu, da, xb, Tensor())
                        : kernels::unary_backward(UnaryOp::Gelu, da, xb, Tensor());
@@ -75,7 +75,7 @@ Tensor record_layer_norm_linear(const Tensor& x, const Tensor& xb, const Tensor&
                                 const Tensor& ln_bias, const Tensor& weight, const Tensor& bias,
                                 DType out) {
   const std::int64_t normalized = x.size(1);
-  Tensor y = kernels::linear(yb, kernels::to_bf16(weight), bias, out);
+  Tensor y = kernels::linear(yb, bf16_parameter(weight), bias, out);
   return record(
       "LayerNormLinearBF16", {x, ln_weight, ln_bias, weight, bias}, y,
       [xb, yb, mean, rstd, normalized, ln_weight, weight, bias](const Tensor& g, const Needs& n) {
@@ -84,8 +84,8 @@ Tensor record_layer_norm_linear(const Tensor& x, const Tensor& xb, const Tensor&
         Tensor gx = n[0] ? take_pending_gradient(0, xb.shape()) : Tensor();
         Tensor gw, gbias;
         if (n[0] || n[1] || n[2]) {
-          kernels::layer_norm_backward(kernels::matmul(gb, kernels::to_bf16(weight)), xb,
-                                       normalized, ln_weight, mean, rstd, n[0] ? &gx : nullptr,
+          kernels::layer_norm_backward(kernels::matmul(gb, bf16_parameter(weight)), xb, normalized,
+                                       ln_weight, mean, rstd, n[0] ? &gx : nullptr,
                                        n[1] ? &gw : nullptr, n[2] ? &gbias : nullptr);
         }
         Tensors product =
@@ -156,7 +156,7 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
       kernels::merge_heads_bf16(kernels::attention_forward(q, k, v, causal, scale, lse), &yb);
   const std::int64_t b = merged.size(0), t = merged.size(1), e = merged.size(2);
   const Tensor rows = merged.reshape({b * t, e});
-  Tensor y = kernels::linear(rows, kernels::to_bf16(weight), bias).reshape({b, t, weight.size(0)});
+  Tensor y = kernels::linear(rows, bf16_parameter(weight), bias).reshape({b, t, weight.size(0)});
   // qkv's gradient in bf16 when it goes to a bf16 product's rule (the qkv product's).
   const bool bf16_dqkv = bf16_gradient_taken(qkv);
   return record(
@@ -167,7 +167,7 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
         const Tensor gb = kernels::to_bf16(g2);
         Tensor gqkv;
         if (n[0]) {
-          const Tensor d_merged = kernels::matmul(gb, kernels::to_bf16(weight))
+          const Tensor d_merged = kernels::matmul(gb, bf16_parameter(weight))
                                       .reshape({yb.size(0), yb.size(2), rows.size(1)});
           Tensor gq, gk, gv;
           kernels::attention_backward(kernels::split_heads(d_merged, heads), q, k, v, yb, lse,

@@ -105,13 +105,13 @@ namespace {
 // rounded g when the same product computes dW. It takes a BF16 gradient as it is (Bf16Grad).
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor xb = kernels::to_bf16(x);
-  Tensor y = kernels::linear(xb, kernels::to_bf16(weight), bias);
+  Tensor y = kernels::linear(xb, bf16_parameter(weight), bias);
   return record(
       "LinearBF16", {x, weight, bias}, y,
       [xb, weight, bias](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
         return linear_gradients(g, gb, xb, n,
-                                n[0] ? kernels::matmul(gb, kernels::to_bf16(weight)) : Tensor(),
+                                n[0] ? kernels::matmul(gb, bf16_parameter(weight)) : Tensor(),
                                 weight, bias);
       },
       Bf16Grad::kTaken);
