@@ -20,6 +20,7 @@ namespace {
 using testing::expect_same_bits;
 
 TEST(WeightCast, AParameterIsConvertedOnceAScope) {
+  Device other("other");  // where w moves at the end: it must outlive w
   Generator gen(3);
   Tensor w = Tensor::randn({8, 4}, gen);
   w.set_requires_grad(true);
@@ -42,7 +43,6 @@ TEST(WeightCast, AParameterIsConvertedOnceAScope) {
   const Tensor updated = bf16_parameter(w);
   expect_same_bits(updated, kernels::to_bf16(w), "the updated copy");
   // Values moved to another Device (a pipeline stage's) are converted anew.
-  Device other("other");
   w.impl()->storage->move_to(other);
   EXPECT_NE(bf16_parameter(w).raw_data(), updated.raw_data());
 }
