@@ -531,8 +531,29 @@ void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) {
   scope.backend().narrow_add_(y, dim, start, part);
 }
 
+namespace {
+
+// x (B, T, parts x heads x D): F32, or BF16 where bf16_ok (every backend's split reads these).
+void check_packed_heads(const Tensor& x, std::int64_t parts, std::int64_t heads, const char* what,
+                        bool bf16_ok = false) {
+  const bool dtype_ok = x.dtype() == DType::F32 || (bf16_ok && x.dtype() == DType::BF16);
+  if (x.dim() != 3 || !dtype_ok || heads <= 0 || x.size(2) % (parts * heads) != 0) {
+    throw std::invalid_argument(
+        std::string(what) + ": expected " + (bf16_ok ? "F32 or BF16" : "F32") + " (B, T, " +
+        std::to_string(parts) + " x " + std::to_string(heads) + " heads x D), got " +
+        dtype_name(x.dtype()) + " " + x.shape().str());
+  }
+}
+
+}  // namespace
+
 void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
                      Tensor& v) {
+  if (dtype != DType::F32 && dtype != DType::BF16) {
+    throw std::invalid_argument(std::string("split_qkv_heads: F32 or BF16 heads, not ") +
+                                dtype_name(dtype));
+  }
+  check_packed_heads(qkv, 3, heads, "split_qkv_heads", /*bf16_ok=*/dtype == DType::BF16);
   OpScope scope(Op::kSplitQkvHeads, {&qkv});
   scope.backend().split_qkv_heads(qkv, heads, dtype, q, k, v);
 }
@@ -548,6 +569,7 @@ Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 Tensor split_heads(const Tensor& x, std::int64_t heads) {
+  check_packed_heads(x, 1, heads, "split_heads");
   OpScope scope(Op::kSplitHeads, {&x});
   return scope.backend().split_heads(x, heads);
 }

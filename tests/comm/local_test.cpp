@@ -269,8 +269,8 @@ TEST(LocalPointToPoint, ACancelledRecvLetsGoOfItsBufferAndMissesTheMessage) {
     pending = comms[1]->recv(Tensor::empty({4}), 0, 3);
   }
   EXPECT_GE(stage.stats().current_bytes, 4 * sizeof(float));  // held by the group
-  const auto t0 = std::chrono::steady_clock::now();
   pending->cancel();
+  EXPECT_TRUE(pending->completed()) << "a withdrawn recv waits for nothing";
   try {
     pending->wait();
     FAIL() << "a cancelled recv completed";
@@ -279,7 +279,6 @@ TEST(LocalPointToPoint, ACancelledRecvLetsGoOfItsBufferAndMissesTheMessage) {
               std::string::npos)
         << e.what();
   }
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
   EXPECT_EQ(stage.stats().current_bytes, 0u);
   comms[0]->send(Tensor::full({4}, 7.0f), 1, 3);
   Tensor got = Tensor::zeros({4});

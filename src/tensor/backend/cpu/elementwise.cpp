@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "broadcast.h"
+#include "f32_block.h"
 #include "hpm/tensor/backend/cpu.h"
 #include "hpm/tensor/random.h"
 #include "parallel.h"
@@ -230,15 +231,6 @@ void for_blocks(std::int64_t total, F&& f) {
   });
 }
 
-// Elements [lo, lo + n) of x as f32: x's own (F32), or widened into buf (a BF16 copy); null for
-// an undefined x.
-const float* f32_block(const Tensor& x, std::int64_t lo, std::int64_t n, float* buf) {
-  if (!x.defined()) return nullptr;
-  if (x.dtype() != DType::BF16) return x.data<float>() + lo;
-  bf16_to_f32(x.data<std::uint16_t>() + lo, buf, n);
-  return buf;
-}
-
 bool any_bf16(std::initializer_list<const Tensor*> ts) {
   for (const Tensor* t : ts)
     if (t->defined() && t->dtype() == DType::BF16) return true;
@@ -388,16 +380,10 @@ Tensor argmax_last(const Tensor& x) {
   std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
   Tensor y = Tensor::empty(Shape(dims), DType::I64, x.device());
   // A BF16 row is widened first (bf16 values compare as their f32 widenings do).
-  const bool bf16 = x.dtype() == DType::BF16;
-  std::vector<float> widened(bf16 ? static_cast<std::size_t>(d) : 0);
+  std::vector<float> widened(x.dtype() == DType::BF16 ? static_cast<std::size_t>(d) : 0);
   auto* py = y.data<std::int64_t>();
   for (std::int64_t r = 0; r < rows; ++r) {
-    const float* row = widened.data();
-    if (bf16) {
-      bf16_to_f32(x.data<std::uint16_t>() + r * d, widened.data(), d);
-    } else {
-      row = x.data<float>() + r * d;
-    }
+    const float* row = f32_block(x, r * d, d, widened.data());
     std::int64_t best = 0;
     for (std::int64_t j = 1; j < d; ++j)
       if (row[j] > row[best]) best = j;

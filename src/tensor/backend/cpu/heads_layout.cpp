@@ -38,16 +38,8 @@ void move_rows(const HeadsLayout& l, std::int64_t parts, Packed* packed, Head* c
                });
 }
 
-// x F32, or BF16 where bf16_ok.
-HeadsLayout packed_layout(const Tensor& x, std::int64_t parts, std::int64_t heads, const char* what,
-                          bool bf16_ok = false) {
-  const bool dtype_ok = x.dtype() == DType::F32 || (bf16_ok && x.dtype() == DType::BF16);
-  if (x.dim() != 3 || !dtype_ok || heads <= 0 || x.size(2) % (parts * heads) != 0) {
-    throw std::invalid_argument(
-        std::string(what) + ": expected " + (bf16_ok ? "F32 or BF16" : "F32") + " (B, T, " +
-        std::to_string(parts) + " x " + std::to_string(heads) + " heads x D), got " +
-        dtype_name(x.dtype()) + " " + x.shape().str());
-  }
+// x (B, T, parts x heads x D), its shape and dtype checked by the dispatcher (dispatch.cpp).
+HeadsLayout packed_layout(const Tensor& x, std::int64_t parts, std::int64_t heads) {
   return {x.size(0), x.size(1), heads, x.size(2) / (parts * heads)};
 }
 
@@ -77,13 +69,8 @@ void to_packed(float* packed, const float* head, std::int64_t n) {
 
 void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
                      Tensor& v) {
-  if (dtype != DType::F32 && dtype != DType::BF16) {
-    throw std::invalid_argument(std::string("split_qkv_heads: F32 or BF16 heads, not ") +
-                                dtype_name(dtype));
-  }
   // A BF16 qkv (a product's bf16 output) splits into BF16 heads, its bits moved.
-  const HeadsLayout l =
-      packed_layout(qkv, 3, heads, "split_qkv_heads", /*bf16_ok=*/dtype == DType::BF16);
+  const HeadsLayout l = packed_layout(qkv, 3, heads);
   const Shape shape{l.batch, l.heads, l.t, l.d};
   q = Tensor::empty(shape, dtype, qkv.device());
   k = Tensor::empty(shape, dtype, qkv.device());
@@ -111,7 +98,7 @@ Tensor merge_qkv_heads(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 Tensor split_heads(const Tensor& x, std::int64_t heads) {
-  const HeadsLayout l = packed_layout(x, 1, heads, "split_heads");
+  const HeadsLayout l = packed_layout(x, 1, heads);
   Tensor y = Tensor::empty({l.batch, l.heads, l.t, l.d}, DType::F32, x.device());
   float* out[1] = {y.data<float>()};
   move_rows(l, 1, x.data<float>(), out, to_head);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "f32_block.h"
 #include "hpm/tensor/backend/cpu.h"
 #include "parallel.h"
 #include "vec.h"
@@ -307,8 +308,6 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   // A bf16 copy kept for backward is widened span by span into a cache-sized block (exactly: the
   // values are those of to_f32(x), without its f32 tensor).
   const bool widen = x.dtype() == DType::BF16;
-  const float* px = widen ? nullptr : x.data<float>();
-  const std::uint16_t* pxb = widen ? x.data<std::uint16_t>() : nullptr;
   const float* pw = weight.defined() ? weight.data<float>() : nullptr;
   const float* pm = save_mean.data<float>();
   const float* pr = save_rstd.data<float>();
@@ -331,8 +330,7 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
       double* dw = sums.data() + 2 * s * normalized;
       const std::int64_t r0 = s * chunk, len = std::min(rows, r0 + chunk) - r0,
                          at = r0 * normalized;
-      const float* xs = px != nullptr ? px + at : widened.data();
-      if (widen) bf16_to_f32(pxb + at, widened.data(), len * normalized);
+      const float* xs = f32_block(x, at, len * normalized, widened.data());
       layer_norm_backward_rows(pg + at, xs, pw, pm + r0, pr + r0, pdx ? pdx + at : nullptr,
                                accumulate ? row.data() : nullptr, dw, dw + normalized, 0, len,
                                normalized);

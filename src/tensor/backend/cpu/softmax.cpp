@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "f32_block.h"
 #include "hpm/tensor/backend/cpu.h"
 #include "parallel.h"
 #include "vec.h"
@@ -54,31 +55,6 @@ Tensor softmax_impl(const Tensor& x, int dim) {
     }
   return y;
 }
-
-// The rows of F32 or BF16 logits (..., C) as floats: a BF16 row widened into a scratch row, so
-// that bf16 logits give exactly what their f32 widening would.
-class LogitRows {
- public:
-  explicit LogitRows(const Tensor& logits) : c_(logits.size(-1)) {
-    if (logits.dtype() == DType::BF16) {
-      bits_ = logits.data<std::uint16_t>();
-      scratch_.resize(static_cast<std::size_t>(c_));
-    } else {
-      f32_ = logits.data<float>();
-    }
-  }
-  const float* row(std::int64_t i) {
-    if (f32_ != nullptr) return f32_ + i * c_;
-    bf16_to_f32(bits_ + i * c_, scratch_.data(), c_);
-    return scratch_.data();
-  }
-
- private:
-  std::int64_t c_;
-  const float* f32_ = nullptr;
-  const std::uint16_t* bits_ = nullptr;
-  std::vector<float> scratch_;
-};
 
 // logits (..., C) and I64 labels (...); returns the number of rows (the product of "...").
 std::int64_t check_labels(const Tensor& logits, const Tensor& labels, std::int64_t ignore_index) {
@@ -240,9 +216,9 @@ float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float la
   const auto* y = labels.data<std::int64_t>();
   std::vector<double> row_loss(static_cast<std::size_t>(n), 0.0);
   parallel_for(n, row_grain(c), [&](std::int64_t first, std::int64_t last) {
-    LogitRows rows(logits);
+    std::vector<float> widened(logits.dtype() == DType::BF16 ? static_cast<std::size_t>(c) : 0);
     for (std::int64_t i = first; i < last; ++i) {
-      const float* row = rows.row(i);
+      const float* row = f32_block(logits, i * c, c, widened.data());
       const float mx = row_max(row, c);
       if (pred != nullptr) {
         // argmax_last's choice: the first largest value, unless the first is NaN (which no
@@ -290,11 +266,11 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
   const float scale = grad / static_cast<float>(counted);
   const float smooth = label_smoothing / static_cast<float>(c);
   parallel_for(n, row_grain(c), [&](std::int64_t first, std::int64_t last) {
-    LogitRows rows(logits);
+    std::vector<float> widened(logits.dtype() == DType::BF16 ? static_cast<std::size_t>(c) : 0);
     // A BF16 gradient row is computed in f32, then rounded as it is stored.
     std::vector<float> row_f32(out == DType::BF16 ? static_cast<std::size_t>(c) : 0);
     for (std::int64_t i = first; i < last; ++i) {
-      const float* px = rows.row(i);
+      const float* px = f32_block(logits, i * c, c, widened.data());
       float* pg = out == DType::BF16 ? row_f32.data() : gx.data<float>() + i * c;
       if (y[i] == ignore_index) {
         std::fill(pg, pg + c, 0.0f);

@@ -222,16 +222,8 @@ std::int64_t packed_numel(const HeadsLayout& l, std::int64_t parts) {
   return l.batch * l.t * parts * l.heads * l.d;
 }
 
-// x F32, or BF16 where bf16_ok.
-HeadsLayout packed_layout(const Tensor& x, std::int64_t parts, std::int64_t heads, const char* what,
-                          bool bf16_ok = false) {
-  const bool dtype_ok = x.dtype() == DType::F32 || (bf16_ok && x.dtype() == DType::BF16);
-  if (x.dim() != 3 || !dtype_ok || heads <= 0 || x.size(2) % (parts * heads) != 0) {
-    throw std::invalid_argument(
-        std::string(what) + ": expected " + (bf16_ok ? "F32 or BF16" : "F32") + " (B, T, " +
-        std::to_string(parts) + " x " + std::to_string(heads) + " heads x D), got " +
-        dtype_name(x.dtype()) + " " + x.shape().str());
-  }
+// x (B, T, parts x heads x D), its shape and dtype checked by the dispatcher (dispatch.cpp).
+HeadsLayout packed_layout(const Tensor& x, std::int64_t parts, std::int64_t heads) {
   return {x.size(0), x.size(1), heads, x.size(2) / (parts * heads)};
 }
 
@@ -404,13 +396,8 @@ void narrow_add_(Tensor& y, int dim, std::int64_t start, const Tensor& part) {
 
 void split_qkv_heads(const Tensor& qkv, std::int64_t heads, DType dtype, Tensor& q, Tensor& k,
                      Tensor& v) {
-  if (dtype != DType::F32 && dtype != DType::BF16) {
-    throw std::invalid_argument(std::string("split_qkv_heads: F32 or BF16 heads, not ") +
-                                dtype_name(dtype));
-  }
   // A BF16 qkv (a product's bf16 output) splits into BF16 heads, its bits moved.
-  const HeadsLayout l =
-      packed_layout(qkv, 3, heads, "split_qkv_heads", /*bf16_ok=*/dtype == DType::BF16);
+  const HeadsLayout l = packed_layout(qkv, 3, heads);
   const Shape shape{l.batch, l.heads, l.t, l.d};
   q = Tensor::empty(shape, dtype, qkv.device());
   k = Tensor::empty(shape, dtype, qkv.device());
@@ -446,7 +433,7 @@ Tensor merge_qkv_heads_bf16(const Tensor& q, const Tensor& k, const Tensor& v) {
 }
 
 Tensor split_heads(const Tensor& x, std::int64_t heads) {
-  const HeadsLayout l = packed_layout(x, 1, heads, "split_heads");
+  const HeadsLayout l = packed_layout(x, 1, heads);
   Tensor y = Tensor::empty({l.batch, l.heads, l.t, l.d}, DType::F32, x.device());
   const HeadPtrs<float> out{{ptr<float>(y), nullptr, nullptr}};
   to_heads(x, out, l, 1, "split_heads");
