@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tensor/backend/cuda/attention_mma.h"
 #include "tensor/backend/cuda/attention_tiled.h"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
@@ -443,8 +444,9 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
   }
   if constexpr (kIsBf16<In>) {
     if (tiled_attention_applies(n.d, ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out))) {
-      tiled_attention_backward(
-          ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out), ptr<float>(lse),
+      auto* run = attention_kernels() == AttentionKernels::kWmma ? tiled_attention_backward
+                                                                 : mma_attention_backward;
+      run(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out), ptr<float>(lse),
           ptr<float>(delta), want_q ? ptr<float>(gq) : nullptr, want_kv ? ptr<float>(gk) : nullptr,
           want_kv ? ptr<float>(gv) : nullptr, n.batch, n.t, n.s, d, causal, scale, stream);
       if (grad_q != nullptr) *grad_q = gq;
@@ -496,9 +498,10 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool
   if (n.batch * n.t == 0) return out;
   // S == 0 needs no special case: no tile runs, so out is 0 and lse -inf (the CPU's).
   if (bf16 && tiled_attention_applies(n.d, ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v))) {
-    tiled_attention_forward(ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v), ptr<float>(out),
-                            ptr<float>(lse), n.batch, n.t, n.s, static_cast<int>(n.d), causal,
-                            scale, current_stream());
+    auto* run = attention_kernels() == AttentionKernels::kWmma ? tiled_attention_forward
+                                                               : mma_attention_forward;
+    run(ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v), ptr<float>(out), ptr<float>(lse),
+        n.batch, n.t, n.s, static_cast<int>(n.d), causal, scale, current_stream());
   } else if (bf16) {
     forward<Bf16Bits>(n, q, k, v, causal, scale, out, lse);
   } else {

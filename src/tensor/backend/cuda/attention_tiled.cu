@@ -29,6 +29,7 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 #include "tensor/backend/cuda/attention_tiled.h"
 #include "tensor/backend/cuda/kernel_support.h"
@@ -443,14 +444,23 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 
 }  // namespace
 
+AttentionKernels attention_kernels() {
+  static const AttentionKernels kernels = [] {
+    const char* env = std::getenv("HPM_CUDA_ATTENTION");
+    if (env == nullptr || std::strcmp(env, "mma") == 0) return AttentionKernels::kMma;
+    if (std::strcmp(env, "wmma") == 0) return AttentionKernels::kWmma;
+    if (std::strcmp(env, "rowwise") == 0) return AttentionKernels::kRowwise;
+    throw std::invalid_argument(std::string("HPM_CUDA_ATTENTION=") + env +
+                                ": expected mma, wmma or rowwise");
+  }();
+  return kernels;
+}
+
 bool tiled_attention_applies(std::int64_t d, const void* q, const void* k, const void* v,
                              const void* grad_out) {
-  static const bool rowwise = [] {
-    const char* env = std::getenv("HPM_CUDA_ATTENTION");
-    return env != nullptr && std::strcmp(env, "rowwise") == 0;
-  }();
-  return !rowwise && (d == 32 || d == 64 || d == 128) && aligned16(q) && aligned16(k) &&
-         aligned16(v) && (grad_out == nullptr || aligned16(grad_out));
+  return attention_kernels() != AttentionKernels::kRowwise && (d == 32 || d == 64 || d == 128) &&
+         aligned16(q) && aligned16(k) && aligned16(v) &&
+         (grad_out == nullptr || aligned16(grad_out));
 }
 
 void tiled_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,

@@ -1,7 +1,7 @@
 // Fused attention for BF16 q, k, v on tensor cores (attention_tiled.cu): FlashAttention-2's
 // tiling, each product a WMMA bf16 product with f32 accumulation. attention.cu's entry points
-// call it where it applies and keep their warp-per-row kernels for the rest (F32, other head
-// sizes, HPM_CUDA_ATTENTION=rowwise).
+// call it or attention_mma.h's register-tiled kernels where they apply, and keep their
+// warp-per-row kernels for the rest (F32, other head sizes, HPM_CUDA_ATTENTION=rowwise).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -9,8 +9,13 @@
 
 namespace hpm::cuda {
 
-// Head sizes 32, 64 and 128, 16-byte aligned operands, and HPM_CUDA_ATTENTION not "rowwise"
-// (read once: the kernels of the warp-per-row path, for comparisons on the device).
+// Which kernels BF16 attention runs where a tensor-core kernel applies, from HPM_CUDA_ATTENTION
+// (read once; for comparisons on the device): unset or "mma", attention_mma.cu's; "wmma", this
+// file's; "rowwise", attention.cu's warp-per-row kernels. Any other value is an error naming it.
+enum class AttentionKernels { kMma, kWmma, kRowwise };
+AttentionKernels attention_kernels();
+
+// Head sizes 32, 64 and 128, 16-byte aligned operands, and attention_kernels() not kRowwise.
 bool tiled_attention_applies(std::int64_t d, const void* q, const void* k, const void* v,
                              const void* grad_out = nullptr);
 

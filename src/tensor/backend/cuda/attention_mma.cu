@@ -1,0 +1,104 @@
+// Fused attention for BF16 q, k, v on tensor cores, FlashAttention-2's way with every tile in
+// registers: each product is a warp's mma.sync m16n8k16 (bf16 in, f32 accumulating), and a
+// product's accumulator fragments become the next product's A operand without leaving the
+// registers (the score tile S turns into P for P V; dP and P into dS for dS K). attention_tiled.cu
+// keeps the WMMA version of the same tiling (its accumulators round-trip through shared memory;
+// HPM_CUDA_ATTENTION=wmma picks it).
+//
+// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"), for
+// lane = 4 g + q (g = 0..7, q = 0..3):
+//   A (16 x 16, row-major): 4 registers of 2 bf16: (row g, cols 2q, 2q+1), (row g+8, same cols),
+//                           (row g, cols 2q+8, 2q+9), (row g+8, cols 2q+8, 2q+9);
+//   B (16 x 8, k x n):      2 registers: (rows 2q, 2q+1, col g), (rows 2q+8, 2q+9, col g);
+//   C (16 x 8, f32):        c0, c1 at (row g, cols 2q, 2q+1), c2, c3 at (row g+8, same cols).
+// So a row's values sit in one quad of lanes (a shuffle over lane bits 0 and 1 reduces it), and
+// two adjacent C tiles are, packed to bf16 pairs, exactly the A fragment of a 16-wide k step.
+//
+// Shared-memory tiles are bf16 rows padded by 8 elements: the 32-bit fragment loads of a warp (8
+// rows, 4 words each) and the 16-bit loads down a column (B operands whose k runs along the tile's
+// rows: V in P V, K in dS K, dO and Q in the dk/dv products) then fall in distinct banks.
+//
+// Forward: a block of 4 warps owns 64 queries (16 a warp); key tiles of 64 are double-buffered
+// with cp.async. The online softmax keeps each row's max m (quad-uniform) and a per-lane partial
+// sum l, summed over the quad once at the end; P = exp(scale S - m) is rounded to bf16 for P V
+// (the CPU rounds normalized probabilities: the two differ by bf16 rounding, the conformance
+// tolerance). out = O / l, lse = m + log(l).
+//
+// Backward, with P = exp(scale S - lse) recomputed and dS = P (dP - Delta), as attention_tiled.cu:
+// one kernel for dk and dv (a block per 64 keys, looping over the query tiles that see them) and
+// one for dq (a block per 64 queries), so every gradient row has one owner and every sum a fixed
+// order: bit-identical from run to run, at two products more than one kernel with atomic dq.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "tensor/backend/cuda/attention_mma.h"
+#include "tensor/backend/cuda/attention_mma_kernels.cuh"
+#include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm::cuda {
+
+namespace {
+
+// ---- host side
+// ------------------------------------------------------------------------------------
+
+template <typename F>
+void with_head_size(int d, F&& f) {
+  switch (d) {
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      break;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      break;
+    default:
+      throw std::logic_error("mma attention: head size " + std::to_string(d));
+  }
+}
+
+}  // namespace
+
+void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                           float* out, float* lse, std::int64_t batch, std::int64_t t,
+                           std::int64_t s, int d, bool causal, float scale, cudaStream_t stream) {
+  if (batch * t == 0) return;
+  with_head_size(d, [&](auto size) {
+    constexpr int kD = decltype(size)::value;
+    auto* kernel = mma_forward_kernel<kD>;
+    allow_dynamic_smem(kernel, kForwardSmem<kD>);
+    kernel<<<row_blocks(batch, t, kRows), kThreads, kForwardSmem<kD>, stream>>>(
+        q, k, v, out, lse, t, s, causal, scale);
+    HPM_CUDA_LAUNCH_CHECK("mma_forward_kernel");
+  });
+}
+
+void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                            const float* grad_out, const float* lse, const float* delta, float* gq,
+                            float* gk, float* gv, std::int64_t batch, std::int64_t t,
+                            std::int64_t s, int d, bool causal, float scale, cudaStream_t stream) {
+  with_head_size(d, [&](auto size) {
+    constexpr int kD = decltype(size)::value;
+    if (gq != nullptr && batch * t > 0) {
+      auto* kernel = mma_grad_q_kernel<kD>;
+      allow_dynamic_smem(kernel, kGradQSmem<kD>);
+      kernel<<<row_blocks(batch, t, kRows), kThreads, kGradQSmem<kD>, stream>>>(
+          q, k, v, grad_out, lse, delta, gq, t, s, causal, scale);
+      HPM_CUDA_LAUNCH_CHECK("mma_grad_q_kernel");
+    }
+    if (gk != nullptr && gv != nullptr && batch * s > 0) {
+      auto* kernel = mma_grad_kv_kernel<kD>;
+      allow_dynamic_smem(kernel, kGradKvSmem<kD>);
+      kernel<<<row_blocks(batch, s, kRows), kThreads, kGradKvSmem<kD>, stream>>>(
+          q, k, v, grad_out, lse, delta, gk, gv, t, s, causal, scale);
+      HPM_CUDA_LAUNCH_CHECK("mma_grad_kv_kernel");
+    }
+  });
+}
+
+}  // namespace hpm::cuda

@@ -1,0 +1,552 @@
+// The kernels of attention_mma.cu (its opening comment tells the tiling), apart from their
+// launchers so that tests/cuda_emulated can also compile them for the CPU: with
+// HPM_SIMT_EMULATION defined, the two instruments no host compiler has (mma.sync and the
+// dynamic shared memory) come from tests/cuda_emulated/simt.h, and cp.async is a copy.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace hpm::cuda {
+
+namespace {
+
+constexpr unsigned kAllLanes = 0xffffffffu;
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kRows = 64;  // rows a block owns (queries, or keys for dk and dv)
+constexpr int kWarps = 4;  // 16 rows each
+constexpr int kThreads = kWarps * 32;
+constexpr int kPad = 8;  // bf16 elements of row padding
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Columns of the tiles a kernel loops over: 64, but 32 for dk/dv and dq at head size 128, whose
+// four f32 accumulators of 16 x 128 would not fit the registers beside 64-wide score tiles.
+template <int kD>
+constexpr int kBackwardCols = kD == 128 ? 32 : 64;
+
+template <int kD>
+constexpr int kLd = kD + kPad;  // a staged row, in bf16 elements
+
+template <int kD>
+constexpr std::size_t tile_bytes(int rows) {
+  return sizeof(bf16) * static_cast<std::size_t>(rows) * kLd<kD>;
+}
+
+// Forward: Q, and two buffers of K and V.
+template <int kD>
+constexpr std::size_t kForwardSmem = tile_bytes<kD>(kRows) * 5;
+// dq: Q and dO, and two buffers of K and V tiles.
+template <int kD>
+constexpr std::size_t kGradQSmem = 2 * tile_bytes<kD>(kRows) +
+                                   4 * tile_bytes<kD>(kBackwardCols<kD>);
+// dk, dv: K and V, a Q and a dO tile, and the tile's lse and Delta.
+template <int kD>
+constexpr std::size_t kGradKvSmem = 2 * tile_bytes<kD>(kRows) +
+                                    2 * tile_bytes<kD>(kBackwardCols<kD>) +
+                                    2 * sizeof(float) * kBackwardCols<kD>;
+
+// The block's dynamic shared memory (the emulation's buffer of the launch's size on the CPU).
+__device__ __forceinline__ unsigned char* dynamic_smem() {
+#if defined(HPM_SIMT_EMULATION)
+  return ::hpm::simt::shared_memory();
+#else
+  extern __shared__ __align__(128) unsigned char smem[];
+  return smem;
+#endif
+}
+
+__device__ __forceinline__ std::int64_t min64(std::int64_t a, std::int64_t b) {
+  return a < b ? a : b;
+}
+
+// ---- the warp's instruments
+// ----------------------------------------------------------------------
+
+// D += A B for one m16n8k16 tile.
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4],
+                                    const std::uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#elif defined(HPM_SIMT_EMULATION)
+  ::hpm::simt::mma_m16n8k16_bf16(d, a, b);
+#else
+  __trap();  // bf16 mma needs sm_80, which every architecture hpm builds for has
+#endif
+}
+
+// A T read from, or written to, memory of another element type: a plain access on the card, a
+// memcpy in the emulation (the host compiler's strict aliasing would otherwise be free to reorder).
+template <typename T>
+__device__ __forceinline__ T load_as(const void* p) {
+#if defined(HPM_SIMT_EMULATION)
+  T v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+#else
+  return *reinterpret_cast<const T*>(p);
+#endif
+}
+template <typename T>
+__device__ __forceinline__ void store_as(void* p, const T& v) {
+#if defined(HPM_SIMT_EMULATION)
+  std::memcpy(p, &v, sizeof v);
+#else
+  *reinterpret_cast<T*>(p) = v;
+#endif
+}
+
+__device__ __forceinline__ std::uint32_t load32(const bf16* p) { return load_as<std::uint32_t>(p); }
+
+// Two bf16 from different rows as one register, lo in the low half (the lower k index).
+__device__ __forceinline__ std::uint32_t pair(const bf16* lo, const bf16* hi) {
+  return static_cast<std::uint32_t>(load_as<std::uint16_t>(lo)) |
+         static_cast<std::uint32_t>(load_as<std::uint16_t>(hi)) << 16;
+}
+
+__device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x, the low half, is lo
+  return load_as<std::uint32_t>(&h);
+}
+
+// A fragment of a row-major tile: rows [0, 16) from `rows`, k columns [k0, k0 + 16).
+__device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const bf16* rows, int ld, int k0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const bf16* p = rows + (lane >> 2) * ld + k0 + 2 * (lane & 3);
+  a[0] = load32(p);
+  a[1] = load32(p + 8 * ld);
+  a[2] = load32(p + 8);
+  a[3] = load32(p + 8 * ld + 8);
+}
+
+// B fragment where n runs along the tile's rows (B[k][n] = tile[n][k]): rows [0, 8) from `rows`,
+// k columns [k0, k0 + 16). Q K^T's K, dO V^T's V.
+__device__ __forceinline__ void load_b_by_rows(std::uint32_t (&b)[2], const bf16* rows, int ld,
+                                               int k0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const bf16* p = rows + (lane >> 2) * ld + k0 + 2 * (lane & 3);
+  b[0] = load32(p);
+  b[1] = load32(p + 8);
+}
+
+// B fragment where k runs along the tile's rows (B[k][n] = tile[k][n]): k rows [0, 16) from
+// `rows`, n columns [n0, n0 + 8). P V's V, dS K's K.
+__device__ __forceinline__ void load_b_by_cols(std::uint32_t (&b)[2], const bf16* rows, int ld,
+                                               int n0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const bf16* p = rows + 2 * (lane & 3) * ld + n0 + (lane >> 2);
+  b[0] = pair(p, p + ld);
+  b[1] = pair(p + 8 * ld, p + 9 * ld);
+}
+
+// C tiles 2 kk and 2 kk + 1 (16 x 16 of f32) as the A fragment of a product's k step kk.
+__device__ __forceinline__ void as_a(std::uint32_t (&a)[4], const float (&lo)[4],
+                                     const float (&hi)[4]) {
+  a[0] = pack(lo[0], lo[1]);
+  a[1] = pack(lo[2], lo[3]);
+  a[2] = pack(hi[0], hi[1]);
+  a[3] = pack(hi[2], hi[3]);
+}
+
+template <int kN>
+__device__ __forceinline__ void zero(float (&c)[kN][4]) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
+}
+
+// c (16 x 8 kN) = A B^T, A a warp's 16 rows of a staged tile and B's rows `cols` of another, both
+// kK wide: scores, S = Q K^T (S^T = K Q^T), and dP = dO V^T (dP^T = V dO^T).
+template <int kK, int kN>
+__device__ __forceinline__ void rows_times_rows(float (&c)[kN][4], const bf16* a_rows,
+                                                const bf16* b_rows, int ld) {
+  zero(c);
+#pragma unroll
+  for (int k0 = 0; k0 < kK; k0 += 16) {
+    std::uint32_t a[4];
+    load_a(a, a_rows, ld, k0);
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      std::uint32_t b[2];
+      load_b_by_rows(b, b_rows + 8 * n * ld, ld, k0);
+      mma(c[n], a, b);
+    }
+  }
+}
+
+// acc (16 x kD) += P T, P the 16 x 8 kN probabilities (or dS) in C fragments, T a staged tile of
+// 8 kN rows, kD wide: P V, dS K, P^T dO, dS^T Q. P is rounded to bf16 here.
+template <int kN, int kD>
+__device__ __forceinline__ void probs_times_tile(float (&acc)[kD / 8][4], const float (&p)[kN][4],
+                                                 const bf16* tile, int ld) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 2; ++kk) {
+    std::uint32_t a[4];
+    as_a(a, p[2 * kk], p[2 * kk + 1]);
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      std::uint32_t b[2];
+      load_b_by_cols(b, tile + 16 * kk * ld, ld, 8 * n);
+      mma(acc[n], a, b);
+    }
+  }
+}
+
+// ---- staging
+// -------------------------------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  // src-size 0 fills the 16 bytes with zeros and reads nothing.
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(valid ? 16 : 0));
+#elif defined(HPM_SIMT_EMULATION)
+  if (valid) {
+    std::memcpy(dst, src, 16);
+  } else {
+    std::memset(dst, 0, 16);
+  }
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+#endif
+}
+
+// Rows [0, rows) of a (., kD) bf16 matrix into `tile_rows` rows of a staged tile (zeros past
+// `rows`), asynchronously: the caller commits and waits. Every thread of the block takes part.
+template <int kD>
+__device__ void stage_async(bf16* dst, const std::uint16_t* __restrict__ src, std::int64_t rows,
+                            int tile_rows) {
+  constexpr int kVec = kD / 8;  // 16-byte pieces of a row
+  for (int e = static_cast<int>(threadIdx.x); e < tile_rows * kVec; e += kThreads) {
+    const int r = e / kVec, c = (e % kVec) * 8;
+    const bool valid = r < rows;
+    cp_async16(dst + r * kLd<kD> + c, src + (valid ? static_cast<std::int64_t>(r) * kD + c : 0),
+               valid);
+  }
+}
+
+// The same from f32 rows, each rounded to bf16 (nearest, ties to even), synchronously: dO.
+template <int kD>
+__device__ void stage_rounded(bf16* dst, const float* __restrict__ src, std::int64_t rows,
+                              int tile_rows) {
+  constexpr int kVec = kD / 8;
+  for (int e = static_cast<int>(threadIdx.x); e < tile_rows * kVec; e += kThreads) {
+    const int r = e / kVec, c = (e % kVec) * 8;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (r < rows) {
+      const float* p = src + static_cast<std::int64_t>(r) * kD + c;
+      const float4 lo = load_as<float4>(p), hi = load_as<float4>(p + 4);
+      x = make_uint4(pack(lo.x, lo.y), pack(lo.z, lo.w), pack(hi.x, hi.y), pack(hi.z, hi.w));
+    }
+    store_as(dst + r * kLd<kD> + c, x);
+  }
+}
+
+// A warp's 16 x kD accumulator, times `factor`, to rows [row0, row0 + 16) of a (rows, kD) f32
+// matrix, the rows past `rows` dropped.
+template <int kD>
+__device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], float* __restrict__ dst,
+                                           std::int64_t row0, std::int64_t rows, float factor0,
+                                           float factor8) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t r0 = row0 + (lane >> 2), r8 = r0 + 8;
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) {
+    const int c = 8 * n + 2 * (lane & 3);
+    if (r0 < rows) {
+      store_as(dst + r0 * kD + c, make_float2(acc[n][0] * factor0, acc[n][1] * factor0));
+    }
+    if (r8 < rows) {
+      store_as(dst + r8 * kD + c, make_float2(acc[n][2] * factor8, acc[n][3] * factor8));
+    }
+  }
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(kAllLanes, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kAllLanes, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kAllLanes, v, 1);
+  return v + __shfl_xor_sync(kAllLanes, v, 2);
+}
+
+// ---- forward
+// -------------------------------------------------------------------------------------
+
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    mma_forward_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
+                       const std::uint16_t* __restrict__ v, float* __restrict__ out,
+                       float* __restrict__ lse, std::int64_t t, std::int64_t s, bool causal,
+                       float scale) {
+  constexpr int kN = kRows;  // keys a tile
+  constexpr int kLdD = kLd<kD>;
+  bf16* q_s = reinterpret_cast<bf16*>(dynamic_smem());
+  // Buffer c of K is q_s + (kRows + c kN) rows, of V 2 kN rows further (pointer arithmetic, not
+  // an array of pointers, which a runtime index would put in local memory).
+  bf16* const k_s = q_s + kRows * kLdD;
+  bf16* const v_s = k_s + 2 * kN * kLdD;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, quad = lane & 3;
+
+  // A problem's query blocks last to first: under the causal mask the last see the most keys, and
+  // starting them first leaves the short ones for the grid's tail (the same values either way).
+  const std::int64_t row_blocks = (t + kRows - 1) / kRows;
+  const std::int64_t b = blockIdx.x / row_blocks;
+  const std::int64_t i0 = (row_blocks - 1 - blockIdx.x % row_blocks) * kRows;
+  const std::int64_t w0 = i0 + 16 * warp;             // the warp's first query
+  const std::int64_t i_lo = w0 + g, i_hi = i_lo + 8;  // this lane's two rows
+  const std::uint16_t* kb = k + b * s * kD;
+  const std::uint16_t* vb = v + b * s * kD;
+
+  const std::int64_t end = causal ? min64(s, i0 + kRows) : s;
+  const int tiles = static_cast<int>((end + kN - 1) / kN);
+  stage_async<kD>(q_s, q + (b * t + i0) * kD, min64(kRows, t - i0), kRows);
+  if (tiles > 0) {
+    stage_async<kD>(k_s, kb, min64(kN, s), kN);
+    stage_async<kD>(v_s, vb, min64(kN, s), kN);
+  }
+  cp_async_commit();
+
+  float o[kD / 8][4];
+  zero(o);
+  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.0f, l_hi = 0.0f;  // l: this lane's share
+  for (int it = 0; it < tiles; ++it) {
+    const std::int64_t j0 = static_cast<std::int64_t>(it) * kN;
+    cp_async_wait<0>();
+    __syncthreads();  // tile it is in; every warp is done with tile it - 1's buffer
+    if (it + 1 < tiles) {
+      const int nb = (it + 1) & 1;
+      stage_async<kD>(k_s + nb * kN * kLdD, kb + (j0 + kN) * kD, min64(kN, s - j0 - kN), kN);
+      stage_async<kD>(v_s + nb * kN * kLdD, vb + (j0 + kN) * kD, min64(kN, s - j0 - kN), kN);
+    }
+    cp_async_commit();
+    // Warp-uniform: no query of the warp, or (causal) no key of the tile any of them sees.
+    if (w0 >= t || (causal && j0 > w0 + 15)) continue;
+    const int cb = it & 1;
+    float sc[kN / 8][4];
+    rows_times_rows<kD, kN / 8>(sc, q_s + 16 * warp * kLdD, k_s + cb * kN * kLdD, kLdD);
+    float max_lo = kNegInf, max_hi = kNegInf;
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
+        const std::int64_t i = e < 2 ? i_lo : i_hi;
+        const bool seen = j < s && !(causal && j > i);
+        sc[n][e] = seen ? sc[n][e] * scale : kNegInf;
+      }
+      max_lo = fmaxf(max_lo, fmaxf(sc[n][0], sc[n][1]));
+      max_hi = fmaxf(max_hi, fmaxf(sc[n][2], sc[n][3]));
+    }
+    const float new_lo = fmaxf(m_lo, quad_max(max_lo)), new_hi = fmaxf(m_hi, quad_max(max_hi));
+    // A row that has seen nothing yet keeps m = -inf, l = 0 and its zero accumulator.
+    const float rescale_lo = new_lo == kNegInf ? 1.0f : __expf(m_lo - new_lo);
+    const float rescale_hi = new_hi == kNegInf ? 1.0f : __expf(m_hi - new_hi);
+    float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+      sc[n][0] = new_lo == kNegInf ? 0.0f : __expf(sc[n][0] - new_lo);
+      sc[n][1] = new_lo == kNegInf ? 0.0f : __expf(sc[n][1] - new_lo);
+      sc[n][2] = new_hi == kNegInf ? 0.0f : __expf(sc[n][2] - new_hi);
+      sc[n][3] = new_hi == kNegInf ? 0.0f : __expf(sc[n][3] - new_hi);
+      sum_lo += sc[n][0] + sc[n][1];
+      sum_hi += sc[n][2] + sc[n][3];
+    }
+    l_lo = l_lo * rescale_lo + sum_lo;
+    l_hi = l_hi * rescale_hi + sum_hi;
+    m_lo = new_lo;
+    m_hi = new_hi;
+#pragma unroll
+    for (int n = 0; n < kD / 8; ++n) {
+      o[n][0] *= rescale_lo;
+      o[n][1] *= rescale_lo;
+      o[n][2] *= rescale_hi;
+      o[n][3] *= rescale_hi;
+    }
+    probs_times_tile<kN / 8, kD>(o, sc, v_s + cb * kN * kLdD, kLdD);
+  }
+  cp_async_wait<0>();  // nothing left in flight when the block exits
+  if (w0 >= t) return;
+  l_lo = quad_sum(l_lo);
+  l_hi = quad_sum(l_hi);
+  if (quad == 0) {
+    if (i_lo < t) lse[b * t + i_lo] = l_lo > 0.0f ? m_lo + __logf(l_lo) : kNegInf;
+    if (i_hi < t) lse[b * t + i_hi] = l_hi > 0.0f ? m_hi + __logf(l_hi) : kNegInf;
+  }
+  store_rows<kD>(o, out + b * t * kD, w0, t, l_lo > 0.0f ? 1.0f / l_lo : 0.0f,
+                 l_hi > 0.0f ? 1.0f / l_hi : 0.0f);
+}
+
+// ---- backward
+// ------------------------------------------------------------------------------------
+
+// dq for 64 queries a block, over the key tiles they see; K and V tiles double-buffered.
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    mma_grad_q_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
+                      const std::uint16_t* __restrict__ v, const float* __restrict__ grad_out,
+                      const float* __restrict__ lse, const float* __restrict__ delta,
+                      float* __restrict__ gq, std::int64_t t, std::int64_t s, bool causal,
+                      float scale) {
+  constexpr int kN = kBackwardCols<kD>;  // keys a tile
+  constexpr int kLdD = kLd<kD>;
+  bf16* q_s = reinterpret_cast<bf16*>(dynamic_smem());
+  bf16* g_s = q_s + kRows * kLdD;
+  bf16* const k_s = g_s + kRows * kLdD;  // two buffers of kN rows each, as the forward's
+  bf16* const v_s = k_s + 2 * kN * kLdD;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, quad = lane & 3;
+
+  const std::int64_t row_blocks = (t + kRows - 1) / kRows;
+  const std::int64_t b = blockIdx.x / row_blocks;
+  const std::int64_t i0 = (row_blocks - 1 - blockIdx.x % row_blocks) * kRows;
+  const std::int64_t w0 = i0 + 16 * warp;
+  const std::int64_t i_lo = w0 + g, i_hi = i_lo + 8;
+  // A row that saw no key (lse -inf: only from a caller's own lse) has no probabilities.
+  const float lse_lo = i_lo < t ? lse[b * t + i_lo] : kNegInf;
+  const float lse_hi = i_hi < t ? lse[b * t + i_hi] : kNegInf;
+  const float delta_lo = i_lo < t ? delta[b * t + i_lo] : 0.0f;
+  const float delta_hi = i_hi < t ? delta[b * t + i_hi] : 0.0f;
+  const std::uint16_t* kb = k + b * s * kD;
+  const std::uint16_t* vb = v + b * s * kD;
+
+  const std::int64_t end = causal ? min64(s, i0 + kRows) : s;
+  const int tiles = static_cast<int>((end + kN - 1) / kN);
+  stage_async<kD>(q_s, q + (b * t + i0) * kD, min64(kRows, t - i0), kRows);
+  if (tiles > 0) {
+    stage_async<kD>(k_s, kb, min64(kN, s), kN);
+    stage_async<kD>(v_s, vb, min64(kN, s), kN);
+  }
+  cp_async_commit();
+  stage_rounded<kD>(g_s, grad_out + (b * t + i0) * kD, min64(kRows, t - i0), kRows);
+
+  float dq[kD / 8][4];
+  zero(dq);
+  for (int it = 0; it < tiles; ++it) {
+    const std::int64_t j0 = static_cast<std::int64_t>(it) * kN;
+    cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < tiles) {
+      const int nb = (it + 1) & 1;
+      stage_async<kD>(k_s + nb * kN * kLdD, kb + (j0 + kN) * kD, min64(kN, s - j0 - kN), kN);
+      stage_async<kD>(v_s + nb * kN * kLdD, vb + (j0 + kN) * kD, min64(kN, s - j0 - kN), kN);
+    }
+    cp_async_commit();
+    if (w0 >= t || (causal && j0 > w0 + 15)) continue;  // warp-uniform
+    const int cb = it & 1;
+    float p[kN / 8][4], dp[kN / 8][4];
+    rows_times_rows<kD, kN / 8>(p, q_s + 16 * warp * kLdD, k_s + cb * kN * kLdD, kLdD);
+    rows_times_rows<kD, kN / 8>(dp, g_s + 16 * warp * kLdD, v_s + cb * kN * kLdD, kLdD);
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
+        const std::int64_t i = e < 2 ? i_lo : i_hi;
+        const float row_lse = e < 2 ? lse_lo : lse_hi;
+        const bool seen = i < t && j < s && !(causal && j > i) && row_lse != kNegInf;
+        const float prob = seen ? __expf(p[n][e] * scale - row_lse) : 0.0f;
+        p[n][e] = prob * (dp[n][e] - (e < 2 ? delta_lo : delta_hi));  // dS
+      }
+    }
+    probs_times_tile<kN / 8, kD>(dq, p, k_s + cb * kN * kLdD,
+                                 kLdD);  // dQ += dS K (scaled at the end)
+  }
+  cp_async_wait<0>();
+  if (w0 >= t) return;
+  store_rows<kD>(dq, gq + b * t * kD, w0, t, scale, scale);
+}
+
+// dk and dv for 64 keys a block, over the query tiles that see them.
+template <int kD>
+__global__ void __launch_bounds__(kThreads)
+    mma_grad_kv_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
+                       const std::uint16_t* __restrict__ v, const float* __restrict__ grad_out,
+                       const float* __restrict__ lse, const float* __restrict__ delta,
+                       float* __restrict__ gk, float* __restrict__ gv, std::int64_t t,
+                       std::int64_t s, bool causal, float scale) {
+  constexpr int kN = kBackwardCols<kD>;  // queries a tile
+  constexpr int kLdD = kLd<kD>;
+  bf16* k_s = reinterpret_cast<bf16*>(dynamic_smem());
+  bf16* v_s = k_s + kRows * kLdD;
+  bf16* q_s = v_s + kRows * kLdD;
+  bf16* g_s = q_s + kN * kLdD;
+  float* lse_s = reinterpret_cast<float*>(g_s + kN * kLdD);
+  float* delta_s = lse_s + kN;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, quad = lane & 3;
+
+  const std::int64_t key_blocks = (s + kRows - 1) / kRows;
+  const std::int64_t b = blockIdx.x / key_blocks, j0 = (blockIdx.x % key_blocks) * kRows;
+  const std::int64_t w0 = j0 + 16 * warp;  // the warp's first key
+  const std::int64_t j_lo = w0 + g, j_hi = j_lo + 8;
+  stage_async<kD>(k_s, k + (b * s + j0) * kD, min64(kRows, s - j0), kRows);
+  stage_async<kD>(v_s, v + (b * s + j0) * kD, min64(kRows, s - j0), kRows);
+  cp_async_commit();
+
+  float dk[kD / 8][4], dv[kD / 8][4];
+  zero(dk);
+  zero(dv);
+  // Causal: query i sees key j when j <= i, so no query before j0 sees this block's keys.
+  for (std::int64_t i0 = causal ? j0 : 0; i0 < t; i0 += kN) {
+    const std::int64_t rows = min64(kN, t - i0);
+    __syncthreads();  // every warp is done with the previous query tile
+    stage_async<kD>(q_s, q + (b * t + i0) * kD, rows, kN);
+    cp_async_commit();
+    stage_rounded<kD>(g_s, grad_out + (b * t + i0) * kD, rows, kN);
+    for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
+      lse_s[c] = c < rows ? lse[b * t + i0 + c] : kNegInf;  // -inf: no probability past t
+      delta_s[c] = c < rows ? delta[b * t + i0 + c] : 0.0f;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    if (w0 >= s || (causal && w0 > i0 + kN - 1)) continue;  // warp-uniform
+    // S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x kN queries); P^T, then dS^T over P^T.
+    float p[kN / 8][4], dp[kN / 8][4];
+    rows_times_rows<kD, kN / 8>(p, k_s + 16 * warp * kLdD, q_s, kLdD);
+    rows_times_rows<kD, kN / 8>(dp, v_s + 16 * warp * kLdD, g_s, kLdD);
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * n + 2 * quad + (e & 1);
+        const std::int64_t i = i0 + c, j = e < 2 ? j_lo : j_hi;
+        const float col_lse = lse_s[c];
+        const bool seen = j < s && !(causal && j > i) && col_lse != kNegInf;
+        p[n][e] = seen ? __expf(p[n][e] * scale - col_lse) : 0.0f;
+        dp[n][e] = p[n][e] * (dp[n][e] - delta_s[c]);  // dS^T
+      }
+    }
+    probs_times_tile<kN / 8, kD>(dv, p, g_s, kLdD);   // dV += P^T dO
+    probs_times_tile<kN / 8, kD>(dk, dp, q_s, kLdD);  // dK += dS^T Q (scaled at the end)
+  }
+  cp_async_wait<0>();  // a block whose loop never ran still has K and V in flight
+  if (w0 >= s) return;
+  store_rows<kD>(dk, gk + b * s * kD, w0, s, scale, scale);
+  store_rows<kD>(dv, gv + b * s * kD, w0, s, 1.0f, 1.0f);
+}
+
+}  // namespace
+
+}  // namespace hpm::cuda

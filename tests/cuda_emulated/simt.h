@@ -1,0 +1,146 @@
+// A CPU stand-in for the parts of CUDA's execution model that hpm's register-tiled kernels use, so
+// that their index arithmetic, masks and synchronization run in every build, GPU or not: each
+// thread of a block is a std::thread, blocks run one after another, __syncthreads is a barrier of
+// the block's threads, warp shuffles and mma.sync a barrier of the warp's 32 with an exchange of
+// registers. mma.sync m16n8k16 (bf16 in, f32 out) follows the fragment layouts of the PTX ISA
+// ("Matrix Fragments for mma.m16n8k16 with floating point type"), written out independently of
+// the kernels' own use of them. Shared memory is a heap buffer of the launch's exact size, so
+// ASan sees an access past it; TSan sees two threads touching it without a barrier between.
+//
+// Include the CUDA headers the kernels use first, then this, then the kernels with
+// HPM_SIMT_EMULATION defined. Not a simulator of timing, occupancy or memory ordering beyond the
+// barriers: a kernel that passes here can still be slow or racy on a card (racecheck's job).
+#pragma once
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace hpm::simt {
+
+struct Index {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+class Block {
+ public:
+  Block(unsigned threads, std::size_t shared_bytes)
+      : all_(static_cast<std::ptrdiff_t>(threads)), shared_(shared_bytes), lanes_(threads) {
+    for (unsigned w = 0; w < (threads + 31) / 32; ++w) {
+      const unsigned in_warp = threads - 32 * w < 32 ? threads - 32 * w : 32;
+      warps_.push_back(std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(in_warp)));
+    }
+  }
+
+  // What a lane shows its warp for an exchange.
+  struct Lane {
+    std::uint32_t a[4];
+    std::uint32_t b[2];
+    float value;
+  };
+
+  void sync_threads() { all_.arrive_and_wait(); }
+  void sync_warp(unsigned thread) { warps_[thread / 32]->arrive_and_wait(); }
+  // A finished thread leaves every barrier (an exited thread no longer counts on a card either).
+  void leave(unsigned thread) {
+    all_.arrive_and_drop();
+    warps_[thread / 32]->arrive_and_drop();
+  }
+  unsigned char* shared() { return shared_.data(); }
+  Lane& lane(unsigned thread) { return lanes_[thread]; }
+
+ private:
+  std::barrier<> all_;
+  std::vector<std::unique_ptr<std::barrier<>>> warps_;
+  std::vector<unsigned char> shared_;
+  std::vector<Lane> lanes_;
+};
+
+inline thread_local Index thread_index, block_index;
+inline thread_local Block* current_block = nullptr;
+
+inline void sync_threads() { current_block->sync_threads(); }
+inline unsigned char* shared_memory() { return current_block->shared(); }
+
+inline float shfl_xor(float v, int lane_mask) {
+  const unsigned me = thread_index.x, lane = me & 31u;
+  current_block->lane(me).value = v;
+  current_block->sync_warp(me);
+  const float other =
+      current_block->lane(me - lane + (lane ^ static_cast<unsigned>(lane_mask))).value;
+  current_block->sync_warp(me);  // nobody overwrites a value before every lane has read it
+  return other;
+}
+
+inline float bf16_at(std::uint32_t pair, int half) {
+  const std::uint32_t bits = (pair >> (16 * half)) & 0xffffu;
+  float f;
+  const std::uint32_t widened = bits << 16;
+  std::memcpy(&f, &widened, sizeof f);
+  return f;
+}
+
+// d += A B, A 16 x 16 and B 16 x 8 spread over the warp's lanes as the PTX ISA lays them out.
+inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4],
+                              const std::uint32_t (&b)[2]) {
+  const unsigned me = thread_index.x, lane = me & 31u, first = me - lane;
+  Block::Lane& mine = current_block->lane(me);
+  std::memcpy(mine.a, a, sizeof mine.a);
+  std::memcpy(mine.b, b, sizeof mine.b);
+  current_block->sync_warp(me);
+  // A's (row, k): lane 4 (row % 8) + (k % 8) / 2, register (row >= 8) + 2 (k >= 8), half k % 2.
+  auto a_at = [&](int row, int k) {
+    const Block::Lane& owner = current_block->lane(first + 4 * (row % 8) + (k % 8) / 2);
+    return bf16_at(owner.a[(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k % 2);
+  };
+  // B's (k, col): lane 4 col + (k % 8) / 2, register k >= 8, half k % 2.
+  auto b_at = [&](int k, int col) {
+    const Block::Lane& owner = current_block->lane(first + 4 * col + (k % 8) / 2);
+    return bf16_at(owner.b[k >= 8 ? 1 : 0], k % 2);
+  };
+  const int g = static_cast<int>(lane / 4), q = static_cast<int>(lane % 4);
+  float out[4];
+  for (int e = 0; e < 4; ++e) {
+    const int row = g + (e >= 2 ? 8 : 0), col = 2 * q + e % 2;
+    float sum = d[e];
+    for (int k = 0; k < 16; ++k) sum += a_at(row, k) * b_at(k, col);
+    out[e] = sum;
+  }
+  current_block->sync_warp(me);  // every lane has read the others' registers
+  std::memcpy(d, out, sizeof out);
+}
+
+// Runs kernel() on `grid` blocks of `threads` threads with `shared_bytes` of dynamic shared
+// memory, a block at a time.
+template <typename Kernel>
+void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Kernel&& kernel) {
+  for (unsigned bx = 0; bx < grid; ++bx) {
+    Block block(threads, shared_bytes);
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (unsigned tx = 0; tx < threads; ++tx) {
+      pool.emplace_back([&block, &kernel, bx, tx] {
+        thread_index = Index{tx, 0, 0};
+        block_index = Index{bx, 0, 0};
+        current_block = &block;
+        kernel();
+        block.leave(tx);
+      });
+    }
+    for (std::thread& t : pool) t.join();
+  }
+}
+
+}  // namespace hpm::simt
+
+#define threadIdx (::hpm::simt::thread_index)
+#define blockIdx (::hpm::simt::block_index)
+#define __syncthreads() ::hpm::simt::sync_threads()
+#define __shfl_xor_sync(mask, v, lane_mask) ::hpm::simt::shfl_xor((v), (lane_mask))
+#define __expf(x) std::exp(x)
+#define __logf(x) std::log(x)
+#define __launch_bounds__(...)
