@@ -19,6 +19,7 @@ rate is its report's train_tokens_per_s_after_first_step (the first step makes t
 plans and the allocator's pool). Each side synchronizes at its ends.
 
 --ab-env KEY=VALUE runs hpm again with that environment variable (for example
+HPM_CUDA_ATTENTION=wmma, the WMMA attention kernels instead of the register-tiled mma.sync ones,
 HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones, or
 HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues) and prints its rate beside
 the first; repeatable, one run per variable.

@@ -49,6 +49,9 @@ step() {
 fortunes=("$W"/data/fortunes/*)
 text=(--set "data.files=$W/data/fortunes/*")
 step tests 120 tests.log test_cuda --gtest_brief=1
+# The attention cases again on the WMMA kernels (the register-tiled mma.sync ones are the default).
+HPM_CUDA_ATTENTION=wmma HPM_BACKEND_CASES=attention step tests_wmma 60 tests.log test_cuda \
+  --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
 # The fortunes GPT in f32 and bf16 on the GPU (its validation loss against the CPU's 2.0712);
 # the f32 run keeps a checkpoint that the CPU evaluates and the GPU samples from.
 step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
@@ -64,13 +67,13 @@ step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --pre
   --iters 2000 --text "${fortunes[@]}"
 # Speed next, before the sanitizers: if the call runs out of time, the figures are back.
 # Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
-# three sizes of issue 32 (GPT-2 small on random tokens); hpm again with the warp-per-row
-# attention kernels (HPM_CUDA_ATTENTION=rowwise) for the tensor-core ones' share, and again
+# three sizes of issue 32 (GPT-2 small on random tokens); hpm again with the WMMA attention
+# kernels (HPM_CUDA_ATTENTION=wmma) against the register-tiled mma.sync ones, and again
 # without cuBLASLt's bias epilogues (HPM_CUDA_LT_EPILOGUES=0) for theirs; and a 30-step
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts from.
 step bench 400 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-fortunes,shakespeare,gpt2}" --steps 100 \
-  --ab-env HPM_CUDA_ATTENTION=rowwise --ab-env HPM_CUDA_LT_EPILOGUES=0 --profile-steps 30 \
+  --ab-env HPM_CUDA_ATTENTION=wmma --ab-env HPM_CUDA_LT_EPILOGUES=0 --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 # Kernel by kernel on the card (ncu, one cheap metric: each kernel's duration), a step and a half

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Does whatever set-up is missing, builds, and runs every test with CTest. Then the unit tests
 # again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), and the threaded input
-# pipeline's, the local collectives', offload's, the optimizer's and the pipeline stages' tests
-# under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those passes. Last, every libFuzzer
+# pipeline's, the local collectives', offload's, the optimizer's, the pipeline stages' and the
+# emulated CUDA kernels' tests under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those passes. Last, every libFuzzer
 # target for FUZZ_SECONDS (20) each (scripts/fuzz.sh, build-fuzz/); SKIP_FUZZ=1 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,13 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # cannot see into).
   phase "TSan build and tests"
   cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHPM_TSAN=ON -DHPM_BUILD_BENCH=OFF
-  cmake --build build-tsan --target test_data test_comm test_nn test_optim test_pipeline test_distill -j "${JOBS:-$(nproc)}"
+  tsan_targets="test_data test_comm test_nn test_optim test_pipeline test_distill"
+  # The emulated CUDA kernels' test exists where CUDA's headers do.
+  if cmake --build build-tsan --target help | grep -q '^test_cuda_emulated:'; then
+    tsan_targets+=" test_cuda_emulated"
+  fi
+  # shellcheck disable=SC2086  # the list splits into targets
+  cmake --build build-tsan --target $tsan_targets -j "${JOBS:-$(nproc)}"
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L data
   # The local collectives (threads sharing buffers, progress counters, the group barrier).
   TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan --output-on-failure -L comm -R Local
@@ -46,6 +52,12 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # command tests need the hpm binary, which this build does not make).
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -L distill -E Command
+  # CUDA kernels under the CPU's emulation of a block (tests/cuda_emulated/simt.h): a shared-memory
+  # access of two threads with no barrier between them is a race here, as racecheck's on a card.
+  if [[ " $tsan_targets " == *" test_cuda_emulated "* ]]; then
+    OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
+      ctest --test-dir build-tsan --output-on-failure -L cuda_emulated
+  fi
 fi
 # The parsers of outside bytes under libFuzzer (clang, ASan + UBSan): a bounded run of each target
 # from its committed seed corpus. Longer runs by hand: FUZZ_SECONDS=600 scripts/fuzz.sh TARGET.
