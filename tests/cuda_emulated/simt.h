@@ -8,8 +8,10 @@
 // ASan sees an access past it; TSan sees two threads touching it without a barrier between.
 //
 // Include the CUDA headers the kernels use first, then this, then the kernels with
-// HPM_SIMT_EMULATION defined. Not a simulator of timing, occupancy or memory ordering beyond the
-// barriers: a kernel that passes here can still be slow or racy on a card (racecheck's job).
+// HPM_SIMT_EMULATION defined. Dynamic shared memory is shared_memory(), reached through a helper
+// (attention_mma_kernels.cuh's dynamic_smem): `extern __shared__` has no emulation. Not a simulator
+// of timing, occupancy or memory ordering beyond the barriers: a kernel that passes here can still
+// be slow or racy on a card (racecheck's job).
 #pragma once
 #include <barrier>
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -40,7 +43,7 @@ class Block {
   struct Lane {
     std::uint32_t a[4];
     std::uint32_t b[2];
-    float value;
+    unsigned char value[8];  // a shuffled float, double or 64-bit integer
   };
 
   void sync_threads() { all_.arrive_and_wait(); }
@@ -60,20 +63,55 @@ class Block {
   std::vector<Lane> lanes_;
 };
 
-inline thread_local Index thread_index, block_index;
+inline thread_local Index thread_index, block_index, block_dim, grid_dim;
 inline thread_local Block* current_block = nullptr;
 
 inline void sync_threads() { current_block->sync_threads(); }
 inline unsigned char* shared_memory() { return current_block->shared(); }
 
-inline float shfl_xor(float v, int lane_mask) {
+// Every lane gets the value lane `source(lane)` of its warp passed.
+template <typename T, typename Source>
+T shuffle(T v, Source source) {
+  static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes here");
   const unsigned me = thread_index.x, lane = me & 31u;
-  current_block->lane(me).value = v;
+  std::memcpy(current_block->lane(me).value, &v, sizeof v);
   current_block->sync_warp(me);
-  const float other =
-      current_block->lane(me - lane + (lane ^ static_cast<unsigned>(lane_mask))).value;
+  T other;
+  std::memcpy(&other, current_block->lane(me - lane + source(lane)).value, sizeof other);
   current_block->sync_warp(me);  // nobody overwrites a value before every lane has read it
   return other;
+}
+template <typename T>
+T shfl_xor(T v, int lane_mask) {
+  return shuffle(v, [lane_mask](unsigned lane) { return lane ^ static_cast<unsigned>(lane_mask); });
+}
+template <typename T>
+T shfl_down(T v, int delta) {  // a lane past the warp's end keeps its own value, as on a card
+  return shuffle(v, [delta](unsigned lane) {
+    const unsigned from = lane + static_cast<unsigned>(delta);
+    return from < 32u ? from : lane;
+  });
+}
+
+template <typename To, typename From>
+To bit_cast(From from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
+}
+
+// Atomics serialize on one lock.
+inline std::mutex& atomic_lock() {
+  static std::mutex lock;
+  return lock;
+}
+template <typename T>
+T atomic_min(T* address, T value) {
+  const std::lock_guard<std::mutex> hold(atomic_lock());
+  const T old = *address;
+  if (value < old) *address = value;
+  return old;
 }
 
 inline float bf16_at(std::uint32_t pair, int half) {
@@ -123,9 +161,11 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Kernel&& 
     std::vector<std::thread> pool;
     pool.reserve(threads);
     for (unsigned tx = 0; tx < threads; ++tx) {
-      pool.emplace_back([&block, &kernel, bx, tx] {
+      pool.emplace_back([&block, &kernel, bx, tx, grid, threads] {
         thread_index = Index{tx, 0, 0};
         block_index = Index{bx, 0, 0};
+        block_dim = Index{threads, 1, 1};
+        grid_dim = Index{grid, 1, 1};
         current_block = &block;
         kernel();
         block.leave(tx);
@@ -139,8 +179,19 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Kernel&& 
 
 #define threadIdx (::hpm::simt::thread_index)
 #define blockIdx (::hpm::simt::block_index)
+#define blockDim (::hpm::simt::block_dim)
+#define gridDim (::hpm::simt::grid_dim)
 #define __syncthreads() ::hpm::simt::sync_threads()
 #define __shfl_xor_sync(mask, v, lane_mask) ::hpm::simt::shfl_xor((v), (lane_mask))
+#define __shfl_down_sync(mask, v, delta) ::hpm::simt::shfl_down((v), (delta))
+#define __float_as_uint(x) ::hpm::simt::bit_cast<unsigned>(static_cast<float>(x))
+#define __uint_as_float(x) ::hpm::simt::bit_cast<float>(static_cast<unsigned>(x))
+#define __fadd_rn(a, b) ((a) + (b))  // compiled without contraction (-ffp-contract=off)
+#define __fmul_rn(a, b) ((a) * (b))
+#define atomicMin(address, value) ::hpm::simt::atomic_min((address), (value))
 #define __expf(x) std::exp(x)
 #define __logf(x) std::log(x)
 #define __launch_bounds__(...)
+// A block's static shared arrays: one in the process serves, blocks running one at a time.
+#undef __shared__
+#define __shared__ static

@@ -41,7 +41,7 @@ struct Gather {
   int rank = 0;
   std::int64_t dims[kMaxGatherDims] = {}, strides[kMaxGatherDims] = {};
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(HPM_SIMT_EMULATION)  // device code, or its CPU emulation
   __device__ std::int64_t offset(std::int64_t flat) const {
     std::int64_t off = 0;
     for (int d = rank - 1; d >= 0; --d) {
@@ -79,7 +79,7 @@ inline Gather make_gather(const Shape& out, const std::vector<std::int64_t>& str
   return g;
 }
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(HPM_SIMT_EMULATION)  // device code, or its CPU emulation
 // cpu/bf16.cpp's rounding of f32 to bf16, bit for bit: to nearest even, a NaN kept a quiet NaN
 // with its sign and upper payload (__float2bfloat16_rn rounds the same but returns a canonical
 // NaN).

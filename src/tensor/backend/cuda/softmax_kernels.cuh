@@ -1,0 +1,350 @@
+// The kernels of softmax.cu (its opening comment tells their shapes), apart from the launchers
+// so that tests/cuda_emulated can compile them for the CPU too (HPM_SIMT_EMULATION).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "tensor/backend/cuda/kernel_support.h"
+
+namespace hpm::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;                 // threads of a block
+constexpr std::int64_t kWarpRowMax = 1024;  // longest row a warp takes alone
+
+// ---- reductions: warp butterflies, and blocks as warps of warps --------------------------------
+
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct MaxKeyOp {
+  __device__ unsigned long long operator()(unsigned long long a, unsigned long long b) const {
+    return a > b ? a : b;
+  }
+};
+struct SumOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+
+// Every lane gets the reduction of the warp's 32 values.
+template <typename T, typename Op>
+__device__ T warp_reduce(T v, Op op) {
+  for (int offset = 16; offset > 0; offset >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, offset));
+  return v;
+}
+
+// Every thread of the block gets the reduction of the block's values (blockDim.x a multiple of 32;
+// every thread must call it).
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op, T identity) {
+  __shared__ T partial[32];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
+  v = warp_reduce(v, op);
+  __syncthreads();  // a previous call's readers are done with `partial`
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  v = lane < warps ? partial[lane] : identity;
+  return warp_reduce(v, op);
+}
+
+// The threads sharing a row: a warp (kWarp) or the whole block.
+template <bool kWarp>
+struct Team {
+  int rank, size;
+  std::int64_t first_row, row_stride;
+  __device__ Team() {
+    if constexpr (kWarp) {
+      const int warps = static_cast<int>(blockDim.x) >> 5;
+      rank = static_cast<int>(threadIdx.x) & 31;
+      size = 32;
+      first_row = static_cast<std::int64_t>(blockIdx.x) * warps + (threadIdx.x >> 5);
+      row_stride = static_cast<std::int64_t>(gridDim.x) * warps;
+    } else {
+      rank = static_cast<int>(threadIdx.x);
+      size = static_cast<int>(blockDim.x);
+      first_row = blockIdx.x;
+      row_stride = gridDim.x;
+    }
+  }
+  template <typename T, typename Op>
+  __device__ T reduce(T v, Op op, T identity) const {
+    if constexpr (kWarp) {
+      return warp_reduce(v, op);
+    } else {
+      return block_reduce(v, op, identity);
+    }
+  }
+};
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// ---- softmax / log-softmax ---------------------------------------------------------------------
+
+// Rows of `len` contiguous elements.
+template <bool kLog, bool kWarp>
+__global__ void softmax_rows_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                    std::int64_t rows, std::int64_t len) {
+  const Team<kWarp> team;
+  // The loop bound is uniform across a team, so block reductions inside it are safe.
+  for (std::int64_t row = team.first_row; row < rows; row += team.row_stride) {
+    const float* xr = x + row * len;
+    float* yr = y + row * len;
+    float mx = kNegInf;
+    for (std::int64_t l = team.rank; l < len; l += team.size) mx = fmaxf(mx, xr[l]);
+    mx = team.reduce(mx, MaxOp{}, kNegInf);
+    if (mx == kNegInf) {
+      // Every entry masked: zeros (log: -inf), not NaN, so a padded row contributes nothing.
+      for (std::int64_t l = team.rank; l < len; l += team.size) yr[l] = kLog ? kNegInf : 0.0f;
+      continue;
+    }
+    double sum = 0.0;
+    for (std::int64_t l = team.rank; l < len; l += team.size) sum += expf(xr[l] - mx);
+    sum = team.reduce(sum, SumOp{}, 0.0);
+    if constexpr (kLog) {
+      const float lse = mx + static_cast<float>(log(sum));
+      for (std::int64_t l = team.rank; l < len; l += team.size) yr[l] = xr[l] - lse;
+    } else {
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (std::int64_t l = team.rank; l < len; l += team.size) yr[l] = expf(xr[l] - mx) * inv;
+    }
+  }
+}
+
+// One thread per (outer, inner) column, its len elements `inner` apart.
+template <bool kLog>
+__global__ void softmax_columns_kernel(const float* __restrict__ x, float* __restrict__ y,
+                                       std::int64_t outer, std::int64_t len, std::int64_t inner) {
+  const std::int64_t columns = outer * inner;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < columns; c += stride) {
+    const std::int64_t base = (c / inner) * len * inner + c % inner;
+    const float* xr = x + base;
+    float* yr = y + base;
+    float mx = kNegInf;
+    for (std::int64_t l = 0; l < len; ++l) mx = fmaxf(mx, xr[l * inner]);
+    if (mx == kNegInf) {
+      for (std::int64_t l = 0; l < len; ++l) yr[l * inner] = kLog ? kNegInf : 0.0f;
+      continue;
+    }
+    double sum = 0.0;
+    for (std::int64_t l = 0; l < len; ++l) sum += expf(xr[l * inner] - mx);
+    if constexpr (kLog) {
+      const float lse = mx + static_cast<float>(log(sum));
+      for (std::int64_t l = 0; l < len; ++l) yr[l * inner] = xr[l * inner] - lse;
+    } else {
+      const auto inv = static_cast<float>(1.0 / sum);
+      for (std::int64_t l = 0; l < len; ++l) yr[l * inner] = expf(xr[l * inner] - mx) * inv;
+    }
+  }
+}
+
+// ---- backward: softmax dx = y * (g - sum(g * y)); log-softmax dx = g - exp(y) * sum(g)
+// ------------
+
+template <bool kLog>
+__device__ double backward_term(float g, float y) {
+  return kLog ? static_cast<double>(g) : static_cast<double>(g) * y;
+}
+template <bool kLog>
+__device__ float backward_value(float g, float y, float s) {
+  return kLog ? g - expf(y) * s : y * (g - s);
+}
+
+template <bool kLog, bool kWarp>
+__global__ void softmax_backward_rows_kernel(const float* __restrict__ g,
+                                             const float* __restrict__ y, float* __restrict__ dx,
+                                             std::int64_t rows, std::int64_t len) {
+  const Team<kWarp> team;
+  for (std::int64_t row = team.first_row; row < rows; row += team.row_stride) {
+    const std::int64_t base = row * len;
+    double sum = 0.0;
+    for (std::int64_t l = team.rank; l < len; l += team.size)
+      sum += backward_term<kLog>(g[base + l], y[base + l]);
+    const auto s = static_cast<float>(team.reduce(sum, SumOp{}, 0.0));
+    for (std::int64_t l = team.rank; l < len; l += team.size)
+      dx[base + l] = backward_value<kLog>(g[base + l], y[base + l], s);
+  }
+}
+
+template <bool kLog>
+__global__ void softmax_backward_columns_kernel(const float* __restrict__ g,
+                                                const float* __restrict__ y, float* __restrict__ dx,
+                                                std::int64_t outer, std::int64_t len,
+                                                std::int64_t inner) {
+  const std::int64_t columns = outer * inner;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < columns; c += stride) {
+    const std::int64_t base = (c / inner) * len * inner + c % inner;
+    double sum = 0.0;
+    for (std::int64_t l = 0; l < len; ++l)
+      sum += backward_term<kLog>(g[base + l * inner], y[base + l * inner]);
+    const auto s = static_cast<float>(sum);
+    for (std::int64_t l = 0; l < len; ++l) {
+      const std::int64_t k = base + l * inner;
+      dx[k] = backward_value<kLog>(g[k], y[k], s);
+    }
+  }
+}
+
+// ---- cross-entropy
+// -------------------------------------------------------------------------------
+
+// argmax_last's choice (the first largest element, NaNs passed over, except that a NaN first
+// element is the answer) as a maximum that reduces in any order: the value's order-preserving
+// bits (-0 counted as +0, which compares equal to it) above the complement of its index (of two
+// equal values, the first). A NaN has key 0, below every number's.
+__device__ inline unsigned long long argmax_key(float v, std::int64_t j) {
+  if (v != v) return 0;
+  const std::uint32_t u = __float_as_uint(__fadd_rn(v, 0.0f));
+  const std::uint32_t ordered = (u & 0x80000000u) != 0 ? ~u : (u | 0x80000000u);
+  return (static_cast<unsigned long long>(ordered) << 32) |
+         (0xffffffffu - static_cast<std::uint32_t>(j));
+}
+__device__ inline std::int64_t argmax_of_key(unsigned long long best, float first) {
+  if (first != first || best == 0) return 0;
+  return static_cast<std::int64_t>(0xffffffffu - static_cast<std::uint32_t>(best & 0xffffffffu));
+}
+
+// Per row of `c` logits: its max and 1 / sum(exp(x - max)) into stats (the backward recomputes
+// softmax from them), and the row's loss term (0 for an ignored row)
+//   (1 - eps) * (lse - x[label]) + eps * mean_c(lse - x[c])
+// in double, as the CPU's. A label neither ignore_index nor in [0, c) records its row in
+// *error (the smallest such row wins: atomicMin's result does not depend on the order) and
+// is not read through. In: float, or std::uint16_t for bf16 logits (widened as read).
+// With `predicted`, each row's argmax_last too, from the same reads: the largest argmax_key.
+template <bool kWarp, typename In>
+__global__ void cross_entropy_rows_kernel(const In* __restrict__ logits,
+                                          const std::int64_t* __restrict__ labels,
+                                          float* __restrict__ stats, double* __restrict__ row_loss,
+                                          unsigned long long* __restrict__ error, std::int64_t rows,
+                                          std::int64_t c, double smoothing,
+                                          std::int64_t ignore_index,
+                                          std::int64_t* __restrict__ predicted) {
+  const Team<kWarp> team;
+  for (std::int64_t row = team.first_row; row < rows; row += team.row_stride) {
+    const In* xr = logits + row * c;
+    float mx = kNegInf;
+    unsigned long long best = 0;
+    for (std::int64_t j = team.rank; j < c; j += team.size) {
+      const float v = as_f32(xr[j]);
+      mx = fmaxf(mx, v);
+      if (predicted != nullptr) best = MaxKeyOp{}(best, argmax_key(v, j));
+    }
+    mx = team.reduce(mx, MaxOp{}, kNegInf);
+    if (predicted != nullptr) best = team.reduce(best, MaxKeyOp{}, 0ull);
+    double sum = 0.0;
+    for (std::int64_t j = team.rank; j < c; j += team.size) sum += expf(as_f32(xr[j]) - mx);
+    sum = team.reduce(sum, SumOp{}, 0.0);
+    const double lse = mx + log(sum);
+    const auto inv = static_cast<float>(1.0 / sum);
+    double nll_sum = 0.0;
+    for (std::int64_t j = team.rank; j < c; j += team.size) nll_sum += lse - as_f32(xr[j]);
+    nll_sum = team.reduce(nll_sum, SumOp{}, 0.0);
+    if (team.rank != 0) continue;
+    stats[2 * row] = mx;
+    stats[2 * row + 1] = inv;
+    if (predicted != nullptr) predicted[row] = c == 0 ? 0 : argmax_of_key(best, as_f32(xr[0]));
+    const std::int64_t y = labels[row];
+    double loss = 0.0;
+    if (y != ignore_index) {
+      if (y < 0 || y >= c) {
+        atomicMin(error, static_cast<unsigned long long>(row));
+      } else {
+        const double nll = lse - as_f32(xr[y]);
+        // Without smoothing the mean term is left out, not multiplied by 0: a -inf logit (a
+        // masked class) makes it infinite, and 0 * inf would be NaN (the CPU's rule).
+        loss = smoothing != 0.0
+                   ? (1.0 - smoothing) * nll + smoothing * nll_sum / static_cast<double>(c)
+                   : nll;
+      }
+    }
+    row_loss[row] = loss;
+  }
+}
+
+// One block: the mean of the row terms over the rows not ignored (NaN when none is, as the CPU's
+// 0/0), into the 0-d result. Strided partials, then the block's tree: a fixed order.
+__global__ void cross_entropy_mean_kernel(const double* __restrict__ row_loss,
+                                          const std::int64_t* __restrict__ labels,
+                                          std::int64_t rows, std::int64_t ignore_index,
+                                          float* __restrict__ loss) {
+  double total = 0.0, counted = 0.0;
+  for (std::int64_t i = threadIdx.x; i < rows; i += blockDim.x) {
+    total += row_loss[i];
+    counted += labels[i] != ignore_index ? 1.0 : 0.0;  // exact in double up to 2^53 rows
+  }
+  total = block_reduce(total, SumOp{}, 0.0);
+  counted = block_reduce(counted, SumOp{}, 0.0);
+  if (threadIdx.x == 0) *loss = static_cast<float>(total / counted);
+}
+
+// The number of labels that are not ignore_index, into *count (one block, integer sums).
+__global__ void count_labels_kernel(const std::int64_t* __restrict__ labels, std::int64_t n,
+                                    std::int64_t ignore_index, float* __restrict__ count) {
+  double counted = 0.0;
+  for (std::int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    counted += labels[i] != ignore_index ? 1.0 : 0.0;
+  counted = block_reduce(counted, SumOp{}, 0.0);
+  // The CPU's static_cast<float>(counted) of its integer count.
+  if (threadIdx.x == 0) *count = static_cast<float>(static_cast<std::int64_t>(counted));
+}
+
+// d loss / d logits = (p - eps / C) * scale, less (1 - eps) * scale at the label, with
+// scale = grad / counted (grad the 0-d upstream gradient on the device); 0 on ignored rows.
+// gx may be logits itself (overwrite_logits): each element is read, then written, by one thread.
+// A block per row (rows strided over the grid), its threads across the row's C logits: the row's
+// statistics and label read once, no division per element. In and Out are float, or
+// std::uint16_t for bf16 logits (widened as read) and the gradient rounded to bf16 as it is
+// written; gx may be logits when they are one type.
+template <typename In, typename Out>
+__global__ void cross_entropy_backward_kernel(const In* logits, const float* __restrict__ stats,
+                                              const std::int64_t* __restrict__ labels,
+                                              const float* __restrict__ grad,
+                                              const float* __restrict__ count, Out* gx,
+                                              std::int64_t n, std::int64_t c, float smoothing,
+                                              std::int64_t ignore_index) {
+  const float scale = *grad / *count;
+  const float smooth = smoothing / static_cast<float>(c);
+  for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+    const std::int64_t y = labels[row];
+    const float max = stats[2 * row], inv_sum = stats[2 * row + 1];
+    const In* lr = logits + row * c;
+    Out* gr = gx + row * c;
+    for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) {
+      float v = 0.0f;
+      if (y != ignore_index) {
+        // softmax as the forward's row had it, rounded before the subtraction (no FMA), as the
+        // CPU's.
+        const float p = __fmul_rn(expf(as_f32(lr[j]) - max), inv_sum);
+        v = (p - smooth) * scale;
+        if (j == y) v -= (1.0f - smoothing) * scale;
+      }
+      if constexpr (std::is_same_v<Out, float>) {
+        gr[j] = v;
+      } else {
+        gr[j] = f32_to_bf16_bits(v);
+      }
+    }
+  }
+}
+
+// The threads of a row's block: C rounded up to a warp, at most 256.
+unsigned row_threads(std::int64_t c) {
+  return static_cast<unsigned>(std::min<std::int64_t>(256, (c + 31) / 32 * 32));
+}
+
+}  // namespace
+
+}  // namespace hpm::cuda
