@@ -90,11 +90,12 @@ void check_forward_and_backward(const Problem& p) {
   const std::vector<float> g = copy_of<float>(gy);
   std::vector<float> out(static_cast<std::size_t>(p.batch * p.t * kD), -1.0f);
   std::vector<float> lse(static_cast<std::size_t>(p.batch * p.t), -1.0f);
+  const cuda::AttentionLayout layout = cuda::contiguous_attention(kD);
   const unsigned row_grid = static_cast<unsigned>(p.batch * ((p.t + 63) / 64));
   const unsigned key_grid = static_cast<unsigned>(p.batch * ((p.s + 63) / 64));
   simt::launch(row_grid, 128, cuda::kForwardSmem<kD>, [&] {
-    cuda::mma_forward_kernel<kD>(qb.data(), kb.data(), vb.data(), out.data(), lse.data(), p.t, p.s,
-                                 p.causal, kScale);
+    cuda::mma_forward_kernel<kD, float>(qb.data(), kb.data(), vb.data(), out.data(), lse.data(),
+                                        p.t, p.s, p.causal, kScale, layout);
   });
   EXPECT_LE(relative_error(out, y_want), kOutTolerance) << "out";
   EXPECT_LE(relative_error(lse, lse_want), kLseTolerance) << "lse";
@@ -111,12 +112,13 @@ void check_forward_and_backward(const Problem& p) {
   std::vector<float> gq(out.size(), -1.0f), gk(static_cast<std::size_t>(p.batch * p.s * kD), -1.0f),
       gv(gk.size(), -1.0f);
   simt::launch(row_grid, 128, cuda::kGradQSmem<kD>, [&] {
-    cuda::mma_grad_q_kernel<kD>(qb.data(), kb.data(), vb.data(), g.data(), lse_in.data(),
-                                delta.data(), gq.data(), p.t, p.s, p.causal, kScale);
+    cuda::mma_grad_q_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g.data(), lse_in.data(),
+                                       delta.data(), gq.data(), p.t, p.s, p.causal, kScale, layout);
   });
   simt::launch(key_grid, 128, cuda::kGradKvSmem<kD>, [&] {
-    cuda::mma_grad_kv_kernel<kD>(qb.data(), kb.data(), vb.data(), g.data(), lse_in.data(),
-                                 delta.data(), gk.data(), gv.data(), p.t, p.s, p.causal, kScale);
+    cuda::mma_grad_kv_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g.data(), lse_in.data(),
+                                        delta.data(), gk.data(), gv.data(), p.t, p.s, p.causal,
+                                        kScale, layout);
   });
   EXPECT_LE(relative_error(gq, gq_want), kGradTolerance) << "gq";
   EXPECT_LE(relative_error(gk, gk_want), kGradTolerance) << "gk";
@@ -147,11 +149,114 @@ TEST(MmaAttentionEmulated, NoKeysGiveZerosAndMinusInfinity) {
   const std::vector<std::uint16_t> none(8, 0);  // a valid pointer no kernel reads
   std::vector<float> out(20 * 64, -1.0f), lse(20, 0.0f);
   simt::launch(1, 128, cuda::kForwardSmem<64>, [&] {
-    cuda::mma_forward_kernel<64>(qb.data(), none.data(), none.data(), out.data(), lse.data(), 20, 0,
-                                 true, kScale);
+    cuda::mma_forward_kernel<64, float>(qb.data(), none.data(), none.data(), out.data(), lse.data(),
+                                        20, 0, true, kScale, cuda::contiguous_attention(64));
   });
   for (const float x : out) ASSERT_EQ(x, 0.0f);
   for (const float x : lse) ASSERT_EQ(x, -std::numeric_limits<float>::infinity());
+}
+
+float widened(std::uint16_t bits) { return simt::bit_cast<float>(std::uint32_t{bits} << 16); }
+
+// Element by element: one bf16 rounding apart (values that agreed to 1e-4 before rounding).
+void expect_bf16_close(const std::vector<std::uint16_t>& got, const Tensor& want_tensor,
+                       const char* what) {
+  const std::vector<std::uint16_t> want = copy_of<std::uint16_t>(want_tensor);
+  ASSERT_EQ(got.size(), want.size());
+  float size = 0.0f;
+  for (const std::uint16_t w : want) size = std::max(size, std::abs(widened(w)));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const float g = widened(got[i]), w = widened(want[i]);
+    ASSERT_LE(std::abs(g - w), std::abs(w) / 128.0f + 1e-4f * size) << what << " [" << i << "]";
+  }
+}
+
+// A packed (B, T, 3E) qkv, its output merged (B, T, E) in bf16 and its gradient packed (bf16 and
+// f32): the GPT's layout, with no split or merge pass around the kernels. Against the CPU's
+// split_qkv_heads, attention, merge_heads_bf16 and, backward, split_heads and merge_qkv_heads.
+template <int kD>
+void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool causal) {
+  SCOPED_TRACE("packed d" + std::to_string(kD) + (causal ? " causal" : ""));
+  const std::int64_t e = heads * kD, problems = batch * heads;
+  Generator gen(11 + static_cast<std::uint64_t>(kD + t));
+  const Tensor qkv = kernels::to_bf16(Tensor::randn({batch, t, 3 * e}, gen));
+  const Tensor gy = Tensor::randn({batch, t, e}, gen);
+  Tensor q, k, v, lse_want;
+  kernels::split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
+  const Tensor merged_want =
+      kernels::merge_heads_bf16(kernels::attention_forward(q, k, v, causal, kScale, lse_want));
+  Tensor gq, gk, gv;
+  kernels::attention_backward(kernels::split_heads(gy, heads), q, k, v,
+                              kernels::split_heads(kernels::to_f32(merged_want), heads), lse_want,
+                              causal, kScale, &gq, &gk, &gv);
+  const Tensor gqkv_want = kernels::merge_qkv_heads(gq, gk, gv);
+  const Tensor gqkv16_want = kernels::to_bf16(gqkv_want);
+
+  const std::vector<std::uint16_t> x = copy_of<std::uint16_t>(qkv);
+  const std::vector<float> g = copy_of<float>(gy);
+  const cuda::AttentionLayout layout = cuda::packed_attention(heads, kD);
+  const unsigned grid = static_cast<unsigned>(problems * ((t + 63) / 64));
+  std::vector<std::uint16_t> merged(static_cast<std::size_t>(batch * t * e), 0xffffu);
+  std::vector<float> lse(static_cast<std::size_t>(problems * t), -1.0f);
+  simt::launch(grid, 128, cuda::kForwardSmem<kD>, [&] {
+    cuda::mma_forward_kernel<kD, std::uint16_t>(x.data(), x.data() + e, x.data() + 2 * e,
+                                                merged.data(), lse.data(), t, t, causal, kScale,
+                                                layout);
+  });
+  {
+    const std::vector<std::uint16_t> want = copy_of<std::uint16_t>(merged_want);
+    float size = 1.0f, worst = 0.0f;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      size = std::max(size, std::abs(widened(want[i])));
+      worst = std::max(worst, std::abs(widened(merged[i]) - widened(want[i])));
+    }
+    EXPECT_LE(worst / size, kOutTolerance) << "merged out";
+  }
+  EXPECT_LE(relative_error(lse, lse_want), kLseTolerance) << "lse";
+
+  // Delta from a merged bf16 output and gradient, as the backward computes it: the CPU's output,
+  // the one its gradients were computed with (the kernel's differs from it by bf16 roundings).
+  const std::vector<std::uint16_t> o = copy_of<std::uint16_t>(merged_want);
+  std::vector<float> delta(lse.size(), -1.0f);
+  simt::launch(cuda::blocks_for(problems * t, 4), 128, 0, [&] {
+    cuda::attention_delta_kernel<kD, std::uint16_t>(g.data(), o.data(), delta.data(), problems, t,
+                                                    layout);
+  });
+  for (std::int64_t p = 0; p < problems; ++p) {
+    for (std::int64_t i = 0; i < t; ++i) {
+      const std::int64_t at = ((p / heads) * t + i) * e + (p % heads) * kD;
+      double want = 0.0;
+      for (int c = 0; c < kD; ++c) want += static_cast<double>(g[at + c]) * widened(o[at + c]);
+      ASSERT_NEAR(delta[p * t + i], want, 1e-4 * (1.0 + std::abs(want)))
+          << "delta " << p << " " << i;
+    }
+  }
+
+  // The gradients from the CPU's lse (delta as above), packed, in bf16 and in f32.
+  const std::vector<float> lse_in = copy_of<float>(lse_want);
+  std::vector<std::uint16_t> gqkv16(x.size(), 0xffffu);
+  std::vector<float> gqkv(x.size(), -1.0f);
+  const auto backward = [&](auto* out) {
+    simt::launch(grid, 128, cuda::kGradQSmem<kD>, [&] {
+      cuda::mma_grad_q_kernel<kD>(x.data(), x.data() + e, x.data() + 2 * e, g.data(), lse_in.data(),
+                                  delta.data(), out, t, t, causal, kScale, layout);
+    });
+    simt::launch(grid, 128, cuda::kGradKvSmem<kD>, [&] {
+      cuda::mma_grad_kv_kernel<kD>(x.data(), x.data() + e, x.data() + 2 * e, g.data(),
+                                   lse_in.data(), delta.data(), out + e, out + 2 * e, t, t, causal,
+                                   kScale, layout);
+    });
+  };
+  backward(gqkv16.data());
+  backward(gqkv.data());
+  expect_bf16_close(gqkv16, gqkv16_want, "bf16 gradient");
+  EXPECT_LE(relative_error(gqkv, gqkv_want), kGradTolerance) << "f32 gradient";
+}
+
+TEST(MmaAttentionEmulated, PackedQkvMatchesTheSplitHeadsOnTheCpu) {
+  check_packed<64>(2, 3, 100, true);
+  check_packed<32>(1, 2, 70, false);
+  check_packed<128>(1, 2, 40, true);
 }
 
 }  // namespace

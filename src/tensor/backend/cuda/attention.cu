@@ -444,11 +444,19 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
   }
   if constexpr (kIsBf16<In>) {
     if (tiled_attention_applies(n.d, ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out))) {
-      auto* run = attention_kernels() == AttentionKernels::kWmma ? tiled_attention_backward
-                                                                 : mma_attention_backward;
-      run(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out), ptr<float>(lse),
-          ptr<float>(delta), want_q ? ptr<float>(gq) : nullptr, want_kv ? ptr<float>(gk) : nullptr,
-          want_kv ? ptr<float>(gv) : nullptr, n.batch, n.t, n.s, d, causal, scale, stream);
+      float* pgq = want_q ? ptr<float>(gq) : nullptr;
+      float* pgk = want_kv ? ptr<float>(gk) : nullptr;
+      float* pgv = want_kv ? ptr<float>(gv) : nullptr;
+      if (attention_kernels() == AttentionKernels::kWmma) {
+        tiled_attention_backward(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out),
+                                 ptr<float>(lse), ptr<float>(delta), pgq, pgk, pgv, n.batch, n.t,
+                                 n.s, d, causal, scale, stream);
+      } else {
+        mma_attention_backward(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out),
+                               ptr<float>(lse), ptr<float>(delta), pgq, pgk, pgv,
+                               /*grad_bf16=*/false, n.batch, n.t, n.s, d, causal, scale,
+                               contiguous_attention(d), stream);
+      }
       if (grad_q != nullptr) *grad_q = gq;
       if (grad_k != nullptr) *grad_k = gk;
       if (grad_v != nullptr) *grad_v = gv;
@@ -498,10 +506,16 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool
   if (n.batch * n.t == 0) return out;
   // S == 0 needs no special case: no tile runs, so out is 0 and lse -inf (the CPU's).
   if (bf16 && tiled_attention_applies(n.d, ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v))) {
-    auto* run = attention_kernels() == AttentionKernels::kWmma ? tiled_attention_forward
-                                                               : mma_attention_forward;
-    run(ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v), ptr<float>(out), ptr<float>(lse),
-        n.batch, n.t, n.s, static_cast<int>(n.d), causal, scale, current_stream());
+    const int d = static_cast<int>(n.d);
+    if (attention_kernels() == AttentionKernels::kWmma) {
+      tiled_attention_forward(ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v), ptr<float>(out),
+                              ptr<float>(lse), n.batch, n.t, n.s, d, causal, scale,
+                              current_stream());
+    } else {
+      mma_attention_forward(ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v), ptr<float>(out),
+                            /*out_bf16=*/false, ptr<float>(lse), n.batch, n.t, n.s, d, causal,
+                            scale, contiguous_attention(d), current_stream());
+    }
   } else if (bf16) {
     forward<Bf16Bits>(n, q, k, v, causal, scale, out, lse);
   } else {

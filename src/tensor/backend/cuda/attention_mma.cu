@@ -42,9 +42,6 @@ namespace hpm::cuda {
 
 namespace {
 
-// ---- host side
-// ------------------------------------------------------------------------------------
-
 template <typename F>
 void with_head_size(int d, F&& f) {
   switch (d) {
@@ -62,42 +59,76 @@ void with_head_size(int d, F&& f) {
   }
 }
 
+// Runs f(Out{}) with Out float, or std::uint16_t (bf16 bits) when bf16.
+template <typename F>
+void with_element(bool bf16, F&& f) {
+  if (bf16) {
+    f(std::uint16_t{});
+  } else {
+    f(float{});
+  }
+}
+
 }  // namespace
 
 void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                           float* out, float* lse, std::int64_t batch, std::int64_t t,
-                           std::int64_t s, int d, bool causal, float scale, cudaStream_t stream) {
-  if (batch * t == 0) return;
+                           void* out, bool out_bf16, float* lse, std::int64_t problems,
+                           std::int64_t t, std::int64_t s, int d, bool causal, float scale,
+                           const AttentionLayout& layout, cudaStream_t stream) {
+  if (problems * t == 0) return;
   with_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
-    auto* kernel = mma_forward_kernel<kD>;
-    allow_dynamic_smem(kernel, kForwardSmem<kD>);
-    kernel<<<row_blocks(batch, t, kRows), kThreads, kForwardSmem<kD>, stream>>>(
-        q, k, v, out, lse, t, s, causal, scale);
-    HPM_CUDA_LAUNCH_CHECK("mma_forward_kernel");
+    with_element(out_bf16, [&](auto element) {
+      using Out = decltype(element);
+      auto* kernel = mma_forward_kernel<kD, Out>;
+      allow_dynamic_smem(kernel, kForwardSmem<kD>);
+      kernel<<<row_blocks(problems, t, kRows), kThreads, kForwardSmem<kD>, stream>>>(
+          q, k, v, static_cast<Out*>(out), lse, t, s, causal, scale, layout);
+      HPM_CUDA_LAUNCH_CHECK("mma_forward_kernel");
+    });
+  });
+}
+
+void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, float* delta,
+                         std::int64_t problems, std::int64_t t, int d,
+                         const AttentionLayout& layout, cudaStream_t stream) {
+  if (problems * t == 0) return;
+  with_head_size(d, [&](auto size) {
+    constexpr int kD = decltype(size)::value;
+    with_element(out_bf16, [&](auto element) {
+      using O = decltype(element);
+      attention_delta_kernel<kD, O><<<blocks_for(problems * t, kWarps), kThreads, 0, stream>>>(
+          grad_out, static_cast<const O*>(out), delta, problems, t, layout);
+      HPM_CUDA_LAUNCH_CHECK("attention_delta_kernel");
+    });
   });
 }
 
 void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                            const float* grad_out, const float* lse, const float* delta, float* gq,
-                            float* gk, float* gv, std::int64_t batch, std::int64_t t,
-                            std::int64_t s, int d, bool causal, float scale, cudaStream_t stream) {
+                            const float* grad_out, const float* lse, const float* delta, void* gq,
+                            void* gk, void* gv, bool grad_bf16, std::int64_t problems,
+                            std::int64_t t, std::int64_t s, int d, bool causal, float scale,
+                            const AttentionLayout& layout, cudaStream_t stream) {
   with_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
-    if (gq != nullptr && batch * t > 0) {
-      auto* kernel = mma_grad_q_kernel<kD>;
-      allow_dynamic_smem(kernel, kGradQSmem<kD>);
-      kernel<<<row_blocks(batch, t, kRows), kThreads, kGradQSmem<kD>, stream>>>(
-          q, k, v, grad_out, lse, delta, gq, t, s, causal, scale);
-      HPM_CUDA_LAUNCH_CHECK("mma_grad_q_kernel");
-    }
-    if (gk != nullptr && gv != nullptr && batch * s > 0) {
-      auto* kernel = mma_grad_kv_kernel<kD>;
-      allow_dynamic_smem(kernel, kGradKvSmem<kD>);
-      kernel<<<row_blocks(batch, s, kRows), kThreads, kGradKvSmem<kD>, stream>>>(
-          q, k, v, grad_out, lse, delta, gk, gv, t, s, causal, scale);
-      HPM_CUDA_LAUNCH_CHECK("mma_grad_kv_kernel");
-    }
+    with_element(grad_bf16, [&](auto element) {
+      using Grad = decltype(element);
+      if (gq != nullptr && problems * t > 0) {
+        auto* kernel = mma_grad_q_kernel<kD, Grad>;
+        allow_dynamic_smem(kernel, kGradQSmem<kD>);
+        kernel<<<row_blocks(problems, t, kRows), kThreads, kGradQSmem<kD>, stream>>>(
+            q, k, v, grad_out, lse, delta, static_cast<Grad*>(gq), t, s, causal, scale, layout);
+        HPM_CUDA_LAUNCH_CHECK("mma_grad_q_kernel");
+      }
+      if (gk != nullptr && gv != nullptr && problems * s > 0) {
+        auto* kernel = mma_grad_kv_kernel<kD, Grad>;
+        allow_dynamic_smem(kernel, kGradKvSmem<kD>);
+        kernel<<<row_blocks(problems, s, kRows), kThreads, kGradKvSmem<kD>, stream>>>(
+            q, k, v, grad_out, lse, delta, static_cast<Grad*>(gk), static_cast<Grad*>(gv), t, s,
+            causal, scale, layout);
+        HPM_CUDA_LAUNCH_CHECK("mma_grad_kv_kernel");
+      }
+    });
   });
 }
 

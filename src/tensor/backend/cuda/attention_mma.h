@@ -1,6 +1,7 @@
 // Fused attention for BF16 q, k, v on tensor cores with every tile in registers
-// (attention_mma.cu): FlashAttention-2's tiling on mma.sync m16n8k16. The same contract as
-// attention_tiled.h's WMMA kernels, which HPM_CUDA_ATTENTION=wmma picks instead.
+// (attention_mma.cu): FlashAttention-2's tiling on mma.sync m16n8k16. The contract of
+// attention_tiled.h's WMMA kernels (which HPM_CUDA_ATTENTION=wmma picks instead), over rows laid
+// out either as attention_forward's tensors or as a packed (B, T, 3E) qkv with a merged output.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -8,18 +9,45 @@
 
 namespace hpm::cuda {
 
-// q (batch, t, d), k and v (batch, s, d) as bf16 bits, 16-byte aligned, d 32, 64 or 128; out
-// (batch, t, d) and lse (batch, t) in f32. Causal masking is top-left aligned (query i sees keys
-// j <= i).
-void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                           float* out, float* lse, std::int64_t batch, std::int64_t t,
-                           std::int64_t s, int d, bool causal, float scale, cudaStream_t stream);
+// Where the rows of each problem (one head of one batch element: p = b x heads + h) are: row i
+// of a tensor at its base + (p / heads) x rows x stride + (p % heads) x d + i x stride.
+struct AttentionLayout {
+  std::int64_t heads;            // problems per batch element
+  std::int64_t q, kv, out;       // row strides in elements: of q; of k and v; of out and grad_out
+  std::int64_t grad_q, grad_kv;  // of q's gradient; of k's and v's
+};
 
-// The gradients of the forward above from grad_out (f32, rounded to bf16 for the products as the
-// CPU's bf16 path does), lse and delta = rowsum(grad_out * out). gq, or gk and gv, may be null.
+// attention_forward's tensors: (problems, rows, d) each.
+inline AttentionLayout contiguous_attention(std::int64_t d) { return {1, d, d, d, d, d}; }
+
+// A packed qkv (B, T, 3E) (q, k and v side by side; head h at columns h x d of each, E = heads x
+// d), its output and output gradient merged (B, T, E), its gradient packed as qkv.
+inline AttentionLayout packed_attention(std::int64_t heads, std::int64_t d) {
+  const std::int64_t e = heads * d;
+  return {heads, 3 * e, 3 * e, e, 3 * e, 3 * e};
+}
+
+// q (problems of t rows), k and v (of s rows) as bf16 bits, d 32, 64 or 128, every row start
+// 16-byte aligned; out F32, or BF16 bits when out_bf16 (rounded once); lse (problems, t) F32.
+// Causal masking is top-left aligned (query i sees keys j <= i).
+void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
+                           void* out, bool out_bf16, float* lse, std::int64_t problems,
+                           std::int64_t t, std::int64_t s, int d, bool causal, float scale,
+                           const AttentionLayout& layout, cudaStream_t stream);
+
+// delta (problems, t) = rowsum(grad_out * out), grad_out F32 and out F32 or BF16 bits, both laid
+// out as layout.out says.
+void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, float* delta,
+                         std::int64_t problems, std::int64_t t, int d,
+                         const AttentionLayout& layout, cudaStream_t stream);
+
+// The gradients of the forward above from grad_out (F32, rounded to bf16 for the products as the
+// CPU's bf16 path does), lse and delta; gq, gk and gv F32, or BF16 bits when grad_bf16 (each
+// rounded once). gq, or gk and gv, may be null.
 void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                            const float* grad_out, const float* lse, const float* delta, float* gq,
-                            float* gk, float* gv, std::int64_t batch, std::int64_t t,
-                            std::int64_t s, int d, bool causal, float scale, cudaStream_t stream);
+                            const float* grad_out, const float* lse, const float* delta, void* gq,
+                            void* gk, void* gv, bool grad_bf16, std::int64_t problems,
+                            std::int64_t t, std::int64_t s, int d, bool causal, float scale,
+                            const AttentionLayout& layout, cudaStream_t stream);
 
 }  // namespace hpm::cuda

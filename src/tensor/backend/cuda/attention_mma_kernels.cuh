@@ -9,12 +9,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
+
+#include "tensor/backend/cuda/attention_mma.h"
+#include "tensor/backend/cuda/kernel_support.h"
 
 namespace hpm::cuda {
 
 namespace {
-
-constexpr unsigned kAllLanes = 0xffffffffu;
 
 using bf16 = __nv_bfloat16;
 
@@ -58,6 +60,13 @@ __device__ __forceinline__ unsigned char* dynamic_smem() {
   extern __shared__ __align__(128) unsigned char smem[];
   return smem;
 #endif
+}
+
+// Where problem p's rows start in a tensor whose rows are `stride` elements apart: problems are
+// the heads of each batch element in turn (AttentionLayout).
+__device__ __forceinline__ std::int64_t first_row(const AttentionLayout& layout, std::int64_t p,
+                                                  std::int64_t rows, std::int64_t stride, int d) {
+  return (p / layout.heads) * rows * stride + (p % layout.heads) * d;
 }
 
 __device__ __forceinline__ std::int64_t min64(std::int64_t a, std::int64_t b) {
@@ -230,30 +239,30 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// Rows [0, rows) of a (., kD) bf16 matrix into `tile_rows` rows of a staged tile (zeros past
-// `rows`), asynchronously: the caller commits and waits. Every thread of the block takes part.
+// Rows [0, rows) of kD bf16 elements, `stride` elements apart from src, into `tile_rows` rows of a
+// staged tile (zeros past `rows`), asynchronously: the caller commits and waits. Every thread of
+// the block takes part.
 template <int kD>
 __device__ void stage_async(bf16* dst, const std::uint16_t* __restrict__ src, std::int64_t rows,
-                            int tile_rows) {
+                            int tile_rows, std::int64_t stride) {
   constexpr int kVec = kD / 8;  // 16-byte pieces of a row
   for (int e = static_cast<int>(threadIdx.x); e < tile_rows * kVec; e += kThreads) {
     const int r = e / kVec, c = (e % kVec) * 8;
     const bool valid = r < rows;
-    cp_async16(dst + r * kLd<kD> + c, src + (valid ? static_cast<std::int64_t>(r) * kD + c : 0),
-               valid);
+    cp_async16(dst + r * kLd<kD> + c, src + (valid ? r * stride + c : 0), valid);
   }
 }
 
 // The same from f32 rows, each rounded to bf16 (nearest, ties to even), synchronously: dO.
 template <int kD>
 __device__ void stage_rounded(bf16* dst, const float* __restrict__ src, std::int64_t rows,
-                              int tile_rows) {
+                              int tile_rows, std::int64_t stride) {
   constexpr int kVec = kD / 8;
   for (int e = static_cast<int>(threadIdx.x); e < tile_rows * kVec; e += kThreads) {
     const int r = e / kVec, c = (e % kVec) * 8;
     uint4 x = make_uint4(0u, 0u, 0u, 0u);
     if (r < rows) {
-      const float* p = src + static_cast<std::int64_t>(r) * kD + c;
+      const float* p = src + r * stride + c;
       const float4 lo = load_as<float4>(p), hi = load_as<float4>(p + 4);
       x = make_uint4(pack(lo.x, lo.y), pack(lo.z, lo.w), pack(hi.x, hi.y), pack(hi.z, hi.w));
     }
@@ -261,44 +270,50 @@ __device__ void stage_rounded(bf16* dst, const float* __restrict__ src, std::int
   }
 }
 
-// A warp's 16 x kD accumulator, times `factor`, to rows [row0, row0 + 16) of a (rows, kD) f32
-// matrix, the rows past `rows` dropped.
-template <int kD>
-__device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], float* __restrict__ dst,
-                                           std::int64_t row0, std::int64_t rows, float factor0,
-                                           float factor8) {
+// Two adjacent elements of a row: f32, or rounded to bf16 (Out std::uint16_t, its bits).
+template <typename Out>
+__device__ __forceinline__ void store_pair(Out* dst, float lo, float hi) {
+  if constexpr (std::is_same_v<Out, float>) {
+    store_as(dst, make_float2(lo, hi));
+  } else {
+    store_as(dst, pack(lo, hi));
+  }
+}
+
+// A warp's 16 x kD accumulator, times `factor0` (rows g) and `factor8` (rows g + 8), to rows
+// [row0, row0 + 16) of a matrix of rows `stride` elements apart, the rows past `rows` dropped.
+template <int kD, typename Out>
+__device__ __forceinline__ void store_rows(const float (&acc)[kD / 8][4], Out* __restrict__ dst,
+                                           std::int64_t row0, std::int64_t rows,
+                                           std::int64_t stride, float factor0, float factor8) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t r0 = row0 + (lane >> 2), r8 = r0 + 8;
 #pragma unroll
   for (int n = 0; n < kD / 8; ++n) {
     const int c = 8 * n + 2 * (lane & 3);
-    if (r0 < rows) {
-      store_as(dst + r0 * kD + c, make_float2(acc[n][0] * factor0, acc[n][1] * factor0));
-    }
-    if (r8 < rows) {
-      store_as(dst + r8 * kD + c, make_float2(acc[n][2] * factor8, acc[n][3] * factor8));
-    }
+    if (r0 < rows) store_pair(dst + r0 * stride + c, acc[n][0] * factor0, acc[n][1] * factor0);
+    if (r8 < rows) store_pair(dst + r8 * stride + c, acc[n][2] * factor8, acc[n][3] * factor8);
   }
 }
 
 __device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(kAllLanes, v, 1));
-  return fmaxf(v, __shfl_xor_sync(kAllLanes, v, 2));
+  v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
+  return fmaxf(v, __shfl_xor_sync(kFullMask, v, 2));
 }
 __device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(kAllLanes, v, 1);
-  return v + __shfl_xor_sync(kAllLanes, v, 2);
+  v += __shfl_xor_sync(kFullMask, v, 1);
+  return v + __shfl_xor_sync(kFullMask, v, 2);
 }
 
 // ---- forward
 // -------------------------------------------------------------------------------------
 
-template <int kD>
+template <int kD, typename Out>
 __global__ void __launch_bounds__(kThreads)
     mma_forward_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
-                       const std::uint16_t* __restrict__ v, float* __restrict__ out,
+                       const std::uint16_t* __restrict__ v, Out* __restrict__ out,
                        float* __restrict__ lse, std::int64_t t, std::int64_t s, bool causal,
-                       float scale) {
+                       float scale, AttentionLayout layout) {
   constexpr int kN = kRows;  // keys a tile
   constexpr int kLdD = kLd<kD>;
   bf16* q_s = reinterpret_cast<bf16*>(dynamic_smem());
@@ -316,15 +331,17 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t i0 = (row_blocks - 1 - blockIdx.x % row_blocks) * kRows;
   const std::int64_t w0 = i0 + 16 * warp;             // the warp's first query
   const std::int64_t i_lo = w0 + g, i_hi = i_lo + 8;  // this lane's two rows
-  const std::uint16_t* kb = k + b * s * kD;
-  const std::uint16_t* vb = v + b * s * kD;
+  const std::int64_t kv = layout.kv;
+  const std::uint16_t* kb = k + first_row(layout, b, s, kv, kD);
+  const std::uint16_t* vb = v + first_row(layout, b, s, kv, kD);
 
   const std::int64_t end = causal ? min64(s, i0 + kRows) : s;
   const int tiles = static_cast<int>((end + kN - 1) / kN);
-  stage_async<kD>(q_s, q + (b * t + i0) * kD, min64(kRows, t - i0), kRows);
+  stage_async<kD>(q_s, q + first_row(layout, b, t, layout.q, kD) + i0 * layout.q,
+                  min64(kRows, t - i0), kRows, layout.q);
   if (tiles > 0) {
-    stage_async<kD>(k_s, kb, min64(kN, s), kN);
-    stage_async<kD>(v_s, vb, min64(kN, s), kN);
+    stage_async<kD>(k_s, kb, min64(kN, s), kN, kv);
+    stage_async<kD>(v_s, vb, min64(kN, s), kN, kv);
   }
   cp_async_commit();
 
@@ -337,8 +354,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // tile it is in; every warp is done with tile it - 1's buffer
     if (it + 1 < tiles) {
       const int nb = (it + 1) & 1;
-      stage_async<kD>(k_s + nb * kN * kLdD, kb + (j0 + kN) * kD, min64(kN, s - j0 - kN), kN);
-      stage_async<kD>(v_s + nb * kN * kLdD, vb + (j0 + kN) * kD, min64(kN, s - j0 - kN), kN);
+      stage_async<kD>(k_s + nb * kN * kLdD, kb + (j0 + kN) * kv, min64(kN, s - j0 - kN), kN, kv);
+      stage_async<kD>(v_s + nb * kN * kLdD, vb + (j0 + kN) * kv, min64(kN, s - j0 - kN), kN, kv);
     }
     cp_async_commit();
     // Warp-uniform: no query of the warp, or (causal) no key of the tile any of them sees.
@@ -394,21 +411,21 @@ __global__ void __launch_bounds__(kThreads)
     if (i_lo < t) lse[b * t + i_lo] = l_lo > 0.0f ? m_lo + __logf(l_lo) : kNegInf;
     if (i_hi < t) lse[b * t + i_hi] = l_hi > 0.0f ? m_hi + __logf(l_hi) : kNegInf;
   }
-  store_rows<kD>(o, out + b * t * kD, w0, t, l_lo > 0.0f ? 1.0f / l_lo : 0.0f,
-                 l_hi > 0.0f ? 1.0f / l_hi : 0.0f);
+  store_rows<kD>(o, out + first_row(layout, b, t, layout.out, kD), w0, t, layout.out,
+                 l_lo > 0.0f ? 1.0f / l_lo : 0.0f, l_hi > 0.0f ? 1.0f / l_hi : 0.0f);
 }
 
 // ---- backward
 // ------------------------------------------------------------------------------------
 
 // dq for 64 queries a block, over the key tiles they see; K and V tiles double-buffered.
-template <int kD>
+template <int kD, typename Grad>
 __global__ void __launch_bounds__(kThreads)
     mma_grad_q_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
                       const std::uint16_t* __restrict__ v, const float* __restrict__ grad_out,
                       const float* __restrict__ lse, const float* __restrict__ delta,
-                      float* __restrict__ gq, std::int64_t t, std::int64_t s, bool causal,
-                      float scale) {
+                      Grad* __restrict__ gq, std::int64_t t, std::int64_t s, bool causal,
+                      float scale, AttentionLayout layout) {
   constexpr int kN = kBackwardCols<kD>;  // keys a tile
   constexpr int kLdD = kLd<kD>;
   bf16* q_s = reinterpret_cast<bf16*>(dynamic_smem());
@@ -428,18 +445,21 @@ __global__ void __launch_bounds__(kThreads)
   const float lse_hi = i_hi < t ? lse[b * t + i_hi] : kNegInf;
   const float delta_lo = i_lo < t ? delta[b * t + i_lo] : 0.0f;
   const float delta_hi = i_hi < t ? delta[b * t + i_hi] : 0.0f;
-  const std::uint16_t* kb = k + b * s * kD;
-  const std::uint16_t* vb = v + b * s * kD;
+  const std::int64_t kv = layout.kv;
+  const std::uint16_t* kb = k + first_row(layout, b, s, kv, kD);
+  const std::uint16_t* vb = v + first_row(layout, b, s, kv, kD);
 
   const std::int64_t end = causal ? min64(s, i0 + kRows) : s;
   const int tiles = static_cast<int>((end + kN - 1) / kN);
-  stage_async<kD>(q_s, q + (b * t + i0) * kD, min64(kRows, t - i0), kRows);
+  stage_async<kD>(q_s, q + first_row(layout, b, t, layout.q, kD) + i0 * layout.q,
+                  min64(kRows, t - i0), kRows, layout.q);
   if (tiles > 0) {
-    stage_async<kD>(k_s, kb, min64(kN, s), kN);
-    stage_async<kD>(v_s, vb, min64(kN, s), kN);
+    stage_async<kD>(k_s, kb, min64(kN, s), kN, kv);
+    stage_async<kD>(v_s, vb, min64(kN, s), kN, kv);
   }
   cp_async_commit();
-  stage_rounded<kD>(g_s, grad_out + (b * t + i0) * kD, min64(kRows, t - i0), kRows);
+  stage_rounded<kD>(g_s, grad_out + first_row(layout, b, t, layout.out, kD) + i0 * layout.out,
+                    min64(kRows, t - i0), kRows, layout.out);
 
   float dq[kD / 8][4];
   zero(dq);
@@ -449,8 +469,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     if (it + 1 < tiles) {
       const int nb = (it + 1) & 1;
-      stage_async<kD>(k_s + nb * kN * kLdD, kb + (j0 + kN) * kD, min64(kN, s - j0 - kN), kN);
-      stage_async<kD>(v_s + nb * kN * kLdD, vb + (j0 + kN) * kD, min64(kN, s - j0 - kN), kN);
+      stage_async<kD>(k_s + nb * kN * kLdD, kb + (j0 + kN) * kv, min64(kN, s - j0 - kN), kN, kv);
+      stage_async<kD>(v_s + nb * kN * kLdD, vb + (j0 + kN) * kv, min64(kN, s - j0 - kN), kN, kv);
     }
     cp_async_commit();
     if (w0 >= t || (causal && j0 > w0 + 15)) continue;  // warp-uniform
@@ -475,17 +495,18 @@ __global__ void __launch_bounds__(kThreads)
   }
   cp_async_wait<0>();
   if (w0 >= t) return;
-  store_rows<kD>(dq, gq + b * t * kD, w0, t, scale, scale);
+  store_rows<kD>(dq, gq + first_row(layout, b, t, layout.grad_q, kD), w0, t, layout.grad_q, scale,
+                 scale);
 }
 
 // dk and dv for 64 keys a block, over the query tiles that see them.
-template <int kD>
+template <int kD, typename Grad>
 __global__ void __launch_bounds__(kThreads)
     mma_grad_kv_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
                        const std::uint16_t* __restrict__ v, const float* __restrict__ grad_out,
                        const float* __restrict__ lse, const float* __restrict__ delta,
-                       float* __restrict__ gk, float* __restrict__ gv, std::int64_t t,
-                       std::int64_t s, bool causal, float scale) {
+                       Grad* __restrict__ gk, Grad* __restrict__ gv, std::int64_t t, std::int64_t s,
+                       bool causal, float scale, AttentionLayout layout) {
   constexpr int kN = kBackwardCols<kD>;  // queries a tile
   constexpr int kLdD = kLd<kD>;
   bf16* k_s = reinterpret_cast<bf16*>(dynamic_smem());
@@ -501,8 +522,13 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t b = blockIdx.x / key_blocks, j0 = (blockIdx.x % key_blocks) * kRows;
   const std::int64_t w0 = j0 + 16 * warp;  // the warp's first key
   const std::int64_t j_lo = w0 + g, j_hi = j_lo + 8;
-  stage_async<kD>(k_s, k + (b * s + j0) * kD, min64(kRows, s - j0), kRows);
-  stage_async<kD>(v_s, v + (b * s + j0) * kD, min64(kRows, s - j0), kRows);
+  const std::int64_t kv = layout.kv;
+  const std::uint16_t* qb = q + first_row(layout, b, t, layout.q, kD);
+  const float* gb = grad_out + first_row(layout, b, t, layout.out, kD);
+  stage_async<kD>(k_s, k + first_row(layout, b, s, kv, kD) + j0 * kv, min64(kRows, s - j0), kRows,
+                  kv);
+  stage_async<kD>(v_s, v + first_row(layout, b, s, kv, kD) + j0 * kv, min64(kRows, s - j0), kRows,
+                  kv);
   cp_async_commit();
 
   float dk[kD / 8][4], dv[kD / 8][4];
@@ -512,9 +538,9 @@ __global__ void __launch_bounds__(kThreads)
   for (std::int64_t i0 = causal ? j0 : 0; i0 < t; i0 += kN) {
     const std::int64_t rows = min64(kN, t - i0);
     __syncthreads();  // every warp is done with the previous query tile
-    stage_async<kD>(q_s, q + (b * t + i0) * kD, rows, kN);
+    stage_async<kD>(q_s, qb + i0 * layout.q, rows, kN, layout.q);
     cp_async_commit();
-    stage_rounded<kD>(g_s, grad_out + (b * t + i0) * kD, rows, kN);
+    stage_rounded<kD>(g_s, gb + i0 * layout.out, rows, kN, layout.out);
     for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
       lse_s[c] = c < rows ? lse[b * t + i0 + c] : kNegInf;  // -inf: no probability past t
       delta_s[c] = c < rows ? delta[b * t + i0 + c] : 0.0f;
@@ -543,8 +569,31 @@ __global__ void __launch_bounds__(kThreads)
   }
   cp_async_wait<0>();  // a block whose loop never ran still has K and V in flight
   if (w0 >= s) return;
-  store_rows<kD>(dk, gk + b * s * kD, w0, s, scale, scale);
-  store_rows<kD>(dv, gv + b * s * kD, w0, s, 1.0f, 1.0f);
+  const std::int64_t gkv = layout.grad_kv;
+  store_rows<kD>(dk, gk + first_row(layout, b, s, gkv, kD), w0, s, gkv, scale, scale);
+  store_rows<kD>(dv, gv + first_row(layout, b, s, gkv, kD), w0, s, gkv, 1.0f, 1.0f);
+}
+
+// ---- Delta
+// ---------------------------------------------------------------------------------------
+
+// Delta = rowsum(grad_out * out) for each problem's t rows, in (problem, row) order as lse, from
+// rows laid out as `layout.out` says; out F32 or BF16 (its bits). A warp a row: the f32 sums of
+// attention.cu's row_dots_kernel, in its order.
+template <int kD, typename O>
+__global__ void attention_delta_kernel(const float* __restrict__ g, const O* __restrict__ o,
+                                       float* __restrict__ delta, std::int64_t problems,
+                                       std::int64_t t, AttentionLayout layout) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const std::int64_t warps = blockDim.x >> 5;
+  for (std::int64_t r = blockIdx.x * warps + (threadIdx.x >> 5); r < problems * t;
+       r += static_cast<std::int64_t>(gridDim.x) * warps) {
+    const std::int64_t at = first_row(layout, r / t, t, layout.out, kD) + (r % t) * layout.out;
+    float acc = 0.0f;
+    for (int c = lane; c < kD; c += 32) acc = fmaf(g[at + c], as_f32(o[at + c]), acc);
+    acc = static_cast<float>(warp_sum(acc));
+    if (lane == 0) delta[r] = acc;
+  }
 }
 
 }  // namespace
