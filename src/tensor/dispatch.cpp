@@ -76,6 +76,8 @@ const char* op_name(Op op) {
       "cross_entropy_backward_bf16",
       "attention_forward",
       "attention_backward",
+      "packed_attention_forward_bf16",
+      "packed_attention_backward",
       "transpose2d",
       "permute",
       "concat",
@@ -582,6 +584,45 @@ Tensor merge_heads(const Tensor& y) {
 Tensor merge_heads_bf16(const Tensor& y, Tensor* y_bf16) {
   OpScope scope(Op::kMergeHeadsBf16, {&y});
   return scope.backend().merge_heads_bf16(y, y_bf16);
+}
+
+Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
+                                     float scale, Tensor& lse) {
+  if (qkv.dtype() != DType::BF16) {
+    throw std::invalid_argument(
+        std::string("packed_attention_forward_bf16: expected a BF16 qkv, ") + "got " +
+        dtype_name(qkv.dtype()));
+  }
+  check_packed_heads(qkv, 3, heads, "packed_attention_forward_bf16", /*bf16_ok=*/true);
+  OpScope scope(Op::kPackedAttentionForwardBf16, {&qkv});
+  return scope.backend().packed_attention_forward_bf16(qkv, heads, causal, scale, lse);
+}
+
+Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& lse, std::int64_t heads, bool causal, float scale,
+                                 DType grad_dtype) {
+  const char* what = "packed_attention_backward";
+  if (qkv.dtype() != DType::BF16) {
+    throw std::invalid_argument(std::string(what) + ": expected a BF16 qkv, got " +
+                                dtype_name(qkv.dtype()));
+  }
+  check_packed_heads(qkv, 3, heads, what, /*bf16_ok=*/true);
+  const Shape merged({qkv.size(0), qkv.size(1), qkv.size(2) / 3});
+  const bool ok = grad_out.dtype() == DType::F32 && grad_out.shape() == merged &&
+                  out.dtype() == DType::BF16 && out.shape() == merged &&
+                  lse.dtype() == DType::F32 && lse.numel() == qkv.size(0) * heads * qkv.size(1) &&
+                  (grad_dtype == DType::F32 || grad_dtype == DType::BF16);
+  if (!ok) {
+    throw std::invalid_argument(
+        std::string(what) + ": expected grad_out F32 and out BF16 of " + merged.str() +
+        ", lse F32 of " + std::to_string(qkv.size(0) * heads * qkv.size(1)) +
+        " and an F32 or BF16 gradient; got " + dtype_name(grad_out.dtype()) + " " +
+        grad_out.shape().str() + ", " + dtype_name(out.dtype()) + " " + out.shape().str() + ", " +
+        dtype_name(lse.dtype()) + " " + lse.shape().str() + ", " + dtype_name(grad_dtype));
+  }
+  OpScope scope(Op::kPackedAttentionBackward, {&grad_out, &qkv, &out, &lse});
+  return scope.backend().packed_attention_backward(grad_out, qkv, out, lse, heads, causal, scale,
+                                                   grad_dtype);
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {

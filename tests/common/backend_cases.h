@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hpm/tensor/backend.h"
@@ -837,6 +838,39 @@ inline std::vector<Case> cases() {
                      kernels::attention_backward(to(gy), to(q), to(k), to(v), to(y), to(lse),
                                                  causal, 0.125f, &gq, &gk, &gv);
                      return Outputs{gq, gk, gv};
+                   },
+                   2e-2f});
+    }
+  }
+  // Attention over a packed qkv (B, T, 3E): head sizes the CUDA kernels take in place (32, 64,
+  // 128), and one they do not (48: the composition there too); gradients in bf16 and in f32.
+  for (const auto& [d, heads, causal] : {std::tuple<std::int64_t, std::int64_t, bool>{64, 3, true},
+                                         {32, 2, false},
+                                         {128, 1, true},
+                                         {48, 2, true}}) {
+    const std::string what = " d" + std::to_string(d) + (causal ? " causal" : "");
+    const std::int64_t e = heads * d;
+    c.push_back({"packed_attention_forward_bf16" + what, Op::kPackedAttentionForwardBf16,
+                 [=](Generator& g, const To& to) {
+                   const Tensor qkv = kernels::to_bf16(randn(g, {2, 150, 3 * e}));
+                   Tensor lse;
+                   const Tensor y =
+                       kernels::packed_attention_forward_bf16(to(qkv), heads, causal, 0.125f, lse);
+                   return Outputs{y, lse};
+                 },
+                 2e-2f});
+    for (const DType grad : {DType::BF16, DType::F32}) {
+      c.push_back({"packed_attention_backward" + what + " " + dtype_name(grad),
+                   Op::kPackedAttentionBackward,
+                   [=](Generator& g, const To& to) {
+                     const Tensor qkv = kernels::to_bf16(randn(g, {2, 150, 3 * e}));
+                     const Tensor gy = randn(g, {2, 150, e});
+                     // The CPU's forward for both: the gradients are compared, not the forward.
+                     Tensor lse;
+                     const Tensor y =
+                         kernels::packed_attention_forward_bf16(qkv, heads, causal, 0.125f, lse);
+                     return Outputs{kernels::packed_attention_backward(
+                         to(gy), to(qkv), to(y), to(lse), heads, causal, 0.125f, grad)};
                    },
                    2e-2f});
     }

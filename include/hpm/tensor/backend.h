@@ -58,6 +58,8 @@ enum class Op : int {
   kCrossEntropyBackwardBf16,
   kAttentionForward,
   kAttentionBackward,
+  kPackedAttentionForwardBf16,
+  kPackedAttentionBackward,
   kTranspose2d,
   kPermute,
   kConcat,
@@ -100,7 +102,7 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
 };
-inline constexpr int kOps = 75;
+inline constexpr int kOps = 77;
 const char* op_name(Op op);
 
 class Backend {
@@ -181,6 +183,11 @@ class Backend {
                                   const Tensor& v, const Tensor& out, const Tensor& lse,
                                   bool causal, float scale, Tensor* grad_q, Tensor* grad_k,
                                   Tensor* grad_v) = 0;
+  virtual Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
+                                               float scale, Tensor& lse) = 0;
+  virtual Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv,
+                                           const Tensor& out, const Tensor& lse, std::int64_t heads,
+                                           bool causal, float scale, DType grad_dtype) = 0;
   virtual Tensor transpose2d(const Tensor& x) = 0;
   virtual Tensor permute(const Tensor& x, const std::vector<int>& perm) = 0;
   virtual Tensor concat(const std::vector<Tensor>& xs, int dim) = 0;

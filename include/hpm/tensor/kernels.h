@@ -148,6 +148,19 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, bool causal, float scale,
                         Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);
+// Attention over the heads of a packed BF16 qkv (B, T, 3E) (q, k and v side by side, head h at
+// columns [h D, (h + 1) D) of each, E = heads x D): the output merged (B, T, E) and rounded to
+// BF16, lse (B, heads, T). The values of split_qkv_heads(qkv, heads, BF16), attention_forward and
+// merge_heads_bf16; a backend with a kernel for it (CUDA's, head sizes 32, 64, 128) reads and
+// writes those layouts in place, with no copy between them.
+Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
+                                     float scale, Tensor& lse);
+// Its gradient with respect to qkv, (B, T, 3E) in grad_dtype (F32, or BF16 rounded once), from
+// grad_out F32 (B, T, E), the forward's output and lse: attention_backward's on the split heads
+// (out widened), merged as merge_qkv_heads (or merge_qkv_heads_bf16) would.
+Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& lse, std::int64_t heads, bool causal, float scale,
+                                 DType grad_dtype);
 
 // ---- layout -----------------------------------------------------------------------------
 Tensor transpose2d(const Tensor& x);  // (R,C) -> (C,R)

@@ -146,14 +146,15 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
     return reshape(linear(reshape(merged, {b * t, merged.size(2)}), weight, bias),
                    {b, t, weight.size(0)});
   }
-  Tensor q, k, v, lse;
-  kernels::split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
-  const float scale = 1.0f / std::sqrt(static_cast<float>(q.size(-1)));
-  // The attention's output, merged and rounded for the product, and rounded in its own layout for
-  // the backward, in one pass: merge_heads, its f32 output and both roundings are not passes.
-  Tensor yb;
-  const Tensor merged =
-      kernels::merge_heads_bf16(kernels::attention_forward(q, k, v, causal, scale, lse), &yb);
+  // The attention reads the heads where the qkv product put them and writes its output merged
+  // and rounded for the next product, which is also what its backward reads (the bf16 copy
+  // autocast keeps): no split or merge pass, and no copy of q, k, v or the output kept.
+  const std::int64_t d = qkv.size(2) / (3 * heads);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  // An F32 qkv (a product that wrote f32) is rounded once here: the values the split rounded.
+  const Tensor qkv_bf16 = (qkv.dtype() == DType::BF16 ? qkv : kernels::to_bf16(qkv)).detach();
+  Tensor lse;
+  const Tensor merged = kernels::packed_attention_forward_bf16(qkv_bf16, heads, causal, scale, lse);
   const std::int64_t b = merged.size(0), t = merged.size(1), e = merged.size(2);
   const Tensor rows = merged.reshape({b * t, e});
   Tensor y = kernels::linear(rows, bf16_parameter(weight), bias).reshape({b, t, weight.size(0)});
@@ -161,19 +162,16 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
   const bool bf16_dqkv = bf16_gradient_taken(qkv);
   return record(
       "PackedAttentionLinearBF16", {qkv, weight, bias}, y,
-      [q, k, v, yb, lse, rows, causal, scale, heads, weight, bias, bf16_dqkv](const Tensor& g,
-                                                                              const Needs& n) {
+      [qkv_bf16, merged, lse, rows, causal, scale, heads, weight, bias, bf16_dqkv](const Tensor& g,
+                                                                                   const Needs& n) {
         const Tensor g2 = g.reshape({rows.size(0), weight.size(0)});
         const Tensor gb = kernels::to_bf16(g2);
         Tensor gqkv;
         if (n[0]) {
-          const Tensor d_merged = kernels::matmul(gb, bf16_parameter(weight))
-                                      .reshape({yb.size(0), yb.size(2), rows.size(1)});
-          Tensor gq, gk, gv;
-          kernels::attention_backward(kernels::split_heads(d_merged, heads), q, k, v, yb, lse,
-                                      causal, scale, &gq, &gk, &gv);
-          gqkv = bf16_dqkv ? kernels::merge_qkv_heads_bf16(gq, gk, gv)
-                           : kernels::merge_qkv_heads(gq, gk, gv);
+          const Tensor d_merged =
+              kernels::matmul(gb, bf16_parameter(weight)).reshape(merged.shape());
+          gqkv = kernels::packed_attention_backward(d_merged, qkv_bf16, merged, lse, heads, causal,
+                                                    scale, bf16_dqkv ? DType::BF16 : DType::F32);
         }
         return linear_gradients(g2, gb, rows, n, std::move(gqkv), weight, bias);
       },

@@ -233,6 +233,27 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // The composition packed_attention_forward_bf16 stands for, unchanged: the CPU's attention reads
+  // heads laid out contiguously.
+  Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
+                                       float scale, Tensor& lse) override {
+    Tensor q, k, v;
+    cpu::split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
+    return cpu::to_bf16(cpu::merge_heads(cpu::attention_forward_bf16(q, k, v, causal, scale, lse)));
+  }
+
+  Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                   const Tensor& lse, std::int64_t heads, bool causal, float scale,
+                                   DType grad_dtype) override {
+    Tensor q, k, v, gq, gk, gv;
+    cpu::split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
+    cpu::attention_backward_bf16(cpu::split_heads(grad_out, heads), q, k, v,
+                                 cpu::split_heads(cpu::to_f32(out), heads), lse, causal, scale, &gq,
+                                 &gk, &gv);
+    const Tensor g = cpu::merge_qkv_heads(gq, gk, gv);
+    return grad_dtype == DType::BF16 ? cpu::to_bf16(g) : g;
+  }
+
   void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor& v,
                   Tensor& vmax) override {
     const std::int64_t n = p.numel();

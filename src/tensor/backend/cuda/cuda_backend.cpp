@@ -179,6 +179,16 @@ class CudaBackend final : public Backend {
                           Tensor* grad_q, Tensor* grad_k, Tensor* grad_v) override {
     cuda::attention_backward(grad_out, q, k, v, out, lse, causal, scale, grad_q, grad_k, grad_v);
   }
+  Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
+                                       float scale, Tensor& lse) override {
+    return cuda::packed_attention_forward_bf16(qkv, heads, causal, scale, lse);
+  }
+  Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                   const Tensor& lse, std::int64_t heads, bool causal, float scale,
+                                   DType grad_dtype) override {
+    return cuda::packed_attention_backward(grad_out, qkv, out, lse, heads, causal, scale,
+                                           grad_dtype);
+  }
 
   // -- normalization, embedding, optimizers -----------------------------------------------------
   Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,

@@ -36,6 +36,14 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool
 void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, bool causal, float scale,
                         Tensor* grad_q, Tensor* grad_k, Tensor* grad_v);
+// Over a packed BF16 qkv (attention_packed.cpp): attention_mma.cu's kernels in place where they
+// apply (head sizes 32, 64, 128, HPM_CUDA_ATTENTION unset or mma), else the composition of
+// split_qkv_heads, attention and merge_heads_bf16 (and their backwards) the CPU runs.
+Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
+                                     float scale, Tensor& lse);
+Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& lse, std::int64_t heads, bool causal, float scale,
+                                 DType grad_dtype);
 
 // ---- layer norm (norm.cu) ---------------------------------------------------------------------
 Tensor layer_norm_forward(const Tensor& x, std::int64_t normalized, const Tensor& weight,

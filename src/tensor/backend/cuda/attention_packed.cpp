@@ -1,0 +1,92 @@
+// Attention over a packed BF16 qkv (B, T, 3E), a GPT block's qkv product as it comes: the mma
+// kernels (attention_mma.h) read q, k and v where they lie, write the output merged (B, T, E) in
+// bf16 (the next product's operand, and the output the backward reads), and write the gradient
+// packed like qkv, so that no split or merge pass runs around them: per layer of GPT-2 small in
+// a training step, the 3 copies of split_qkv_heads, merge_heads_bf16's read of the f32 output,
+// split_heads of the output gradient and merge_qkv_heads_bf16's of the three gradients. Where the
+// kernels do not apply, the composition the CPU runs, from this backend's own ops.
+#include <cstdint>
+
+#include "tensor/backend/cuda/attention_mma.h"
+#include "tensor/backend/cuda/attention_tiled.h"
+#include "tensor/backend/cuda/basic_ops.h"
+#include "tensor/backend/cuda/nn_ops.h"
+#include "tensor/backend/cuda/runtime.h"
+
+namespace hpm::cuda {
+
+namespace {
+
+struct Packed {
+  std::int64_t batch, t, e, d;
+};
+
+Packed packed_dims(const Tensor& qkv, std::int64_t heads) {
+  const std::int64_t e = qkv.size(2) / 3;
+  return {qkv.size(0), qkv.size(1), e, e / heads};
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+
+// The mma kernels take head sizes 32, 64 and 128, row starts 16-byte aligned (every row and head
+// offset is a multiple of 16 bytes at those sizes, so the bases decide), and not a run that asked
+// for the other kernels.
+bool mma_applies(const Packed& p, std::initializer_list<const void*> bases) {
+  if (attention_kernels() != AttentionKernels::kMma) return false;
+  if (p.d != 32 && p.d != 64 && p.d != 128) return false;
+  for (const void* b : bases) {
+    if (!aligned16(b)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
+                                     float scale, Tensor& lse) {
+  const Packed p = packed_dims(qkv, heads);
+  if (!mma_applies(p, {device_ptr(qkv)})) {
+    Tensor q, k, v;
+    split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
+    return merge_heads_bf16(attention_forward(q, k, v, causal, scale, lse), nullptr);
+  }
+  Tensor out = Tensor::empty({p.batch, p.t, p.e}, DType::BF16);
+  lse = Tensor::empty({p.batch, heads, p.t}, DType::F32);
+  const auto* x = ptr<std::uint16_t>(qkv);
+  mma_attention_forward(x, x + p.e, x + 2 * p.e, device_ptr(out), /*out_bf16=*/true,
+                        ptr<float>(lse), p.batch * heads, p.t, p.t, static_cast<int>(p.d), causal,
+                        scale, packed_attention(heads, p.d), current_stream());
+  return out;
+}
+
+Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
+                                 const Tensor& lse, std::int64_t heads, bool causal, float scale,
+                                 DType grad_dtype) {
+  const Packed p = packed_dims(qkv, heads);
+  const bool bf16 = grad_dtype == DType::BF16;
+  if (!mma_applies(p, {device_ptr(qkv), device_ptr(grad_out), device_ptr(out)})) {
+    Tensor q, k, v, gq, gk, gv;
+    split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
+    attention_backward(split_heads(grad_out, heads), q, k, v, split_heads(to_f32(out), heads), lse,
+                       causal, scale, &gq, &gk, &gv);
+    return bf16 ? merge_qkv_heads_bf16(gq, gk, gv) : merge_qkv_heads(gq, gk, gv);
+  }
+  const std::int64_t problems = p.batch * heads;
+  const AttentionLayout layout = packed_attention(heads, p.d);
+  const int d = static_cast<int>(p.d);
+  cudaStream_t stream = current_stream();
+  Tensor delta = Tensor::empty({problems * p.t > 0 ? problems * p.t : 1}, DType::F32);
+  mma_attention_delta(ptr<float>(grad_out), device_ptr(out), /*out_bf16=*/true, ptr<float>(delta),
+                      problems, p.t, d, layout, stream);
+  // Every element is written: q's columns by the dq kernel, k's and v's by the dk/dv kernel.
+  Tensor g = Tensor::empty(qkv.shape(), grad_dtype);
+  const auto* x = ptr<std::uint16_t>(qkv);
+  auto* base = static_cast<unsigned char*>(device_ptr(g));
+  const std::int64_t part = p.e * (bf16 ? 2 : 4);  // bytes from q's columns to k's, k's to v's
+  mma_attention_backward(x, x + p.e, x + 2 * p.e, ptr<float>(grad_out), ptr<float>(lse),
+                         ptr<float>(delta), base, base + part, base + 2 * part, bf16, problems, p.t,
+                         p.t, d, causal, scale, layout, stream);
+  return g;
+}
+
+}  // namespace hpm::cuda
