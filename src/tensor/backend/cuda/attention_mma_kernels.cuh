@@ -25,6 +25,9 @@ constexpr int kWarps = 4;  // 16 rows each
 constexpr int kThreads = kWarps * 32;
 constexpr int kPad = 8;  // bf16 elements of row padding
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // Columns of the tiles a kernel loops over: 64, but 32 for dk/dv and dq at head size 128, whose
 // four f32 accumulators of 16 x 128 would not fit the registers beside 64-wide score tiles.
@@ -305,6 +308,31 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullMask, v, 2);
 }
 
+// 2^x in one instruction (ex2.approx; a result below 2^-126 flushes to 0, far under anything a
+// probability rounded to bf16 beside the row's largest, 1, keeps). The scores are kept in log2
+// units (scale x log2(e) folded into the scale), so that no multiply precedes it.
+__device__ __forceinline__ float exp2_fast(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return std::exp2(x);
+#endif
+}
+
+// A row's lse (natural log) as the backward subtracts it in log2 units: +inf for a row that
+// saw no key (lse -inf) or is past the problem's end, so that its probabilities come out 0.
+__device__ __forceinline__ float lse_log2(float lse, bool row_exists) {
+  return row_exists && lse != kNegInf ? lse * kLog2e : kPosInf;
+}
+
+// Whether (query i, key j) is masked: past the keys, or after the query under the causal mask.
+__device__ __forceinline__ bool masked(std::int64_t i, std::int64_t j, std::int64_t s,
+                                       bool causal) {
+  return j >= s || (causal && j > i);
+}
+
 // ---- forward
 // -------------------------------------------------------------------------------------
 
@@ -314,7 +342,8 @@ __global__ void __launch_bounds__(kThreads)
                        const std::uint16_t* __restrict__ v, Out* __restrict__ out,
                        float* __restrict__ lse, std::int64_t t, std::int64_t s, bool causal,
                        float scale, AttentionLayout layout) {
-  constexpr int kN = kRows;  // keys a tile
+  const float scale2 = scale * kLog2e;  // scores in log2 units
+  constexpr int kN = kRows;             // keys a tile
   constexpr int kLdD = kLd<kD>;
   bf16* q_s = reinterpret_cast<bf16*>(dynamic_smem());
   // Buffer c of K is q_s + (kRows + c kN) rows, of V 2 kN rows further (pointer arithmetic, not
@@ -363,30 +392,41 @@ __global__ void __launch_bounds__(kThreads)
     const int cb = it & 1;
     float sc[kN / 8][4];
     rows_times_rows<kD, kN / 8>(sc, q_s + 16 * warp * kLdD, k_s + cb * kN * kLdD, kLdD);
+    // Scores in log2 units; masked ones -inf. Only a tile at the keys' end or on the causal mask's
+    // diagonal has any (warp-uniform): the others skip the test.
+    if (j0 + kN > s || (causal && j0 + kN - 1 > w0)) {
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
+          sc[n][e] = masked(e < 2 ? i_lo : i_hi, j, s, causal) ? kNegInf : sc[n][e] * scale2;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sc[n][e] *= scale2;
+      }
+    }
     float max_lo = kNegInf, max_hi = kNegInf;
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
-        const std::int64_t i = e < 2 ? i_lo : i_hi;
-        const bool seen = j < s && !(causal && j > i);
-        sc[n][e] = seen ? sc[n][e] * scale : kNegInf;
-      }
       max_lo = fmaxf(max_lo, fmaxf(sc[n][0], sc[n][1]));
       max_hi = fmaxf(max_hi, fmaxf(sc[n][2], sc[n][3]));
     }
     const float new_lo = fmaxf(m_lo, quad_max(max_lo)), new_hi = fmaxf(m_hi, quad_max(max_hi));
     // A row that has seen nothing yet keeps m = -inf, l = 0 and its zero accumulator.
-    const float rescale_lo = new_lo == kNegInf ? 1.0f : __expf(m_lo - new_lo);
-    const float rescale_hi = new_hi == kNegInf ? 1.0f : __expf(m_hi - new_hi);
+    const float rescale_lo = new_lo == kNegInf ? 1.0f : exp2_fast(m_lo - new_lo);
+    const float rescale_hi = new_hi == kNegInf ? 1.0f : exp2_fast(m_hi - new_hi);
     float sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
-      sc[n][0] = new_lo == kNegInf ? 0.0f : __expf(sc[n][0] - new_lo);
-      sc[n][1] = new_lo == kNegInf ? 0.0f : __expf(sc[n][1] - new_lo);
-      sc[n][2] = new_hi == kNegInf ? 0.0f : __expf(sc[n][2] - new_hi);
-      sc[n][3] = new_hi == kNegInf ? 0.0f : __expf(sc[n][3] - new_hi);
+      sc[n][0] = new_lo == kNegInf ? 0.0f : exp2_fast(sc[n][0] - new_lo);
+      sc[n][1] = new_lo == kNegInf ? 0.0f : exp2_fast(sc[n][1] - new_lo);
+      sc[n][2] = new_hi == kNegInf ? 0.0f : exp2_fast(sc[n][2] - new_hi);
+      sc[n][3] = new_hi == kNegInf ? 0.0f : exp2_fast(sc[n][3] - new_hi);
       sum_lo += sc[n][0] + sc[n][1];
       sum_hi += sc[n][2] + sc[n][3];
     }
@@ -408,8 +448,9 @@ __global__ void __launch_bounds__(kThreads)
   l_lo = quad_sum(l_lo);
   l_hi = quad_sum(l_hi);
   if (quad == 0) {
-    if (i_lo < t) lse[b * t + i_lo] = l_lo > 0.0f ? m_lo + __logf(l_lo) : kNegInf;
-    if (i_hi < t) lse[b * t + i_hi] = l_hi > 0.0f ? m_hi + __logf(l_hi) : kNegInf;
+    // m is in log2 units; lse in natural ones, as the CPU's.
+    if (i_lo < t) lse[b * t + i_lo] = l_lo > 0.0f ? m_lo * kLn2 + __logf(l_lo) : kNegInf;
+    if (i_hi < t) lse[b * t + i_hi] = l_hi > 0.0f ? m_hi * kLn2 + __logf(l_hi) : kNegInf;
   }
   store_rows<kD>(o, out + first_row(layout, b, t, layout.out, kD), w0, t, layout.out,
                  l_lo > 0.0f ? 1.0f / l_lo : 0.0f, l_hi > 0.0f ? 1.0f / l_hi : 0.0f);
@@ -426,6 +467,7 @@ __global__ void __launch_bounds__(kThreads)
                       const float* __restrict__ lse, const float* __restrict__ delta,
                       Grad* __restrict__ gq, std::int64_t t, std::int64_t s, bool causal,
                       float scale, AttentionLayout layout) {
+  const float scale2 = scale * kLog2e;   // scores in log2 units
   constexpr int kN = kBackwardCols<kD>;  // keys a tile
   constexpr int kLdD = kLd<kD>;
   bf16* q_s = reinterpret_cast<bf16*>(dynamic_smem());
@@ -441,8 +483,8 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t w0 = i0 + 16 * warp;
   const std::int64_t i_lo = w0 + g, i_hi = i_lo + 8;
   // A row that saw no key (lse -inf: only from a caller's own lse) has no probabilities.
-  const float lse_lo = i_lo < t ? lse[b * t + i_lo] : kNegInf;
-  const float lse_hi = i_hi < t ? lse[b * t + i_hi] : kNegInf;
+  const float lse_lo = lse_log2(i_lo < t ? lse[b * t + i_lo] : kNegInf, i_lo < t);
+  const float lse_hi = lse_log2(i_hi < t ? lse[b * t + i_hi] : kNegInf, i_hi < t);
   const float delta_lo = i_lo < t ? delta[b * t + i_lo] : 0.0f;
   const float delta_hi = i_hi < t ? delta[b * t + i_hi] : 0.0f;
   const std::int64_t kv = layout.kv;
@@ -478,15 +520,15 @@ __global__ void __launch_bounds__(kThreads)
     float p[kN / 8][4], dp[kN / 8][4];
     rows_times_rows<kD, kN / 8>(p, q_s + 16 * warp * kLdD, k_s + cb * kN * kLdD, kLdD);
     rows_times_rows<kD, kN / 8>(dp, g_s + 16 * warp * kLdD, v_s + cb * kN * kLdD, kLdD);
+    const bool edge = j0 + kN > s || (causal && j0 + kN - 1 > w0);  // warp-uniform
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
-        const std::int64_t i = e < 2 ? i_lo : i_hi;
-        const float row_lse = e < 2 ? lse_lo : lse_hi;
-        const bool seen = i < t && j < s && !(causal && j > i) && row_lse != kNegInf;
-        const float prob = seen ? __expf(p[n][e] * scale - row_lse) : 0.0f;
+        const float prob = edge && masked(e < 2 ? i_lo : i_hi, j, s, causal)
+                               ? 0.0f
+                               : exp2_fast(p[n][e] * scale2 - (e < 2 ? lse_lo : lse_hi));
         p[n][e] = prob * (dp[n][e] - (e < 2 ? delta_lo : delta_hi));  // dS
       }
     }
@@ -507,6 +549,7 @@ __global__ void __launch_bounds__(kThreads)
                        const float* __restrict__ lse, const float* __restrict__ delta,
                        Grad* __restrict__ gk, Grad* __restrict__ gv, std::int64_t t, std::int64_t s,
                        bool causal, float scale, AttentionLayout layout) {
+  const float scale2 = scale * kLog2e;   // scores in log2 units
   constexpr int kN = kBackwardCols<kD>;  // queries a tile
   constexpr int kLdD = kLd<kD>;
   bf16* k_s = reinterpret_cast<bf16*>(dynamic_smem());
@@ -542,7 +585,7 @@ __global__ void __launch_bounds__(kThreads)
     cp_async_commit();
     stage_rounded<kD>(g_s, gb + i0 * layout.out, rows, kN, layout.out);
     for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
-      lse_s[c] = c < rows ? lse[b * t + i0 + c] : kNegInf;  // -inf: no probability past t
+      lse_s[c] = lse_log2(c < rows ? lse[b * t + i0 + c] : kNegInf, c < rows);
       delta_s[c] = c < rows ? delta[b * t + i0 + c] : 0.0f;
     }
     cp_async_wait<0>();
@@ -552,15 +595,15 @@ __global__ void __launch_bounds__(kThreads)
     float p[kN / 8][4], dp[kN / 8][4];
     rows_times_rows<kD, kN / 8>(p, k_s + 16 * warp * kLdD, q_s, kLdD);
     rows_times_rows<kD, kN / 8>(dp, v_s + 16 * warp * kLdD, g_s, kLdD);
+    const bool edge = w0 + 15 >= s || (causal && w0 + 15 > i0);  // warp-uniform
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = 8 * n + 2 * quad + (e & 1);
-        const std::int64_t i = i0 + c, j = e < 2 ? j_lo : j_hi;
-        const float col_lse = lse_s[c];
-        const bool seen = j < s && !(causal && j > i) && col_lse != kNegInf;
-        p[n][e] = seen ? __expf(p[n][e] * scale - col_lse) : 0.0f;
+        p[n][e] = edge && masked(i0 + c, e < 2 ? j_lo : j_hi, s, causal)
+                      ? 0.0f
+                      : exp2_fast(p[n][e] * scale2 - lse_s[c]);
         dp[n][e] = p[n][e] * (dp[n][e] - delta_s[c]);  // dS^T
       }
     }
