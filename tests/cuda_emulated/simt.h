@@ -152,6 +152,32 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4],
   std::memcpy(d, out, sizeof out);
 }
 
+// ldmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: lane l gives the address of row l % 8 of
+// matrix l / 8 (8 consecutive 16-bit elements); register m of lane l receives matrix m's
+// (row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1), or with trans its (rows 2 (l % 4) and
+// 2 (l % 4) + 1, column l / 4), the first in the low half.
+inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
+  const unsigned me = thread_index.x, lane = me & 31u, first = me - lane;
+  const void* mine = row;
+  std::memcpy(current_block->lane(me).value, &mine, sizeof mine);
+  current_block->sync_warp(me);
+  auto element = [&](unsigned matrix, unsigned row_in, unsigned col) {
+    const void* base;
+    std::memcpy(&base, current_block->lane(first + 8 * matrix + row_in).value, sizeof base);
+    std::uint16_t v;
+    std::memcpy(&v, static_cast<const unsigned char*>(base) + 2 * col, sizeof v);
+    return std::uint32_t{v};
+  };
+  std::uint32_t out[4];
+  for (unsigned m = 0; m < 4; ++m) {
+    const unsigned a = lane / 4, b = 2 * (lane % 4);
+    out[m] = trans ? element(m, b, a) | element(m, b + 1, a) << 16
+                   : element(m, a, b) | element(m, a, b + 1) << 16;
+  }
+  current_block->sync_warp(me);  // every lane has read the others' addresses
+  std::memcpy(r, out, sizeof out);
+}
+
 // Runs kernel() on `grid` blocks of `threads` threads with `shared_bytes` of dynamic shared
 // memory, a block at a time.
 template <typename Kernel>

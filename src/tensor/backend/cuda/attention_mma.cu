@@ -14,9 +14,10 @@
 // So a row's values sit in one quad of lanes (a shuffle over lane bits 0 and 1 reduces it), and
 // two adjacent C tiles are, packed to bf16 pairs, exactly the A fragment of a 16-wide k step.
 //
-// Shared-memory tiles are bf16 rows padded by 8 elements: the 32-bit fragment loads of a warp (8
-// rows, 4 words each) and the 16-bit loads down a column (B operands whose k runs along the tile's
-// rows: V in P V, K in dS K, dO and Q in the dk/dv products) then fall in distinct banks.
+// Shared-memory tiles are bf16 rows padded by 8 elements, and fragments come from them by
+// ldmatrix (four 8 x 8 matrices an instruction; .trans for the B operands whose k runs along the
+// tile's rows: V in P V, K in dS K, dO and Q in the dk/dv products): the 8 rows of each matrix
+// then start in distinct bank quads.
 //
 // Forward: a block of 4 warps owns 64 queries (16 a warp); key tiles of 64 are double-buffered
 // with cp.async. The online softmax keeps each row's max m (quad-uniform) and a per-lane partial

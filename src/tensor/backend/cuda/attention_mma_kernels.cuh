@@ -116,47 +116,69 @@ __device__ __forceinline__ void store_as(void* p, const T& v) {
 #endif
 }
 
-__device__ __forceinline__ std::uint32_t load32(const bf16* p) { return load_as<std::uint32_t>(p); }
-
-// Two bf16 from different rows as one register, lo in the low half (the lower k index).
-__device__ __forceinline__ std::uint32_t pair(const bf16* lo, const bf16* hi) {
-  return static_cast<std::uint32_t>(load_as<std::uint16_t>(lo)) |
-         static_cast<std::uint32_t>(load_as<std::uint16_t>(hi)) << 16;
-}
-
 __device__ __forceinline__ std::uint32_t pack(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);  // .x, the low half, is lo
   return load_as<std::uint32_t>(&h);
 }
 
-// A fragment of a row-major tile: rows [0, 16) from `rows`, k columns [k0, k0 + 16).
+// Four 8 x 8 matrices of bf16 from shared memory in one instruction: lane l gives the address of
+// row l % 8 of matrix l / 8 (16 bytes, 16-byte aligned); register m of lane l receives matrix m's
+// (row l / 4, columns 2 (l % 4), 2 (l % 4) + 1), or with kTrans its (rows 2 (l % 4),
+// 2 (l % 4) + 1, column l / 4): exactly an A fragment's or a B fragment's pairs.
+template <bool kTrans>
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const bf16* row) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(row));
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+  }
+#elif defined(HPM_SIMT_EMULATION)
+  ::hpm::simt::ldmatrix_x4(r, row, kTrans);
+#else
+  __trap();
+#endif
+}
+
+// The A fragment of rows [0, 16) from `rows`, k columns [k0, k0 + 16): matrices (rows 0-7, k
+// 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15).
 __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const bf16* rows, int ld, int k0) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const bf16* p = rows + (lane >> 2) * ld + k0 + 2 * (lane & 3);
-  a[0] = load32(p);
-  a[1] = load32(p + 8 * ld);
-  a[2] = load32(p + 8);
-  a[3] = load32(p + 8 * ld + 8);
+  const int lane = static_cast<int>(threadIdx.x) & 31, m = lane >> 3;
+  ldmatrix_x4<false>(a, rows + ((m & 1) * 8 + (lane & 7)) * ld + k0 + (m >> 1) * 8);
 }
 
-// B fragment where n runs along the tile's rows (B[k][n] = tile[n][k]): rows [0, 8) from `rows`,
-// k columns [k0, k0 + 16). Q K^T's K, dO V^T's V.
-__device__ __forceinline__ void load_b_by_rows(std::uint32_t (&b)[2], const bf16* rows, int ld,
-                                               int k0) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const bf16* p = rows + (lane >> 2) * ld + k0 + 2 * (lane & 3);
-  b[0] = load32(p);
-  b[1] = load32(p + 8);
+// The B fragments of two n tiles where n runs along the tile's rows (B[k][n] = tile[n][k]): rows
+// [0, 16) from `rows` (b0 the first 8, b1 the next), k columns [k0, k0 + 16). Q K^T's K, dO V^T's
+// V. Matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15).
+__device__ __forceinline__ void load_b_by_rows(std::uint32_t (&b0)[2], std::uint32_t (&b1)[2],
+                                               const bf16* rows, int ld, int k0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, m = lane >> 3;
+  std::uint32_t r[4];
+  ldmatrix_x4<false>(r, rows + ((m >> 1) * 8 + (lane & 7)) * ld + k0 + (m & 1) * 8);
+  b0[0] = r[0];
+  b0[1] = r[1];
+  b1[0] = r[2];
+  b1[1] = r[3];
 }
 
-// B fragment where k runs along the tile's rows (B[k][n] = tile[k][n]): k rows [0, 16) from
-// `rows`, n columns [n0, n0 + 8). P V's V, dS K's K.
-__device__ __forceinline__ void load_b_by_cols(std::uint32_t (&b)[2], const bf16* rows, int ld,
-                                               int n0) {
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const bf16* p = rows + 2 * (lane & 3) * ld + n0 + (lane >> 2);
-  b[0] = pair(p, p + ld);
-  b[1] = pair(p + 8 * ld, p + 9 * ld);
+// The B fragments of two n tiles where k runs along the tile's rows (B[k][n] = tile[k][n]): k
+// rows [0, 16) from `rows`, n columns [n0, n0 + 16) (b0 the first 8, b1 the next), transposed as
+// loaded. P V's V, dS K's K, P^T dO's dO, dS^T Q's Q. Matrices (k 0-7, n 0-7), (k 8-15, n 0-7),
+// (k 0-7, n 8-15), (k 8-15, n 8-15).
+__device__ __forceinline__ void load_b_by_cols(std::uint32_t (&b0)[2], std::uint32_t (&b1)[2],
+                                               const bf16* rows, int ld, int n0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, m = lane >> 3;
+  std::uint32_t r[4];
+  ldmatrix_x4<true>(r, rows + ((m & 1) * 8 + (lane & 7)) * ld + n0 + (m >> 1) * 8);
+  b0[0] = r[0];
+  b0[1] = r[1];
+  b1[0] = r[2];
+  b1[1] = r[3];
 }
 
 // C tiles 2 kk and 2 kk + 1 (16 x 16 of f32) as the A fragment of a product's k step kk.
@@ -185,10 +207,11 @@ __device__ __forceinline__ void rows_times_rows(float (&c)[kN][4], const bf16* a
     std::uint32_t a[4];
     load_a(a, a_rows, ld, k0);
 #pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      std::uint32_t b[2];
-      load_b_by_rows(b, b_rows + 8 * n * ld, ld, k0);
-      mma(c[n], a, b);
+    for (int n = 0; n < kN; n += 2) {
+      std::uint32_t b0[2], b1[2];
+      load_b_by_rows(b0, b1, b_rows + 8 * n * ld, ld, k0);
+      mma(c[n], a, b0);
+      mma(c[n + 1], a, b1);
     }
   }
 }
@@ -203,10 +226,11 @@ __device__ __forceinline__ void probs_times_tile(float (&acc)[kD / 8][4], const 
     std::uint32_t a[4];
     as_a(a, p[2 * kk], p[2 * kk + 1]);
 #pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
-      std::uint32_t b[2];
-      load_b_by_cols(b, tile + 16 * kk * ld, ld, 8 * n);
-      mma(acc[n], a, b);
+    for (int n = 0; n < kD / 8; n += 2) {
+      std::uint32_t b0[2], b1[2];
+      load_b_by_cols(b0, b1, tile + 16 * kk * ld, ld, 8 * n);
+      mma(acc[n], a, b0);
+      mma(acc[n + 1], a, b1);
     }
   }
 }
