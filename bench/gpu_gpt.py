@@ -20,6 +20,7 @@ plans and the allocator's pool). Each side synchronizes at its ends.
 
 --ab-env KEY=VALUE runs hpm again with that environment variable (for example
 HPM_CUDA_ATTENTION=wmma, the WMMA attention kernels instead of the register-tiled mma.sync ones,
+HPM_CUDA_ATTENTION=mma16, those with one 16-row query tile a warp in the forward instead of two,
 HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones, or
 HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues) and prints its rate beside
 the first; repeatable, one run per variable.

@@ -68,12 +68,14 @@ step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --pre
 # Speed next, before the sanitizers: if the call runs out of time, the figures are back.
 # Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
 # three sizes of issue 32 (GPT-2 small on random tokens); hpm again with the WMMA attention
-# kernels (HPM_CUDA_ATTENTION=wmma) against the register-tiled mma.sync ones, and again
+# kernels (HPM_CUDA_ATTENTION=wmma) against the register-tiled mma.sync ones, again with one
+# 16-row query tile a warp in their forward instead of two (HPM_CUDA_ATTENTION=mma16), and again
 # without cuBLASLt's bias epilogues (HPM_CUDA_LT_EPILOGUES=0) for theirs; and a 30-step
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts from.
-step bench 400 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
+step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-fortunes,shakespeare,gpt2}" --steps 100 \
-  --ab-env HPM_CUDA_ATTENTION=wmma --ab-env HPM_CUDA_LT_EPILOGUES=0 --profile-steps 30 \
+  --ab-env HPM_CUDA_ATTENTION=wmma --ab-env HPM_CUDA_ATTENTION=mma16 \
+  --ab-env HPM_CUDA_LT_EPILOGUES=0 --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 # Kernel by kernel on the card (ncu, one cheap metric: each kernel's duration), a step and a half

@@ -70,9 +70,11 @@ std::string name(const Problem& p, int d) {
   return s;
 }
 
-template <int kD>
+// kM: the forward's 16-row query tiles a warp (the launcher's 2, or 1 at head size 128 and under
+// HPM_CUDA_ATTENTION=mma16).
+template <int kD, int kM>
 void check_forward_and_backward(const Problem& p) {
-  SCOPED_TRACE(name(p, kD));
+  SCOPED_TRACE(name(p, kD) + " tiles " + std::to_string(kM));
   Generator gen(7 + static_cast<std::uint64_t>(p.t + p.s + kD) + (p.causal ? 1 : 0));
   const Tensor q = kernels::to_bf16(Tensor::randn({p.batch, p.t, kD}, gen));
   const Tensor k = kernels::to_bf16(Tensor::randn({p.batch, p.s, kD}, gen));
@@ -91,11 +93,16 @@ void check_forward_and_backward(const Problem& p) {
   std::vector<float> out(static_cast<std::size_t>(p.batch * p.t * kD), -1.0f);
   std::vector<float> lse(static_cast<std::size_t>(p.batch * p.t), -1.0f);
   const cuda::AttentionLayout layout = cuda::contiguous_attention(kD);
-  const unsigned row_grid = static_cast<unsigned>(p.batch * ((p.t + 63) / 64));
-  const unsigned key_grid = static_cast<unsigned>(p.batch * ((p.s + 63) / 64));
-  simt::launch(row_grid, 128, cuda::kForwardSmem<kD>, [&] {
-    cuda::mma_forward_kernel<kD, float>(qb.data(), kb.data(), vb.data(), out.data(), lse.data(),
-                                        p.t, p.s, p.causal, kScale, layout);
+  // The grids of attention_mma.cu's launchers: the forward's blocks of kForwardRows queries, the
+  // backward's of 64 queries (dq) or keys (dk, dv).
+  const auto blocks = [](std::int64_t problems, std::int64_t rows, std::int64_t per_block) {
+    return static_cast<unsigned>(problems * ((rows + per_block - 1) / per_block));
+  };
+  const unsigned forward_grid = blocks(p.batch, p.t, cuda::kForwardRows<kM>);
+  const unsigned row_grid = blocks(p.batch, p.t, 64), key_grid = blocks(p.batch, p.s, 64);
+  simt::launch(forward_grid, 128, (cuda::kForwardSmem<kD, kM>), [&] {
+    cuda::mma_forward_kernel<kD, kM, float>(qb.data(), kb.data(), vb.data(), out.data(), lse.data(),
+                                            p.t, p.s, p.causal, kScale, layout);
   });
   EXPECT_LE(relative_error(out, y_want), kOutTolerance) << "out";
   EXPECT_LE(relative_error(lse, lse_want), kLseTolerance) << "lse";
@@ -129,16 +136,19 @@ void check_forward_and_backward(const Problem& p) {
 const Problem kShapes[] = {{2, 150, 70, false}, {2, 150, 70, true}, {1, 40, 100, true}};
 
 TEST(MmaAttentionEmulated, HeadSize64MatchesTheCpu) {
-  for (const Problem& p : kShapes) check_forward_and_backward<64>(p);
+  for (const Problem& p : kShapes) {
+    check_forward_and_backward<64, 2>(p);
+    check_forward_and_backward<64, 1>(p);
+  }
 }
 
 TEST(MmaAttentionEmulated, HeadSize32MatchesTheCpu) {
-  for (const Problem& p : kShapes) check_forward_and_backward<32>(p);
+  for (const Problem& p : kShapes) check_forward_and_backward<32, 2>(p);
 }
 
 // Head size 128 tiles its backward 32 columns at a time.
 TEST(MmaAttentionEmulated, HeadSize128MatchesTheCpu) {
-  for (const Problem& p : kShapes) check_forward_and_backward<128>(p);
+  for (const Problem& p : kShapes) check_forward_and_backward<128, 1>(p);
 }
 
 // No keys: out is zeros, lse -inf, and the key and value gradients have no rows.
@@ -148,9 +158,10 @@ TEST(MmaAttentionEmulated, NoKeysGiveZerosAndMinusInfinity) {
   const std::vector<std::uint16_t> qb = copy_of<std::uint16_t>(q);
   const std::vector<std::uint16_t> none(8, 0);  // a valid pointer no kernel reads
   std::vector<float> out(20 * 64, -1.0f), lse(20, 0.0f);
-  simt::launch(1, 128, cuda::kForwardSmem<64>, [&] {
-    cuda::mma_forward_kernel<64, float>(qb.data(), none.data(), none.data(), out.data(), lse.data(),
-                                        20, 0, true, kScale, cuda::contiguous_attention(64));
+  simt::launch(1, 128, (cuda::kForwardSmem<64, 1>), [&] {
+    cuda::mma_forward_kernel<64, 1, float>(qb.data(), none.data(), none.data(), out.data(),
+                                           lse.data(), 20, 0, true, kScale,
+                                           cuda::contiguous_attention(64));
   });
   for (const float x : out) ASSERT_EQ(x, 0.0f);
   for (const float x : lse) ASSERT_EQ(x, -std::numeric_limits<float>::infinity());
@@ -174,7 +185,7 @@ void expect_bf16_close(const std::vector<std::uint16_t>& got, const Tensor& want
 // A packed (B, T, 3E) qkv, its output merged (B, T, E) in bf16 and its gradient packed (bf16 and
 // f32): the GPT's layout, with no split or merge pass around the kernels. Against the CPU's
 // split_qkv_heads, attention, merge_heads_bf16 and, backward, split_heads and merge_qkv_heads.
-template <int kD>
+template <int kD, int kM>
 void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool causal) {
   SCOPED_TRACE("packed d" + std::to_string(kD) + (causal ? " causal" : ""));
   const std::int64_t e = heads * kD, problems = batch * heads;
@@ -196,12 +207,14 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
   const std::vector<float> g = copy_of<float>(gy);
   const cuda::AttentionLayout layout = cuda::packed_attention(heads, kD);
   const unsigned grid = static_cast<unsigned>(problems * ((t + 63) / 64));
+  const auto forward_grid =
+      static_cast<unsigned>(problems * ((t + cuda::kForwardRows<kM> - 1) / cuda::kForwardRows<kM>));
   std::vector<std::uint16_t> merged(static_cast<std::size_t>(batch * t * e), 0xffffu);
   std::vector<float> lse(static_cast<std::size_t>(problems * t), -1.0f);
-  simt::launch(grid, 128, cuda::kForwardSmem<kD>, [&] {
-    cuda::mma_forward_kernel<kD, std::uint16_t>(x.data(), x.data() + e, x.data() + 2 * e,
-                                                merged.data(), lse.data(), t, t, causal, kScale,
-                                                layout);
+  simt::launch(forward_grid, 128, (cuda::kForwardSmem<kD, kM>), [&] {
+    cuda::mma_forward_kernel<kD, kM, std::uint16_t>(x.data(), x.data() + e, x.data() + 2 * e,
+                                                    merged.data(), lse.data(), t, t, causal, kScale,
+                                                    layout);
   });
   {
     const std::vector<std::uint16_t> want = copy_of<std::uint16_t>(merged_want);
@@ -254,9 +267,9 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
 }
 
 TEST(MmaAttentionEmulated, PackedQkvMatchesTheSplitHeadsOnTheCpu) {
-  check_packed<64>(2, 3, 100, true);
-  check_packed<32>(1, 2, 70, false);
-  check_packed<128>(1, 2, 40, true);
+  check_packed<64, 2>(2, 3, 100, true);
+  check_packed<32, 1>(1, 2, 70, false);
+  check_packed<128, 1>(1, 2, 40, true);
 }
 
 }  // namespace

@@ -36,6 +36,7 @@
 
 #include "tensor/backend/cuda/attention_mma.h"
 #include "tensor/backend/cuda/attention_mma_kernels.cuh"
+#include "tensor/backend/cuda/attention_tiled.h"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/runtime.h"
 
@@ -79,13 +80,24 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
   if (problems * t == 0) return;
   with_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
+    // Two query tiles a warp, except at head size 128 (the registers) or where a run asks for
+    // one (HPM_CUDA_ATTENTION=mma16: the device's A/B).
+    const bool one_tile = kD == 128 || attention_kernels() == AttentionKernels::kMma16;
     with_element(out_bf16, [&](auto element) {
       using Out = decltype(element);
-      auto* kernel = mma_forward_kernel<kD, Out>;
-      allow_dynamic_smem(kernel, kForwardSmem<kD>);
-      kernel<<<row_blocks(problems, t, kRows), kThreads, kForwardSmem<kD>, stream>>>(
-          q, k, v, static_cast<Out*>(out), lse, t, s, causal, scale, layout);
-      HPM_CUDA_LAUNCH_CHECK("mma_forward_kernel");
+      const auto launch = [&](auto tiles) {
+        constexpr int kM = decltype(tiles)::value;
+        auto* kernel = mma_forward_kernel<kD, kM, Out>;
+        allow_dynamic_smem(kernel, kForwardSmem<kD, kM>);
+        kernel<<<row_blocks(problems, t, kForwardRows<kM>), kThreads, kForwardSmem<kD, kM>,
+                 stream>>>(q, k, v, static_cast<Out*>(out), lse, t, s, causal, scale, layout);
+        HPM_CUDA_LAUNCH_CHECK("mma_forward_kernel");
+      };
+      if (one_tile) {
+        launch(std::integral_constant<int, 1>{});
+      } else {
+        launch(std::integral_constant<int, 2>{});
+      }
     });
   });
 }

@@ -42,9 +42,14 @@ constexpr std::size_t tile_bytes(int rows) {
   return sizeof(bf16) * static_cast<std::size_t>(rows) * kLd<kD>;
 }
 
-// Forward: Q, and two buffers of K and V.
-template <int kD>
-constexpr std::size_t kForwardSmem = tile_bytes<kD>(kRows) * 5;
+// The forward takes kM 16-row query tiles a warp: two share every K and V fragment they load
+// (half the shared-memory reads per product) at twice the registers, and so half the warps an SM
+// holds (the launcher's choice, attention_mma.cu). Its block's queries, and its shared memory: Q,
+// and two buffers of K and V tiles of kRows keys.
+template <int kM>
+constexpr int kForwardRows = kWarps * 16 * kM;
+template <int kD, int kM>
+constexpr std::size_t kForwardSmem = tile_bytes<kD>(kForwardRows<kM>) + 4 * tile_bytes<kD>(kRows);
 // dq: Q and dO, and two buffers of K and V tiles.
 template <int kD>
 constexpr std::size_t kGradQSmem = 2 * tile_bytes<kD>(kRows) +
@@ -196,43 +201,70 @@ __device__ __forceinline__ void zero(float (&c)[kN][4]) {
   for (int n = 0; n < kN; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.0f;
 }
 
-// c (16 x 8 kN) = A B^T, A a warp's 16 rows of a staged tile and B's rows `cols` of another, both
-// kK wide: scores, S = Q K^T (S^T = K Q^T), and dP = dO V^T (dP^T = V dO^T).
-template <int kK, int kN>
-__device__ __forceinline__ void rows_times_rows(float (&c)[kN][4], const bf16* a_rows,
-                                                const bf16* b_rows, int ld) {
-  zero(c);
+// c[mt] (16 x 8 kN each) = A_mt B^T for kM consecutive 16-row tiles A_mt of a staged tile (from
+// a_rows) and B's rows `b_rows`, both kK wide, each B fragment loaded once for all kM: scores,
+// S = Q K^T (S^T = K Q^T), and dP = dO V^T (dP^T = V dO^T).
+template <int kK, int kN, int kM>
+__device__ __forceinline__ void tiles_times_rows(float (&c)[kM][kN][4], const bf16* a_rows,
+                                                 const bf16* b_rows, int ld) {
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) zero(c[mt]);
 #pragma unroll
   for (int k0 = 0; k0 < kK; k0 += 16) {
-    std::uint32_t a[4];
-    load_a(a, a_rows, ld, k0);
+    std::uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) load_a(a[mt], a_rows + 16 * mt * ld, ld, k0);
 #pragma unroll
     for (int n = 0; n < kN; n += 2) {
       std::uint32_t b0[2], b1[2];
       load_b_by_rows(b0, b1, b_rows + 8 * n * ld, ld, k0);
-      mma(c[n], a, b0);
-      mma(c[n + 1], a, b1);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        mma(c[mt][n], a[mt], b0);
+        mma(c[mt][n + 1], a[mt], b1);
+      }
     }
   }
 }
 
-// acc (16 x kD) += P T, P the 16 x 8 kN probabilities (or dS) in C fragments, T a staged tile of
-// 8 kN rows, kD wide: P V, dS K, P^T dO, dS^T Q. P is rounded to bf16 here.
-template <int kN, int kD>
-__device__ __forceinline__ void probs_times_tile(float (&acc)[kD / 8][4], const float (&p)[kN][4],
-                                                 const bf16* tile, int ld) {
+// The same for one 16-row tile.
+template <int kK, int kN>
+__device__ __forceinline__ void rows_times_rows(float (&c)[kN][4], const bf16* a_rows,
+                                                const bf16* b_rows, int ld) {
+  tiles_times_rows<kK, kN, 1>(reinterpret_cast<float(&)[1][kN][4]>(c), a_rows, b_rows, ld);
+}
+
+// acc[mt] (16 x kD) += P_mt T for kM tiles of probabilities (or dS) P_mt, 16 x 8 kN each in C
+// fragments, and T a staged tile of 8 kN rows, kD wide, each B fragment loaded once for all kM:
+// P V, dS K, P^T dO, dS^T Q. P is rounded to bf16 here.
+template <int kN, int kD, int kM>
+__device__ __forceinline__ void probs_times_tiles(float (&acc)[kM][kD / 8][4],
+                                                  const float (&p)[kM][kN][4], const bf16* tile,
+                                                  int ld) {
 #pragma unroll
   for (int kk = 0; kk < kN / 2; ++kk) {
-    std::uint32_t a[4];
-    as_a(a, p[2 * kk], p[2 * kk + 1]);
+    std::uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) as_a(a[mt], p[mt][2 * kk], p[mt][2 * kk + 1]);
 #pragma unroll
     for (int n = 0; n < kD / 8; n += 2) {
       std::uint32_t b0[2], b1[2];
       load_b_by_cols(b0, b1, tile + 16 * kk * ld, ld, 8 * n);
-      mma(acc[n], a, b0);
-      mma(acc[n + 1], a, b1);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        mma(acc[mt][n], a[mt], b0);
+        mma(acc[mt][n + 1], a[mt], b1);
+      }
     }
   }
+}
+
+// The same for one tile.
+template <int kN, int kD>
+__device__ __forceinline__ void probs_times_tile(float (&acc)[kD / 8][4], const float (&p)[kN][4],
+                                                 const bf16* tile, int ld) {
+  probs_times_tiles<kN, kD, 1>(reinterpret_cast<float(&)[1][kD / 8][4]>(acc),
+                               reinterpret_cast<const float(&)[1][kN][4]>(p), tile, ld);
 }
 
 // ---- staging
@@ -360,47 +392,112 @@ __device__ __forceinline__ bool masked(std::int64_t i, std::int64_t j, std::int6
 // ---- forward
 // -------------------------------------------------------------------------------------
 
-template <int kD, typename Out>
+// One tile of scores for this lane's rows i_lo and i_lo + 8, turned into probabilities
+// exp2(s - m) in place (log2 units): masked scores (tested only where `edge` says a mask may
+// fall) are -inf, the running max m (quad-uniform) and this lane's share of the sum l move on, and
+// the output accumulator o is rescaled to the new max.
+template <int kNT, int kD>
+__device__ __forceinline__ void online_softmax(float (&sc)[kNT][4], float (&o)[kD / 8][4],
+                                               float (&m)[2], float (&l)[2], bool edge,
+                                               std::int64_t j0, std::int64_t i_lo, std::int64_t s,
+                                               bool causal, float scale2) {
+  const int quad = static_cast<int>(threadIdx.x) & 3;
+  if (edge) {
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
+        sc[n][e] = masked(i_lo + (e < 2 ? 0 : 8), j, s, causal) ? kNegInf : sc[n][e] * scale2;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sc[n][e] *= scale2;
+    }
+  }
+  float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+    tile_max[0] = fmaxf(tile_max[0], fmaxf(sc[n][0], sc[n][1]));
+    tile_max[1] = fmaxf(tile_max[1], fmaxf(sc[n][2], sc[n][3]));
+  }
+  float rescale[2], sum[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float new_m = fmaxf(m[h], quad_max(tile_max[h]));
+    // A row that has seen nothing yet keeps m = -inf, l = 0 and its zero accumulator.
+    rescale[h] = new_m == kNegInf ? 1.0f : exp2_fast(m[h] - new_m);
+    m[h] = new_m;
+  }
+#pragma unroll
+  for (int n = 0; n < kNT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int h = e >> 1;
+      sc[n][e] = m[h] == kNegInf ? 0.0f : exp2_fast(sc[n][e] - m[h]);
+      sum[h] += sc[n][e];
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) l[h] = l[h] * rescale[h] + sum[h];
+#pragma unroll
+  for (int n = 0; n < kD / 8; ++n) {
+    o[n][0] *= rescale[0];
+    o[n][1] *= rescale[0];
+    o[n][2] *= rescale[1];
+    o[n][3] *= rescale[1];
+  }
+}
+
+template <int kD, int kM, typename Out>
 __global__ void __launch_bounds__(kThreads)
     mma_forward_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
                        const std::uint16_t* __restrict__ v, Out* __restrict__ out,
                        float* __restrict__ lse, std::int64_t t, std::int64_t s, bool causal,
                        float scale, AttentionLayout layout) {
-  const float scale2 = scale * kLog2e;  // scores in log2 units
-  constexpr int kN = kRows;             // keys a tile
+  const float scale2 = scale * kLog2e;          // scores in log2 units
+  constexpr int kBlockRows = kForwardRows<kM>;  // queries of the block
+  constexpr int kN = kRows;                     // keys a tile
   constexpr int kLdD = kLd<kD>;
   bf16* q_s = reinterpret_cast<bf16*>(dynamic_smem());
-  // Buffer c of K is q_s + (kRows + c kN) rows, of V 2 kN rows further (pointer arithmetic, not
-  // an array of pointers, which a runtime index would put in local memory).
-  bf16* const k_s = q_s + kRows * kLdD;
+  // Buffer c of K is k_s + c kN rows, of V v_s + c kN rows (pointer arithmetic, not an array of
+  // pointers, which a runtime index would put in local memory).
+  bf16* const k_s = q_s + kBlockRows * kLdD;
   bf16* const v_s = k_s + 2 * kN * kLdD;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, quad = lane & 3;
 
   // A problem's query blocks last to first: under the causal mask the last see the most keys, and
   // starting them first leaves the short ones for the grid's tail (the same values either way).
-  const std::int64_t row_blocks = (t + kRows - 1) / kRows;
+  const std::int64_t row_blocks = (t + kBlockRows - 1) / kBlockRows;
   const std::int64_t b = blockIdx.x / row_blocks;
-  const std::int64_t i0 = (row_blocks - 1 - blockIdx.x % row_blocks) * kRows;
-  const std::int64_t w0 = i0 + 16 * warp;             // the warp's first query
-  const std::int64_t i_lo = w0 + g, i_hi = i_lo + 8;  // this lane's two rows
+  const std::int64_t i0 = (row_blocks - 1 - blockIdx.x % row_blocks) * kBlockRows;
+  const std::int64_t w0 = i0 + 16 * kM * warp;  // the warp's first query
   const std::int64_t kv = layout.kv;
   const std::uint16_t* kb = k + first_row(layout, b, s, kv, kD);
   const std::uint16_t* vb = v + first_row(layout, b, s, kv, kD);
 
-  const std::int64_t end = causal ? min64(s, i0 + kRows) : s;
+  const std::int64_t end = causal ? min64(s, i0 + kBlockRows) : s;
   const int tiles = static_cast<int>((end + kN - 1) / kN);
   stage_async<kD>(q_s, q + first_row(layout, b, t, layout.q, kD) + i0 * layout.q,
-                  min64(kRows, t - i0), kRows, layout.q);
+                  min64(kBlockRows, t - i0), kBlockRows, layout.q);
   if (tiles > 0) {
     stage_async<kD>(k_s, kb, min64(kN, s), kN, kv);
     stage_async<kD>(v_s, vb, min64(kN, s), kN, kv);
   }
   cp_async_commit();
 
-  float o[kD / 8][4];
-  zero(o);
-  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.0f, l_hi = 0.0f;  // l: this lane's share
+  float o[kM][kD / 8][4];
+  float m[kM][2], l[kM][2];  // per tile, rows g and g + 8; l: this lane's share
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+    zero(o[mt]);
+    m[mt][0] = m[mt][1] = kNegInf;
+    l[mt][0] = l[mt][1] = 0.0f;
+  }
   for (int it = 0; it < tiles; ++it) {
     const std::int64_t j0 = static_cast<std::int64_t>(it) * kN;
     cp_async_wait<0>();
@@ -412,72 +509,36 @@ __global__ void __launch_bounds__(kThreads)
     }
     cp_async_commit();
     // Warp-uniform: no query of the warp, or (causal) no key of the tile any of them sees.
-    if (w0 >= t || (causal && j0 > w0 + 15)) continue;
+    if (w0 >= t || (causal && j0 > w0 + 16 * kM - 1)) continue;
     const int cb = it & 1;
-    float sc[kN / 8][4];
-    rows_times_rows<kD, kN / 8>(sc, q_s + 16 * warp * kLdD, k_s + cb * kN * kLdD, kLdD);
-    // Scores in log2 units; masked ones -inf. Only a tile at the keys' end or on the causal mask's
-    // diagonal has any (warp-uniform): the others skip the test.
-    if (j0 + kN > s || (causal && j0 + kN - 1 > w0)) {
+    float sc[kM][kN / 8][4];
+    tiles_times_rows<kD, kN / 8, kM>(sc, q_s + 16 * kM * warp * kLdD, k_s + cb * kN * kLdD, kLdD);
+    // Only a tile at the keys' end or on the causal mask's diagonal can mask (warp-uniform).
+    const bool edge = j0 + kN > s || (causal && j0 + kN - 1 > w0);
 #pragma unroll
-      for (int n = 0; n < kN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
-          sc[n][e] = masked(e < 2 ? i_lo : i_hi, j, s, causal) ? kNegInf : sc[n][e] * scale2;
-        }
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < kN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[n][e] *= scale2;
-      }
+    for (int mt = 0; mt < kM; ++mt) {
+      online_softmax<kN / 8, kD>(sc[mt], o[mt], m[mt], l[mt], edge, j0, w0 + 16 * mt + g, s, causal,
+                                 scale2);
     }
-    float max_lo = kNegInf, max_hi = kNegInf;
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n) {
-      max_lo = fmaxf(max_lo, fmaxf(sc[n][0], sc[n][1]));
-      max_hi = fmaxf(max_hi, fmaxf(sc[n][2], sc[n][3]));
-    }
-    const float new_lo = fmaxf(m_lo, quad_max(max_lo)), new_hi = fmaxf(m_hi, quad_max(max_hi));
-    // A row that has seen nothing yet keeps m = -inf, l = 0 and its zero accumulator.
-    const float rescale_lo = new_lo == kNegInf ? 1.0f : exp2_fast(m_lo - new_lo);
-    const float rescale_hi = new_hi == kNegInf ? 1.0f : exp2_fast(m_hi - new_hi);
-    float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n) {
-      sc[n][0] = new_lo == kNegInf ? 0.0f : exp2_fast(sc[n][0] - new_lo);
-      sc[n][1] = new_lo == kNegInf ? 0.0f : exp2_fast(sc[n][1] - new_lo);
-      sc[n][2] = new_hi == kNegInf ? 0.0f : exp2_fast(sc[n][2] - new_hi);
-      sc[n][3] = new_hi == kNegInf ? 0.0f : exp2_fast(sc[n][3] - new_hi);
-      sum_lo += sc[n][0] + sc[n][1];
-      sum_hi += sc[n][2] + sc[n][3];
-    }
-    l_lo = l_lo * rescale_lo + sum_lo;
-    l_hi = l_hi * rescale_hi + sum_hi;
-    m_lo = new_lo;
-    m_hi = new_hi;
-#pragma unroll
-    for (int n = 0; n < kD / 8; ++n) {
-      o[n][0] *= rescale_lo;
-      o[n][1] *= rescale_lo;
-      o[n][2] *= rescale_hi;
-      o[n][3] *= rescale_hi;
-    }
-    probs_times_tile<kN / 8, kD>(o, sc, v_s + cb * kN * kLdD, kLdD);
+    probs_times_tiles<kN / 8, kD, kM>(o, sc, v_s + cb * kN * kLdD, kLdD);
   }
   cp_async_wait<0>();  // nothing left in flight when the block exits
   if (w0 >= t) return;
-  l_lo = quad_sum(l_lo);
-  l_hi = quad_sum(l_hi);
-  if (quad == 0) {
-    // m is in log2 units; lse in natural ones, as the CPU's.
-    if (i_lo < t) lse[b * t + i_lo] = l_lo > 0.0f ? m_lo * kLn2 + __logf(l_lo) : kNegInf;
-    if (i_hi < t) lse[b * t + i_hi] = l_hi > 0.0f ? m_hi * kLn2 + __logf(l_hi) : kNegInf;
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+    const std::int64_t i_lo = w0 + 16 * mt + g;
+    const float sum_lo = quad_sum(l[mt][0]), sum_hi = quad_sum(l[mt][1]);
+    if (quad == 0) {
+      // m is in log2 units; lse in natural ones, as the CPU's.
+      if (i_lo < t) lse[b * t + i_lo] = sum_lo > 0.0f ? m[mt][0] * kLn2 + __logf(sum_lo) : kNegInf;
+      if (i_lo + 8 < t) {
+        lse[b * t + i_lo + 8] = sum_hi > 0.0f ? m[mt][1] * kLn2 + __logf(sum_hi) : kNegInf;
+      }
+    }
+    store_rows<kD>(o[mt], out + first_row(layout, b, t, layout.out, kD), w0 + 16 * mt, t,
+                   layout.out, sum_lo > 0.0f ? 1.0f / sum_lo : 0.0f,
+                   sum_hi > 0.0f ? 1.0f / sum_hi : 0.0f);
   }
-  store_rows<kD>(o, out + first_row(layout, b, t, layout.out, kD), w0, t, layout.out,
-                 l_lo > 0.0f ? 1.0f / l_lo : 0.0f, l_hi > 0.0f ? 1.0f / l_hi : 0.0f);
 }
 
 // ---- backward

@@ -32,7 +32,8 @@ bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 
 // offset is a multiple of 16 bytes at those sizes, so the bases decide), and not a run that asked
 // for the other kernels.
 bool mma_applies(const Packed& p, std::initializer_list<const void*> bases) {
-  if (attention_kernels() != AttentionKernels::kMma) return false;
+  const AttentionKernels kernels = attention_kernels();
+  if (kernels != AttentionKernels::kMma && kernels != AttentionKernels::kMma16) return false;
   if (p.d != 32 && p.d != 64 && p.d != 128) return false;
   for (const void* b : bases) {
     if (!aligned16(b)) return false;

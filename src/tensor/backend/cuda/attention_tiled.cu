@@ -448,10 +448,11 @@ AttentionKernels attention_kernels() {
   static const AttentionKernels kernels = [] {
     const char* env = std::getenv("HPM_CUDA_ATTENTION");
     if (env == nullptr || std::strcmp(env, "mma") == 0) return AttentionKernels::kMma;
+    if (std::strcmp(env, "mma16") == 0) return AttentionKernels::kMma16;
     if (std::strcmp(env, "wmma") == 0) return AttentionKernels::kWmma;
     if (std::strcmp(env, "rowwise") == 0) return AttentionKernels::kRowwise;
     throw std::invalid_argument(std::string("HPM_CUDA_ATTENTION=") + env +
-                                ": expected mma, wmma or rowwise");
+                                ": expected mma, mma16, wmma or rowwise");
   }();
   return kernels;
 }

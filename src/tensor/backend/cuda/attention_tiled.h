@@ -10,9 +10,10 @@
 namespace hpm::cuda {
 
 // Which kernels BF16 attention runs where a tensor-core kernel applies, from HPM_CUDA_ATTENTION
-// (read once; for comparisons on the device): unset or "mma", attention_mma.cu's; "wmma", this
-// file's; "rowwise", attention.cu's warp-per-row kernels. Any other value is an error naming it.
-enum class AttentionKernels { kMma, kWmma, kRowwise };
+// (read once; for comparisons on the device): unset or "mma", attention_mma.cu's; "mma16", the
+// same with one 16-row query tile a warp in the forward; "wmma", this file's; "rowwise",
+// attention.cu's warp-per-row kernels. Any other value is an error naming it.
+enum class AttentionKernels { kMma, kMma16, kWmma, kRowwise };
 AttentionKernels attention_kernels();
 
 // Head sizes 32, 64 and 128, 16-byte aligned operands, and attention_kernels() not kRowwise.
