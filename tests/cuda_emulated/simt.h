@@ -214,6 +214,8 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Kernel&& 
 #define __uint_as_float(x) ::hpm::simt::bit_cast<float>(static_cast<unsigned>(x))
 #define __fadd_rn(a, b) ((a) + (b))  // compiled without contraction (-ffp-contract=off)
 #define __fmul_rn(a, b) ((a) * (b))
+#define __fsub_rn(a, b) ((a) - (b))
+#define __fdiv_rn(a, b) ((a) / (b))
 #define atomicMin(address, value) ::hpm::simt::atomic_min((address), (value))
 #define __expf(x) std::exp(x)
 #define __logf(x) std::log(x)
