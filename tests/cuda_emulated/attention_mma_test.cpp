@@ -132,8 +132,13 @@ void check_forward_and_backward(const Problem& p) {
   EXPECT_LE(relative_error(gv, gv_want), kGradTolerance) << "gv";
 }
 
-// Partial tiles at both ends and more queries than keys, with and without the mask.
-const Problem kShapes[] = {{2, 150, 70, false}, {2, 150, 70, true}, {1, 40, 100, true}};
+// Partial tiles at both ends, more queries than keys and the other way, with and without the
+// mask; the last two long enough (4 and 5 key tiles) that the double buffers are refilled.
+const Problem kShapes[] = {{2, 150, 70, false},
+                           {2, 150, 70, true},
+                           {1, 40, 100, true},
+                           {1, 200, 200, true},
+                           {1, 150, 260, false}};
 
 TEST(MmaAttentionEmulated, HeadSize64MatchesTheCpu) {
   for (const Problem& p : kShapes) {

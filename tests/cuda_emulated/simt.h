@@ -17,7 +17,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -32,7 +35,9 @@ struct Index {
 class Block {
  public:
   Block(unsigned threads, std::size_t shared_bytes)
-      : all_(static_cast<std::ptrdiff_t>(threads)), shared_(shared_bytes), lanes_(threads) {
+      // Shared memory starts as garbage, as on a card: 0xFF bytes, a NaN as bf16 or f32, so that
+      // a read of what no thread wrote shows.
+      : all_(static_cast<std::ptrdiff_t>(threads)), shared_(shared_bytes, 0xFF), lanes_(threads) {
     for (unsigned w = 0; w < (threads + 31) / 32; ++w) {
       const unsigned in_warp = threads - 32 * w < 32 ? threads - 32 * w : 32;
       warps_.push_back(std::make_unique<std::barrier<>>(static_cast<std::ptrdiff_t>(in_warp)));
@@ -54,6 +59,11 @@ class Block {
     warps_[thread / 32]->arrive_and_drop();
   }
   unsigned char* shared() { return shared_.data(); }
+  // Whether [p, p + bytes) lies in the block's shared memory.
+  bool in_shared(const void* p, std::size_t bytes) const {
+    const auto* b = static_cast<const unsigned char*>(p);
+    return b >= shared_.data() && b + bytes <= shared_.data() + shared_.size();
+  }
   Lane& lane(unsigned thread) { return lanes_[thread]; }
 
  private:
@@ -99,6 +109,51 @@ To bit_cast(From from) {
   To to;
   std::memcpy(&to, &from, sizeof to);
   return to;
+}
+
+// A kernel's contract broken in a way the card would not report (a misaligned or out-of-bounds
+// shared-memory access, copies left pending): the test stops here, saying which.
+[[noreturn]] inline void contract_broken(const char* what) {
+  std::fprintf(stderr, "simt: %s\n", what);
+  std::abort();
+}
+
+inline void check_shared_16(const void* p, const char* what) {
+  if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0) contract_broken(what);
+  if (!current_block->in_shared(p, 16)) contract_broken(what);
+}
+
+// cp.async: a thread's copies wait in its uncommitted group until commit_group closes it, and land
+// only when cp.async.wait_group lets their group complete (all but the `pending` newest), so that
+// a read before the wait sees the old contents, and a missing wait or barrier fails (or races,
+// under TSan) as it would on a card.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+inline thread_local std::vector<AsyncCopy> uncommitted_copies;
+inline thread_local std::deque<std::vector<AsyncCopy>> committed_copies;
+
+inline void cp_async(void* dst, const void* src, bool valid) {
+  check_shared_16(dst, "cp.async to a misaligned or out-of-bounds shared address");
+  uncommitted_copies.push_back({dst, src, valid});
+}
+inline void cp_async_commit() {
+  committed_copies.push_back(std::move(uncommitted_copies));
+  uncommitted_copies.clear();
+}
+inline void cp_async_wait(int pending) {
+  while (static_cast<int>(committed_copies.size()) > pending) {
+    for (const AsyncCopy& c : committed_copies.front()) {
+      if (c.valid) {
+        std::memcpy(c.dst, c.src, 16);
+      } else {
+        std::memset(c.dst, 0, 16);  // src-size 0: zeros
+      }
+    }
+    committed_copies.pop_front();
+  }
 }
 
 // Atomics serialize on one lock.
@@ -157,6 +212,7 @@ inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4],
 // (row l / 4, columns 2 (l % 4) and 2 (l % 4) + 1), or with trans its (rows 2 (l % 4) and
 // 2 (l % 4) + 1, column l / 4), the first in the low half.
 inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
+  check_shared_16(row, "ldmatrix row address misaligned or out of shared memory");
   const unsigned me = thread_index.x, lane = me & 31u, first = me - lane;
   const void* mine = row;
   std::memcpy(current_block->lane(me).value, &mine, sizeof mine);
@@ -194,6 +250,9 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Kernel&& 
         grid_dim = Index{grid, 1, 1};
         current_block = &block;
         kernel();
+        if (!uncommitted_copies.empty() || !committed_copies.empty()) {
+          contract_broken("a thread ended with cp.async copies pending");
+        }
         block.leave(tx);
       });
     }

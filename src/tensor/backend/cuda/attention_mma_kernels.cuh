@@ -277,24 +277,25 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
                "r"(valid ? 16 : 0));
 #elif defined(HPM_SIMT_EMULATION)
-  if (valid) {
-    std::memcpy(dst, src, 16);
-  } else {
-    std::memset(dst, 0, 16);
-  }
+  ::hpm::simt::cp_async(dst, src, valid);
 #else
   __trap();
 #endif
 }
 __device__ __forceinline__ void cp_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#elif defined(HPM_SIMT_EMULATION)
+  ::hpm::simt::cp_async_commit();
 #endif
 }
+// The memory clobber keeps the compiler from moving shared-memory accesses across the wait.
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#elif defined(HPM_SIMT_EMULATION)
+  ::hpm::simt::cp_async_wait(kPending);
 #endif
 }
 
