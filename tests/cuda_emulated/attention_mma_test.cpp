@@ -107,23 +107,30 @@ void check_forward_and_backward(const Problem& p) {
   EXPECT_LE(relative_error(out, y_want), kOutTolerance) << "out";
   EXPECT_LE(relative_error(lse, lse_want), kLseTolerance) << "lse";
 
-  // Delta = rowsum(dO * O) from the CPU's O, as the CUDA backward computes it before the kernels.
+  // Delta = rowsum(dO * O) from the CPU's O, and dO rounded to bf16, by the kernel the CUDA
+  // backward runs before the others.
   const std::vector<float> o = copy_of<float>(y_want);
-  std::vector<float> delta(static_cast<std::size_t>(p.batch * p.t));
+  std::vector<float> delta(static_cast<std::size_t>(p.batch * p.t), -1.0f);
+  std::vector<std::uint16_t> g16(g.size(), 0xffffu);
+  simt::launch(cuda::blocks_for(p.batch * p.t, 4), 128, 0, [&] {
+    cuda::attention_delta_kernel<kD, float>(g.data(), o.data(), delta.data(), g16.data(), p.batch,
+                                            p.t, layout);
+  });
   for (std::size_t r = 0; r < delta.size(); ++r) {
     double sum = 0.0;
     for (int c = 0; c < kD; ++c) sum += static_cast<double>(g[r * kD + c]) * o[r * kD + c];
-    delta[r] = static_cast<float>(sum);
+    ASSERT_NEAR(delta[r], sum, 1e-4 * (1.0 + std::abs(sum))) << "delta " << r;
   }
+  EXPECT_EQ(g16, copy_of<std::uint16_t>(kernels::to_bf16(gy))) << "dO rounded";
   const std::vector<float> lse_in = copy_of<float>(lse_want);
   std::vector<float> gq(out.size(), -1.0f), gk(static_cast<std::size_t>(p.batch * p.s * kD), -1.0f),
       gv(gk.size(), -1.0f);
   simt::launch(row_grid, 128, cuda::kGradQSmem<kD>, [&] {
-    cuda::mma_grad_q_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g.data(), lse_in.data(),
+    cuda::mma_grad_q_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g16.data(), lse_in.data(),
                                        delta.data(), gq.data(), p.t, p.s, p.causal, kScale, layout);
   });
   simt::launch(key_grid, 128, cuda::kGradKvSmem<kD>, [&] {
-    cuda::mma_grad_kv_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g.data(), lse_in.data(),
+    cuda::mma_grad_kv_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g16.data(), lse_in.data(),
                                         delta.data(), gk.data(), gv.data(), p.t, p.s, p.causal,
                                         kScale, layout);
   });
@@ -236,9 +243,10 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
   // the one its gradients were computed with (the kernel's differs from it by bf16 roundings).
   const std::vector<std::uint16_t> o = copy_of<std::uint16_t>(merged_want);
   std::vector<float> delta(lse.size(), -1.0f);
+  std::vector<std::uint16_t> g16(g.size(), 0xffffu);
   simt::launch(cuda::blocks_for(problems * t, 4), 128, 0, [&] {
-    cuda::attention_delta_kernel<kD, std::uint16_t>(g.data(), o.data(), delta.data(), problems, t,
-                                                    layout);
+    cuda::attention_delta_kernel<kD, std::uint16_t>(g.data(), o.data(), delta.data(), g16.data(),
+                                                    problems, t, layout);
   });
   for (std::int64_t p = 0; p < problems; ++p) {
     for (std::int64_t i = 0; i < t; ++i) {
@@ -256,11 +264,11 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
   std::vector<float> gqkv(x.size(), -1.0f);
   const auto backward = [&](auto* out) {
     simt::launch(grid, 128, cuda::kGradQSmem<kD>, [&] {
-      cuda::mma_grad_q_kernel<kD>(x.data(), x.data() + e, x.data() + 2 * e, g.data(), lse_in.data(),
-                                  delta.data(), out, t, t, causal, kScale, layout);
+      cuda::mma_grad_q_kernel<kD>(x.data(), x.data() + e, x.data() + 2 * e, g16.data(),
+                                  lse_in.data(), delta.data(), out, t, t, causal, kScale, layout);
     });
     simt::launch(grid, 128, cuda::kGradKvSmem<kD>, [&] {
-      cuda::mma_grad_kv_kernel<kD>(x.data(), x.data() + e, x.data() + 2 * e, g.data(),
+      cuda::mma_grad_kv_kernel<kD>(x.data(), x.data() + e, x.data() + 2 * e, g16.data(),
                                    lse_in.data(), delta.data(), out + e, out + 2 * e, t, t, causal,
                                    kScale, layout);
     });

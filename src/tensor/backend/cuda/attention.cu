@@ -431,8 +431,28 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
   cudaStream_t stream = current_stream();
   const std::int64_t rows = n.batch * n.t;
   const int d = static_cast<int>(n.d);
-  // Delta = rowsum(dO * O), in f32 from the unrounded dO (as both CPU paths).
+  // Delta = rowsum(dO * O), in f32 from the unrounded dO (as both CPU paths): by the mma path's
+  // own kernel (which also rounds dO for its products), else here.
   Tensor delta = Tensor::empty({rows > 0 ? rows : 1}, DType::F32);
+  if constexpr (kIsBf16<In>) {
+    if (tiled_attention_applies(n.d, ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out)) &&
+        attention_kernels() != AttentionKernels::kWmma) {
+      const AttentionLayout layout = contiguous_attention(d);
+      Tensor grad_out_bf16 = Tensor::empty(grad_out.shape(), DType::BF16);
+      mma_attention_delta(ptr<float>(grad_out), device_ptr(out), out.dtype() == DType::BF16,
+                          ptr<float>(delta), ptr<std::uint16_t>(grad_out_bf16), n.batch, n.t, d,
+                          layout, stream);
+      mma_attention_backward(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<std::uint16_t>(grad_out_bf16),
+                             ptr<float>(lse), ptr<float>(delta), want_q ? device_ptr(gq) : nullptr,
+                             want_kv ? device_ptr(gk) : nullptr, want_kv ? device_ptr(gv) : nullptr,
+                             /*grad_bf16=*/false, n.batch, n.t, n.s, d, causal, scale, layout,
+                             stream);
+      if (grad_q != nullptr) *grad_q = gq;
+      if (grad_k != nullptr) *grad_k = gk;
+      if (grad_v != nullptr) *grad_v = gv;
+      return;
+    }
+  }
   if (rows > 0 && out.dtype() == DType::BF16) {
     row_dots_kernel<<<blocks_for(rows, kWarps), kThreads, 0, stream>>>(
         ptr<float>(grad_out), ptr<std::uint16_t>(out), ptr<float>(delta), rows, n.d);
@@ -444,19 +464,10 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
   }
   if constexpr (kIsBf16<In>) {
     if (tiled_attention_applies(n.d, ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out))) {
-      float* pgq = want_q ? ptr<float>(gq) : nullptr;
-      float* pgk = want_kv ? ptr<float>(gk) : nullptr;
-      float* pgv = want_kv ? ptr<float>(gv) : nullptr;
-      if (attention_kernels() == AttentionKernels::kWmma) {
-        tiled_attention_backward(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out),
-                                 ptr<float>(lse), ptr<float>(delta), pgq, pgk, pgv, n.batch, n.t,
-                                 n.s, d, causal, scale, stream);
-      } else {
-        mma_attention_backward(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out),
-                               ptr<float>(lse), ptr<float>(delta), pgq, pgk, pgv,
-                               /*grad_bf16=*/false, n.batch, n.t, n.s, d, causal, scale,
-                               contiguous_attention(d), stream);
-      }
+      tiled_attention_backward(
+          ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out), ptr<float>(lse),
+          ptr<float>(delta), want_q ? ptr<float>(gq) : nullptr, want_kv ? ptr<float>(gk) : nullptr,
+          want_kv ? ptr<float>(gv) : nullptr, n.batch, n.t, n.s, d, causal, scale, stream);
       if (grad_q != nullptr) *grad_q = gq;
       if (grad_k != nullptr) *grad_k = gk;
       if (grad_v != nullptr) *grad_v = gv;

@@ -103,7 +103,7 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
 }
 
 void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, float* delta,
-                         std::int64_t problems, std::int64_t t, int d,
+                         std::uint16_t* grad_out_bf16, std::int64_t problems, std::int64_t t, int d,
                          const AttentionLayout& layout, cudaStream_t stream) {
   if (problems * t == 0) return;
   with_head_size(d, [&](auto size) {
@@ -111,15 +111,15 @@ void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, 
     with_element(out_bf16, [&](auto element) {
       using O = decltype(element);
       attention_delta_kernel<kD, O><<<blocks_for(problems * t, kWarps), kThreads, 0, stream>>>(
-          grad_out, static_cast<const O*>(out), delta, problems, t, layout);
+          grad_out, static_cast<const O*>(out), delta, grad_out_bf16, problems, t, layout);
       HPM_CUDA_LAUNCH_CHECK("attention_delta_kernel");
     });
   });
 }
 
 void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                            const float* grad_out, const float* lse, const float* delta, void* gq,
-                            void* gk, void* gv, bool grad_bf16, std::int64_t problems,
+                            const std::uint16_t* grad_out, const float* lse, const float* delta,
+                            void* gq, void* gk, void* gv, bool grad_bf16, std::int64_t problems,
                             std::int64_t t, std::int64_t s, int d, bool causal, float scale,
                             const AttentionLayout& layout, cudaStream_t stream) {
   with_head_size(d, [&](auto size) {

@@ -36,18 +36,20 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
                            const AttentionLayout& layout, cudaStream_t stream);
 
 // delta (problems, t) = rowsum(grad_out * out), grad_out F32 and out F32 or BF16 bits, both laid
-// out as layout.out says.
+// out as layout.out says; and grad_out rounded to bf16 into grad_out_bf16 (the same layout, and
+// the operand mma_attention_backward reads, rounded once as the CPU's bf16 path rounds it).
 void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, float* delta,
-                         std::int64_t problems, std::int64_t t, int d,
+                         std::uint16_t* grad_out_bf16, std::int64_t problems, std::int64_t t, int d,
                          const AttentionLayout& layout, cudaStream_t stream);
 
-// The gradients of the forward above from grad_out (F32, rounded to bf16 for the products as the
-// CPU's bf16 path does), lse and delta; gq, gk and gv F32, or BF16 bits when grad_bf16 (each
-// rounded once). gq, or gk and gv, may be null.
+// The gradients of the forward above from grad_out_bf16 (mma_attention_delta's), lse and delta;
+// gq, gk and gv F32, or BF16 bits when grad_bf16 (each rounded once). gq, or gk and gv, may be
+// null.
 void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
-                            const float* grad_out, const float* lse, const float* delta, void* gq,
-                            void* gk, void* gv, bool grad_bf16, std::int64_t problems,
-                            std::int64_t t, std::int64_t s, int d, bool causal, float scale,
-                            const AttentionLayout& layout, cudaStream_t stream);
+                            const std::uint16_t* grad_out_bf16, const float* lse,
+                            const float* delta, void* gq, void* gk, void* gv, bool grad_bf16,
+                            std::int64_t problems, std::int64_t t, std::int64_t s, int d,
+                            bool causal, float scale, const AttentionLayout& layout,
+                            cudaStream_t stream);
 
 }  // namespace hpm::cuda

@@ -54,11 +54,11 @@ constexpr std::size_t kForwardSmem = tile_bytes<kD>(kForwardRows<kM>) + 4 * tile
 template <int kD>
 constexpr std::size_t kGradQSmem = 2 * tile_bytes<kD>(kRows) +
                                    4 * tile_bytes<kD>(kBackwardCols<kD>);
-// dk, dv: K and V, a Q and a dO tile, and the tile's lse and Delta.
+// dk, dv: K and V, and two buffers of a Q and a dO tile and the tile's lse and Delta.
 template <int kD>
 constexpr std::size_t kGradKvSmem = 2 * tile_bytes<kD>(kRows) +
-                                    2 * tile_bytes<kD>(kBackwardCols<kD>) +
-                                    2 * sizeof(float) * kBackwardCols<kD>;
+                                    4 * tile_bytes<kD>(kBackwardCols<kD>) +
+                                    4 * sizeof(float) * kBackwardCols<kD>;
 
 // The block's dynamic shared memory (the emulation's buffer of the launch's size on the CPU).
 __device__ __forceinline__ unsigned char* dynamic_smem() {
@@ -313,23 +313,6 @@ __device__ void stage_async(bf16* dst, const std::uint16_t* __restrict__ src, st
   }
 }
 
-// The same from f32 rows, each rounded to bf16 (nearest, ties to even), synchronously: dO.
-template <int kD>
-__device__ void stage_rounded(bf16* dst, const float* __restrict__ src, std::int64_t rows,
-                              int tile_rows, std::int64_t stride) {
-  constexpr int kVec = kD / 8;
-  for (int e = static_cast<int>(threadIdx.x); e < tile_rows * kVec; e += kThreads) {
-    const int r = e / kVec, c = (e % kVec) * 8;
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (r < rows) {
-      const float* p = src + r * stride + c;
-      const float4 lo = load_as<float4>(p), hi = load_as<float4>(p + 4);
-      x = make_uint4(pack(lo.x, lo.y), pack(lo.z, lo.w), pack(hi.x, hi.y), pack(hi.z, hi.w));
-    }
-    store_as(dst + r * kLd<kD> + c, x);
-  }
-}
-
 // Two adjacent elements of a row: f32, or rounded to bf16 (Out std::uint16_t, its bits).
 template <typename Out>
 __device__ __forceinline__ void store_pair(Out* dst, float lo, float hi) {
@@ -549,10 +532,10 @@ __global__ void __launch_bounds__(kThreads)
 template <int kD, typename Grad>
 __global__ void __launch_bounds__(kThreads)
     mma_grad_q_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
-                      const std::uint16_t* __restrict__ v, const float* __restrict__ grad_out,
-                      const float* __restrict__ lse, const float* __restrict__ delta,
-                      Grad* __restrict__ gq, std::int64_t t, std::int64_t s, bool causal,
-                      float scale, AttentionLayout layout) {
+                      const std::uint16_t* __restrict__ v,
+                      const std::uint16_t* __restrict__ grad_out, const float* __restrict__ lse,
+                      const float* __restrict__ delta, Grad* __restrict__ gq, std::int64_t t,
+                      std::int64_t s, bool causal, float scale, AttentionLayout layout) {
   const float scale2 = scale * kLog2e;   // scores in log2 units
   constexpr int kN = kBackwardCols<kD>;  // keys a tile
   constexpr int kLdD = kLd<kD>;
@@ -585,9 +568,9 @@ __global__ void __launch_bounds__(kThreads)
     stage_async<kD>(k_s, kb, min64(kN, s), kN, kv);
     stage_async<kD>(v_s, vb, min64(kN, s), kN, kv);
   }
+  stage_async<kD>(g_s, grad_out + first_row(layout, b, t, layout.out, kD) + i0 * layout.out,
+                  min64(kRows, t - i0), kRows, layout.out);
   cp_async_commit();
-  stage_rounded<kD>(g_s, grad_out + first_row(layout, b, t, layout.out, kD) + i0 * layout.out,
-                    min64(kRows, t - i0), kRows, layout.out);
 
   float dq[kD / 8][4];
   zero(dq);
@@ -627,23 +610,27 @@ __global__ void __launch_bounds__(kThreads)
                  scale);
 }
 
-// dk and dv for 64 keys a block, over the query tiles that see them.
+// dk and dv for 64 keys a block, over the query tiles that see them; the query tiles (Q, dO, lse
+// and Delta) double-buffered, the next one's copies in flight while this one's products run.
 template <int kD, typename Grad>
 __global__ void __launch_bounds__(kThreads)
     mma_grad_kv_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
-                       const std::uint16_t* __restrict__ v, const float* __restrict__ grad_out,
-                       const float* __restrict__ lse, const float* __restrict__ delta,
-                       Grad* __restrict__ gk, Grad* __restrict__ gv, std::int64_t t, std::int64_t s,
-                       bool causal, float scale, AttentionLayout layout) {
+                       const std::uint16_t* __restrict__ v,
+                       const std::uint16_t* __restrict__ grad_out, const float* __restrict__ lse,
+                       const float* __restrict__ delta, Grad* __restrict__ gk,
+                       Grad* __restrict__ gv, std::int64_t t, std::int64_t s, bool causal,
+                       float scale, AttentionLayout layout) {
   const float scale2 = scale * kLog2e;   // scores in log2 units
   constexpr int kN = kBackwardCols<kD>;  // queries a tile
   constexpr int kLdD = kLd<kD>;
-  bf16* k_s = reinterpret_cast<bf16*>(dynamic_smem());
-  bf16* v_s = k_s + kRows * kLdD;
-  bf16* q_s = v_s + kRows * kLdD;
-  bf16* g_s = q_s + kN * kLdD;
-  float* lse_s = reinterpret_cast<float*>(g_s + kN * kLdD);
-  float* delta_s = lse_s + kN;
+  // K and V; then buffer c's Q tile at q_s + c kN rows, its dO tile at g_s + c kN rows, its lse
+  // and Delta at lse_s + c kN and delta_s + c kN.
+  bf16* const k_s = reinterpret_cast<bf16*>(dynamic_smem());
+  bf16* const v_s = k_s + kRows * kLdD;
+  bf16* const q_s = v_s + kRows * kLdD;
+  bf16* const g_s = q_s + 2 * kN * kLdD;
+  float* const lse_s = reinterpret_cast<float*>(g_s + 2 * kN * kLdD);
+  float* const delta_s = lse_s + 2 * kN;
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, quad = lane & 3;
 
@@ -653,34 +640,48 @@ __global__ void __launch_bounds__(kThreads)
   const std::int64_t j_lo = w0 + g, j_hi = j_lo + 8;
   const std::int64_t kv = layout.kv;
   const std::uint16_t* qb = q + first_row(layout, b, t, layout.q, kD);
-  const float* gb = grad_out + first_row(layout, b, t, layout.out, kD);
+  const std::uint16_t* gb = grad_out + first_row(layout, b, t, layout.out, kD);
+  // Causal: query i sees key j when j <= i, so no query before j0 sees this block's keys.
+  const std::int64_t first = causal ? j0 : 0;
+  const int tiles = first < t ? static_cast<int>((t - first + kN - 1) / kN) : 0;
+  // Query tile `it` (at first + it kN) into buffer c: Q and dO by cp.async (the caller commits),
+  // lse (in log2 units) and Delta by plain stores, seen after the next barrier.
+  const auto stage_queries = [&](int it, int c) {
+    const std::int64_t i0 = first + static_cast<std::int64_t>(it) * kN;
+    const std::int64_t rows = min64(kN, t - i0);
+    stage_async<kD>(q_s + c * kN * kLdD, qb + i0 * layout.q, rows, kN, layout.q);
+    stage_async<kD>(g_s + c * kN * kLdD, gb + i0 * layout.out, rows, kN, layout.out);
+    for (int r = static_cast<int>(threadIdx.x); r < kN; r += kThreads) {
+      lse_s[c * kN + r] = lse_log2(r < rows ? lse[b * t + i0 + r] : kNegInf, r < rows);
+      delta_s[c * kN + r] = r < rows ? delta[b * t + i0 + r] : 0.0f;
+    }
+  };
   stage_async<kD>(k_s, k + first_row(layout, b, s, kv, kD) + j0 * kv, min64(kRows, s - j0), kRows,
                   kv);
   stage_async<kD>(v_s, v + first_row(layout, b, s, kv, kD) + j0 * kv, min64(kRows, s - j0), kRows,
                   kv);
+  if (tiles > 0) stage_queries(0, 0);
   cp_async_commit();
 
   float dk[kD / 8][4], dv[kD / 8][4];
   zero(dk);
   zero(dv);
-  // Causal: query i sees key j when j <= i, so no query before j0 sees this block's keys.
-  for (std::int64_t i0 = causal ? j0 : 0; i0 < t; i0 += kN) {
-    const std::int64_t rows = min64(kN, t - i0);
-    __syncthreads();  // every warp is done with the previous query tile
-    stage_async<kD>(q_s, qb + i0 * layout.q, rows, kN, layout.q);
-    cp_async_commit();
-    stage_rounded<kD>(g_s, gb + i0 * layout.out, rows, kN, layout.out);
-    for (int c = static_cast<int>(threadIdx.x); c < kN; c += kThreads) {
-      lse_s[c] = lse_log2(c < rows ? lse[b * t + i0 + c] : kNegInf, c < rows);
-      delta_s[c] = c < rows ? delta[b * t + i0 + c] : 0.0f;
-    }
+  for (int it = 0; it < tiles; ++it) {
+    const std::int64_t i0 = first + static_cast<std::int64_t>(it) * kN;
     cp_async_wait<0>();
-    __syncthreads();
+    __syncthreads();  // tile it is in; every warp is done with tile it - 1's buffer
+    if (it + 1 < tiles) stage_queries(it + 1, (it + 1) & 1);
+    cp_async_commit();
     if (w0 >= s || (causal && w0 > i0 + kN - 1)) continue;  // warp-uniform
+    const int cb = it & 1;
+    const bf16* qt = q_s + cb * kN * kLdD;
+    const bf16* gt = g_s + cb * kN * kLdD;
+    const float* lse_t = lse_s + cb * kN;
+    const float* delta_t = delta_s + cb * kN;
     // S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x kN queries); P^T, then dS^T over P^T.
     float p[kN / 8][4], dp[kN / 8][4];
-    rows_times_rows<kD, kN / 8>(p, k_s + 16 * warp * kLdD, q_s, kLdD);
-    rows_times_rows<kD, kN / 8>(dp, v_s + 16 * warp * kLdD, g_s, kLdD);
+    rows_times_rows<kD, kN / 8>(p, k_s + 16 * warp * kLdD, qt, kLdD);
+    rows_times_rows<kD, kN / 8>(dp, v_s + 16 * warp * kLdD, gt, kLdD);
     const bool edge = w0 + 15 >= s || (causal && w0 + 15 > i0);  // warp-uniform
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
@@ -689,12 +690,12 @@ __global__ void __launch_bounds__(kThreads)
         const int c = 8 * n + 2 * quad + (e & 1);
         p[n][e] = edge && masked(i0 + c, e < 2 ? j_lo : j_hi, s, causal)
                       ? 0.0f
-                      : exp2_fast(p[n][e] * scale2 - lse_s[c]);
-        dp[n][e] = p[n][e] * (dp[n][e] - delta_s[c]);  // dS^T
+                      : exp2_fast(p[n][e] * scale2 - lse_t[c]);
+        dp[n][e] = p[n][e] * (dp[n][e] - delta_t[c]);  // dS^T
       }
     }
-    probs_times_tile<kN / 8, kD>(dv, p, g_s, kLdD);   // dV += P^T dO
-    probs_times_tile<kN / 8, kD>(dk, dp, q_s, kLdD);  // dK += dS^T Q (scaled at the end)
+    probs_times_tile<kN / 8, kD>(dv, p, gt, kLdD);   // dV += P^T dO
+    probs_times_tile<kN / 8, kD>(dk, dp, qt, kLdD);  // dK += dS^T Q (scaled at the end)
   }
   cp_async_wait<0>();  // a block whose loop never ran still has K and V in flight
   if (w0 >= s) return;
@@ -708,10 +709,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // Delta = rowsum(grad_out * out) for each problem's t rows, in (problem, row) order as lse, from
 // rows laid out as `layout.out` says; out F32 or BF16 (its bits). A warp a row: the f32 sums of
-// attention.cu's row_dots_kernel, in its order.
+// attention.cu's row_dots_kernel, in its order. From the same read, grad_out rounded to bf16 into
+// g_bf16 (laid out as grad_out), the operand both backward kernels stage: rounded once here
+// rather than on each of the dk/dv kernel's passes over it.
 template <int kD, typename O>
 __global__ void attention_delta_kernel(const float* __restrict__ g, const O* __restrict__ o,
-                                       float* __restrict__ delta, std::int64_t problems,
+                                       float* __restrict__ delta,
+                                       std::uint16_t* __restrict__ g_bf16, std::int64_t problems,
                                        std::int64_t t, AttentionLayout layout) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const std::int64_t warps = blockDim.x >> 5;
@@ -719,7 +723,10 @@ __global__ void attention_delta_kernel(const float* __restrict__ g, const O* __r
        r += static_cast<std::int64_t>(gridDim.x) * warps) {
     const std::int64_t at = first_row(layout, r / t, t, layout.out, kD) + (r % t) * layout.out;
     float acc = 0.0f;
-    for (int c = lane; c < kD; c += 32) acc = fmaf(g[at + c], as_f32(o[at + c]), acc);
+    for (int c = lane; c < kD; c += 32) {
+      acc = fmaf(g[at + c], as_f32(o[at + c]), acc);
+      g_bf16[at + c] = f32_to_bf16_bits(g[at + c]);
+    }
     acc = static_cast<float>(warp_sum(acc));
     if (lane == 0) delta[r] = acc;
   }

@@ -77,16 +77,17 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   const int d = static_cast<int>(p.d);
   cudaStream_t stream = current_stream();
   Tensor delta = Tensor::empty({problems * p.t > 0 ? problems * p.t : 1}, DType::F32);
+  Tensor grad_out_bf16 = Tensor::empty(grad_out.shape(), DType::BF16);
   mma_attention_delta(ptr<float>(grad_out), device_ptr(out), /*out_bf16=*/true, ptr<float>(delta),
-                      problems, p.t, d, layout, stream);
+                      ptr<std::uint16_t>(grad_out_bf16), problems, p.t, d, layout, stream);
   // Every element is written: q's columns by the dq kernel, k's and v's by the dk/dv kernel.
   Tensor g = Tensor::empty(qkv.shape(), grad_dtype);
   const auto* x = ptr<std::uint16_t>(qkv);
   auto* base = static_cast<unsigned char*>(device_ptr(g));
   const std::int64_t part = p.e * (bf16 ? 2 : 4);  // bytes from q's columns to k's, k's to v's
-  mma_attention_backward(x, x + p.e, x + 2 * p.e, ptr<float>(grad_out), ptr<float>(lse),
-                         ptr<float>(delta), base, base + part, base + 2 * part, bf16, problems, p.t,
-                         p.t, d, causal, scale, layout, stream);
+  mma_attention_backward(x, x + p.e, x + 2 * p.e, ptr<std::uint16_t>(grad_out_bf16),
+                         ptr<float>(lse), ptr<float>(delta), base, base + part, base + 2 * part,
+                         bf16, problems, p.t, p.t, d, causal, scale, layout, stream);
   return g;
 }
 
