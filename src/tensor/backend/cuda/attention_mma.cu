@@ -80,9 +80,10 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
   if (problems * t == 0) return;
   with_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
-    // Two query tiles a warp, except at head size 128 (the registers) or where a run asks for
-    // one (HPM_CUDA_ATTENTION=mma16: the device's A/B).
-    const bool one_tile = kD == 128 || attention_kernels() == AttentionKernels::kMma16;
+    // Two query tiles a warp, except at head size 128 (the registers: that kernel is not even
+    // made), for 64 queries or fewer (the second tile's warps would idle), or where a run asks
+    // for one (HPM_CUDA_ATTENTION=mma16: the device's A/B).
+    const bool one_tile = t <= kForwardRows<1> || attention_kernels() == AttentionKernels::kMma16;
     with_element(out_bf16, [&](auto element) {
       using Out = decltype(element);
       const auto launch = [&](auto tiles) {
@@ -93,7 +94,9 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
                  stream>>>(q, k, v, static_cast<Out*>(out), lse, t, s, causal, scale, layout);
         HPM_CUDA_LAUNCH_CHECK("mma_forward_kernel");
       };
-      if (one_tile) {
+      if constexpr (kD == 128) {
+        launch(std::integral_constant<int, 1>{});
+      } else if (one_tile) {
         launch(std::integral_constant<int, 1>{});
       } else {
         launch(std::integral_constant<int, 2>{});

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -131,13 +133,20 @@ inline unsigned row_blocks(std::int64_t batch, std::int64_t rows, std::int64_t r
   return static_cast<unsigned>(blocks);
 }
 
-// Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel.
+// Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel and device: once
+// for the largest size so far (the call costs about what a launch does, and small models are
+// launch-bound).
 template <typename Kernel>
 void allow_dynamic_smem(Kernel* kernel, std::size_t bytes) {
-  if (bytes > (std::size_t{48} << 10)) {
-    HPM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(bytes)));
-  }
+  if (bytes <= (std::size_t{48} << 10)) return;
+  static std::mutex lock;
+  static std::map<std::pair<const void*, int>, std::size_t> allowed;
+  const std::lock_guard<std::mutex> hold(lock);
+  std::size_t& done = allowed[{reinterpret_cast<const void*>(kernel), current_context().index}];
+  if (bytes <= done) return;
+  HPM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+  done = bytes;
 }
 
 }  // namespace hpm::cuda
