@@ -44,23 +44,6 @@ namespace hpm::cuda {
 
 namespace {
 
-template <typename F>
-void with_head_size(int d, F&& f) {
-  switch (d) {
-    case 32:
-      f(std::integral_constant<int, 32>{});
-      break;
-    case 64:
-      f(std::integral_constant<int, 64>{});
-      break;
-    case 128:
-      f(std::integral_constant<int, 128>{});
-      break;
-    default:
-      throw std::logic_error("mma attention: head size " + std::to_string(d));
-  }
-}
-
 // Runs f(Out{}) with Out float, or std::uint16_t (bf16 bits) when bf16.
 template <typename F>
 void with_element(bool bf16, F&& f) {
@@ -78,7 +61,7 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
                            std::int64_t t, std::int64_t s, int d, bool causal, float scale,
                            const AttentionLayout& layout, cudaStream_t stream) {
   if (problems * t == 0) return;
-  with_head_size(d, [&](auto size) {
+  with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
     // Two query tiles a warp, except at head size 128 (the registers: that kernel is not even
     // made), for 64 queries or fewer (the second tile's warps would idle), or where a run asks
@@ -109,7 +92,7 @@ void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, 
                          std::uint16_t* grad_out_bf16, std::int64_t problems, std::int64_t t, int d,
                          const AttentionLayout& layout, cudaStream_t stream) {
   if (problems * t == 0) return;
-  with_head_size(d, [&](auto size) {
+  with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
     with_element(out_bf16, [&](auto element) {
       using O = decltype(element);
@@ -125,7 +108,7 @@ void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, cons
                             void* gq, void* gk, void* gv, bool grad_bf16, std::int64_t problems,
                             std::int64_t t, std::int64_t s, int d, bool causal, float scale,
                             const AttentionLayout& layout, cudaStream_t stream) {
-  with_head_size(d, [&](auto size) {
+  with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
     with_element(grad_bf16, [&](auto element) {
       using Grad = decltype(element);

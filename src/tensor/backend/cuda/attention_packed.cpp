@@ -10,6 +10,7 @@
 #include "tensor/backend/cuda/attention_mma.h"
 #include "tensor/backend/cuda/attention_tiled.h"
 #include "tensor/backend/cuda/basic_ops.h"
+#include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
 
@@ -21,7 +22,10 @@ struct Packed {
   std::int64_t batch, t, e, d;
 };
 
+// The dispatcher has checked the shapes (dispatch.cpp); the dtypes again here, as every kernel
+// file does before its raw pointers.
 Packed packed_dims(const Tensor& qkv, std::int64_t heads) {
+  require_dtype(qkv, DType::BF16);
   const std::int64_t e = qkv.size(2) / 3;
   return {qkv.size(0), qkv.size(1), e, e / heads};
 }
@@ -64,6 +68,9 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
                                  const Tensor& lse, std::int64_t heads, bool causal, float scale,
                                  DType grad_dtype) {
   const Packed p = packed_dims(qkv, heads);
+  require_dtype(grad_out, DType::F32);
+  require_dtype(out, DType::BF16);
+  require_dtype(lse, DType::F32);
   const bool bf16 = grad_dtype == DType::BF16;
   if (!mma_applies(p, {device_ptr(qkv), device_ptr(grad_out), device_ptr(out)})) {
     Tensor q, k, v, gq, gk, gv;

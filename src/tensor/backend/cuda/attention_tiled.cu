@@ -423,23 +423,6 @@ unsigned block_grid(std::int64_t batch, std::int64_t rows) {
   return row_blocks(batch, rows, kRows);
 }
 
-template <typename F>
-void with_head_size(int d, F&& f) {
-  switch (d) {
-    case 32:
-      f(std::integral_constant<int, 32>{});
-      break;
-    case 64:
-      f(std::integral_constant<int, 64>{});
-      break;
-    case 128:
-      f(std::integral_constant<int, 128>{});
-      break;
-    default:
-      throw std::logic_error("tiled attention: head size " + std::to_string(d));
-  }
-}
-
 bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
@@ -468,7 +451,7 @@ void tiled_attention_forward(const std::uint16_t* q, const std::uint16_t* k, con
                              float* out, float* lse, std::int64_t batch, std::int64_t t,
                              std::int64_t s, int d, bool causal, float scale, cudaStream_t stream) {
   if (batch * t == 0) return;
-  with_head_size(d, [&](auto size) {
+  with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
     auto* kernel = tiled_forward_kernel<kD>;
     allow_dynamic_smem(kernel, Layout<kD>::kForward);
@@ -483,7 +466,7 @@ void tiled_attention_backward(const std::uint16_t* q, const std::uint16_t* k,
                               const float* delta, float* gq, float* gk, float* gv,
                               std::int64_t batch, std::int64_t t, std::int64_t s, int d,
                               bool causal, float scale, cudaStream_t stream) {
-  with_head_size(d, [&](auto size) {
+  with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
     if (gq != nullptr && batch * t > 0) {
       auto* kernel = tiled_grad_q_kernel<kD>;

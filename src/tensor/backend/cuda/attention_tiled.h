@@ -6,6 +6,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
 
 namespace hpm::cuda {
 
@@ -15,6 +18,25 @@ namespace hpm::cuda {
 // attention.cu's warp-per-row kernels. Any other value is an error naming it.
 enum class AttentionKernels { kMma, kMma16, kWmma, kRowwise };
 AttentionKernels attention_kernels();
+
+// Runs f(std::integral_constant<int, d>{}) for the head sizes the tensor-core kernels are made
+// for (32, 64, 128); std::logic_error for another (callers check tiled_attention_applies first).
+template <typename F>
+void with_tensor_core_head_size(int d, F&& f) {
+  switch (d) {
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      break;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      break;
+    default:
+      throw std::logic_error("tensor-core attention: head size " + std::to_string(d));
+  }
+}
 
 // Head sizes 32, 64 and 128, 16-byte aligned operands, and attention_kernels() not kRowwise.
 bool tiled_attention_applies(std::int64_t d, const void* q, const void* k, const void* v,
