@@ -56,7 +56,7 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   # access of two threads with no barrier between them is a race here, as racecheck's on a card.
   if [[ " $tsan_targets " == *" test_cuda_emulated "* ]]; then
     OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
-      ctest --test-dir build-tsan --output-on-failure -L cuda_emulated
+      ctest --test-dir build-tsan --output-on-failure -L cuda_emulated -j "${JOBS:-$(nproc)}"
   fi
 fi
 # The parsers of outside bytes under libFuzzer (clang, ASan + UBSan): a bounded run of each target
