@@ -5,30 +5,29 @@
 // keeps the WMMA version of the same tiling (its accumulators round-trip through shared memory;
 // HPM_CUDA_ATTENTION=wmma picks it).
 //
-// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"), for
-// lane = 4 g + q (g = 0..7, q = 0..3):
-//   A (16 x 16, row-major): 4 registers of 2 bf16: (row g, cols 2q, 2q+1), (row g+8, same cols),
-//                           (row g, cols 2q+8, 2q+9), (row g+8, cols 2q+8, 2q+9);
-//   B (16 x 8, k x n):      2 registers: (rows 2q, 2q+1, col g), (rows 2q+8, 2q+9, col g);
-//   C (16 x 8, f32):        c0, c1 at (row g, cols 2q, 2q+1), c2, c3 at (row g+8, same cols).
-// So a row's values sit in one quad of lanes (a shuffle over lane bits 0 and 1 reduces it), and
-// two adjacent C tiles are, packed to bf16 pairs, exactly the A fragment of a 16-wide k step.
+// The products and their fragments are mma_tiles.cuh's (its opening comment gives the PTX
+// layouts: a row's values in one quad of lanes; two C tiles, packed, are the next A fragment).
 //
 // Shared-memory tiles are bf16 rows padded by 8 elements, and fragments come from them by
 // ldmatrix (four 8 x 8 matrices an instruction; .trans for the B operands whose k runs along the
 // tile's rows: V in P V, K in dS K, dO and Q in the dk/dv products): the 8 rows of each matrix
 // then start in distinct bank quads.
 //
-// Forward: a block of 4 warps owns 64 queries (16 a warp); key tiles of 64 are double-buffered
-// with cp.async. The online softmax keeps each row's max m (quad-uniform) and a per-lane partial
-// sum l, summed over the quad once at the end; P = exp(scale S - m) is rounded to bf16 for P V
-// (the CPU rounds normalized probabilities: the two differ by bf16 rounding, the conformance
-// tolerance). out = O / l, lse = m + log(l).
+// Forward: a block of 4 warps owns 128 queries, two 16-row tiles a warp sharing every K and V
+// fragment they load (64 and one tile at head size 128, for 64 queries or fewer, or under
+// HPM_CUDA_ATTENTION=mma16); key tiles of 64 are double-buffered with cp.async. Scores are kept
+// in log2 units (ex2 per probability), and only tiles at the keys' end or on the causal diagonal
+// test the mask. The online softmax keeps each row's max m (quad-uniform) and a per-lane partial
+// sum l, summed over the quad once at the end; P = 2^(S' - m) is rounded to bf16 for P V (the CPU
+// rounds normalized probabilities: the two differ by bf16 rounding, the conformance tolerance).
+// out = O / l (F32, or BF16 merged for the next product), lse = m ln 2 + log(l).
 //
-// Backward, with P = exp(scale S - lse) recomputed and dS = P (dP - Delta), as attention_tiled.cu:
-// one kernel for dk and dv (a block per 64 keys, looping over the query tiles that see them) and
-// one for dq (a block per 64 queries), so every gradient row has one owner and every sum a fixed
-// order: bit-identical from run to run, at two products more than one kernel with atomic dq.
+// Backward, with P recomputed from lse and dS = P (dP - Delta), as attention_tiled.cu: first
+// Delta = rowsum(dO O), which also writes dO rounded to bf16 (the products' operand, rounded
+// once); then one kernel for dk and dv (a block per 64 keys, looping over the query tiles that
+// see them, double-buffered) and one for dq (a block per 64 queries), so every gradient row has
+// one owner and every sum a fixed order: bit-identical from run to run, at two products more than
+// one kernel with atomic dq.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
