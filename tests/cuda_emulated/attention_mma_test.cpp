@@ -28,12 +28,14 @@ namespace hpm {
 namespace {
 
 constexpr float kScale = 0.125f;
-// Measured here: out 2.4e-3 (the kernel rounds P to bf16 before normalizing it, the CPU after),
-// lse 1.2e-7, the gradients 1.5e-5 (both sides round P, dS and dO alike); a quarter of that margin
-// or more. The card's conformance cases allow 2e-2 (the tensor cores sum in their own order).
-constexpr float kOutTolerance = 1e-2f;
+// Measured in Release here: out 2.4e-3 (the kernel rounds P to bf16 before normalizing it, the
+// CPU after), lse 1.2e-7, the gradients 1.5e-5 (both sides round P, dS and dO alike). The CPU's
+// own sums differ between builds and CPU models (vector widths), and over a few hundred keys a
+// bf16 rounding of P or dS then flips now and again: 5.6e-4 in the ASan build at d 128. Planted
+// bugs gave 0.97 to 44. So the card's conformance tolerance for the output, 1e-2 for gradients.
+constexpr float kOutTolerance = 2e-2f;
 constexpr float kLseTolerance = 1e-5f;
-constexpr float kGradTolerance = 2e-4f;
+constexpr float kGradTolerance = 1e-2f;
 
 template <typename T>
 std::vector<T> copy_of(const Tensor& t) {

@@ -135,7 +135,8 @@ void check_case(const Case& k) {
   EXPECT_EQ(predicted, copy_of<std::int64_t>(predicted_want)) << "predicted";
   const std::vector<float> sw = copy_of<float>(stats_want);
   for (std::size_t i = 0; i < sw.size(); ++i) {
-    ASSERT_NEAR(stats[i], sw[i], 2e-6f * std::abs(sw[i])) << "stats[" << i << "]";
+    // The CPU sums exp in float blocks, this kernel in double: a few units in the last place.
+    ASSERT_NEAR(stats[i], sw[i], 1e-5f * std::abs(sw[i])) << "stats[" << i << "]";
   }
 
   // The backwards from the CPU's statistics, as run_cross_entropy_backward launches them.
@@ -154,7 +155,7 @@ void check_case(const Case& k) {
   float size = 0.0f;
   for (const float x : gw) size = std::max(size, std::abs(x));
   for (std::size_t i = 0; i < gw.size(); ++i) {
-    ASSERT_NEAR(gx[i], gw[i], 1e-6f * size) << "f32 gradient [" << i << "]";
+    ASSERT_NEAR(gx[i], gw[i], 1e-5f * size) << "f32 gradient [" << i << "]";
   }
   // The bf16 gradient, written over the logits where they are bf16 (the in-place case).
   std::vector<std::uint16_t> gx16(logits.size(), 0xffffu);
