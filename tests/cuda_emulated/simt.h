@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace hpm::simt {
@@ -234,30 +235,39 @@ inline void ldmatrix_x4(std::uint32_t (&r)[4], const void* row, bool trans) {
   std::memcpy(r, out, sizeof out);
 }
 
-// Runs kernel() on `grid` blocks of `threads` threads with `shared_bytes` of dynamic shared
-// memory, a block at a time.
+// Runs kernel() on a grid of grid_x x grid_y blocks of `threads` threads with `shared_bytes` of
+// dynamic shared memory, a block at a time.
+template <typename Kernel>
+void launch(unsigned grid_x, unsigned grid_y, unsigned threads, std::size_t shared_bytes,
+            Kernel&& kernel) {
+  for (unsigned by = 0; by < grid_y; ++by) {
+    for (unsigned bx = 0; bx < grid_x; ++bx) {
+      Block block(threads, shared_bytes);
+      std::vector<std::thread> pool;
+      pool.reserve(threads);
+      for (unsigned tx = 0; tx < threads; ++tx) {
+        pool.emplace_back([&block, &kernel, bx, by, tx, grid_x, grid_y, threads] {
+          thread_index = Index{tx, 0, 0};
+          block_index = Index{bx, by, 0};
+          block_dim = Index{threads, 1, 1};
+          grid_dim = Index{grid_x, grid_y, 1};
+          current_block = &block;
+          kernel();
+          if (!uncommitted_copies.empty() || !committed_copies.empty()) {
+            contract_broken("a thread ended with cp.async copies pending");
+          }
+          block.leave(tx);
+        });
+      }
+      for (std::thread& t : pool) t.join();
+    }
+  }
+}
+
+// A one-dimensional grid.
 template <typename Kernel>
 void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Kernel&& kernel) {
-  for (unsigned bx = 0; bx < grid; ++bx) {
-    Block block(threads, shared_bytes);
-    std::vector<std::thread> pool;
-    pool.reserve(threads);
-    for (unsigned tx = 0; tx < threads; ++tx) {
-      pool.emplace_back([&block, &kernel, bx, tx, grid, threads] {
-        thread_index = Index{tx, 0, 0};
-        block_index = Index{bx, 0, 0};
-        block_dim = Index{threads, 1, 1};
-        grid_dim = Index{grid, 1, 1};
-        current_block = &block;
-        kernel();
-        if (!uncommitted_copies.empty() || !committed_copies.empty()) {
-          contract_broken("a thread ended with cp.async copies pending");
-        }
-        block.leave(tx);
-      });
-    }
-    for (std::thread& t : pool) t.join();
-  }
+  launch(grid, 1, threads, shared_bytes, std::forward<Kernel>(kernel));
 }
 
 }  // namespace hpm::simt

@@ -1,0 +1,141 @@
+// The kernels of norm.cu (its opening comment tells their shapes and sums), apart from the
+// launchers so that tests/cuda_emulated can compile them for the CPU too (HPM_SIMT_EMULATION).
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/row_team.cuh"
+
+namespace hpm::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;
+constexpr std::int64_t kWarpRowMax = 1024;
+constexpr std::int64_t kSpanRows = 64;     // rows one slot of the column sums covers (at least)
+constexpr std::int64_t kMaxSpans = 65535;  // gridDim.y's limit
+
+// y = (x - mean) * rstd * w + b per row (w, b optional); mean and rstd saved for the backward.
+// Out is float, or std::uint16_t for y rounded to bf16 (then xb, when given, gets x rounded too).
+// With x2 (bf16 only), the row normalized is x + x2, written into `sum` by the last pass (the
+// earlier passes add again: re-reads of a row one team holds, from cache).
+template <bool kWarp, typename Out>
+__global__ void layer_norm_forward_kernel(const float* __restrict__ x, const float* __restrict__ x2,
+                                          float* __restrict__ sum, const float* __restrict__ w,
+                                          const float* __restrict__ b, Out* __restrict__ y,
+                                          std::uint16_t* __restrict__ xb, float* __restrict__ mean,
+                                          float* __restrict__ rstd, std::int64_t rows,
+                                          std::int64_t n, float eps) {
+  const Team<kWarp> team;
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
+    const float* xr = x + r * n;
+    const float* x2r = x2 != nullptr ? x2 + r * n : nullptr;
+    const auto value = [&](std::int64_t k) { return x2r != nullptr ? xr[k] + x2r[k] : xr[k]; };
+    Out* yr = y + r * n;
+    double s = 0.0;
+    for (std::int64_t k = team.rank; k < n; k += team.size) s += value(k);
+    const double mu = team.sum(s) * inv_n;
+    double ss = 0.0;
+    for (std::int64_t k = team.rank; k < n; k += team.size) ss += (value(k) - mu) * (value(k) - mu);
+    ss = team.sum(ss);
+    const auto m = static_cast<float>(mu);
+    const auto rs = static_cast<float>(1.0 / sqrt(ss * inv_n + eps));
+    if (team.rank == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+    for (std::int64_t k = team.rank; k < n; k += team.size) {
+      const float u = value(k);
+      const float v = (u - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
+      if constexpr (std::is_same_v<Out, float>) {
+        yr[k] = v;
+      } else {
+        yr[k] = f32_to_bf16_bits(v);
+        if (xb != nullptr) xb[r * n + k] = f32_to_bf16_bits(u);
+        if (sum != nullptr) sum[r * n + k] = u;
+      }
+    }
+  }
+}
+
+// dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)) per row, written or (accumulate) added
+// into dx; x F32 or BF16 (X float or its bits), as in the column sums below.
+template <bool kWarp, typename X>
+__global__ void layer_norm_backward_kernel(const float* __restrict__ g, const X* __restrict__ x,
+                                           const float* __restrict__ w,
+                                           const float* __restrict__ mean,
+                                           const float* __restrict__ rstd, float* __restrict__ dx,
+                                           bool accumulate, std::int64_t rows, std::int64_t n) {
+  const Team<kWarp> team;
+  const double inv_n = 1.0 / static_cast<double>(n);
+  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
+    const float* gr = g + r * n;
+    const X* xr = x + r * n;
+    const float mu = mean[r], rs = rstd[r];
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+    for (std::int64_t k = team.rank; k < n; k += team.size) {
+      const float xhat = (as_f32(xr[k]) - mu) * rs;
+      const float dxhat = gr[k] * (w ? w[k] : 1.0f);
+      sum_dxhat += dxhat;
+      sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
+    }
+    sum_dxhat = team.sum(sum_dxhat);
+    sum_dxhat_xhat = team.sum(sum_dxhat_xhat);
+    const auto a = static_cast<float>(sum_dxhat * inv_n);
+    const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
+    float* dr = dx + r * n;
+    for (std::int64_t k = team.rank; k < n; k += team.size) {
+      const float xhat = (as_f32(xr[k]) - mu) * rs;
+      const float d = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
+      // __fadd_rn: never contracted with the product above, so the sum is the one a separate
+      // addition of dx would make (the CPU's, within its own rounding of d).
+      dr[k] = accumulate ? __fadd_rn(dr[k], d) : d;
+    }
+  }
+}
+
+// Stage 1 of dw = sum_r g xhat and db = sum_r g: block (x, span) sums rows
+// [span * span_rows, ...) of columns x * blockDim.x + threadIdx.x into its slot.
+template <typename X>
+__global__ void layer_norm_column_partials_kernel(
+    const float* __restrict__ g, const X* __restrict__ x, const float* __restrict__ mean,
+    const float* __restrict__ rstd, double* __restrict__ dw_part, double* __restrict__ db_part,
+    std::int64_t rows, std::int64_t n, std::int64_t span_rows) {
+  const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (k >= n) return;
+  const std::int64_t span = blockIdx.y;
+  const std::int64_t r0 = span * span_rows, r1 = r0 + span_rows < rows ? r0 + span_rows : rows;
+  double dw = 0.0, db = 0.0;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    const float gv = g[r * n + k];
+    const float xhat = (as_f32(x[r * n + k]) - mean[r]) * rstd[r];
+    dw += static_cast<double>(gv) * xhat;
+    db += gv;
+  }
+  dw_part[span * n + k] = dw;
+  db_part[span * n + k] = db;
+}
+
+// Stage 2: each column's slots added in span order.
+__global__ void layer_norm_column_sums_kernel(const double* __restrict__ dw_part,
+                                              const double* __restrict__ db_part,
+                                              float* __restrict__ dw, float* __restrict__ db,
+                                              std::int64_t spans, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n;
+       k += stride) {
+    double sw = 0.0, sb = 0.0;
+    for (std::int64_t s = 0; s < spans; ++s) {
+      sw += dw_part[s * n + k];
+      sb += db_part[s * n + k];
+    }
+    if (dw != nullptr) dw[k] = static_cast<float>(sw);
+    if (db != nullptr) db[k] = static_cast<float>(sb);
+  }
+}
+
+}  // namespace
+
+}  // namespace hpm::cuda

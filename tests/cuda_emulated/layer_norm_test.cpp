@@ -1,0 +1,169 @@
+// norm.cu's layer-norm kernels (norm_kernels.cuh), compiled for the CPU and run under simt.h's
+// emulation, against the CPU's kernels: the forward in f32, in bf16 with the input's bf16 copy,
+// and summing a residual first (the GPT's fused forms); the backward from an f32 or a bf16 x, into
+// a new gradient or added into one; the weight and bias gradients' two-stage column sums. Rows
+// short enough for a warp (96) and long enough for a block (1500), launched as norm.cu launches.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "hpm/tensor/kernels.h"
+#include "hpm/tensor/random.h"
+#include "hpm/tensor/tensor.h"
+
+// The kernels last: simt.h's macros (threadIdx, __syncthreads, ...) must not reach other headers.
+#include <cuda_runtime.h>
+
+#include "cuda_emulated/simt.h"
+#define HPM_SIMT_EMULATION 1
+#include "tensor/backend/cuda/norm_kernels.cuh"
+
+namespace hpm {
+namespace {
+
+constexpr float kEps = 1e-5f;
+
+template <typename T>
+std::vector<T> copy_of(const Tensor& t) {
+  const T* p = t.data<T>();
+  return std::vector<T>(p, p + t.numel());
+}
+
+float widened(std::uint16_t bits) { return simt::bit_cast<float>(std::uint32_t{bits} << 16); }
+
+// |got - want| within `tolerance` of the largest |want|.
+void expect_close(const std::vector<float>& got, const Tensor& want_tensor, float tolerance,
+                  const char* what) {
+  const std::vector<float> want = copy_of<float>(want_tensor);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  float size = 1e-30f;
+  for (const float w : want) size = std::max(size, std::abs(w));
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    ASSERT_NEAR(got[i], want[i], tolerance * size) << what << " [" << i << "]";
+  }
+}
+
+// Element by element, one bf16 rounding apart at most.
+void expect_bf16_close(const std::vector<std::uint16_t>& got, const Tensor& want_tensor,
+                       const char* what) {
+  const std::vector<std::uint16_t> want = copy_of<std::uint16_t>(want_tensor);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const float g = widened(got[i]), w = widened(want[i]);
+    ASSERT_LE(std::abs(g - w), std::abs(w) / 128.0f + 1e-6f) << what << " [" << i << "]";
+  }
+}
+
+// norm.cu's grids: a warp a row for rows of up to kWarpRowMax, else a block a row.
+template <typename Body>
+void launch_rows(std::int64_t rows, std::int64_t n, Body&& body) {
+  if (n <= cuda::kWarpRowMax) {
+    simt::launch(cuda::grid_for((rows + cuda::kBlock / 32 - 1) / (cuda::kBlock / 32)), cuda::kBlock,
+                 0, [&] { body(std::true_type{}); });
+  } else {
+    simt::launch(cuda::grid_for(rows), cuda::kBlock, 0, [&] { body(std::false_type{}); });
+  }
+}
+
+void check_shape(std::int64_t rows, std::int64_t n) {
+  SCOPED_TRACE("rows " + std::to_string(rows) + " n " + std::to_string(n));
+  Generator gen(static_cast<std::uint64_t>(rows * 7 + n));
+  const Tensor x = Tensor::randn({rows, n}, gen, 0.5f, 2.0f), x2 = Tensor::randn({rows, n}, gen);
+  const Tensor w = Tensor::randn({n}, gen), b = Tensor::randn({n}, gen);
+  const Tensor gy = Tensor::randn({rows, n}, gen);
+  const std::vector<float> xv = copy_of<float>(x), x2v = copy_of<float>(x2), wv = copy_of<float>(w),
+                           bv = copy_of<float>(b), gv = copy_of<float>(gy);
+  const auto count = static_cast<std::size_t>(rows * n), nr = static_cast<std::size_t>(rows);
+
+  // Forward, f32.
+  Tensor mean_want, rstd_want;
+  const Tensor y_want = kernels::layer_norm_forward(x, n, w, b, kEps, mean_want, rstd_want);
+  std::vector<float> y(count, -1.0f), mean(nr, -1.0f), rstd(nr, -1.0f);
+  launch_rows(rows, n, [&](auto warp) {
+    cuda::layer_norm_forward_kernel<decltype(warp)::value, float>(
+        xv.data(), nullptr, nullptr, wv.data(), bv.data(), y.data(), nullptr, mean.data(),
+        rstd.data(), rows, n, kEps);
+  });
+  expect_close(y, y_want, 1e-5f, "y");
+  expect_close(mean, mean_want, 1e-6f, "mean");
+  expect_close(rstd, rstd_want, 1e-6f, "rstd");
+
+  // Forward in bf16 with x's bf16 copy; and of a + b with the sum and its bf16 copy.
+  Tensor xb_want;
+  const Tensor yb_want =
+      kernels::layer_norm_forward_bf16(x, n, w, b, kEps, mean_want, rstd_want, &xb_want);
+  std::vector<std::uint16_t> yb(count, 0xffffu), xb(count, 0xffffu);
+  launch_rows(rows, n, [&](auto warp) {
+    cuda::layer_norm_forward_kernel<decltype(warp)::value, std::uint16_t>(
+        xv.data(), nullptr, nullptr, wv.data(), bv.data(), yb.data(), xb.data(), mean.data(),
+        rstd.data(), rows, n, kEps);
+  });
+  expect_bf16_close(yb, yb_want, "y bf16");
+  EXPECT_EQ(xb, copy_of<std::uint16_t>(xb_want)) << "x rounded";
+  Tensor sum_want, sumb_want;
+  const Tensor ys_want = kernels::add_layer_norm_forward_bf16(x, x2, n, w, b, kEps, sum_want,
+                                                              mean_want, rstd_want, &sumb_want);
+  std::vector<float> sum(count, -1.0f);
+  launch_rows(rows, n, [&](auto warp) {
+    cuda::layer_norm_forward_kernel<decltype(warp)::value, std::uint16_t>(
+        xv.data(), x2v.data(), sum.data(), wv.data(), bv.data(), yb.data(), xb.data(), mean.data(),
+        rstd.data(), rows, n, kEps);
+  });
+  expect_bf16_close(yb, ys_want, "y of the sum");
+  EXPECT_EQ(sum, copy_of<float>(sum_want)) << "sum";
+  EXPECT_EQ(xb, copy_of<std::uint16_t>(sumb_want)) << "sum rounded";
+  expect_close(mean, mean_want, 1e-6f, "mean of the sum");
+
+  // Backward from the f32 forward's statistics: dx from f32 x, and added into a gradient from a
+  // bf16 x; then the column sums of dw and db.
+  Tensor m32, r32;
+  kernels::layer_norm_forward(x, n, w, b, kEps, m32, r32);
+  const std::vector<float> mv = copy_of<float>(m32), rv = copy_of<float>(r32);
+  Tensor dx_want, dw_want, db_want;
+  kernels::layer_norm_backward(gy, x, n, w, m32, r32, &dx_want, &dw_want, &db_want);
+  std::vector<float> dx(count, -1.0f);
+  launch_rows(rows, n, [&](auto warp) {
+    cuda::layer_norm_backward_kernel<decltype(warp)::value, float>(
+        gv.data(), xv.data(), wv.data(), mv.data(), rv.data(), dx.data(), false, rows, n);
+  });
+  expect_close(dx, dx_want, 1e-5f, "dx");
+  const Tensor xb16 = kernels::to_bf16(x);
+  const std::vector<std::uint16_t> xb16v = copy_of<std::uint16_t>(xb16);
+  Tensor into = x2.clone();  // the gradient summed so far
+  kernels::layer_norm_backward(gy, xb16, n, w, m32, r32, &into, nullptr, nullptr);
+  std::vector<float> acc = x2v;
+  launch_rows(rows, n, [&](auto warp) {
+    cuda::layer_norm_backward_kernel<decltype(warp)::value, std::uint16_t>(
+        gv.data(), xb16v.data(), wv.data(), mv.data(), rv.data(), acc.data(), true, rows, n);
+  });
+  expect_close(acc, into, 1e-5f, "dx added into a gradient, bf16 x");
+  // norm.cu's column sums: spans of kSpanRows rows, then each column's spans in order.
+  const std::int64_t span_rows =
+      std::max(cuda::kSpanRows, (rows + cuda::kMaxSpans - 1) / cuda::kMaxSpans);
+  const std::int64_t spans = (rows + span_rows - 1) / span_rows;
+  std::vector<double> dw_part(static_cast<std::size_t>(spans * n)), db_part(dw_part.size());
+  std::vector<float> dw(static_cast<std::size_t>(n), -1.0f), db(dw.size(), -1.0f);
+  simt::launch(static_cast<unsigned>((n + cuda::kBlock - 1) / cuda::kBlock),
+               static_cast<unsigned>(spans), cuda::kBlock, 0, [&] {
+                 cuda::layer_norm_column_partials_kernel<float>(gv.data(), xv.data(), mv.data(),
+                                                                rv.data(), dw_part.data(),
+                                                                db_part.data(), rows, n, span_rows);
+               });
+  simt::launch(cuda::blocks_for(n, cuda::kBlock), cuda::kBlock, 0, [&] {
+    cuda::layer_norm_column_sums_kernel(dw_part.data(), db_part.data(), dw.data(), db.data(), spans,
+                                        n);
+  });
+  expect_close(dw, dw_want, 1e-5f, "dw");
+  expect_close(db, db_want, 1e-5f, "db");
+}
+
+TEST(LayerNormEmulated, WarpRowsMatchTheCpu) { check_shape(150, 96); }
+
+TEST(LayerNormEmulated, BlockRowsMatchTheCpu) { check_shape(5, 1500); }
+
+}  // namespace
+}  // namespace hpm
