@@ -2,8 +2,9 @@
 # Does whatever set-up is missing, builds, and runs every test with CTest. Then the unit tests
 # again under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), and the threaded input
 # pipeline's, the local collectives', offload's, the optimizer's, the pipeline stages' and the
-# emulated CUDA kernels' tests under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those passes. Last, every libFuzzer
-# target for FUZZ_SECONDS (20) each (scripts/fuzz.sh, build-fuzz/); SKIP_FUZZ=1 skips it.
+# emulated CUDA kernels' tests under ThreadSanitizer (build-tsan/). SKIP_SANITIZERS=1 skips those
+# passes. Last, every libFuzzer target for FUZZ_SECONDS (20) each (scripts/fuzz.sh,
+# build-fuzz/); SKIP_FUZZ=1 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

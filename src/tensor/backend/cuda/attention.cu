@@ -435,8 +435,7 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
   // own kernel (which also rounds dO for its products), else here.
   Tensor delta = Tensor::empty({rows > 0 ? rows : 1}, DType::F32);
   if constexpr (kIsBf16<In>) {
-    if (tiled_attention_applies(n.d, ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<float>(grad_out)) &&
-        attention_kernels() != AttentionKernels::kWmma) {
+    if (mma_attention_applies(n.d, ptr<In>(q), ptr<In>(k), ptr<In>(v))) {
       const AttentionLayout layout = contiguous_attention(d);
       Tensor grad_out_bf16 = Tensor::empty(grad_out.shape(), DType::BF16);
       mma_attention_delta(ptr<float>(grad_out), device_ptr(out), out.dtype() == DType::BF16,

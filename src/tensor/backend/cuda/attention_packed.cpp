@@ -30,27 +30,15 @@ Packed packed_dims(const Tensor& qkv, std::int64_t heads) {
   return {qkv.size(0), qkv.size(1), e, e / heads};
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-// The mma kernels take head sizes 32, 64 and 128, row starts 16-byte aligned (every row and head
-// offset is a multiple of 16 bytes at those sizes, so the bases decide), and not a run that asked
-// for the other kernels.
-bool mma_applies(const Packed& p, std::initializer_list<const void*> bases) {
-  const AttentionKernels kernels = attention_kernels();
-  if (kernels != AttentionKernels::kMma && kernels != AttentionKernels::kMma16) return false;
-  if (p.d != 32 && p.d != 64 && p.d != 128) return false;
-  for (const void* b : bases) {
-    if (!aligned16(b)) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
                                      float scale, Tensor& lse) {
   const Packed p = packed_dims(qkv, heads);
-  if (!mma_applies(p, {device_ptr(qkv)})) {
+  // Every row and head offset of a packed qkv is a multiple of 16 bytes at the kernels' head
+  // sizes: its base decides the alignment.
+  const void* x0 = device_ptr(qkv);
+  if (!mma_attention_applies(p.d, x0, x0, x0)) {
     Tensor q, k, v;
     split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
     return merge_heads_bf16(attention_forward(q, k, v, causal, scale, lse), nullptr);
@@ -72,7 +60,8 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   require_dtype(out, DType::BF16);
   require_dtype(lse, DType::F32);
   const bool bf16 = grad_dtype == DType::BF16;
-  if (!mma_applies(p, {device_ptr(qkv), device_ptr(grad_out), device_ptr(out)})) {
+  const void* x0 = device_ptr(qkv);
+  if (!mma_attention_applies(p.d, x0, x0, x0)) {
     Tensor q, k, v, gq, gk, gv;
     split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
     attention_backward(split_heads(grad_out, heads), q, k, v, split_heads(to_f32(out), heads), lse,

@@ -42,6 +42,13 @@ void with_tensor_core_head_size(int d, F&& f) {
 bool tiled_attention_applies(std::int64_t d, const void* q, const void* k, const void* v,
                              const void* grad_out = nullptr);
 
+// The same, and the run takes attention_mma.cu's kernels (mma or mma16, not wmma).
+inline bool mma_attention_applies(std::int64_t d, const void* q, const void* k, const void* v,
+                                  const void* grad_out = nullptr) {
+  return tiled_attention_applies(d, q, k, v, grad_out) &&
+         attention_kernels() != AttentionKernels::kWmma;
+}
+
 // q (batch, t, d), k and v (batch, s, d) as bf16 bits; out (batch, t, d) and lse (batch, t) in
 // f32, as attention_forward's. Causal masking is top-left aligned (query i sees keys j <= i).
 void tiled_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,

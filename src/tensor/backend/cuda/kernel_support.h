@@ -134,8 +134,8 @@ inline unsigned row_blocks(std::int64_t batch, std::int64_t rows, std::int64_t r
 }
 
 // Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel and device: once
-// for the largest size so far (the call costs about what a launch does, and small models are
-// launch-bound).
+// for the largest size so far, rather than a driver call before every launch (small models are
+// launch-bound; the call's cost on a card is not measured).
 template <typename Kernel>
 void allow_dynamic_smem(Kernel* kernel, std::size_t bytes) {
   if (bytes <= (std::size_t{48} << 10)) return;
