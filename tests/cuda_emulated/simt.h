@@ -170,6 +170,14 @@ T atomic_min(T* address, T value) {
   return old;
 }
 
+template <typename T>
+T atomic_add(T* address, T value) {
+  const std::lock_guard<std::mutex> hold(atomic_lock());
+  const T old = *address;
+  *address = old + value;
+  return old;
+}
+
 inline float bf16_at(std::uint32_t pair, int half) {
   const std::uint32_t bits = (pair >> (16 * half)) & 0xffffu;
   float f;
@@ -281,11 +289,13 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Kernel&& 
 #define __shfl_down_sync(mask, v, delta) ::hpm::simt::shfl_down((v), (delta))
 #define __float_as_uint(x) ::hpm::simt::bit_cast<unsigned>(static_cast<float>(x))
 #define __uint_as_float(x) ::hpm::simt::bit_cast<float>(static_cast<unsigned>(x))
+#define __int_as_float(x) ::hpm::simt::bit_cast<float>(static_cast<int>(x))
 #define __fadd_rn(a, b) ((a) + (b))  // compiled without contraction (-ffp-contract=off)
 #define __fmul_rn(a, b) ((a) * (b))
 #define __fsub_rn(a, b) ((a) - (b))
 #define __fdiv_rn(a, b) ((a) / (b))
 #define atomicMin(address, value) ::hpm::simt::atomic_min((address), (value))
+#define atomicAdd(address, value) ::hpm::simt::atomic_add((address), (value))
 #define __expf(x) std::exp(x)
 #define __logf(x) std::log(x)
 #define __launch_bounds__(...)

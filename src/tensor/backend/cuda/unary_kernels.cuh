@@ -1,0 +1,156 @@
+// The unary activations and their gradients of elementwise.cu (the formulas are the CPU's,
+// cpu/elementwise.cpp and cpu/vec.h, exp and erf approximations included), apart from the launchers
+// so that tests/cuda_emulated can compile them for the CPU too (HPM_SIMT_EMULATION).
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "hpm/tensor/op_params.h"
+#include "tensor/backend/cuda/kernel_support.h"
+
+namespace hpm::cuda {
+
+using kernels::UnaryOp;
+
+namespace {
+
+#if defined(__CUDACC__) || defined(HPM_SIMT_EMULATION)  // device code, or its CPU emulation
+
+// cpu/vec.h's exp (Cephes' expf): within 2 ulp of e^x, 0 below -86.6, +inf above 88.72, NaN for
+// NaN; the CPU's exp and GELU use it, so this backend does too (expf would differ at the edges).
+__device__ inline float vec_exp(float x) {
+  constexpr float kLo = -86.6f, kHi = 88.72283f;
+  const float xc = x < kLo ? kLo : (x > kHi ? kHi : x);
+  const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+  float r = xc - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + (r + 1.0f);
+  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 126) << 23;
+  const float y = p * __uint_as_float(bits) * 2.0f;
+  return x < kLo ? 0.0f : (x > kHi ? __int_as_float(0x7f800000) : y);
+}
+
+// cpu/vec.h's standard normal CDF and density (one exp shared), for the exact GELU.
+struct NormalCdfPdf {
+  float cdf, pdf;
+};
+__device__ inline NormalCdfPdf normal_cdf_pdf(float x) {
+  constexpr float kInvSqrt2 = 0.70710678118654752440f;
+  constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+  const float a = (x < 0.0f ? -x : x) * kInvSqrt2;
+  const float a2 = a * a;
+  const float e = vec_exp(-a2);
+  float p = 7.898210206e-05f;
+  p = p * a2 - 8.024354128e-04f;
+  p = p * a2 + 5.190053578e-03f;
+  p = p * a2 - 2.685480854e-02f;
+  p = p * a2 + 1.128361243e-01f;
+  p = p * a2 - 3.761262884e-01f;
+  p = p * a2 + 1.128379167e+00f;
+  const float erf_small = a * p;
+  const float t = 1.0f / (1.0f + 0.5f * a);
+  float q = 1.156064052e-01f;
+  q = q * t - 4.582943490e-01f;
+  q = q * t + 5.443685942e-01f;
+  q = q * t - 8.837625125e-02f;
+  q = q * t + 3.405025593e-01f;
+  q = q * t + 2.617668365e-01f;
+  q = q * t + 2.845866309e-01f;
+  q = q * t - 1.324968887e-04f;
+  const float eq = e * q;
+  const float erfc_big = a > 4.5f ? 0.0f : (eq > 0.0f ? eq : 0.0f);
+  const bool small = a < 1.0f;
+  const float upper = small ? 1.0f + erf_small : 2.0f - erfc_big;
+  const float lower = small ? 1.0f - erf_small : erfc_big;
+  return {0.5f * (x >= 0.0f ? upper : lower), kInvSqrt2Pi * e};
+}
+
+constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+
+template <UnaryOp Op>
+__device__ inline float apply_unary(float v) {
+  if constexpr (Op == UnaryOp::Neg) return -v;
+  if constexpr (Op == UnaryOp::Exp) return vec_exp(v);
+  if constexpr (Op == UnaryOp::Log) return logf(v);
+  if constexpr (Op == UnaryOp::Sqrt) return sqrtf(v);
+  if constexpr (Op == UnaryOp::Relu) return v > 0.0f ? v : 0.0f;  // NaN -> 0, as the CPU
+  if constexpr (Op == UnaryOp::Tanh) return tanhf(v);
+  if constexpr (Op == UnaryOp::Sigmoid) return 1.0f / (1.0f + expf(-v));
+  if constexpr (Op == UnaryOp::Gelu) return v * normal_cdf_pdf(v).cdf;
+  if constexpr (Op == UnaryOp::GeluTanh) {
+    return 0.5f * v * (1.0f + tanhf(kSqrt2OverPi * (v + 0.044715f * v * v * v)));
+  }
+  if constexpr (Op == UnaryOp::Square) return v * v;
+  return 0.0f;
+}
+
+// dL/dx from g = dL/dy, the input u and the output v (0 for an operand the caller left undefined,
+// as the CPU's ternary map reads it).
+template <UnaryOp Op>
+__device__ inline float apply_unary_backward(float g, float u, float v) {
+  if constexpr (Op == UnaryOp::Neg) return -g;
+  if constexpr (Op == UnaryOp::Exp) return g * v;
+  if constexpr (Op == UnaryOp::Log) return g / u;
+  if constexpr (Op == UnaryOp::Sqrt) return 0.5f * g / v;
+  if constexpr (Op == UnaryOp::Relu) return v > 0.0f ? g : 0.0f;
+  if constexpr (Op == UnaryOp::Tanh) return g * (1 - v * v);
+  if constexpr (Op == UnaryOp::Sigmoid) return g * v * (1 - v);
+  if constexpr (Op == UnaryOp::Gelu) {
+    const NormalCdfPdf c = normal_cdf_pdf(u);
+    return g * (c.cdf + u * c.pdf);
+  }
+  if constexpr (Op == UnaryOp::GeluTanh) {
+    const float inner = kSqrt2OverPi * (u + 0.044715f * u * u * u);
+    const float t = tanhf(inner);
+    const float dinner = kSqrt2OverPi * (1.0f + 3.0f * 0.044715f * u * u);
+    return g * (0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * dinner);
+  }
+  if constexpr (Op == UnaryOp::Square) return 2.0f * g * u;
+  return 0.0f;
+}
+
+template <UnaryOp Op>
+__global__ void unary_kernel(const float* x, float* y, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] = apply_unary<Op>(x[i]);
+}
+
+// The activation rounded as f32_to_bf16_kernel rounds: to_bf16(unary(x)) bit for bit; and x
+// rounded too into xb when it is given. x F32 or BF16 (X float or its bits; xb then null).
+template <UnaryOp Op, typename X>
+__global__ void unary_bf16_kernel(const X* x, std::uint16_t* y, std::uint16_t* xb, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float v = as_f32(x[i]);
+    y[i] = f32_to_bf16_bits(apply_unary<Op>(v));
+    if (xb != nullptr) xb[i] = f32_to_bf16_bits(v);
+  }
+}
+
+// x F32 or BF16 (X float or its bits), g likewise (G); out F32 or rounded to BF16 (Out float or
+// its bits).
+template <UnaryOp Op, typename G, typename X, typename Out>
+__global__ void unary_backward_kernel(const G* g, const X* x, const float* y, Out* out,
+                                      std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float u = x != nullptr ? as_f32(x[i]) : 0.0f;
+    const float v = y != nullptr ? y[i] : 0.0f;
+    const float d = apply_unary_backward<Op>(as_f32(g[i]), u, v);
+    if constexpr (std::is_same_v<Out, float>) {
+      out[i] = d;
+    } else {
+      out[i] = f32_to_bf16_bits(d);
+    }
+  }
+}
+
+#endif
+
+}  // namespace
+
+}  // namespace hpm::cuda
