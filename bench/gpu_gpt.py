@@ -125,6 +125,11 @@ def run_hpm(args, size, env=None, profile_steps=0):
             return {"error": f"timed out after {args.timeout} s", "timeout": True}
         if out.returncode != 0 or not os.path.exists(report):
             return {"error": (out.stderr or out.stdout)[-400:]}
+        # hpm's one-time notes (a cuBLASLt epilogue with no algorithm on this card, say): what ran
+        # instead of what was meant to.
+        for note in sorted({l for l in out.stderr.splitlines() if l.startswith("hpm: cuBLASLt")}):
+            print(f"{size} {' '.join(f'{k}={v}' for k, v in (env or {}).items())}: {note}",
+                  flush=True)
         if profile_steps:
             with open(profile) as f:
                 return {"profile": f.read()}

@@ -122,4 +122,6 @@ for cases in attention softmax pool batch_norm layer_norm sum squared_norm; do
 done
 grep -hE '^(val loss|test accuracy|hpm: error|[0-9]+ tokens in)' "$OUT/train.log" >>"$S"
 grep -ho '"val_loss": [0-9.]*' "$OUT/train.log" | sed 's/^/peer bf16 /' >>"$S"
+# Products that ran without their cuBLASLt epilogue (the card offered no algorithm for it).
+grep -h 'hpm: cuBLASLt' "$OUT/train.log" "$OUT/bench.log" 2>/dev/null | sort | uniq -c >>"$S"
 rm -rf "$W"

@@ -183,19 +183,6 @@ TEST(MmaAttentionEmulated, NoKeysGiveZerosAndMinusInfinity) {
 
 float widened(std::uint16_t bits) { return simt::bit_cast<float>(std::uint32_t{bits} << 16); }
 
-// Element by element: one bf16 rounding apart (values that agreed to 1e-4 before rounding).
-void expect_bf16_close(const std::vector<std::uint16_t>& got, const Tensor& want_tensor,
-                       const char* what) {
-  const std::vector<std::uint16_t> want = copy_of<std::uint16_t>(want_tensor);
-  ASSERT_EQ(got.size(), want.size());
-  float size = 0.0f;
-  for (const std::uint16_t w : want) size = std::max(size, std::abs(widened(w)));
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    const float g = widened(got[i]), w = widened(want[i]);
-    ASSERT_LE(std::abs(g - w), std::abs(w) / 128.0f + 1e-4f * size) << what << " [" << i << "]";
-  }
-}
-
 // A packed (B, T, 3E) qkv, its output merged (B, T, E) in bf16 and its gradient packed (bf16 and
 // f32): the GPT's layout, with no split or merge pass around the kernels. Against the CPU's
 // split_qkv_heads, attention, merge_heads_bf16 and, backward, split_heads and merge_qkv_heads.
@@ -215,7 +202,6 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
                               kernels::split_heads(kernels::to_f32(merged_want), heads), lse_want,
                               causal, kScale, &gq, &gk, &gv);
   const Tensor gqkv_want = kernels::merge_qkv_heads(gq, gk, gv);
-  const Tensor gqkv16_want = kernels::to_bf16(gqkv_want);
 
   const std::vector<std::uint16_t> x = copy_of<std::uint16_t>(qkv);
   const std::vector<float> g = copy_of<float>(gy);
@@ -277,8 +263,13 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
   };
   backward(gqkv16.data());
   backward(gqkv.data());
-  expect_bf16_close(gqkv16, gqkv16_want, "bf16 gradient");
   EXPECT_LE(relative_error(gqkv, gqkv_want), kGradTolerance) << "f32 gradient";
+  // The bf16 gradient is the f32 one rounded once as it is stored, bit for bit (a comparison with
+  // the CPU's rounded gradient would flip with the CPU's own last bits, which vary by CPU model).
+  ASSERT_EQ(gqkv16.size(), gqkv.size());
+  for (std::size_t i = 0; i < gqkv.size(); ++i) {
+    ASSERT_EQ(gqkv16[i], cuda::f32_to_bf16_bits(gqkv[i])) << "bf16 gradient [" << i << "]";
+  }
 }
 
 TEST(MmaAttentionEmulated, PackedQkvMatchesTheSplitHeadsOnTheCpu) {

@@ -209,7 +209,10 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out_dt
     if (lt_matmul_bias(p, ptr<float>(bias))) return y;
     // A BF16 output without the epilogue: the F32 product with its bias, rounded once (a product
     // writing bf16 onto bf16 bias rows would round twice).
-    if (bf16_out) return to_bf16(linear(x, w, bias, DType::F32));
+    if (bf16_out) {
+      y = Tensor();  // not held beside the F32 product's output (the step's peak may be here)
+      return to_bf16(linear(x, w, bias, DType::F32));
+    }
     // Otherwise every row seeded with the bias, which the product then adds into (beta 1).
     bias_rows(ptr<float>(y), ptr<float>(bias), n, out);
     beta = 1.0f;

@@ -46,21 +46,42 @@ void raise_locked(Context& c, Mine mine) {
 
 }  // namespace
 
-unsigned long long* defer_index_check(
+IndexCheck::~IndexCheck() {
+  std::lock_guard lock(c_->checks_mu);
+  const std::thread::id me = std::this_thread::get_id();
+  for (PendingCheck& check : c_->checks) {
+    if (check.word == word_ && check.thread == me) check.launched = true;
+  }
+}
+
+IndexCheck defer_index_check(
     Context& c, const Tensor& values,
     std::function<std::string(std::int64_t position, std::int64_t value)> describe) {
-  std::lock_guard lock(c.checks_mu);
+  std::unique_lock lock(c.checks_mu);
+  const std::thread::id me = std::this_thread::get_id();
+  // A check another thread has registered but not launched yet stays: its word is not written.
+  const auto readable = [me](const PendingCheck& check) {
+    return check.launched || check.thread == me;
+  };
   auto* free_word = std::find(std::begin(c.check_word_used), std::end(c.check_word_used), false);
-  if (free_word == std::end(c.check_word_used)) {
-    // Every word pending: wait for the device, then read them all, whoever issued them.
-    HPM_CUDA_CHECK(cudaStreamSynchronize(c.compute));
-    raise_locked(c, [](const PendingCheck&) { return true; });
-    free_word = std::begin(c.check_word_used);
+  while (free_word == std::end(c.check_word_used)) {
+    if (std::any_of(c.checks.begin(), c.checks.end(), readable)) {
+      // Every word pending: wait for the device, then read the launched ones, whoever issued
+      // them.
+      HPM_CUDA_CHECK(cudaStreamSynchronize(c.compute));
+      raise_locked(c, readable);
+    } else {
+      // Every word held by other threads' launches under way: let them finish.
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+    }
+    free_word = std::find(std::begin(c.check_word_used), std::end(c.check_word_used), false);
   }
   *free_word = true;
   const auto word = static_cast<int>(free_word - std::begin(c.check_word_used));
-  c.checks.push_back(PendingCheck{values, std::move(describe), word, std::this_thread::get_id()});
-  return c.check_words + word;
+  c.checks.push_back(PendingCheck{values, std::move(describe), word, me, false});
+  return IndexCheck(c, word);
 }
 
 void raise_failed_checks(Context& c) {

@@ -19,10 +19,26 @@
 
 namespace hpm::cuda {
 
+// A check's device word, held by the op that launches the check's kernel: until the op is done
+// with it (this object destroyed, after the launch), no other thread's wait for a free word takes
+// the word back, which would read it clear before the kernel could write it and lose the failure.
+class IndexCheck {
+ public:
+  IndexCheck(Context& c, int word) : c_(&c), word_(word) {}
+  ~IndexCheck();
+  IndexCheck(const IndexCheck&) = delete;
+  IndexCheck& operator=(const IndexCheck&) = delete;
+  unsigned long long* word() const { return c_->check_words + word_; }
+
+ private:
+  Context* c_;
+  int word_;
+};
+
 // A word (all ones: clear) for a new check on context `c`, which the kernel lowers to the first bad
 // position of `values` (I64 on the device); describe(position, value) makes the message. With
-// kMaxChecks pending, the pending ones are read first (a wait).
-unsigned long long* defer_index_check(
+// kMaxChecks pending, the launched ones are read first (a wait).
+IndexCheck defer_index_check(
     Context& c, const Tensor& values,
     std::function<std::string(std::int64_t position, std::int64_t value)> describe);
 

@@ -39,8 +39,30 @@ std::size_t DeviceMemory::round_size(std::size_t bytes) const {
   return (bytes + step - 1) / step * step;
 }
 
+namespace {
+
+// The calling thread's current device is `index` while this lives (an event belongs to the device
+// current at its creation and must be recorded on a stream of that device; the runtime's calls
+// act on the current device), and what it was afterwards.
+class OnDevice {
+ public:
+  explicit OnDevice(int index) {
+    HPM_CUDA_CHECK(cudaGetDevice(&previous_));
+    if (previous_ != index) HPM_CUDA_CHECK(cudaSetDevice(index));
+  }
+  ~OnDevice() { (void)cudaSetDevice(previous_); }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+}  // namespace
+
 void DeviceMemory::fill(void* ptr, std::size_t bytes, unsigned char byte) {
   Context& c = context(index_);
+  const OnDevice on(index_);
   HPM_CUDA_CHECK(cudaMemsetAsync(ptr, byte, bytes, c.compute));
 }
 
@@ -48,7 +70,8 @@ namespace {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent(cudaStream_t stream, bool timed) {
+  CudaEvent(int device, cudaStream_t stream, bool timed) {
+    const OnDevice on(device);
     HPM_CUDA_CHECK(
         cudaEventCreateWithFlags(&event_, timed ? cudaEventDefault : cudaEventDisableTiming));
     HPM_CUDA_CHECK(cudaEventRecord(event_, stream));
@@ -85,9 +108,11 @@ class CudaStream final : public Stream {
   explicit CudaStream(DeviceId id) : id_(id), stream_(context(id.index).compute) {}
   DeviceId device() const override { return id_; }
   void synchronize() override { HPM_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
-  std::shared_ptr<Event> record() override { return std::make_shared<CudaEvent>(stream_, false); }
+  std::shared_ptr<Event> record() override {
+    return std::make_shared<CudaEvent>(id_.index, stream_, false);
+  }
   std::shared_ptr<Event> record_timed() override {
-    return std::make_shared<CudaEvent>(stream_, true);
+    return std::make_shared<CudaEvent>(id_.index, stream_, true);
   }
   void wait(const Event& event) override {
     const auto* e = dynamic_cast<const CudaEvent*>(&event);
@@ -167,9 +192,20 @@ void copy_bytes(void* dst, const Device& dst_device, const void* src, const Devi
     Context& to = context(dst_device.id().index);
     Context& from = context(src_device.id().index);
     if (&to != &from) {
-      // Another GPU: its pending work first, then a peer copy on the destination's stream.
+      // Another GPU: its pending work first, then a peer copy on the destination's stream. The
+      // source's stream then waits for the copy: the caller may free `src` on return (a moved
+      // storage does), and the source device's allocator hands a freed block to its next op in
+      // its own stream's order, which without the wait could overwrite it before the copy reads.
       HPM_CUDA_CHECK(cudaStreamSynchronize(from.compute));
+      HPM_CUDA_CHECK(cudaSetDevice(to.index));  // the event's device must be its stream's
       HPM_CUDA_CHECK(cudaMemcpyPeerAsync(dst, to.index, src, from.index, bytes, to.compute));
+      cudaEvent_t copied = nullptr;
+      HPM_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+      const cudaError_t recorded = cudaEventRecord(copied, to.compute);
+      const cudaError_t waited =
+          recorded == cudaSuccess ? cudaStreamWaitEvent(from.compute, copied, 0) : recorded;
+      cudaEventDestroy(copied);  // released once it completes
+      HPM_CUDA_CHECK(waited);
       return;
     }
     HPM_CUDA_CHECK(cudaSetDevice(to.index));

@@ -126,11 +126,12 @@ Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) {
   const std::int64_t n = log_probs.size(0), c = log_probs.size(1);
   Tensor loss = Tensor::empty(Shape{}, DType::F32, log_probs.device());
   cudaStream_t stream = current_stream();
-  unsigned long long* perr =
+  const IndexCheck check =
       defer_index_check(current_context(), labels, [c](std::int64_t row, std::int64_t label) {
         return "nll_loss: label " + std::to_string(label) + " at row " + std::to_string(row) +
                " out of range [0, " + std::to_string(c) + ")";
       });
+  unsigned long long* perr = check.word();
   const auto* py = ptr<std::int64_t>(labels);
   nll_loss_forward_kernel<<<1, kReduceBlock, 0, stream>>>(ptr<float>(log_probs), py, n, c, perr,
                                                           ptr<float>(loss));

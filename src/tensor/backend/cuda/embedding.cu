@@ -108,11 +108,12 @@ Tensor embedding_forward(const Tensor& table, const Tensor& indices) {
   if (n == 0) return y;
   cudaStream_t stream = current_stream();
   const auto* pi = ptr<std::int64_t>(indices);
-  unsigned long long* perr =
+  const IndexCheck check =
       defer_index_check(current_context(), indices, [v](std::int64_t position, std::int64_t index) {
         return "embedding: index " + std::to_string(index) + " at position " +
                std::to_string(position) + " out of range for " + std::to_string(v) + " rows";
       });
+  unsigned long long* perr = check.word();
   check_indices_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(pi, n, v, perr);
   HPM_CUDA_LAUNCH_CHECK("check_indices_kernel");
   if (e > 0) {

@@ -157,6 +157,12 @@ class Plan {
     prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
     prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
     prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
+    // A bf16 D is the f32 result rounded once: no split-K plan that keeps its partial sums in D's
+    // type (INPLACE, OUTPUT_TYPE), which would round each part.
+    if (key.d_bf16) {
+      prefer(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+             std::uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE});
+    }
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(

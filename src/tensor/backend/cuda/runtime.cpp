@@ -98,7 +98,9 @@ std::unique_ptr<Context> make_context(int index) {
     HPM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   constexpr std::size_t kCheckBytes = Context::kMaxChecks * sizeof(unsigned long long);
   HPM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->check_words), kCheckBytes));
-  HPM_CUDA_CHECK(cudaMemset(c->check_words, 0xff, kCheckBytes));
+  // On the compute stream, which the legacy default stream's cudaMemset would not be ordered
+  // before (non-blocking): the words are clear before the first check's kernel runs.
+  HPM_CUDA_CHECK(cudaMemsetAsync(c->check_words, 0xff, kCheckBytes, c->compute));
   return c;
 }
 

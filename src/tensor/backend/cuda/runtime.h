@@ -55,6 +55,7 @@ struct PendingCheck {
   std::function<std::string(std::int64_t position, std::int64_t value)> describe;
   int word;                // its index in Context::check_words
   std::thread::id thread;  // the thread that issued it, which reads it
+  bool launched;           // its kernel issued (IndexCheck gone): another thread may read it
 };
 
 struct Context {

@@ -147,11 +147,12 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
     return loss;
   }
   Tensor row_loss = Tensor::empty({n}, DType::F64);
-  unsigned long long* perr =
+  const IndexCheck check =
       defer_index_check(current_context(), labels, [c](std::int64_t row, std::int64_t label) {
         return "cross_entropy: label " + std::to_string(label) + " at row " + std::to_string(row) +
                " is not a class index in [0, " + std::to_string(c) + ")";
       });
+  unsigned long long* perr = check.word();
   const auto* py = ptr<std::int64_t>(labels);
   const auto rows = [&](const auto* px) {
     if (c <= kWarpRowMax) {
