@@ -249,6 +249,18 @@ TEST(Kernels, MaxPoolTiesAndNaNFollowPyTorch) {
   }
 }
 
+// Any other window keeps the first NaN too (the 2x2/2 path's rule), not the last.
+TEST(Kernels, MaxPoolOfAnyWindowKeepsTheFirstNaN) {
+  const float nan = std::nanf("");
+  Tensor x = Tensor::from({nan, 1, 2, 3, 4, 5, 6, 7, nan}, {1, 1, 3, 3}), arg;
+  kernels::Pool2dParams p;
+  p.kernel_h = p.kernel_w = 3;
+  p.stride_h = p.stride_w = 1;
+  const Tensor y = kernels::max_pool2d_forward(x, p, arg);
+  EXPECT_TRUE(std::isnan(y.data<float>()[0]));
+  EXPECT_EQ(arg.data<std::int32_t>()[0], 0);
+}
+
 // The vectorized 2x2/2 path against a plain loop over every window, on planes of odd and even
 // sizes (a trailing row or column no window covers) with many ties and a few NaNs: the same
 // maxima and the same winners (the first NaN, else the first maximum in row-major order).

@@ -122,8 +122,8 @@ Tensor max_pool2d_forward(const Tensor& x, const Pool2dParams& p, Tensor& argmax
               const std::int64_t iw = ow * p.stride_w - p.pad_w + j;
               if (iw < 0 || iw >= g.w) continue;
               const float v = src[ih * g.w + iw];
-              // NaN propagates, as in PyTorch.
-              if (v > best || best_i < 0 || v != v) {
+              // NaN propagates, as in PyTorch; the first NaN, as max_pool_2x2_planes keeps.
+              if (v > best || best_i < 0 || (v != v && best == best)) {
                 best = v;
                 best_i = ih * g.w + iw;
               }

@@ -228,7 +228,10 @@ __global__ void mul_scalar_kernel(const float* a, float s, float* y, std::int64_
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] = a[i] * s;
 }
 __global__ void axpy_kernel(float* y, float alpha, const float* x, std::int64_t n) {
-  for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] += alpha * x[i];
+  // Rounded twice, as the CPU's loop (nvcc would contract the two into one FMA).
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    y[i] = __fadd_rn(y[i], __fmul_rn(alpha, x[i]));
+  }
 }
 __global__ void scale_kernel(float* y, float alpha, std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] *= alpha;

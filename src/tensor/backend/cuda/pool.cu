@@ -112,7 +112,7 @@ __global__ void max_pool2d_forward_kernel(const float* __restrict__ x, float* __
         const std::int64_t iw = ocol * win.sw - win.pw + j;
         if (iw < 0 || iw >= w) continue;
         const float v = src[ih * w + iw];
-        if (v > best || best_i < 0 || v != v) {
+        if (v > best || best_i < 0 || (v != v && best == best)) {
           best = v;
           best_i = ih * w + iw;
         }
