@@ -82,7 +82,8 @@ Tensor Tensor::from(std::span<const float> values, const Shape& shape, Device& d
   }
   if (!device.is_host()) return from(values, shape, Device::cpu()).to(device);
   Tensor t = empty(shape, DType::F32, device);
-  std::memcpy(t.raw_data(), values.data(), t.nbytes());
+  // An empty span's data() may be null, which memcpy may not be given even for no bytes.
+  if (!values.empty()) std::memcpy(t.raw_data(), values.data(), t.nbytes());
   return t;
 }
 
@@ -93,7 +94,7 @@ Tensor Tensor::from_i64(std::span<const std::int64_t> values, const Shape& shape
   }
   if (!device.is_host()) return from_i64(values, shape, Device::cpu()).to(device);
   Tensor t = empty(shape, DType::I64, device);
-  std::memcpy(t.raw_data(), values.data(), t.nbytes());
+  if (!values.empty()) std::memcpy(t.raw_data(), values.data(), t.nbytes());
   return t;
 }
 
