@@ -24,6 +24,7 @@
 #include <cuda_runtime.h>
 #include <mma.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -440,11 +441,29 @@ AttentionKernels attention_kernels() {
   return kernels;
 }
 
+namespace {
+
+// The WMMA kernels' largest shared memory at head size d (129,280 bytes at 128: more than an sm_86
+// or sm_89 card gives a block, where these kernels then leave attention to the row-wise ones
+// rather than fail at launch; attention_mma.cu's need at most 87 KiB).
+std::size_t wmma_smem(std::int64_t d) {
+  std::size_t bytes = 0;
+  with_tensor_core_head_size(static_cast<int>(d), [&](auto size) {
+    using L = Layout<decltype(size)::value>;
+    bytes = std::max({L::kForward, L::kGradQ, L::kGradKv});
+  });
+  return bytes;
+}
+
+}  // namespace
+
 bool tiled_attention_applies(std::int64_t d, const void* q, const void* k, const void* v,
                              const void* grad_out) {
-  return attention_kernels() != AttentionKernels::kRowwise && (d == 32 || d == 64 || d == 128) &&
+  const AttentionKernels kernels = attention_kernels();
+  return kernels != AttentionKernels::kRowwise && (d == 32 || d == 64 || d == 128) &&
          aligned16(q) && aligned16(k) && aligned16(v) &&
-         (grad_out == nullptr || aligned16(grad_out));
+         (grad_out == nullptr || aligned16(grad_out)) &&
+         (kernels != AttentionKernels::kWmma || wmma_smem(d) <= max_dynamic_smem());
 }
 
 void tiled_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,

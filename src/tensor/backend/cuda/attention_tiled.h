@@ -38,7 +38,8 @@ void with_tensor_core_head_size(int d, F&& f) {
   }
 }
 
-// Head sizes 32, 64 and 128, 16-byte aligned operands, and attention_kernels() not kRowwise.
+// Head sizes 32, 64 and 128, 16-byte aligned operands, and attention_kernels() not kRowwise (nor
+// kWmma where the device cannot give the WMMA kernels their shared memory).
 bool tiled_attention_applies(std::int64_t d, const void* q, const void* k, const void* v,
                              const void* grad_out = nullptr);
 

@@ -133,6 +133,20 @@ inline unsigned row_blocks(std::int64_t batch, std::int64_t rows, std::int64_t r
   return static_cast<unsigned>(blocks);
 }
 
+// The most dynamic shared memory a block of the current device may be given (its opt-in limit:
+// 227 KiB on sm_90, 163 on sm_80, 99 on sm_86 and sm_89), read once per device.
+inline std::size_t max_dynamic_smem() {
+  static std::mutex lock;
+  static std::map<int, std::size_t> limits;
+  const int device = current_context().index;
+  const std::lock_guard<std::mutex> hold(lock);
+  const auto found = limits.find(device);
+  if (found != limits.end()) return found->second;
+  int bytes = 0;
+  HPM_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return limits[device] = static_cast<std::size_t>(bytes);
+}
+
 // Dynamic shared memory beyond the default 48 KiB must be asked for, per kernel and device: once
 // for the largest size so far, rather than a driver call before every launch (small models are
 // launch-bound; the call's cost on a card is not measured).
