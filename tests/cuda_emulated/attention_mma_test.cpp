@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emulated/host_values.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/tensor/tensor.h"
@@ -27,6 +28,9 @@
 namespace hpm {
 namespace {
 
+using emulated::copy_of;
+using emulated::widened;
+
 constexpr float kScale = 0.125f;
 // Measured in Release here: out 2.4e-3 (the kernel rounds P to bf16 before normalizing it, the
 // CPU after), lse 1.2e-7, the gradients 1.5e-5 (both sides round P, dS and dO alike). The CPU's
@@ -36,12 +40,6 @@ constexpr float kScale = 0.125f;
 constexpr float kOutTolerance = 2e-2f;
 constexpr float kLseTolerance = 1e-5f;
 constexpr float kGradTolerance = 1e-2f;
-
-template <typename T>
-std::vector<T> copy_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
 
 // Largest |got - want| over the larger of 1 and the largest |want|.
 float relative_error(const std::vector<float>& got, const Tensor& want_tensor) {
@@ -180,8 +178,6 @@ TEST(MmaAttentionEmulated, NoKeysGiveZerosAndMinusInfinity) {
   for (const float x : out) ASSERT_EQ(x, 0.0f);
   for (const float x : lse) ASSERT_EQ(x, -std::numeric_limits<float>::infinity());
 }
-
-float widened(std::uint16_t bits) { return simt::bit_cast<float>(std::uint32_t{bits} << 16); }
 
 // A packed (B, T, 3E) qkv, its output merged (B, T, E) in bf16 and its gradient packed (bf16 and
 // f32): the GPT's layout, with no split or merge pass around the kernels. Against the CPU's

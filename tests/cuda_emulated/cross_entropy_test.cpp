@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emulated/host_values.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/tensor/tensor.h"
@@ -27,17 +28,12 @@
 namespace hpm {
 namespace {
 
+using emulated::copy_of;
+using emulated::widened;
+
 constexpr std::int64_t kIgnore = -100;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-template <typename T>
-std::vector<T> copy_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
-
-float widened(std::uint16_t bits) { return simt::bit_cast<float>(std::uint32_t{bits} << 16); }
 
 struct Case {
   std::int64_t n, c;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emulated/host_values.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/tensor/tensor.h"
@@ -23,14 +24,10 @@
 namespace hpm {
 namespace {
 
+using emulated::copy_of;
+
 constexpr int kThreads = 256;
 constexpr unsigned kBlocks = 4;  // fewer threads than elements: the grid-stride loops go round
-
-template <typename T>
-std::vector<T> copy_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
 
 template <typename T>
 std::vector<T> sized(const Tensor& like) {

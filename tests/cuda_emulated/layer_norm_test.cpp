@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emulated/host_values.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/tensor/tensor.h"
@@ -25,15 +26,10 @@
 namespace hpm {
 namespace {
 
+using emulated::copy_of;
+using emulated::widened;
+
 constexpr float kEps = 1e-5f;
-
-template <typename T>
-std::vector<T> copy_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
-
-float widened(std::uint16_t bits) { return simt::bit_cast<float>(std::uint32_t{bits} << 16); }
 
 // |got - want| within `tolerance` of the largest |want|.
 void expect_close(const std::vector<float>& got, const Tensor& want_tensor, float tolerance,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emulated/host_values.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/op_params.h"
 #include "hpm/tensor/random.h"
@@ -26,15 +27,12 @@
 namespace hpm {
 namespace {
 
+using emulated::copy_of;
+
 // The kernel rounds each product and sum (no FMA, as on the card); the CPU's clones for FMA-capable
 // CPUs contract some. Measured: 1.2e-7 of a tensor's largest magnitude (one unit in its last
 // place); an indexing or packing error would be far more.
 constexpr float kUlps = 5e-7f;
-
-std::vector<float> copy_of(const Tensor& t) {
-  const float* p = t.data<float>();
-  return std::vector<float>(p, p + t.numel());
-}
 
 void run_case(bool ams, bool clip) {
   SCOPED_TRACE(std::string(ams ? "amsgrad" : "adam") + (clip ? " clipped" : ""));

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emulated/host_values.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/tensor/tensor.h"
@@ -27,11 +28,7 @@
 namespace hpm {
 namespace {
 
-template <typename T>
-std::vector<T> copy_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
+using emulated::copy_of;
 
 // Pass 1 and, with several chunks, pass 2, as reduce.cu's run_reduce launches them.
 template <bool Square, typename Out>

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_emulated/host_values.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 #include "hpm/tensor/tensor.h"
@@ -26,18 +27,13 @@
 namespace hpm {
 namespace {
 
+using emulated::copy_of;
+using emulated::widened;
+
 using kernels::UnaryOp;
 
 constexpr int kThreads = 256;
 constexpr unsigned kBlocks = 3;  // fewer threads than elements: the grid-stride loops go round
-
-template <typename T>
-std::vector<T> copy_of(const Tensor& t) {
-  const T* p = t.data<T>();
-  return std::vector<T>(p, p + t.numel());
-}
-
-float widened(std::uint16_t bits) { return simt::bit_cast<float>(std::uint32_t{bits} << 16); }
 
 // Both NaN, or within a few units in the last place of the larger of |want| and scale[i]:
 // cpu/vec.h's polynomials contract into FMAs where the CPU has them, the emulation (as the card's
