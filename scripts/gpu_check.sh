@@ -35,6 +35,7 @@ step() {
   timeout -k 5 "$limit" "$@" >>"$OUT/$log" 2>&1
   local rc=$?
   echo "$name rc=$rc $((SECONDS - t0))s" | tee -a "$S"
+  return $rc
 }
 
 {
@@ -49,6 +50,19 @@ step() {
 fortunes=("$W"/data/fortunes/*)
 text=(--set "data.files=$W/data/fortunes/*")
 step tests 120 tests.log test_cuda --gtest_brief=1
+# A hang is the one failure that would cost the whole call (every later step waiting out its
+# limit). If the suite ran out of time, the attention cases alone on the default (mma.sync)
+# kernels say whether those are it; if they hang too, everything after runs on the WMMA ones.
+ab_attention=(--ab-env HPM_CUDA_ATTENTION=wmma --ab-env HPM_CUDA_ATTENTION=mma16)
+if grep -qE '^tests rc=(124|137) ' "$S"; then  # timeout's codes: its signal, or the kill after
+  if ! HPM_BACKEND_CASES=attention step attention_probe 40 tests.log test_cuda \
+    --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1 &&
+    grep -qE '^attention_probe rc=(124|137) ' "$S"; then
+    export HPM_CUDA_ATTENTION=wmma
+    ab_attention=(--ab-env HPM_CUDA_ATTENTION=rowwise)
+    echo "the mma.sync attention hangs: every later step runs HPM_CUDA_ATTENTION=wmma" | tee -a "$S"
+  fi
+fi
 # The attention cases again on the WMMA kernels (the register-tiled mma.sync ones are the default).
 HPM_CUDA_ATTENTION=wmma HPM_BACKEND_CASES=attention step tests_wmma 60 tests.log test_cuda \
   --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
@@ -74,8 +88,7 @@ step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --pre
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts from.
 step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-fortunes,shakespeare,gpt2}" --steps 100 \
-  --ab-env HPM_CUDA_ATTENTION=wmma --ab-env HPM_CUDA_ATTENTION=mma16 \
-  --ab-env HPM_CUDA_LT_EPILOGUES=0 --profile-steps 30 \
+  "${ab_attention[@]}" --ab-env HPM_CUDA_LT_EPILOGUES=0 --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 # Kernel by kernel on the card (ncu, one cheap metric: each kernel's duration), a step and a half
