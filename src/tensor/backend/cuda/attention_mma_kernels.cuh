@@ -323,16 +323,29 @@ __global__ void __launch_bounds__(kThreads)
     rows_times_rows<kD, kN / 8>(p, q_s + 16 * warp * kLdD, k_s + cb * kN * kLdD, kLdD);
     rows_times_rows<kD, kN / 8>(dp, g_s + 16 * warp * kLdD, v_s + cb * kN * kLdD, kLdD);
     const bool edge = j0 + kN > s || (causal && j0 + kN - 1 > w0);  // warp-uniform
+    // Every probability, then the edge tiles' masks over them, then dS: a select inside the
+    // exponential's loop compiled to a branch around each ex2 (sm_90 SASS).
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
-        const float prob = edge && masked(e < 2 ? i_lo : i_hi, j, s, causal)
-                               ? 0.0f
-                               : exp2_fast(p[n][e] * scale2 - (e < 2 ? lse_lo : lse_hi));
-        p[n][e] = prob * (dp[n][e] - (e < 2 ? delta_lo : delta_hi));  // dS
+        p[n][e] = exp2_fast(p[n][e] * scale2 - (e < 2 ? lse_lo : lse_hi));
       }
+    }
+    if (edge) {
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
+          if (masked(e < 2 ? i_lo : i_hi, j, s, causal)) p[n][e] = 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) p[n][e] *= dp[n][e] - (e < 2 ? delta_lo : delta_hi);  // dS
     }
     probs_times_tile<kN / 8, kD>(dq, p, k_s + cb * kN * kLdD,
                                  kLdD);  // dQ += dS K (scaled at the end)
@@ -416,15 +429,29 @@ __global__ void __launch_bounds__(kThreads)
     rows_times_rows<kD, kN / 8>(p, k_s + 16 * warp * kLdD, qt, kLdD);
     rows_times_rows<kD, kN / 8>(dp, v_s + 16 * warp * kLdD, gt, kLdD);
     const bool edge = w0 + 15 >= s || (causal && w0 + 15 > i0);  // warp-uniform
+    // As in the dq kernel: every probability, the edge tiles' masks, then dS^T.
 #pragma unroll
     for (int n = 0; n < kN / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int c = 8 * n + 2 * quad + (e & 1);
-        p[n][e] = edge && masked(i0 + c, e < 2 ? j_lo : j_hi, s, causal)
-                      ? 0.0f
-                      : exp2_fast(p[n][e] * scale2 - lse_t[c]);
-        dp[n][e] = p[n][e] * (dp[n][e] - delta_t[c]);  // dS^T
+        p[n][e] = exp2_fast(p[n][e] * scale2 - lse_t[8 * n + 2 * quad + (e & 1)]);
+      }
+    }
+    if (edge) {
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * n + 2 * quad + (e & 1);
+          if (masked(i0 + c, e < 2 ? j_lo : j_hi, s, causal)) p[n][e] = 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dp[n][e] = p[n][e] * (dp[n][e] - delta_t[8 * n + 2 * quad + (e & 1)]);  // dS^T
       }
     }
     probs_times_tile<kN / 8, kD>(dv, p, gt, kLdD);   // dV += P^T dO
