@@ -84,9 +84,8 @@ Tensor squared_norm(const std::vector<Tensor>& xs) {
     HPM_CUDA_CHECK(cudaMemsetAsync(ptr<double>(total), 0, sizeof(double), current_stream()));
     return total;
   }
-  std::vector<std::int64_t> sizes;
-  for (const Tensor& x : xs) sizes.push_back(x.numel());
-  const std::int64_t chunks = norm_chunks(sizes);
+  std::int64_t chunks = 0;  // partials: one per kNormChunk elements of each tensor
+  for (const Tensor& x : xs) chunks += ceil_div(x.numel(), kNormChunk);
   cudaStream_t stream = current_stream();
   if (chunks == 0) {
     HPM_CUDA_CHECK(cudaMemsetAsync(ptr<double>(total), 0, sizeof(double), stream));

@@ -180,13 +180,6 @@ class NormPacker {
   NormList l_{};
 };
 
-// squared_norm's partials: one per kNormChunk elements of each non-empty tensor.
-inline std::int64_t norm_chunks(const std::vector<std::int64_t>& sizes) {
-  std::int64_t chunks = 0;
-  for (const std::int64_t n : sizes) chunks += ceil_div(n, kNormChunk);
-  return chunks;
-}
-
 #if defined(__CUDACC__) || defined(HPM_SIMT_EMULATION)  // device code, or its CPU emulation
 
 // ---- the sum kernels --------------------------------------------------------------------
