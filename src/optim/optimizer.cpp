@@ -26,13 +26,50 @@ void Optimizer::clip_and_step(float max_norm) {
   update_all(max_norm);
 }
 
+namespace {
+
+// clip_grad_norm in two halves, so that a caller can look at the norm before anything is scaled.
+std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
+  std::vector<Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  return grads;
+}
+
+float scale_to_norm(const std::vector<Tensor>& grads, double norm_sq, float max_norm) {
+  const auto norm = static_cast<float>(std::sqrt(norm_sq));
+  const float coef = max_norm / (norm + 1e-6f);
+  if (coef < 1.0f) {
+    for (Tensor g : grads) kernels::scale_(g, coef);
+  }
+  return norm;
+}
+
+}  // namespace
+
 void Optimizer::update_all(float max_norm) {
+  if (halted_on_host_) return;
   if (max_norm > 0.0f) {
     std::vector<Tensor> params;
     for (const auto& [name, p] : params_) params.push_back(p);
-    clip_grad_norm(params, max_norm);
+    const std::vector<Tensor> grads = grads_of(params);
+    const double norm_sq = kernels::squared_norm(grads).item<double>();
+    if (!std::isfinite(norm_sq)) {
+      halted_on_host_ = true;
+      return;
+    }
+    scale_to_norm(grads, norm_sq, max_norm);
   }
   for (std::size_t i = 0; i < params_.size(); ++i) update_one(i);
+}
+
+bool Optimizer::updates_halted() const {
+  return halted_on_host_ || (halted_on_device_.defined() && halted_on_device_.item() != 0.0f);
+}
+
+void Optimizer::resume_updates() {
+  halted_on_host_ = false;
+  if (halted_on_device_.defined()) halted_on_device_ = Tensor();
 }
 
 void Optimizer::begin_step() { ++steps_; }
@@ -120,6 +157,7 @@ void Optimizer::load_state(const NamedTensors& state) {
   if (steps < 0) throw std::invalid_argument("optimizer state has no 'step' entry");
   buffers_ = std::move(loaded);
   steps_ = steps;
+  resume_updates();  // the state of a step that was applied
 }
 
 SGD::SGD(NamedTensors params, const SgdOptions& o) : Optimizer(std::move(params), o.lr), o_(o) {
@@ -212,26 +250,22 @@ void Adam::update_all(float max_norm) {
     Optimizer::update_all(max_norm);
     return;
   }
+  if (halted_on_host_) return;
   const Tensor norm_sq = max_norm > 0.0f ? kernels::squared_norm(grads) : Tensor();
+  // The norm's verdict stays on the device with it (adam_step_multi_'s gate): a GPU's step does
+  // not wait for its gradients before issuing the update.
+  if (norm_sq.defined() && !halted_on_device_.defined()) {
+    halted_on_device_ = Tensor::zeros(Shape{}, DType::I32, device_beside(groups[0].p[0]));
+  }
   for (Group& gr : groups) {
-    kernels::adam_step_multi_(gr.step, gr.p, gr.g, gr.m, gr.v, gr.vmax, norm_sq, max_norm);
+    kernels::adam_step_multi_(gr.step, gr.p, gr.g, gr.m, gr.v, gr.vmax, norm_sq, max_norm,
+                              halted_on_device_);
   }
 }
 
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
-  std::vector<Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  const double total = kernels::squared_norm(grads).item<double>();
-  const auto norm = static_cast<float>(std::sqrt(total));
-  const float coef = max_norm / (norm + 1e-6f);
-  if (coef < 1.0f) {
-    for (const auto& p : params) {
-      Tensor g = p.grad();
-      if (g.defined()) kernels::scale_(g, coef);
-    }
-  }
-  return norm;
+  const std::vector<Tensor> grads = grads_of(params);
+  return scale_to_norm(grads, kernels::squared_norm(grads).item<double>(), max_norm);
 }
 
 }  // namespace hpm::optim

@@ -768,7 +768,7 @@ void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
                       const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
                       const std::vector<Tensor>& exp_avg_sq,
                       const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
-                      float max_norm) {
+                      float max_norm, const Tensor& halted) {
   const std::size_t n = params.size();
   if (grads.size() != n || exp_avg.size() != n || exp_avg_sq.size() != n ||
       (!max_exp_avg_sq.empty() && max_exp_avg_sq.size() != n)) {
@@ -783,9 +783,15 @@ void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
   for (const auto* list : {&params, &grads, &exp_avg, &exp_avg_sq, &max_exp_avg_sq})
     all.insert(all.end(), list->begin(), list->end());
   if (grad_norm_sq.defined()) all.push_back(grad_norm_sq);
+  if (halted.defined()) {
+    if (halted.dtype() != DType::I32 || halted.numel() != 1) {
+      throw std::invalid_argument("adam_step_multi_: halted must be one I32 value");
+    }
+    all.push_back(halted);
+  }
   OpScope scope(Op::kAdamStepMulti, all);
   scope.backend().adam_step_multi_(s, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq,
-                                   grad_norm_sq, max_norm);
+                                   grad_norm_sq, max_norm, halted);
 }
 
 void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) {

@@ -160,6 +160,7 @@ T Tensor::item() const {
   const Tensor h = on_host();
   if (dtype() == DType::I64) return static_cast<T>(*h.data<std::int64_t>());
   if (dtype() == DType::F64) return static_cast<T>(*h.data<double>());
+  if (dtype() == DType::I32) return static_cast<T>(*h.data<std::int32_t>());
   return static_cast<T>(*h.data<float>());
 }
 template float Tensor::item<float>() const;

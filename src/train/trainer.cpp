@@ -126,6 +126,8 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
         strategy_->train_step(batch, objective, options_.clip_grad_norm, stop_signalled());
     stop_agreed_ = r.stop_requested;
     if (!r.finite) stopped("not finite (NaN or Inf on some replica)");
+    unverified_update_ = StepPosition{state_.epoch, state_.step_in_epoch, state_.global_step};
+    check_last_update();
     last_metrics_ = r.metrics;
     *correct += r.correct;
     return r.loss;
@@ -136,8 +138,10 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   o.micro_batches = options_.accumulation_steps;
   o.precision = options_.precision;
   const distribute::ReplicaStepResult r = distribute::replica_step(*model_, objective, batch, o);
+  check_last_update();  // the step before: its update is done now that this step's loss is read
   if (!r.finite) stopped(std::isnan(r.bad_value) ? "NaN" : "Inf");
   optimizer_->clip_and_step(options_.clip_grad_norm);
+  unverified_update_ = StepPosition{state_.epoch, state_.step_in_epoch, state_.global_step};
   last_metrics_ = r.metrics;
   *correct += std::llround(r.metrics.sum("accuracy"));
   return r.metrics.mean("loss");
@@ -205,7 +209,21 @@ bool Trainer::stop_signalled() const {
 
 bool Trainer::is_chief() const { return !strategy_ || strategy_->worker_rank() == 0; }
 
+void Trainer::check_last_update() {
+  if (!unverified_update_) return;
+  const StepPosition at = *unverified_update_;
+  unverified_update_.reset();
+  if (!optimizer_->updates_halted()) return;
+  std::ostringstream os;
+  os << "the gradients are not finite (NaN or Inf; their norm, for clipping, is not) at epoch "
+     << at.epoch + 1 << ", step " << at.step_in_epoch + 1 << " (global step " << at.global_step + 1
+     << ") although its loss is finite; that step's update was skipped, so the model is as it was "
+        "before it; stopping";
+  throw TrainingError(os.str());
+}
+
 void Trainer::write_backup(data::Iterator* it, bool epoch_done, FitResult& result) {
+  check_last_update();  // a backup holds only what was trained
   if (options_.backup_dir.empty()) return;
   if (strategy_) strategy_->synchronize();  // every worker, though only the chief writes
   if (!is_chief()) return;
@@ -461,6 +479,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     }
     // What follows reads the whole model (evaluation, callbacks, backups, checkpoints, the caller
     // after the last epoch).
+    check_last_update();
     if (strategy_) strategy_->synchronize();
     result.train_seconds += epoch_seconds;
     result.train_samples += seen;

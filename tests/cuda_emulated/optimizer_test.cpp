@@ -65,7 +65,7 @@ void run_case(bool ams, bool clip) {
   const auto launch = [&](const cuda::AdamList& l, unsigned blocks) {
     ++launches;
     simt::launch(blocks, 256, 0,
-                 [&] { cuda::adam_multi_kernel(s, l, clip ? &norm_sq : nullptr, max_norm); });
+                 [&] { cuda::adam_multi_kernel(s, l, clip ? &norm_sq : nullptr, max_norm, nullptr); });
   };
   cuda::AdamPacker packer;
   for (std::size_t i = 0; i < p.size(); ++i) {
@@ -104,6 +104,87 @@ TEST(AdamMultiEmulated, MatchesTheCpuToItsLastPlace) {
   run_case(false, false);
   run_case(false, true);
   run_case(true, true);
+}
+
+// The gate (halted given): a finite norm with halted clear updates as without it; a non-finite
+// norm, or halted already set, changes nothing but halted, which becomes 1 - on the emulated card
+// and on the CPU alike.
+TEST(AdamMultiEmulated, AGatedUpdateChangesNothingAfterANonFiniteNorm) {
+  struct Case {
+    const char* name;
+    double norm_sq;
+    int halted_before;
+    bool updates;
+  };
+  const Case cases[] = {{"finite", 400.0, 0, true},
+                        {"NaN", std::nan(""), 0, false},
+                        {"Inf", HUGE_VAL, 0, false},
+                        {"halted before", 400.0, 1, false}};
+  const kernels::AdamStep s{0.9f, 0.99f, 1e-8f, 0.999f, 0.0f, 1e-3f, 0.3f};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Generator gen(5);
+    std::vector<Tensor> p, g, m, v;
+    for (const std::int64_t n : {8193, 7, 20000}) {  // three blocks' worth and more: 1 launch
+      p.push_back(Tensor::randn({n}, gen));
+      g.push_back(Tensor::randn({n}, gen));
+      m.push_back(Tensor::randn({n}, gen, 0.0f, 0.1f));
+      v.push_back(Tensor::uniform({n}, gen, 0.0f, 0.01f));
+    }
+    std::vector<std::vector<float>> before, ep, eg, em, ev;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      for (const Tensor* t : {&p[i], &g[i], &m[i], &v[i]}) before.push_back(copy_of(*t));
+      ep.push_back(copy_of(p[i]));
+      eg.push_back(copy_of(g[i]));
+      em.push_back(copy_of(m[i]));
+      ev.push_back(copy_of(v[i]));
+    }
+    int emulated_halted = c.halted_before;
+    const auto launch = [&](const cuda::AdamList& l, unsigned blocks) {
+      simt::launch(blocks, 256, 0,
+                   [&] { cuda::adam_multi_kernel(s, l, &c.norm_sq, 1.5f, &emulated_halted); });
+    };
+    cuda::AdamPacker packer;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      packer.add(ep[i].data(), eg[i].data(), em[i].data(), ev[i].data(), nullptr,
+                 static_cast<std::int64_t>(ep[i].size()), launch);
+    }
+    packer.flush(launch);
+
+    const Tensor norm = Tensor::from_bytes(
+        std::string(reinterpret_cast<const char*>(&c.norm_sq), 8), Shape{}, DType::F64);
+    const std::int32_t h = c.halted_before;
+    const Tensor halted =
+        Tensor::from_bytes(std::string(reinterpret_cast<const char*>(&h), 4), Shape{}, DType::I32);
+    kernels::adam_step_multi_(s, p, g, m, v, {}, norm, 1.5f, halted);
+    const std::int32_t cpu_halted = *halted.data<std::int32_t>();
+
+    EXPECT_EQ(emulated_halted, c.updates ? 0 : 1);
+    EXPECT_EQ(cpu_halted, c.updates ? 0 : 1);
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const std::vector<float>* emulated[] = {&ep[i], &eg[i], &em[i], &ev[i]};
+      const Tensor* cpu[] = {&p[i], &g[i], &m[i], &v[i]};
+      for (int j = 0; j < 4; ++j, ++k) {
+        const std::vector<float> got = copy_of(*cpu[j]);
+        if (!c.updates) {
+          EXPECT_EQ(*emulated[j], before[k]) << "tensor " << i << ", state " << j;
+          EXPECT_EQ(got, before[k]) << "tensor " << i << ", state " << j;
+          continue;
+        }
+        ASSERT_EQ(got.size(), emulated[j]->size());
+        float size = 1e-30f;
+        for (const float x : got) size = std::max(size, std::abs(x));
+        for (std::size_t e = 0; e < got.size(); ++e) {
+          ASSERT_LE(std::abs((*emulated[j])[e] - got[e]) / size, kUlps)
+              << "tensor " << i << ", state " << j << " [" << e << "]";
+        }
+        if (j == 0) {
+          EXPECT_NE(got, before[k]) << "tensor " << i << " was not updated";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

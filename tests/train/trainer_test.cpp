@@ -119,6 +119,75 @@ TEST(Trainer, NonFiniteLossStopsAndNamesTheStep) {
   EXPECT_EQ(s.trainer->state().global_step, 2);
 }
 
+// The parameters after each step, as on_batch_end sees them.
+class SnapshotEachStep : public Callback {
+ public:
+  void on_batch_end(Trainer& t, const BatchLogs&) override {
+    after.push_back(flat_params(t.model()));
+  }
+  std::vector<std::vector<float>> after;
+};
+
+// A finite loss whose gradients are NaN at one step (sqrt's backward at 0, a classic of distance
+// losses): with clipping, the norm says so and the update is skipped on the device (Adam's fused
+// step) or the host (SGD's); the run stops naming that step (at its backup, or after the next
+// step's forward and backward without one), no backup holds what it did, and the model is as it
+// was before it. Without the gate the NaN gradients were applied: the model was NaN, and so was
+// the backup written at that step.
+TEST(Trainer, NonFiniteGradientsUnderAFiniteLossStopWithoutUpdating) {
+  for (const int variant : {0, 1, 2, 3}) {
+    const bool adam = variant < 2, backups = variant % 2 == 0;
+    SCOPED_TRACE(std::string(adam ? "AdamW (fused, gated on the device)" : "SGD (on the host)") +
+                 (backups ? ", a backup every step" : ""));
+    auto train = blobs(100, 4);
+    Rig s = make();
+    std::shared_ptr<optim::Optimizer> opt = s.opt;
+    if (adam) {
+      optim::AdamOptions ao;
+      ao.lr = 1e-2f;
+      opt = std::make_shared<optim::AdamW>(s.model->named_parameters(), ao);
+      s.trainer = std::make_unique<Trainer>(s.model, opt);
+    }
+    int calls = 0;
+    s.trainer->set_loss([&](const Tensor& logits, const Tensor& y) {
+      Tensor l = cross_entropy(logits, y);
+      if (++calls != 3) return l;
+      // sqrt(0) = 0 adds nothing to the loss; its gradient, inf times 0, is NaN everywhere.
+      return add(l, sqrt(sum(mul(logits, 0.0f))));
+    });
+    auto snapshots = std::make_shared<SnapshotEachStep>();
+    s.trainer->add_callback(snapshots);
+    TempDir dir;
+    FitOptions o;
+    o.batch_size = 10;
+    o.clip_grad_norm = 1.0f;
+    if (backups) {
+      o.backup_dir = dir.path();
+      o.backup_every_steps = 1;
+    }
+    try {
+      s.trainer->fit(train, nullptr, o);
+      FAIL() << "expected TrainingError";
+    } catch (const TrainingError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("gradients are not finite"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("global step 3"), std::string::npos) << msg;
+    }
+    EXPECT_TRUE(opt->updates_halted());
+    ASSERT_GE(snapshots->after.size(), 2u);
+    const std::vector<float> now = flat_params(*s.model);
+    EXPECT_EQ(now, snapshots->after[1]) << "the model is not as step 2 left it";
+    for (const float x : now) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_EQ(calls, backups ? 3 : 4);  // without a backup, the next step's verdict stops it
+    if (!backups) continue;
+    // The newest backup is step 2's, and holds what step 2 left.
+    Rig restored = make(99);
+    const TrainerState st = load_checkpoint(dir.path(), *restored.model, nullptr);
+    EXPECT_EQ(st.global_step, 2);
+    EXPECT_EQ(flat_params(*restored.model), snapshots->after[1]);
+  }
+}
+
 // (inputs, labels) batches of `rows` from a generator: a dataset of unknown length.
 data::Dataset unknown_length(const data::LabelledData& d, std::int64_t rows) {
   return data::Dataset::from_generator([d, rows](std::int64_t i, data::Element& out) {

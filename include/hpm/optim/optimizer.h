@@ -25,7 +25,18 @@ class Optimizer {
   // step() after clip_grad_norm(max_norm) over those gradients (0: no clipping). Adam and AdamW do
   // both in a few fused kernels (adam_step_multi_) that read the norm where it was computed, so a
   // GPU's step waits for nothing on the host.
+  //
+  // A norm that is not finite (NaN or Inf gradients under a finite loss: sqrt's backward at 0, an
+  // overflow) skips the update: nothing changes, and every later clip_and_step skips too, until
+  // resume_updates(). Without clipping no norm is computed and such gradients are applied, as
+  // torch.optim applies them.
   void clip_and_step(float max_norm);
+  // Whether an update was skipped for a norm that was not finite (see clip_and_step): the
+  // parameters and state are then as they were before that step. Adam's fused update keeps the
+  // verdict on the device, so reading it waits for the device's work issued so far (a GPU's step
+  // reads it when it next waits anyway).
+  bool updates_halted() const;
+  void resume_updates();
   // step() in parts, for callers that update disjoint sets of parameters from several threads at
   // once (pipeline stages, each on its own): begin_step() once, then step_params() per part,
   // the parts together naming each parameter once. Indices are into params().
@@ -64,6 +75,10 @@ class Optimizer {
   NamedTensors params_;
   float lr_;
   std::int64_t steps_ = 0;
+  // The verdict of updates_halted(): the host's, or (Adam's fused update) an I32 flag beside the
+  // parameters that adam_step_multi_ sets, made on first use.
+  bool halted_on_host_ = false;
+  Tensor halted_on_device_;
 
  private:
   void update_one(std::size_t i);

@@ -255,7 +255,8 @@ class Backend {
                                 const std::vector<Tensor>& exp_avg,
                                 const std::vector<Tensor>& exp_avg_sq,
                                 const std::vector<Tensor>& max_exp_avg_sq,
-                                const Tensor& grad_norm_sq, float max_norm) = 0;
+                                const Tensor& grad_norm_sq, float max_norm,
+                                const Tensor& halted) = 0;
   virtual void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) = 0;
   virtual Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) = 0;
   virtual Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels,

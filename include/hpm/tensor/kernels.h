@@ -269,11 +269,16 @@ void adam_step_(const AdamStep& s, Tensor& p, const Tensor& g, Tensor& m, Tensor
 // all the step's gradients) the gradients are clipped first as clip_grad_norm does, read on the
 // device: coef = max_norm / (sqrt(grad_norm_sq) + 1e-6) and, when coef < 1, each gradient is scaled
 // by coef in place before its update (a non-finite norm scales nothing, as there).
+// With `halted` defined (an I32 scalar beside them, 0 while updates run) the update is gated on the
+// device, so that the host need not wait for the norm: while halted holds 0 and the norm (if
+// given) is finite, everything above happens; otherwise nothing changes (no parameter, moment or
+// gradient) and halted becomes 1, which skips every later gated update too until the host, which
+// reads it when it next waits anyway, clears it.
 void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
                       const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
                       const std::vector<Tensor>& exp_avg_sq,
                       const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
-                      float max_norm);
+                      float max_norm, const Tensor& halted = Tensor());
 // One SGD step (SgdStep says which) on p, in place; buf is the momentum buffer, or undefined
 // without momentum.
 void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf);

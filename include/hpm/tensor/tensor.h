@@ -156,7 +156,7 @@ class Tensor {
     return static_cast<char*>(impl_->storage->data()) +
            impl_->offset * static_cast<std::int64_t>(dtype_size(impl_->dtype));
   }
-  // The value of a one-element tensor (F32, F64 or I64) as T (float or double): the one place
+  // The value of a one-element tensor (F32, F64, I64 or I32) as T (float or double): the one place
   // the host waits for a device's work.
   template <typename T = float>
   T item() const;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -238,6 +239,11 @@ class Trainer {
   void write_backup(data::Iterator* it, bool epoch_done, FitResult& result);
   bool is_chief() const;  // writes checkpoints and backups
   bool stop_signalled() const;
+  // Throws TrainingError if the last step's update was skipped for gradients that are not finite
+  // (Optimizer::updates_halted). A single-device step reads the verdict of the step before it
+  // after its own wait for the device, so that the update is issued without one; before anything
+  // reads the model as trained (backups, the epoch's end) the verdict is read here.
+  void check_last_update();
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
@@ -252,6 +258,11 @@ class Trainer {
   float base_lr_;
   bool stop_ = false;
   bool stop_agreed_ = false;  // the last step ended with a stop request (from any worker)
+  // The step whose update's verdict check_last_update has not read yet, as state_ was before it.
+  struct StepPosition {
+    std::int64_t epoch, step_in_epoch, global_step;
+  };
+  std::optional<StepPosition> unverified_update_;
 };
 
 }  // namespace hpm::train

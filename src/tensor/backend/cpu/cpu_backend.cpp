@@ -271,17 +271,20 @@ class CpuBackend final : public Backend {
                         const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
                         const std::vector<Tensor>& exp_avg_sq,
                         const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
-                        float max_norm) override {
+                        float max_norm, const Tensor& halted) override {
     // clip_grad_norm's arithmetic, to the bit: the norm in double, its factor in float.
     float coef = 1.0f;
     if (grad_norm_sq.defined() && max_norm > 0.0f) {
       if (grad_norm_sq.dtype() != DType::F64 || grad_norm_sq.numel() != 1) {
         throw std::invalid_argument("adam_step_multi_: grad_norm_sq must be one F64 value");
       }
-      const auto norm = static_cast<float>(std::sqrt(*grad_norm_sq.data<double>()));
+      const double norm_sq = *grad_norm_sq.data<double>();
+      if (halted.defined() && !std::isfinite(norm_sq)) *halted.data<std::int32_t>() = 1;
+      const auto norm = static_cast<float>(std::sqrt(norm_sq));
       const float c = max_norm / (norm + 1e-6f);
       if (c < 1.0f) coef = c;
     }
+    if (halted.defined() && *halted.data<std::int32_t>() != 0) return;
     Tensor none;
     for (std::size_t i = 0; i < params.size(); ++i) {
       Tensor p = params[i], g = grads[i], m = exp_avg[i], v = exp_avg_sq[i];

@@ -230,9 +230,9 @@ class CudaBackend final : public Backend {
                         const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
                         const std::vector<Tensor>& exp_avg_sq,
                         const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
-                        float max_norm) override {
+                        float max_norm, const Tensor& halted) override {
     cuda::adam_step_multi_(s, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, grad_norm_sq,
-                           max_norm);
+                           max_norm, halted);
   }
   void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) override {
     cuda::sgd_step_(s, p, g, buf);

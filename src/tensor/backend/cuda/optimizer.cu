@@ -41,7 +41,7 @@ void adam_step_multi_(const kernels::AdamStep& s, const std::vector<Tensor>& par
                       const std::vector<Tensor>& grads, const std::vector<Tensor>& exp_avg,
                       const std::vector<Tensor>& exp_avg_sq,
                       const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
-                      float max_norm) {
+                      float max_norm, const Tensor& halted) {
   const double* norm_sq = nullptr;
   if (grad_norm_sq.defined() && max_norm > 0.0f) {
     require_dtype(grad_norm_sq, DType::F64);
@@ -50,9 +50,14 @@ void adam_step_multi_(const kernels::AdamStep& s, const std::vector<Tensor>& par
     }
     norm_sq = ptr<double>(grad_norm_sq);
   }
+  int* halted_flag = nullptr;
+  if (halted.defined()) {
+    require_dtype(halted, DType::I32);
+    halted_flag = ptr<int>(halted);
+  }
   const bool ams = !max_exp_avg_sq.empty();
   const auto launch = [&](const AdamList& l, unsigned blocks) {
-    adam_multi_kernel<<<blocks, 256, 0, current_stream()>>>(s, l, norm_sq, max_norm);
+    adam_multi_kernel<<<blocks, 256, 0, current_stream()>>>(s, l, norm_sq, max_norm, halted_flag);
     HPM_CUDA_LAUNCH_CHECK("adam_multi_kernel");
   };
   AdamPacker packer;

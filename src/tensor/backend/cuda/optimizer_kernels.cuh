@@ -67,8 +67,22 @@ __device__ __forceinline__ float clip_factor(const double* norm_sq, float max_no
   return c < 1.0f ? c : 1.0f;  // a NaN factor clips nothing, as on the CPU
 }
 
+// Whether a gated update (halted given) must leave everything as it is: the norm is not finite,
+// or an earlier update was skipped. Every block of a launch reaches the same verdict, and halted
+// is written only when every thread skips without reading it (a non-finite norm), so no thread
+// reads it while another writes it.
+__device__ __forceinline__ bool update_halted(const double* norm_sq, int* halted) {
+  if (halted == nullptr) return false;
+  if (norm_sq != nullptr && !isfinite(*norm_sq)) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) *halted = 1;
+    return true;
+  }
+  return *halted != 0;
+}
+
 __global__ void adam_multi_kernel(kernels::AdamStep s, AdamList l, const double* norm_sq,
-                                  float max_norm) {
+                                  float max_norm, int* halted) {
+  if (update_halted(norm_sq, halted)) return;
   int t = 0;
   while (t + 1 < l.count && l.first_block[t + 1] <= static_cast<int>(blockIdx.x)) ++t;
   const std::int64_t begin = static_cast<std::int64_t>(blockIdx.x - l.first_block[t]) * kChunk;
