@@ -989,8 +989,10 @@ inline std::vector<Case> cases() {
                }});
   // Many parameters in one call: sizes across a block's chunk (8192) and an empty one; 40 tensors
   // (more than one launch's list of 32); clipped (max_norm 0.5 against a norm near 300), not
-  // clipped (1e9), and without a norm.
-  for (const char* mode : {"clipped", "unclipped", "no norm", "amsgrad clipped"}) {
+  // clipped (1e9), and without a norm; gated by a halted flag (the Optimizer's, for clipping), with
+  // a finite norm (an update) and a NaN one (nothing changes but the flag).
+  for (const char* mode :
+       {"clipped", "unclipped", "no norm", "amsgrad clipped", "gated", "gated NaN norm"}) {
     c.push_back({std::string("adam_step_multi_ ") + mode, Op::kAdamStepMulti,
                  [mode = std::string(mode)](Generator& g, const To& to) {
                    std::vector<std::int64_t> sizes = {10, 0, 8193, 20000, 3};
@@ -1004,11 +1006,18 @@ inline std::vector<Case> cases() {
                      v.push_back(to(positive(g, {n})));
                      if (ams) vmax.push_back(to(positive(g, {n})));
                    }
+                   const bool gated = mode.rfind("gated", 0) == 0;
+                   if (mode == "gated NaN norm") {
+                     gr[3] = to(Tensor::from(std::vector<float>(20000, std::nanf("")), {20000}));
+                   }
                    const Tensor norm_sq = mode == "no norm" ? Tensor() : kernels::squared_norm(gr);
                    const float max_norm = mode == "unclipped" ? 1e9f : 0.5f;
                    const kernels::AdamStep s{0.9f, 0.95f, 1e-8f, 0.999f, 0.0f, 3e-4f, 0.1f};
-                   kernels::adam_step_multi_(s, p, gr, m, v, vmax, norm_sq, max_norm);
+                   const Tensor halted =
+                       gated ? to(Tensor::zeros(Shape{}, DType::I32)) : Tensor();
+                   kernels::adam_step_multi_(s, p, gr, m, v, vmax, norm_sq, max_norm, halted);
                    Outputs out;
+                   if (gated) out.push_back(halted);
                    for (const auto* list : {&p, &gr, &m, &v, &vmax})
                      out.insert(out.end(), list->begin(), list->end());
                    return out;
