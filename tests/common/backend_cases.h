@@ -1013,8 +1013,7 @@ inline std::vector<Case> cases() {
                    const Tensor norm_sq = mode == "no norm" ? Tensor() : kernels::squared_norm(gr);
                    const float max_norm = mode == "unclipped" ? 1e9f : 0.5f;
                    const kernels::AdamStep s{0.9f, 0.95f, 1e-8f, 0.999f, 0.0f, 3e-4f, 0.1f};
-                   const Tensor halted =
-                       gated ? to(Tensor::zeros(Shape{}, DType::I32)) : Tensor();
+                   const Tensor halted = gated ? to(Tensor::zeros(Shape{}, DType::I32)) : Tensor();
                    kernels::adam_step_multi_(s, p, gr, m, v, vmax, norm_sq, max_norm, halted);
                    Outputs out;
                    if (gated) out.push_back(halted);

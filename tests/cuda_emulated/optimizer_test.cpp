@@ -64,8 +64,9 @@ void run_case(bool ams, bool clip) {
   int launches = 0;
   const auto launch = [&](const cuda::AdamList& l, unsigned blocks) {
     ++launches;
-    simt::launch(blocks, 256, 0,
-                 [&] { cuda::adam_multi_kernel(s, l, clip ? &norm_sq : nullptr, max_norm, nullptr); });
+    simt::launch(blocks, 256, 0, [&] {
+      cuda::adam_multi_kernel(s, l, clip ? &norm_sq : nullptr, max_norm, nullptr);
+    });
   };
   cuda::AdamPacker packer;
   for (std::size_t i = 0; i < p.size(); ++i) {
