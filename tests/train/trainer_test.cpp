@@ -485,6 +485,47 @@ TEST(Trainer, FitThroughAStrategyMatchesOneDevice) {
   EXPECT_EQ(fit_plain_and_mirrored(blobs(256, 3), o, [](Trainer&) {}).steps, 16);
 }
 
+// Under Mirrored every replica's gradients are the all-reduced NaN ones: each replica's fused
+// Adam skips the update, and the Trainer stops after that step naming it, its model as before it.
+TEST(Trainer, NonFiniteGradientsStopAMirroredFitAfterThatStep) {
+  auto build = [] {
+    return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
+        std::make_shared<nn::Linear>(16, 3)});
+  };
+  auto adamw = [](nn::Module& m) {
+    optim::AdamOptions ao;
+    ao.lr = 1e-2f;
+    return std::make_shared<optim::AdamW>(m.named_parameters(), ao);
+  };
+  distribute::StrategyOptions so;
+  so.replicas = 2;
+  auto strategy = distribute::make_mirrored(so);
+  manual_seed(5);
+  strategy->scope(build, adamw);
+  Trainer mirrored(strategy);
+  std::atomic<int> calls{0};  // two a step, one per replica (each on its own thread)
+  mirrored.set_loss([&](const Tensor& logits, const Tensor& y) {
+    Tensor l = cross_entropy(logits, y);
+    if (calls.fetch_add(1) / 2 != 2) return l;
+    return add(l, sqrt(sum(mul(logits, 0.0f))));  // global step 3: NaN gradients
+  });
+  auto snapshots = std::make_shared<SnapshotEachStep>();
+  mirrored.add_callback(snapshots);
+  FitOptions o;
+  o.batch_size = 32;
+  o.clip_grad_norm = 1.0f;
+  try {
+    mirrored.fit(blobs(256, 3), nullptr, o);
+    FAIL() << "expected TrainingError";
+  } catch (const TrainingError& e) {
+    EXPECT_NE(std::string(e.what()).find("global step 3"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(calls.load(), 6);
+  ASSERT_EQ(snapshots->after.size(), 2u);  // the stop comes before step 3's callbacks
+  EXPECT_EQ(flat_params(*strategy->model()), snapshots->after[1]);
+}
+
 // Objectives see each replica's own rows (distillation's teachers run on them): a loss that pulls
 // the first logit toward the first input feature, a row mean, so replicas add up exactly.
 TEST(Trainer, ALossOfTheInputsRunsUnderAStrategyAsOnOneDevice) {
