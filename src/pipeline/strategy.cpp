@@ -86,7 +86,10 @@ class PipelineStrategy final : public distribute::Strategy {
     r.stop_requested = flags[1] > 0;
     if (!r.finite) return r;
     sum_tied_gradients();
-    if (clip > 0) clip_gradients(clip);
+    if (clip > 0 && !clip_gradients(clip)) {
+      rep.optimizer->halt_updates();  // the Trainer reads it after this step and stops
+      return r;
+    }
     if (workers_) {
       // Each process updates what it computed (its stage, and tied weights it holds); the other
       // stages' new values reach it in synchronize(), when something reads the whole model.
@@ -253,26 +256,29 @@ class PipelineStrategy final : public distribute::Strategy {
     }
   }
 
-  // By the global norm over every stage's gradients (each process holds only its own).
-  void clip_gradients(float max_norm) {
+  // By the global norm over every stage's gradients (each process holds only its own), as
+  // clip_grad_norm scales them. False, scaling nothing, when that norm is not finite
+  // (Optimizer::clip_and_step's verdict).
+  bool clip_gradients(float max_norm) {
     Replica& rep = replicas_[0];
-    if (!workers_) {
-      optim::clip_grad_norm(rep.model->parameters(), max_norm);
-      return;
-    }
     std::vector<Tensor> grads;
     for (const Tensor& p : rep.model->parameters()) {
-      if (p.grad().defined() && counts_in_norm(p)) grads.push_back(p.grad());
+      if (p.grad().defined() && (!workers_ || counts_in_norm(p))) grads.push_back(p.grad());
     }
-    const double local = kernels::squared_norm(grads).item<double>();
-    Tensor t = Tensor::from({static_cast<float>(local)}, {1});
-    workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
-    const float coef = max_norm / (std::sqrt(t.item()) + 1e-6f);
-    if (coef >= 1.0f) return;
+    double norm_sq = kernels::squared_norm(grads).item<double>();
+    if (workers_) {
+      Tensor t = Tensor::from({static_cast<float>(norm_sq)}, {1});
+      workers_->allreduce(t, comm::ReduceOp::kSum)->wait();
+      norm_sq = t.item();
+    }
+    if (!std::isfinite(norm_sq)) return false;
+    const float coef = max_norm / (static_cast<float>(std::sqrt(norm_sq)) + 1e-6f);
+    if (coef >= 1.0f) return true;
     for (const Tensor& p : rep.model->parameters()) {
       Tensor g = p.grad();
       if (g.defined()) kernels::scale_(g, coef);
     }
+    return true;
   }
 
   // Every process gets every stage's new values, so that any of them can evaluate, checkpoint

@@ -109,6 +109,51 @@ TEST(PipelineModels, GptWithOneProcessPerStageMatchesOneDeviceUnderEverySchedule
   }
 }
 
+// Next-token loss plus sqrt(0): the same finite loss, NaN gradients everywhere (sqrt's backward
+// at 0), as a distance loss at distance 0 makes them.
+class NanGradients : public nn::Objective {
+ public:
+  nn::ObjectiveResult compute(const Tensor& outputs, const nn::Batch& batch) const override {
+    nn::ObjectiveResult r = objective.compute(outputs, batch);
+    r.loss = add(r.loss, sqrt(sum(mul(outputs, 0.0f))));
+    return r;
+  }
+  double weight(const nn::Batch& batch) const override { return objective.weight(batch); }
+  std::vector<std::string> metric_names(const nn::Batch& batch) const override {
+    return objective.metric_names(batch);
+  }
+  std::string name() const override { return "nan_gradients"; }
+};
+
+// With clipping, the global norm over every stage says the gradients are not finite: no stage
+// updates (on threads, or on one process per stage, which all see the reduced norm), and the
+// optimizer says so for the Trainer to stop on.
+TEST(PipelineModels, NonFiniteGradientsUpdateNoStage) {
+  const NanGradients nan_gradients;
+  const auto step = [&](distribute::Strategy& s) {
+    manual_seed(7);
+    s.scope(testing::tiny_gpt, testing::sgd);
+    s.synchronize();
+    const std::vector<float> before = testing::flat_parameters(*s.model());
+    const distribute::StepResult r =
+        s.train_step(testing::token_batch(8, 8, 32, 100), nan_gradients, 1.0f);
+    EXPECT_TRUE(r.finite) << "the loss itself is finite";
+    EXPECT_TRUE(s.optimizer()->updates_halted());
+    s.synchronize();
+    EXPECT_EQ(testing::flat_parameters(*s.model()), before);
+  };
+  PipelineStrategyOptions o;
+  o.pipeline.micro_batches = 4;
+  o.partition = PartitionMethod::kUniform;
+  {
+    SCOPED_TRACE("threads");
+    step(*make_pipeline(o));
+  }
+  SCOPED_TRACE("one process per stage");
+  auto comms = comm::make_local_group(2);
+  testing::on_workers(2, 100, [&](int r) { step(*make_pipeline(o, comms[std::size_t(r)])); });
+}
+
 // The tied weight really is split in these tests (its two uses on two stages), and clipping by
 // the global norm counts its summed gradient once: with a clip that binds, processes and threads
 // still equal one device.

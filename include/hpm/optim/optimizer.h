@@ -36,6 +36,9 @@ class Optimizer {
   // verdict on the device, so reading it waits for the device's work issued so far (a GPU's step
   // reads it when it next waits anyway).
   bool updates_halted() const;
+  // The same verdict from a caller that clips by a norm of its own (a pipeline's, over every
+  // stage) and found it not finite.
+  void halt_updates() { halted_on_host_ = true; }
   void resume_updates();
   // step() in parts, for callers that update disjoint sets of parameters from several threads at
   // once (pipeline stages, each on its own): begin_step() once, then step_params() per part,
