@@ -73,17 +73,17 @@ std::string name(const Problem& p, int d) {
 // kM: the forward's 16-row query tiles a warp (the launcher's 2, or 1 at head size 128 and under
 // HPM_CUDA_ATTENTION=mma16).
 template <int kD, int kM>
-void check_forward_and_backward(const Problem& p) {
-  SCOPED_TRACE(name(p, kD) + " tiles " + std::to_string(kM));
+void check_forward_and_backward(const Problem& p, float scale = kScale) {
+  SCOPED_TRACE(name(p, kD) + " tiles " + std::to_string(kM) + " scale " + std::to_string(scale));
   Generator gen(7 + static_cast<std::uint64_t>(p.t + p.s + kD) + (p.causal ? 1 : 0));
   const Tensor q = kernels::to_bf16(Tensor::randn({p.batch, p.t, kD}, gen));
   const Tensor k = kernels::to_bf16(Tensor::randn({p.batch, p.s, kD}, gen));
   const Tensor v = kernels::to_bf16(Tensor::randn({p.batch, p.s, kD}, gen));
   const Tensor gy = Tensor::randn({p.batch, p.t, kD}, gen);
   Tensor lse_want;
-  const Tensor y_want = kernels::attention_forward(q, k, v, p.causal, kScale, lse_want);
+  const Tensor y_want = kernels::attention_forward(q, k, v, p.causal, scale, lse_want);
   Tensor gq_want, gk_want, gv_want;
-  kernels::attention_backward(gy, q, k, v, y_want, lse_want, p.causal, kScale, &gq_want, &gk_want,
+  kernels::attention_backward(gy, q, k, v, y_want, lse_want, p.causal, scale, &gq_want, &gk_want,
                               &gv_want);
 
   // Exactly sized buffers: under ASan a read or write past any of them is an error.
@@ -102,7 +102,7 @@ void check_forward_and_backward(const Problem& p) {
   const unsigned row_grid = blocks(p.batch, p.t, 64), key_grid = blocks(p.batch, p.s, 64);
   simt::launch(forward_grid, 128, (cuda::kForwardSmem<kD, kM>), [&] {
     cuda::mma_forward_kernel<kD, kM, float>(qb.data(), kb.data(), vb.data(), out.data(), lse.data(),
-                                            p.t, p.s, p.causal, kScale, layout);
+                                            p.t, p.s, p.causal, scale, layout);
   });
   EXPECT_LE(relative_error(out, y_want), kOutTolerance) << "out";
   EXPECT_LE(relative_error(lse, lse_want), kLseTolerance) << "lse";
@@ -127,12 +127,12 @@ void check_forward_and_backward(const Problem& p) {
       gv(gk.size(), -1.0f);
   simt::launch(row_grid, 128, cuda::kGradQSmem<kD>, [&] {
     cuda::mma_grad_q_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g16.data(), lse_in.data(),
-                                       delta.data(), gq.data(), p.t, p.s, p.causal, kScale, layout);
+                                       delta.data(), gq.data(), p.t, p.s, p.causal, scale, layout);
   });
   simt::launch(key_grid, 128, cuda::kGradKvSmem<kD>, [&] {
     cuda::mma_grad_kv_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g16.data(), lse_in.data(),
                                         delta.data(), gk.data(), gv.data(), p.t, p.s, p.causal,
-                                        kScale, layout);
+                                        scale, layout);
   });
   EXPECT_LE(relative_error(gq, gq_want), kGradTolerance) << "gq";
   EXPECT_LE(relative_error(gk, gk_want), kGradTolerance) << "gk";
@@ -164,6 +164,16 @@ TEST(MmaAttentionEmulated, HeadSize128MatchesTheCpu) {
 }
 
 // No keys: out is zeros, lse -inf, and the key and value gradients have no rows.
+// The forward folds the scale into its exponent, over the raw scores' max: a tiny scale (nearly
+// uniform attention over the keys each query sees) and a large one (a softmax near its max) still
+// match.
+TEST(MmaAttentionEmulated, TinyAndLargeScalesMatchTheCpu) {
+  for (const float scale : {1e-4f, 1.0f}) {
+    check_forward_and_backward<64, 2>({2, 150, 70, true}, scale);
+    check_forward_and_backward<64, 1>({1, 150, 260, false}, scale);
+  }
+}
+
 TEST(MmaAttentionEmulated, NoKeysGiveZerosAndMinusInfinity) {
   Generator gen(3);
   const Tensor q = kernels::to_bf16(Tensor::randn({1, 20, 64}, gen));

@@ -515,7 +515,8 @@ Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool
   lse = Tensor::empty(Shape(lse_dims), DType::F32);
   if (n.batch * n.t == 0) return out;
   // S == 0 needs no special case: no tile runs, so out is 0 and lse -inf (the CPU's).
-  if (bf16 && tiled_attention_applies(n.d, ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v))) {
+  if (bf16 && tiled_attention_applies(n.d, ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v)) &&
+      (attention_kernels() == AttentionKernels::kWmma || mma_forward_takes(scale))) {
     const int d = static_cast<int>(n.d);
     if (attention_kernels() == AttentionKernels::kWmma) {
       tiled_attention_forward(ptr<Bf16Bits>(q), ptr<Bf16Bits>(k), ptr<Bf16Bits>(v), ptr<float>(out),

@@ -15,12 +15,14 @@
 //
 // Forward: a block of 4 warps owns 128 queries, two 16-row tiles a warp sharing every K and V
 // fragment they load (64 and one tile at head size 128, for 64 queries or fewer, or under
-// HPM_CUDA_ATTENTION=mma16); key tiles of 64 are double-buffered with cp.async. Scores are kept
-// in log2 units (ex2 per probability), and only tiles at the keys' end or on the causal diagonal
-// test the mask. The online softmax keeps each row's max m (quad-uniform) and a per-lane partial
-// sum l, summed over the quad once at the end; P = 2^(S' - m) is rounded to bf16 for P V (the CPU
-// rounds normalized probabilities: the two differ by bf16 rounding, the conformance tolerance).
-// out = O / l (F32, or BF16 merged for the next product), lse = m ln 2 + log(l).
+// HPM_CUDA_ATTENTION=mma16); key tiles of 64 are double-buffered with cp.async. Scores stay raw
+// (q.k), and only tiles at the keys' end or on the causal diagonal test the mask. The online
+// softmax keeps each row's raw max m (quad-uniform) and a per-lane partial sum l, summed over the
+// quad once at the end; P = 2^(c S - c m), c = scale log2(e), is one FFMA and one ex2 a score
+// (the max of raw scores is that of scaled ones for scale > 0: mma_forward_takes), rounded to
+// bf16 for P V (the CPU rounds normalized probabilities: the two differ by bf16 rounding, the
+// conformance tolerance). out = O / l (F32, or BF16 merged for the next product),
+// lse = c m ln 2 + log(l).
 //
 // Backward, with P recomputed from lse and dS = P (dP - Delta), as attention_tiled.cu: first
 // Delta = rowsum(dO O), which also writes dO rounded to bf16 (the products' operand, rounded
@@ -59,6 +61,10 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
                            void* out, bool out_bf16, float* lse, std::int64_t problems,
                            std::int64_t t, std::int64_t s, int d, bool causal, float scale,
                            const AttentionLayout& layout, cudaStream_t stream) {
+  if (!mma_forward_takes(scale)) {
+    throw std::invalid_argument("mma_attention_forward: scale " + std::to_string(scale) +
+                                " (a finite scale > 0 only; the caller runs another kernel)");
+  }
   if (problems * t == 0) return;
   with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;

@@ -5,6 +5,7 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <cstdint>
 
 namespace hpm::cuda {
@@ -27,9 +28,15 @@ inline AttentionLayout packed_attention(std::int64_t heads, std::int64_t d) {
   return {heads, 3 * e, 3 * e, e, 3 * e, 3 * e};
 }
 
+// Whether mma_attention_forward takes `scale`: it folds the scale into its exponent, the softmax's
+// max taken over raw scores and masked ones -inf, which needs a finite scale > 0 (0 would make
+// them NaN; callers run another kernel otherwise; the backward takes any).
+inline bool mma_forward_takes(float scale) { return std::isfinite(scale) && scale > 0.0f; }
+
 // q (problems of t rows), k and v (of s rows) as bf16 bits, d 32, 64 or 128, every row start
 // 16-byte aligned; out F32, or BF16 bits when out_bf16 (rounded once); lse (problems, t) F32.
-// Causal masking is top-left aligned (query i sees keys j <= i).
+// Causal masking is top-left aligned (query i sees keys j <= i). std::invalid_argument for a
+// scale mma_forward_takes refuses.
 void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
                            void* out, bool out_bf16, float* lse, std::int64_t problems,
                            std::int64_t t, std::int64_t s, int d, bool causal, float scale,

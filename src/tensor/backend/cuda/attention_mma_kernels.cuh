@@ -109,10 +109,12 @@ __device__ __forceinline__ bool masked(std::int64_t i, std::int64_t j, std::int6
 // ---- forward
 // -------------------------------------------------------------------------------------
 
-// One tile of scores for this lane's rows i_lo and i_lo + 8, turned into probabilities
-// exp2(s - m) in place (log2 units): masked scores (tested only where `edge` says a mask may
-// fall) are -inf, the running max m (quad-uniform) and this lane's share of the sum l move on, and
-// the output accumulator o is rescaled to the new max.
+// One tile of raw scores q.k for this lane's rows i_lo and i_lo + 8, turned into probabilities
+// exp2(scale2 (s - m)) in place, one FFMA and an ex2 a score (FlashAttention-2's folding: the max
+// is taken over raw scores, which orders them as the scaled ones only for scale2 > 0, the
+// launchers' condition): masked scores (tested only where `edge` says a mask may fall) are -inf,
+// the running raw max m (quad-uniform) and this lane's share of the sum l move on, and the output
+// accumulator o is rescaled to the new max.
 template <int kNT, int kD>
 __device__ __forceinline__ void online_softmax(float (&sc)[kNT][4], float (&o)[kD / 8][4],
                                                float (&m)[2], float (&l)[2], bool edge,
@@ -125,14 +127,8 @@ __device__ __forceinline__ void online_softmax(float (&sc)[kNT][4], float (&o)[k
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const std::int64_t j = j0 + 8 * n + 2 * quad + (e & 1);
-        sc[n][e] = masked(i_lo + (e < 2 ? 0 : 8), j, s, causal) ? kNegInf : sc[n][e] * scale2;
+        if (masked(i_lo + (e < 2 ? 0 : 8), j, s, causal)) sc[n][e] = kNegInf;
       }
-    }
-  } else {
-#pragma unroll
-    for (int n = 0; n < kNT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sc[n][e] *= scale2;
     }
   }
   float tile_max[2] = {kNegInf, kNegInf};
@@ -141,12 +137,13 @@ __device__ __forceinline__ void online_softmax(float (&sc)[kNT][4], float (&o)[k
     tile_max[0] = fmaxf(tile_max[0], fmaxf(sc[n][0], sc[n][1]));
     tile_max[1] = fmaxf(tile_max[1], fmaxf(sc[n][2], sc[n][3]));
   }
-  float rescale[2], sum[2] = {0.0f, 0.0f};
+  float rescale[2], sum[2] = {0.0f, 0.0f}, shift[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float new_m = fmaxf(m[h], quad_max(tile_max[h]));
     // A row that has seen nothing yet keeps m = -inf, l = 0 and its zero accumulator.
-    rescale[h] = new_m == kNegInf ? 1.0f : exp2_fast(m[h] - new_m);
+    shift[h] = new_m == kNegInf ? 0.0f : -new_m * scale2;
+    rescale[h] = new_m == kNegInf ? 1.0f : exp2_fast(fmaf(m[h], scale2, shift[h]));
     m[h] = new_m;
   }
 #pragma unroll
@@ -154,7 +151,8 @@ __device__ __forceinline__ void online_softmax(float (&sc)[kNT][4], float (&o)[k
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int h = e >> 1;
-      sc[n][e] = m[h] == kNegInf ? 0.0f : exp2_fast(sc[n][e] - m[h]);
+      // A masked score (-inf) gives 0, also in a row that has seen nothing yet (shift 0).
+      sc[n][e] = exp2_fast(fmaf(sc[n][e], scale2, shift[h]));
       sum[h] += sc[n][e];
     }
   }
@@ -246,10 +244,13 @@ __global__ void __launch_bounds__(kThreads)
     const std::int64_t i_lo = w0 + 16 * mt + g;
     const float sum_lo = quad_sum(l[mt][0]), sum_hi = quad_sum(l[mt][1]);
     if (quad == 0) {
-      // m is in log2 units; lse in natural ones, as the CPU's.
-      if (i_lo < t) lse[b * t + i_lo] = sum_lo > 0.0f ? m[mt][0] * kLn2 + __logf(sum_lo) : kNegInf;
+      // m is a raw score, m scale2 in log2 units; lse in natural ones, as the CPU's.
+      if (i_lo < t) {
+        lse[b * t + i_lo] = sum_lo > 0.0f ? m[mt][0] * scale2 * kLn2 + __logf(sum_lo) : kNegInf;
+      }
       if (i_lo + 8 < t) {
-        lse[b * t + i_lo + 8] = sum_hi > 0.0f ? m[mt][1] * kLn2 + __logf(sum_hi) : kNegInf;
+        lse[b * t + i_lo + 8] =
+            sum_hi > 0.0f ? m[mt][1] * scale2 * kLn2 + __logf(sum_hi) : kNegInf;
       }
     }
     store_rows<kD>(o[mt], out + first_row(layout, b, t, layout.out, kD), w0 + 16 * mt, t,

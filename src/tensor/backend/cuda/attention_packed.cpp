@@ -38,7 +38,7 @@ Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool
   // Every row and head offset of a packed qkv is a multiple of 16 bytes at the kernels' head
   // sizes: its base decides the alignment.
   const void* x0 = device_ptr(qkv);
-  if (!mma_attention_applies(p.d, x0, x0, x0)) {
+  if (!mma_attention_applies(p.d, x0, x0, x0) || !mma_forward_takes(scale)) {
     Tensor q, k, v;
     split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
     return merge_heads_bf16(attention_forward(q, k, v, causal, scale, lse), nullptr);
