@@ -103,19 +103,22 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   io::write_file_atomic(dir + "/trainer_state.json", j.dump(2) + "\n");
   io::write_file_atomic(root + "/latest", name + "\n");
 
-  // Prune older checkpoints, newest first by step.
+  // Prune the checkpoints older than this one, keeping the newest keep - 1 of them. Those of later
+  // steps (a run continued from an earlier checkpoint of this root, which the Trainer refuses; a
+  // library caller's) are another history's: never deleted here, nor this one just written.
   std::vector<std::pair<std::int64_t, fs::path>> found;
   for (const auto& e : fs::directory_iterator(root)) {
     const std::string n = e.path().filename().string();
-    if (e.is_directory() && is_checkpoint_name(n)) {
+    if (e.is_directory() && !e.is_symlink() && is_checkpoint_name(n) && n != name) {
       try {
         found.emplace_back(std::stoll(n.substr(5)), e.path());
       } catch (const std::exception&) {  // out of range: not one of ours
       }
     }
   }
+  std::erase_if(found, [&](const auto& f) { return f.first > state.global_step; });
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)); i < found.size(); ++i) {
+  for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)) - 1; i < found.size(); ++i) {
     remove_checkpoint_files(found[i].second);
   }
   return dir;
@@ -128,6 +131,22 @@ bool holds_checkpoints(const std::string& root) {
     if (e.is_directory(ec) && is_checkpoint_name(e.path().filename().string())) return true;
   }
   return false;
+}
+
+std::vector<std::int64_t> checkpoint_steps_after(const std::string& root, std::int64_t step) {
+  std::vector<std::int64_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory(ec) || !is_checkpoint_name(n)) continue;
+    try {
+      const std::int64_t s = std::stoll(n.substr(5));
+      if (s > step) out.push_back(s);
+    } catch (const std::exception&) {  // out of range: not one of ours
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void remove_checkpoints(const std::string& root) {
@@ -265,7 +284,7 @@ std::optional<RestoredCheckpoint> restore_newest_usable(const std::string& root,
   if (!fs::is_directory(root, ec)) return std::nullopt;
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
-    if (!e.is_directory() || n.rfind("ckpt-", 0) != 0) continue;
+    if (!e.is_directory() || !is_checkpoint_name(n)) continue;  // not "ckpt-900.bak", a copy
     try {
       found.emplace_back(std::stoll(n.substr(5)), e.path().string());
     } catch (const std::exception&) {

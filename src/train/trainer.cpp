@@ -325,6 +325,21 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                      ": resume from it (hpm train --resume " + options.checkpoint_dir +
                      "), or choose another directory; hpm does not overwrite them");
   }
+  // A run resumed from an earlier step than checkpoint_dir's newest would write a second history
+  // beside the first: a later restore would take the newest step, of either. (A run restored from
+  // its own backup replays its own history, and rewrites those checkpoints by name.)
+  if (!options.resume_from.empty() && !options.checkpoint_dir.empty() && is_chief()) {
+    const std::vector<std::int64_t> later = checkpoint_steps_after(options.checkpoint_dir,
+                                                                   state_.global_step);
+    if (!later.empty()) {
+      throw InputError(saved + " is at global step " + std::to_string(state_.global_step) +
+                       ", but checkpoint_dir " + options.checkpoint_dir +
+                       " holds checkpoints of later steps (ckpt-" + std::to_string(later.back()) +
+                       (later.size() > 1 ? " and " + std::to_string(later.size() - 1) + " more" : "") +
+                       ") that this run's would mix with: move them away, or choose another "
+                       "checkpoint_dir; hpm does not overwrite them");
+    }
+  }
   state_.metadata = options.metadata;
   for (const auto& [key, value] : options.description) state_.metadata[key] = value;
   state_.batch_size = options.batch_size;                    // what later saves record

@@ -167,6 +167,61 @@ TEST(OutputDirectories, AFreshRunDoesNotOverwriteAnEarlierRunsCheckpoints) {
   EXPECT_EQ(third.trainer->fit(train, nullptr, resumed).last_checkpoint, dir / "ck/ckpt-8");
 }
 
+// Resuming from an earlier checkpoint of checkpoint_dir than its newest is refused (the two
+// histories would mix); one continued from its newest carries on. Before, each checkpoint the
+// resumed run wrote was pruned at once as older than the earlier run's, and `latest` named a
+// deleted directory.
+TEST(OutputDirectories, ResumingFromAnOlderCheckpointOfTheSameDirectoryIsRefused) {
+  TempDir dir;
+  auto train = blobs(64, 4);  // 4 steps an epoch
+  FitOptions o;
+  o.batch_size = 16;
+  o.epochs = 3;
+  o.checkpoint_dir = dir / "ck";
+  Rig first = make();
+  first.trainer->fit(train, nullptr, o);  // keeps ckpt-8 and ckpt-12
+  ASSERT_TRUE(fs::exists(dir / "ck/ckpt-8"));
+  const std::string weights = io::read_file(dir / "ck/ckpt-12/model.safetensors");
+
+  Rig second = make();
+  FitOptions again = o;
+  again.resume_from = dir / "ck/ckpt-8";
+  const std::string e = error_of(second, train, again);
+  EXPECT_NE(e.find("is at global step 8, but checkpoint_dir " + dir / "ck" +
+                   " holds checkpoints of later steps (ckpt-12)"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(io::read_file(dir / "ck/ckpt-12/model.safetensors"), weights);
+  EXPECT_EQ(io::read_file(dir / "ck/latest"), "ckpt-12\n");
+}
+
+// save_checkpoint's pruning keeps the checkpoint it wrote and never deletes later steps (another
+// history's), nor a directory that only looks like a checkpoint.
+TEST(OutputDirectories, PruningKeepsTheNewCheckpointAndLaterSteps) {
+  TempDir dir;
+  Rig s = make();
+  const std::string root = dir / "ck";
+  for (const std::int64_t step : {10, 20, 30}) {
+    TrainerState st;
+    st.global_step = step;
+    save_checkpoint(root, *s.model, *s.opt, st, 2);
+  }
+  EXPECT_FALSE(fs::exists(root + "/ckpt-10"));
+  write(root + "/ckpt-15.bak/note", "a copy of the user's");
+  TrainerState st;
+  st.global_step = 5;
+  save_checkpoint(root, *s.model, *s.opt, st, 2);
+  for (const char* kept : {"ckpt-5", "ckpt-20", "ckpt-30", "ckpt-15.bak/note"}) {
+    EXPECT_TRUE(fs::exists(root + "/" + kept)) << kept;
+  }
+  EXPECT_EQ(io::read_file(root + "/latest"), "ckpt-5\n");
+  st.global_step = 25;  // prunes below 25 down to one other: ckpt-20 stays, ckpt-5 goes
+  save_checkpoint(root, *s.model, *s.opt, st, 2);
+  EXPECT_FALSE(fs::exists(root + "/ckpt-5"));
+  for (const char* kept : {"ckpt-20", "ckpt-25", "ckpt-30"})
+    EXPECT_TRUE(fs::exists(root + "/" + kept)) << kept;
+}
+
 // Two runs on one checkpoint_dir at once: the second is refused before it trains, naming the
 // holder; the lock goes with the run that held it, even when that run is killed.
 TEST(OutputDirectories, ASecondRunOnALockedDirectoryIsRefusedNamingTheHolder) {

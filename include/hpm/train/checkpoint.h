@@ -58,6 +58,9 @@ bool is_checkpoint_name(const std::string& name);
 
 // Whether `root` holds checkpoints: a `latest` file or a ckpt-<N> directory.
 bool holds_checkpoints(const std::string& root);
+// The steps N > `step` of the ckpt-<N> directories under `root`, ascending (none when root does
+// not exist).
+std::vector<std::int64_t> checkpoint_steps_after(const std::string& root, std::int64_t step);
 
 // Deletes what save_checkpoint wrote under `root`, by name: each ckpt-<N> directory's files (and
 // the directory when that empties it) and `latest`. Anything else in `root` stays, and so does
