@@ -133,6 +133,25 @@ bool holds_checkpoints(const std::string& root) {
   return false;
 }
 
+std::vector<std::string> checkpoints_not_of_kind(const std::string& root, const std::string& kind) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory(ec) || !is_checkpoint_name(n)) continue;
+    TrainerState s;
+    try {
+      s = read_checkpoint_state(e.path().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    const auto it = s.metadata.find(kCheckpointKind);
+    if (it == s.metadata.end() || it->second != kind) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::vector<std::int64_t> checkpoint_steps_after(const std::string& root, std::int64_t step) {
   std::vector<std::int64_t> out;
   std::error_code ec;

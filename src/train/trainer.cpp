@@ -229,8 +229,9 @@ void Trainer::write_backup(data::Iterator* it, bool epoch_done, FitResult& resul
   if (!is_chief()) return;
   trace::Span span("backup", "train");
   const auto t0 = Clock::now();
-  const std::string dir =
-      save_checkpoint(options_.backup_dir, *model_, *optimizer_, state_to_save(it, epoch_done), 2);
+  TrainerState state = state_to_save(it, epoch_done);
+  state.metadata[kCheckpointKind] = kBackup;  // what a restore, the pruning and the end may delete
+  const std::string dir = save_checkpoint(options_.backup_dir, *model_, *optimizer_, state, 2);
   result.backup_seconds += since(t0);
   ++result.backups;
   std::uintmax_t bytes = 0;
@@ -271,6 +272,21 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   state_ = TrainerState{};
   state_.seed = options.seed;
   std::vector<std::string> skipped_backups;
+  // Backups are restored from, pruned and finally deleted: only those a Trainer wrote as backups.
+  // Checkpoints of another kind there (an earlier run's checkpoint_dir given as backup_dir) would
+  // be taken for this run's and then deleted.
+  if (!options.backup_dir.empty() && is_chief()) {
+    const std::vector<std::string> others = checkpoints_not_of_kind(options.backup_dir, kBackup);
+    if (!others.empty()) {
+      throw InputError("backup_dir " + options.backup_dir + " holds checkpoints that are not " +
+                       "backups (" + others.front() +
+                       (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more"
+                                          : "") +
+                       "; an earlier run's checkpoint_dir?), which hpm would restore from and "
+                       "then delete: continue from them with --resume, or give backup_dir a "
+                       "directory of its own");
+    }
+  }
   if (!options.resume_from.empty()) {
     state_ = load_checkpoint(options.resume_from, *model_, optimizer_.get());
   } else if (auto restored =

@@ -195,6 +195,42 @@ TEST(OutputDirectories, ResumingFromAnOlderCheckpointOfTheSameDirectoryIsRefused
   EXPECT_EQ(io::read_file(dir / "ck/latest"), "ckpt-12\n");
 }
 
+// An earlier run's checkpoint_dir given as backup_dir is refused: it would be restored from as
+// this run's backup, pruned, and deleted when the run finished. Backups are marked as such.
+TEST(OutputDirectories, ABackupDirHoldingCheckpointsThatAreNotBackupsIsRefused) {
+  TempDir dir;
+  auto train = blobs(64, 4);
+  FitOptions o;
+  o.batch_size = 16;
+  o.epochs = 2;
+  o.checkpoint_dir = dir / "a";
+  Rig first = make();
+  first.trainer->fit(train, nullptr, o);
+  const std::string weights = io::read_file(dir / "a/ckpt-8/model.safetensors");
+
+  Rig second = make();
+  FitOptions mistaken;
+  mistaken.batch_size = 16;
+  mistaken.backup_dir = dir / "a";
+  const std::string e = error_of(second, train, mistaken);
+  EXPECT_NE(e.find("backup_dir " + dir / "a" + " holds checkpoints that are not backups (" +
+                   dir / "a/ckpt-4 and 1 more"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(io::read_file(dir / "a/ckpt-8/model.safetensors"), weights);
+  EXPECT_TRUE(fs::exists(dir / "a/ckpt-4"));
+
+  // A run's own backups are marked, restored from and, at its end, deleted.
+  FitOptions backed = mistaken;
+  backed.backup_dir = dir / "b";
+  backed.backup_every_steps = 1;
+  backed.keep_backup = true;
+  Rig third = make();
+  third.trainer->fit(train, nullptr, backed);
+  EXPECT_EQ(read_checkpoint_state(dir / "b").metadata.at(kCheckpointKind), kBackup);
+  EXPECT_TRUE(checkpoints_not_of_kind(dir / "b", kBackup).empty());
+}
+
 // save_checkpoint's pruning keeps the checkpoint it wrote and never deletes later steps (another
 // history's), nor a directory that only looks like a checkpoint.
 TEST(OutputDirectories, PruningKeepsTheNewCheckpointAndLaterSteps) {

@@ -58,6 +58,13 @@ bool is_checkpoint_name(const std::string& name);
 
 // Whether `root` holds checkpoints: a `latest` file or a ckpt-<N> directory.
 bool holds_checkpoints(const std::string& root);
+// The metadata key a checkpoint's kind is saved under, and the kind of the Trainer's backups
+// (FitOptions::backup_dir); other checkpoints have none.
+inline constexpr const char* kCheckpointKind = "checkpoint_kind";
+inline constexpr const char* kBackup = "backup";
+// The ckpt-<N> directories under `root` whose trainer_state.json reads and does not record `kind`
+// (ones that do not read are not counted: a restore skips them as corrupt).
+std::vector<std::string> checkpoints_not_of_kind(const std::string& root, const std::string& kind);
 // The steps N > `step` of the ckpt-<N> directories under `root`, ascending (none when root does
 // not exist).
 std::vector<std::int64_t> checkpoint_steps_after(const std::string& root, std::int64_t step);
