@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 
 #include "hpm/autograd/grad_mode.h"
@@ -179,8 +180,45 @@ void ProgressCallback::on_epoch_end(Trainer&, const EpochLogs& e) {
   std::fflush(out_);
 }
 
-CsvLogger::CsvLogger(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+CsvLogger::CsvLogger(const std::string& path) : path_(path), out_(path, std::ios::app) {
   if (!out_) throw io::IoError("cannot create metrics log " + path + ": " + std::strerror(errno));
+}
+
+void CsvLogger::on_train_begin(Trainer& t) {
+  out_.close();
+  extra_.clear();
+  header_written_ = false;
+  std::string kept;
+  if (t.state().global_step > 0) {
+    // The header and the rows of epochs 1..state.epoch (the ones finished before the restore).
+    std::istringstream lines(io::read_file(path_));
+    std::string line;
+    bool header = true;
+    while (std::getline(lines, line)) {
+      if (header) {
+        if (line.rfind("epoch,", 0) != 0) break;  // not this logger's file: start anew
+        std::istringstream cols(line);
+        std::string col;
+        for (int i = 0; std::getline(cols, col, ','); ++i)
+          if (i >= 8) extra_.push_back(col.substr(6));  // "train_<metric>"
+        header_written_ = true;
+        header = false;
+      } else {
+        std::int64_t epoch = 0;
+        try {
+          epoch = std::stoll(line.substr(0, line.find(',')));
+        } catch (const std::exception&) {
+          continue;
+        }
+        if (epoch > t.state().epoch) break;
+      }
+      kept += line + '\n';
+    }
+    if (!header_written_) extra_.clear();
+  }
+  io::write_file_atomic(path_, kept);
+  out_.open(path_, std::ios::app);
+  if (!out_) throw io::IoError("cannot write metrics log " + path_ + ": " + std::strerror(errno));
 }
 
 void CsvLogger::on_epoch_end(Trainer&, const EpochLogs& e) {

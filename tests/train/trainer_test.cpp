@@ -98,6 +98,44 @@ TEST(Trainer, ResumeMidEpochIsBitIdentical) {
   EXPECT_EQ(flat_params(*second.model), flat_params(*straight.model));
 }
 
+// A continued run keeps the metrics log of the epochs it had finished and writes on after them
+// (it was started anew, losing them); a fresh run starts it anew.
+TEST(Trainer, TheMetricsLogOfAContinuedRunKeepsItsFinishedEpochs) {
+  auto train = blobs(64, 3);  // 4 steps an epoch
+  TempDir dir;
+  const std::string csv = dir / "metrics.csv";
+  const auto rows = [&] {
+    std::ifstream in(csv);
+    std::vector<std::string> out;
+    for (std::string line; std::getline(in, line);) out.push_back(line.substr(0, line.find(',')));
+    return out;
+  };
+  FitOptions o;
+  o.epochs = 4;
+  o.batch_size = 16;
+  o.checkpoint_dir = dir / "ck";
+  Rig first = make();
+  first.trainer->add_callback(std::make_shared<CsvLogger>(csv));
+  first.trainer->add_callback(std::make_shared<StopAt>(10));  // mid-epoch 3
+  first.trainer->fit(train, nullptr, o);
+  EXPECT_EQ(rows(), (std::vector<std::string>{"epoch", "1", "2"}));
+
+  Rig second = make();
+  second.trainer->add_callback(std::make_shared<CsvLogger>(csv));
+  FitOptions resumed = o;
+  resumed.resume_from = dir / "ck";
+  second.trainer->fit(train, nullptr, resumed);
+  EXPECT_EQ(rows(), (std::vector<std::string>{"epoch", "1", "2", "3", "4"}));
+
+  Rig fresh = make();
+  fresh.trainer->add_callback(std::make_shared<CsvLogger>(csv));
+  FitOptions again = o;
+  again.epochs = 1;
+  again.checkpoint_dir.clear();
+  fresh.trainer->fit(train, nullptr, again);
+  EXPECT_EQ(rows(), (std::vector<std::string>{"epoch", "1"}));
+}
+
 TEST(Trainer, NonFiniteLossStopsAndNamesTheStep) {
   auto train = blobs(100, 4);
   Rig s = make();

@@ -41,9 +41,14 @@ class ProgressCallback : public Callback {
   std::chrono::steady_clock::time_point last_draw_, epoch_start_;
 };
 
+//
+// A fresh run starts the file anew; a continued one (from a checkpoint or a backup) keeps the rows
+// of the epochs it had finished and writes on after them, so that preemptions lose no history (a
+// row of an epoch after the restore point, which the run will redo, is dropped).
 class CsvLogger : public Callback {
  public:
   explicit CsvLogger(const std::string& path);  // throws io::IoError if it cannot be created
+  void on_train_begin(Trainer& t) override;
   void on_epoch_end(Trainer&, const EpochLogs& e) override;
 
  private:
