@@ -22,6 +22,7 @@ Optimizer::Optimizer(NamedTensors params, float lr)
 }
 
 void Optimizer::clip_and_step(float max_norm) {
+  if (halted_on_host_) return;  // not even counted (a halt on the device is, unseen here)
   begin_step();
   update_all(max_norm);
 }
@@ -75,6 +76,7 @@ void Optimizer::resume_updates() {
 void Optimizer::begin_step() { ++steps_; }
 
 void Optimizer::step_params(const std::vector<std::size_t>& indices) {
+  if (halted_on_host_) return;
   for (std::size_t i : indices) {
     if (i >= params_.size()) {
       throw std::out_of_range("optimizer: parameter index " + std::to_string(i) + " of " +

@@ -217,8 +217,8 @@ void Trainer::check_last_update() {
   std::ostringstream os;
   os << "the gradients are not finite (NaN or Inf; their norm, for clipping, is not) at epoch "
      << at.epoch + 1 << ", step " << at.step_in_epoch + 1 << " (global step " << at.global_step + 1
-     << ") although its loss is finite; that step's update was skipped, so the model is as it was "
-        "before it; stopping";
+     << ") although its loss is finite; that step's update was skipped, so the parameters and "
+        "optimizer state are as they were before it; stopping";
   throw TrainingError(os.str());
 }
 
@@ -278,13 +278,13 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   if (!options.backup_dir.empty() && is_chief()) {
     const std::vector<std::string> others = checkpoints_not_of_kind(options.backup_dir, kBackup);
     if (!others.empty()) {
-      throw InputError("backup_dir " + options.backup_dir + " holds checkpoints that are not " +
-                       "backups (" + others.front() +
-                       (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more"
-                                          : "") +
-                       "; an earlier run's checkpoint_dir?), which hpm would restore from and "
-                       "then delete: continue from them with --resume, or give backup_dir a "
-                       "directory of its own");
+      throw InputError(
+          "backup_dir " + options.backup_dir + " holds checkpoints that are not " + "backups (" +
+          others.front() +
+          (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : "") +
+          "; an earlier run's checkpoint_dir?), which hpm would restore from and "
+          "then delete: continue from them with --resume, or give backup_dir a "
+          "directory of its own");
     }
   }
   if (!options.resume_from.empty()) {
@@ -345,15 +345,16 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   // beside the first: a later restore would take the newest step, of either. (A run restored from
   // its own backup replays its own history, and rewrites those checkpoints by name.)
   if (!options.resume_from.empty() && !options.checkpoint_dir.empty() && is_chief()) {
-    const std::vector<std::int64_t> later = checkpoint_steps_after(options.checkpoint_dir,
-                                                                   state_.global_step);
+    const std::vector<std::int64_t> later =
+        checkpoint_steps_after(options.checkpoint_dir, state_.global_step);
     if (!later.empty()) {
-      throw InputError(saved + " is at global step " + std::to_string(state_.global_step) +
-                       ", but checkpoint_dir " + options.checkpoint_dir +
-                       " holds checkpoints of later steps (ckpt-" + std::to_string(later.back()) +
-                       (later.size() > 1 ? " and " + std::to_string(later.size() - 1) + " more" : "") +
-                       ") that this run's would mix with: move them away, or choose another "
-                       "checkpoint_dir; hpm does not overwrite them");
+      throw InputError(
+          saved + " is at global step " + std::to_string(state_.global_step) +
+          ", but checkpoint_dir " + options.checkpoint_dir +
+          " holds checkpoints of later steps (ckpt-" + std::to_string(later.back()) +
+          (later.size() > 1 ? " and " + std::to_string(later.size() - 1) + " more" : "") +
+          ") that this run's would mix with: move them away, or choose another "
+          "checkpoint_dir; hpm does not overwrite them");
     }
   }
   state_.metadata = options.metadata;

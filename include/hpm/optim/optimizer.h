@@ -32,9 +32,10 @@ class Optimizer {
   // torch.optim applies them.
   void clip_and_step(float max_norm);
   // Whether an update was skipped for a norm that was not finite (see clip_and_step): the
-  // parameters and state are then as they were before that step. Adam's fused update keeps the
-  // verdict on the device, so reading it waits for the device's work issued so far (a GPU's step
-  // reads it when it next waits anyway).
+  // parameters and state are then as they were before that step (the step count aside: skipped
+  // steps on a device count, so resume after load_state, which sets it). Adam's fused update keeps
+  // the verdict on the device, so reading it waits for the device's work issued so far (a GPU's
+  // step reads it when it next waits anyway). step_params skips too.
   bool updates_halted() const;
   // The same verdict from a caller that clips by a norm of its own (a pipeline's, over every
   // stage) and found it not finite.
