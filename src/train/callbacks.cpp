@@ -355,11 +355,43 @@ BestModelCheckpoint::BestModelCheckpoint(std::string dir, std::string monitor,
   if (dir_.empty()) throw std::invalid_argument("BestModelCheckpoint: dir is empty");
 }
 
-void BestModelCheckpoint::on_train_begin(Trainer&) {
+namespace {
+constexpr const char* kBestMonitor = "best_monitor";
+constexpr const char* kBestValue = "best_value";
+}  // namespace
+
+void BestModelCheckpoint::on_train_begin(Trainer& trainer) {
   io::ensure_directory(dir_);  // fail before any work if it cannot be written
   best_ = worst(mode_);
   best_epoch_ = -1;
   last_saved_.clear();
+  if (!holds_checkpoints(dir_)) return;
+  // The best so far, which a continued run must beat: starting from the worst would replace it
+  // (one checkpoint kept) with the first epoch after a restart, however worse. A fresh run does
+  // not replace an earlier run's best, as it does not overwrite its checkpoints.
+  std::string why;
+  TrainerState saved;
+  try {
+    saved = read_checkpoint_state(dir_);
+    const auto monitor = saved.metadata.find(kBestMonitor);
+    const auto value = saved.metadata.find(kBestValue);
+    if (monitor == saved.metadata.end() || value == saved.metadata.end()) {
+      why = "records no best value";
+    } else if (monitor->second != monitor_) {
+      why = "is the best by " + monitor->second + ", not " + monitor_;
+    } else if (trainer.state().global_step == 0) {
+      why = "is an earlier run's best";
+    } else {
+      best_ = std::stod(value->second);
+      best_epoch_ = saved.epoch - 1;
+      last_saved_ = resolve_checkpoint_dir(dir_);
+      return;
+    }
+  } catch (const std::exception& e) {
+    why = std::string("cannot be read (") + e.what() + ")";
+  }
+  throw InputError("best_checkpoint_dir " + dir_ + " holds a checkpoint that " + why +
+                   ": hpm would replace it; move it away, or choose another directory");
 }
 
 void BestModelCheckpoint::on_epoch_end(Trainer& trainer, const EpochLogs& e) {
@@ -373,6 +405,10 @@ void BestModelCheckpoint::on_epoch_end(Trainer& trainer, const EpochLogs& e) {
   s.step_in_epoch = 0;
   s.iterator_state.clear();
   s.rng = default_generator().state();
+  s.metadata[kBestMonitor] = monitor_;
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", value);  // read back to the same double
+  s.metadata[kBestValue] = text;
   last_saved_ = save_checkpoint(dir_, trainer.model(), trainer.optimizer(), s, /*keep=*/1);
 }
 

@@ -11,6 +11,7 @@
 
 #include "common/blobs.h"
 #include "common/temp_dir.h"
+#include "hpm/io/atomic_file.h"
 #include "hpm/nn/layers.h"
 #include "hpm/tensor/random.h"
 
@@ -347,6 +348,51 @@ TEST(BestModelCheckpoint, KeepsOnlyTheBestEpoch) {
   auto opt = std::make_shared<optim::SGD>(model->named_parameters(), optim::SgdOptions{0.05f});
   Trainer reloaded(model, opt);
   EXPECT_DOUBLE_EQ(reloaded.evaluate(test).loss, best->best());
+}
+
+// A run continued from its checkpoint starts from the best the directory records: a worse epoch
+// after the restart does not replace it (it did: the best restarted from the worst value, and the
+// one checkpoint kept was the worse one). A fresh run into that directory is refused.
+TEST(BestModelCheckpoint, AContinuedRunMustBeatTheRecordedBest) {
+  auto train = blobs(320, 1), test = blobs(200, 2);
+  TempDir dir;
+  FitOptions f;
+  f.epochs = 3;
+  f.batch_size = 32;
+  f.checkpoint_dir = dir / "ck";
+  Rig s = make();
+  auto first = std::make_shared<BestModelCheckpoint>(dir / "best", "test_loss");
+  s.trainer->add_callback(first);
+  s.trainer->fit(train, &test, f);
+  const double best = first->best();
+  const std::string weights = io::read_file(first->last_saved() + "/model.safetensors");
+
+  Rig t = make();
+  mislabel_after(*t.trainer, 3);  // the epochs after the restart get worse
+  auto second = std::make_shared<BestModelCheckpoint>(dir / "best", "test_loss");
+  t.trainer->add_callback(second);
+  FitOptions more = f;
+  more.epochs = 5;
+  more.resume_from = dir / "ck";
+  const FitResult r = t.trainer->fit(train, &test, more);
+  ASSERT_EQ(r.history.size(), 2u);
+  ASSERT_GT(r.history[0].test_loss, best);
+  EXPECT_DOUBLE_EQ(second->best(), best);
+  EXPECT_EQ(second->last_saved(), first->last_saved());
+  EXPECT_EQ(io::read_file(first->last_saved() + "/model.safetensors"), weights);
+
+  Rig fresh = make();
+  fresh.trainer->add_callback(std::make_shared<BestModelCheckpoint>(dir / "best", "test_loss"));
+  FitOptions again;
+  again.batch_size = 32;
+  try {
+    fresh.trainer->fit(train, &test, again);
+    FAIL() << "a fresh run replaced an earlier run's best";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("is an earlier run's best"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(io::read_file(first->last_saved() + "/model.safetensors"), weights);
 }
 
 TEST(BestModelCheckpoint, AccuracyByDefaultAndNeedsItsMetric) {

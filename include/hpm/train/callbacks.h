@@ -114,6 +114,9 @@ class BestModelCheckpoint : public Callback {
   // Throws std::invalid_argument for an unknown monitor or mode.
   BestModelCheckpoint(std::string dir, std::string monitor = "test_accuracy",
                       const std::string& mode = "auto");
+  // A continued run starts from the best its directory records (saved with each best checkpoint);
+  // a fresh run into a directory that holds a best checkpoint, or one that records no best by this
+  // monitor, is an InputError, as replacing it could lose a better model.
   void on_train_begin(Trainer&) override;
   void on_epoch_end(Trainer& trainer, const EpochLogs& e) override;
 
