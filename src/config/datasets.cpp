@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "hpm/data/in_memory.h"
+#include "hpm/data/input_pipeline.h"
 #include "hpm/data/text_corpus.h"
 #include "hpm/data/token_shard.h"
 #include "hpm/io/tfrecord.h"
@@ -154,11 +155,14 @@ data::LabelledData test_set(const Config& cfg) {
     return data::validation_windows(language_model_tokens(cfg).val, cfg.gpt.block_size,
                                     cfg.batch_size, cfg.eval_iters);
   }
-  if (cfg.source == "tfrecord") {
-    return data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression))
-        .first(cfg.test_limit);
-  }
-  return data::load_mnist_split(cfg.data_dir, "t10k").first(cfg.test_limit);
+  data::LabelledData test =
+      cfg.source == "tfrecord"
+          ? data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression))
+                .first(cfg.test_limit)
+          : data::load_mnist_split(cfg.data_dir, "t10k").first(cfg.test_limit);
+  // Evaluated as trained: a model that learnt normalized (or resized) images is measured on them.
+  test.inputs = data::evaluation_transform(test.inputs, cfg.augment);
+  return test;
 }
 
 }  // namespace hpm::config

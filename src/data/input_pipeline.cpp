@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <iterator>
 #include <stdexcept>
 
 #include "hpm/data/file_sources.h"
@@ -14,6 +15,8 @@
 namespace hpm::data {
 
 namespace {
+bool deterministic(const AugmentOp& op) { return op.op == "normalize" || op.op == "resize"; }
+
 Tensor augment_image(Tensor image, const std::vector<AugmentOp>& ops, Generator& gen) {
   for (const AugmentOp& op : ops) {
     if (op.op == "random_crop") {
@@ -29,6 +32,26 @@ Tensor augment_image(Tensor image, const std::vector<AugmentOp>& ops, Generator&
   return image;
 }
 }  // namespace
+
+Tensor evaluation_transform(const Tensor& images, const std::vector<AugmentOp>& ops) {
+  std::vector<AugmentOp> fixed;
+  std::copy_if(ops.begin(), ops.end(), std::back_inserter(fixed), deterministic);
+  if (fixed.empty() || images.size(0) == 0) return images;
+  Generator unused(0);
+  std::vector<std::int64_t> row_dims(images.shape().dims().begin() + 1,
+                                     images.shape().dims().end());
+  Tensor out;
+  for (std::int64_t i = 0; i < images.size(0); ++i) {
+    const Tensor row = augment_image(images.narrow(i, 1).reshape(Shape(row_dims)), fixed, unused);
+    if (!out.defined()) {
+      std::vector<std::int64_t> dims{images.size(0)};
+      dims.insert(dims.end(), row.shape().dims().begin(), row.shape().dims().end());
+      out = Tensor::empty(Shape(dims));
+    }
+    out.narrow(i, 1).copy_(row);
+  }
+  return out;
+}
 
 Element augment_element(Element e, const std::vector<AugmentOp>& ops) {
   // e = (image, label, seed)

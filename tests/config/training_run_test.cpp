@@ -57,6 +57,25 @@ TEST(TrainingRun, AConfigsRunTrainsAndItsCheckpointLoadsBack) {
   EXPECT_EQ(flat(*second.model), flat(*run.model));
 }
 
+// The evaluation set goes through the training augmentation's deterministic ops (it was left
+// raw: a model trained on normalized images was measured on unnormalized ones, silently); the
+// random ones are training's alone.
+TEST(TrainingRun, TheTestSetIsNormalizedAsTheTrainingImagesAre) {
+  TempDir dir;
+  hpm::testing::write_synthetic_mnist(dir.path(), 16, 8);
+  const std::string path = hpm::testing::small_mlp_config(dir, dir.path());
+  const Config raw = load_config(path);
+  const Config cfg = load_config(
+      path, {"data.augment=[{ op = \"random_flip\" }, { op = \"normalize\", mean = 0.5, std = "
+             "0.25 }]"});
+  ASSERT_EQ(cfg.augment.size(), 2u);
+  const std::vector<float> before = test_set(raw).inputs.to_vector();
+  const std::vector<float> after = test_set(cfg).inputs.to_vector();
+  ASSERT_EQ(after.size(), before.size());
+  for (std::size_t i = 0; i < before.size(); ++i)
+    ASSERT_FLOAT_EQ(after[i], (before[i] - 0.5f) / 0.25f) << i;
+}
+
 // What a checkpoint records: the resolved config with [data] paths absolute, and its file.
 TEST(TrainingRun, TheCheckpointDescriptionHasAbsoluteDataPaths) {
   TempDir dir;

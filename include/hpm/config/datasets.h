@@ -20,7 +20,8 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
 data::Dataset in_stretches(const Config& cfg, data::Dataset epochs);
 // A language model's training tokens (source "text" or "tokens"), as training_pipeline reads them.
 data::TokenSequence training_tokens(const Config& cfg);
-// The evaluation set ([data] test_limit applied).
+// The evaluation set ([data] test_limit applied), through the deterministic ops of [data] augment
+// (normalize, resize) as the training images are: data::evaluation_transform.
 data::LabelledData test_set(const Config& cfg);
 
 }  // namespace hpm::config

@@ -62,5 +62,9 @@ Element decode_image_example(Element record);
 Element augment_element(Element e, const std::vector<AugmentOp>& ops);
 // The same over a batch (images, labels, seed), row i seeded by augment_seed(seed, 0, i).
 Element augment_batch(Element e, const std::vector<AugmentOp>& ops);
+// What evaluation data takes of a training pipeline's augmentation: its deterministic ops
+// (normalize, resize), in order, on each image of `images` (N, ...); the random ones are
+// training's alone (torchvision's test transform). `images` itself when there are none.
+Tensor evaluation_transform(const Tensor& images, const std::vector<AugmentOp>& ops);
 
 }  // namespace hpm::data
