@@ -157,6 +157,27 @@ void Optimizer::load_state(const NamedTensors& state) {
     }
   }
   if (steps < 0) throw std::invalid_argument("optimizer state has no 'step' entry");
+  // A parameter's state is whole and this optimizer's, or absent (never updated): another
+  // optimizer's (SGD's momentum into Adam) would load as unused buffers beside fresh moments.
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (loaded[i].empty()) continue;
+    const std::vector<std::string> names = buffer_names(i);
+    for (const auto& [buffer, t] : loaded[i]) {
+      if (std::find(names.begin(), names.end(), buffer) == names.end()) {
+        throw std::invalid_argument("optimizer state '" + params_[i].first + "." + buffer +
+                                    "' is not " + name() +
+                                    "'s (saved by another optimizer, or other options?)");
+      }
+    }
+    for (const std::string& buffer : names) {
+      const bool found = std::any_of(loaded[i].begin(), loaded[i].end(),
+                                     [&](const auto& e) { return e.first == buffer; });
+      if (!found) {
+        throw std::invalid_argument("optimizer state has no '" + params_[i].first + "." + buffer +
+                                    "', which " + name() + " keeps (saved by another optimizer?)");
+      }
+    }
+  }
   buffers_ = std::move(loaded);
   steps_ = steps;
   resume_updates();  // the state of a step that was applied

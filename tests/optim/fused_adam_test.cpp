@@ -132,5 +132,33 @@ TEST(FusedAdam, ANonFiniteNormSkipsThisAndLaterUpdatesUntilResumed) {
   }
 }
 
+// State saved by another optimizer is refused by load_state, naming the entry (it loaded as
+// unused buffers, the new optimizer's moments starting from zero at a late step count); the same
+// optimizer's state round-trips.
+TEST(OptimizerState, AnotherOptimizersStateIsRefused) {
+  nn::NamedTensors params = make_params(3);
+  SGD sgd(params, SgdOptions{0.1f, 0.9f});
+  AdamW adam(params, options(false));
+  set_grads(params, 0, 1.0f);
+  sgd.step();
+  adam.step();
+  try {
+    adam.load_state(sgd.state());
+    FAIL() << "Adam took SGD's state";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("p0.momentum_buffer' is not AdamW's"), std::string::npos)
+        << e.what();
+  }
+  try {
+    sgd.load_state(adam.state());
+    FAIL() << "SGD took Adam's state";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("is not SGD's"), std::string::npos) << e.what();
+  }
+  AdamW again(params, options(false));
+  again.load_state(adam.state());
+  EXPECT_EQ(snapshot(again), snapshot(adam));
+}
+
 }  // namespace
 }  // namespace hpm::optim
