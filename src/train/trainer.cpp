@@ -316,6 +316,15 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                        std::to_string(options.batch_size) + ": continue it with batch size " +
                        std::to_string(state_.batch_size) + ", or start afresh");
     }
+    // The epoch's order of data comes from the seed: another one would repeat some examples and
+    // skip others for the rest of the restored epoch.
+    if (state_.step_in_epoch > 0 && state_.seed != options.seed) {
+      throw InputError(saved + " was saved at step " + std::to_string(state_.step_in_epoch) +
+                       " of epoch " + std::to_string(state_.epoch + 1) + " with seed " +
+                       std::to_string(state_.seed) + ", but this run's seed is " +
+                       std::to_string(options.seed) + ": continue it with seed " +
+                       std::to_string(state_.seed) + ", or start afresh");
+    }
     for (const auto& [key, value] : options.metadata) {
       const auto it = state_.metadata.find(key);
       if (it != state_.metadata.end() && it->second != value) {

@@ -283,6 +283,19 @@ TEST(Trainer, ResumingMidEpochWithAnotherBatchSizeIsRefused) {
               std::string::npos)
         << e.what();
   }
+  // The epoch's order comes from the seed: another one mid-epoch is refused too.
+  Rig s = make();
+  FitOptions reseeded = o;
+  reseeded.seed = 5;
+  reseeded.resume_from = dir / "ckpt";
+  try {
+    s.trainer->fit(train, nullptr, reseeded);
+    FAIL() << "expected InputError";
+  } catch (const InputError& e) {
+    EXPECT_NE(std::string(e.what()).find("with seed 0, but this run's seed is 5"),
+              std::string::npos)
+        << e.what();
+  }
   Rig c = make();
   FitOptions same = o;
   same.resume_from = dir / "ckpt";
