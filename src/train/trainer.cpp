@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -514,7 +515,11 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
         write_backup(it.get(), false, result);
         break;
       }
-      if (options.backup_every_steps > 0 && state_.global_step % options.backup_every_steps == 0) {
+      // Not at the epoch's last step, which the epoch's end backs up as done: a mid-epoch state
+      // there would restore into an epoch of no batches.
+      const bool epoch_last = steps_per_epoch > 0 && state_.step_in_epoch >= steps_per_epoch;
+      if (options.backup_every_steps > 0 && state_.global_step % options.backup_every_steps == 0 &&
+          !epoch_last) {
         write_backup(it.get(), false, result);
       }
     }
@@ -527,8 +532,11 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     result.input_wait_seconds += wait_seconds;
     const double epoch_wall = since(epoch_start);
     logs.input_bound = epoch_wall > 0 ? wait_seconds / epoch_wall : 0.0;
-    logs.train_loss = batches ? loss_sum / static_cast<double>(batches) : 0.0;
-    logs.train_accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0.0;
+    // An epoch restored after its last batch (an input of unknown length, preempted there) trained
+    // on nothing: its training metrics are unknown (NaN, which no monitor takes for a best), not 0.
+    const double unknown = std::numeric_limits<double>::quiet_NaN();
+    logs.train_loss = batches ? loss_sum / static_cast<double>(batches) : unknown;
+    logs.train_accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : unknown;
     logs.train_metrics = with_derived(epoch_metrics);
     logs.samples_per_s = epoch_seconds > 0 ? static_cast<double>(seen) / epoch_seconds : 0.0;
     logs.seconds = epoch_seconds;

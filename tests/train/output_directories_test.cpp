@@ -231,6 +231,33 @@ TEST(OutputDirectories, ABackupDirHoldingCheckpointsThatAreNotBackupsIsRefused) 
   EXPECT_TRUE(checkpoints_not_of_kind(dir / "b", kBackup).empty());
 }
 
+// A periodic backup does not fall on an epoch's last step: the epoch's end backs it up as done
+// after evaluation. A mid-epoch state there (all batches taken) restored, after a kill during the
+// evaluation, into an epoch of no batches that reported a training loss of 0 to the monitors.
+TEST(OutputDirectories, NoMidEpochBackupAtAnEpochsLastStep) {
+  TempDir dir;
+  struct NewestBackupAtEpochEnd : Callback {
+    explicit NewestBackupAtEpochEnd(std::string d) : dir(std::move(d)) {}
+    void on_epoch_end(Trainer&, const EpochLogs&) override {
+      seen.push_back(read_checkpoint_state(dir).step_in_epoch);
+    }
+    std::string dir;
+    std::vector<std::int64_t> seen;
+  };
+  auto watch = std::make_shared<NewestBackupAtEpochEnd>(dir / "bk");
+  Rig s = make();
+  s.trainer->add_callback(watch);
+  FitOptions o;
+  o.batch_size = 16;  // 4 steps an epoch
+  o.epochs = 2;
+  o.backup_dir = dir / "bk";
+  o.backup_every_steps = 2;
+  s.trainer->fit(blobs(64, 4), nullptr, o);
+  // Epoch 1 ends with the step-2 backup the newest, epoch 2 with the step-6 one (epoch 1's end
+  // backup, step 4, is done: 0).
+  EXPECT_EQ(watch->seen, (std::vector<std::int64_t>{2, 2}));
+}
+
 // save_checkpoint's pruning keeps the checkpoint it wrote and never deletes later steps (another
 // history's), nor a directory that only looks like a checkpoint.
 TEST(OutputDirectories, PruningKeepsTheNewCheckpointAndLaterSteps) {
