@@ -288,24 +288,28 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
           "directory of its own");
     }
   }
-  if (!options.resume_from.empty()) {
-    state_ = load_checkpoint(options.resume_from, *model_, optimizer_.get());
-  } else if (auto restored =
-                 options.backup_dir.empty()
-                     ? std::nullopt
-                     : restore_newest_usable(options.backup_dir, *model_, optimizer_.get())) {
+  // This run's backup first, as Keras' BackupAndRestore: the same command run again after a kill
+  // (a restart under hpm launch, --resume in it) continues where the backup stopped, not at the
+  // checkpoint it started from. Backups exist only while a run is unfinished.
+  std::optional<RestoredCheckpoint> restored;
+  if (!options.backup_dir.empty())
+    restored = restore_newest_usable(options.backup_dir, *model_, optimizer_.get());
+  if (restored) {
     state_ = restored->state;
     result.restored_from = restored->dir;
     skipped_backups = restored->skipped;
+  } else if (!options.resume_from.empty()) {
+    state_ = load_checkpoint(options.resume_from, *model_, optimizer_.get());
   } else {
     // A corrupt newest backup is reported through on_backup_restored even when an older one is
     // used; with none at all, training starts afresh.
     manual_seed(options.seed);
   }
-  // Continued: from a checkpoint (resume_from) or from this run's own backup.
+  // Continued: from this run's own backup, or from a checkpoint (resume_from).
   const bool continuing = !options.resume_from.empty() || !result.restored_from.empty();
-  const std::string saved = !options.resume_from.empty() ? "the checkpoint " + options.resume_from
-                                                         : "the backup " + result.restored_from;
+  const bool from_checkpoint = result.restored_from.empty() && !options.resume_from.empty();
+  const std::string saved = from_checkpoint ? "the checkpoint " + options.resume_from
+                                            : "the backup " + result.restored_from;
   if (continuing) {
     // A position mid-epoch counts batches of the size it was saved with: with another size the
     // restored iterator would skip or repeat data (or end the epoch at once).
@@ -354,7 +358,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   // A run resumed from an earlier step than checkpoint_dir's newest would write a second history
   // beside the first: a later restore would take the newest step, of either. (A run restored from
   // its own backup replays its own history, and rewrites those checkpoints by name.)
-  if (!options.resume_from.empty() && !options.checkpoint_dir.empty() && is_chief()) {
+  if (from_checkpoint && !options.checkpoint_dir.empty() && is_chief()) {
     const std::vector<std::int64_t> later =
         checkpoint_steps_after(options.checkpoint_dir, state_.global_step);
     if (!later.empty()) {

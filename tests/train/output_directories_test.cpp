@@ -258,6 +258,39 @@ TEST(OutputDirectories, NoMidEpochBackupAtAnEpochsLastStep) {
   EXPECT_EQ(watch->seen, (std::vector<std::int64_t>{2, 2}));
 }
 
+// The same command run again after an interruption continues from its backup, also when it names
+// a checkpoint to resume from (it restarted from that checkpoint, redoing everything since).
+TEST(OutputDirectories, ABackupWinsOverResumeFrom) {
+  TempDir dir;
+  auto train = blobs(64, 4);  // 4 steps an epoch
+  FitOptions o;
+  o.batch_size = 16;
+  o.checkpoint_dir = dir / "ck";
+  Rig first = make();
+  first.trainer->fit(train, nullptr, o);  // ck/ckpt-4
+
+  struct StopAfter : Callback {
+    void on_batch_end(Trainer& t, const BatchLogs& b) override {
+      if (b.global_step == 6) t.stop_training();
+    }
+  };
+  FitOptions run = o;
+  run.checkpoint_dir = dir / "ck2";
+  run.resume_from = dir / "ck";
+  run.epochs = 3;
+  run.backup_dir = dir / "bk";
+  run.backup_every_steps = 1;
+  run.keep_backup = true;  // as a killed run leaves it
+  Rig second = make();
+  second.trainer->add_callback(std::make_shared<StopAfter>());
+  EXPECT_EQ(second.trainer->fit(train, nullptr, run).steps, 2);
+
+  Rig again = make();
+  const FitResult r = again.trainer->fit(train, nullptr, run);
+  EXPECT_EQ(r.restored_from, dir / "bk/ckpt-6");
+  EXPECT_EQ(r.steps, 12 - 6);
+}
+
 // save_checkpoint's pruning keeps the checkpoint it wrote and never deletes later steps (another
 // history's), nor a directory that only looks like a checkpoint.
 TEST(OutputDirectories, PruningKeepsTheNewCheckpointAndLaterSteps) {

@@ -63,7 +63,9 @@ struct FitOptions {
   std::int64_t eval_batch_size = 1000;
   std::string checkpoint_dir;         // empty = no checkpoints
   std::int64_t checkpoint_every = 1;  // epochs
-  std::string resume_from;            // checkpoint root or ckpt-* directory
+  // A checkpoint root or ckpt-* directory to continue from, unless backup_dir holds a backup
+  // (this run's, interrupted), which is restored instead.
+  std::string resume_from;
 
   // BackupAndRestore (Keras' semantics): everything needed to continue exactly (model, optimizer,
   // epoch and step, the default generator, the input pipeline's position) is backed up in
