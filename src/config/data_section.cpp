@@ -154,6 +154,26 @@ void read_data(const Source& s, Config& c) {
                       "shards, as `hpm data tokenizer encode --files GLOB -o DIR` writes them: "
                       "DIR/train-*.tokens and DIR/val-*.tokens)");
   }
+  // Keys that change what the run reads or how, which the chosen source would ignore without a
+  // word (files given to the default idx source trained on Fashion-MNIST instead). Another
+  // source's location (dir for tfrecord, files for random_tokens: a config switched by --set)
+  // changes nothing and passes.
+  if (const toml::table* t = section(path, root, "data")) {
+    std::vector<std::string> unused;
+    if (c.source == "idx") {
+      unused = {"files", "test_files", "compression"};
+    } else if (c.token_source()) {  // a language model's windows, drawn from the run's seed
+      unused = {"compression",    "shuffle",     "shuffle_buffer", "cache",
+                "drop_remainder", "augment",     "parallel_calls", "prefetch",
+                "deterministic",  "train_limit", "test_limit"};
+    }
+    for (const std::string& key : unused) {
+      if (t->contains(key)) {
+        throw ConfigError(data.at(key) + ": [data] " + key + " does not apply to source = \"" +
+                          c.source + "\", which would ignore it; remove it");
+      }
+    }
+  }
   if (!c.tokenizer.empty()) read_tokenizer(data, c);
   if (c.source == "tfrecord" && (c.files.empty() || c.test_files.empty())) {
     throw ConfigError(data.at("source") +

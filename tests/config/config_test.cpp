@@ -191,6 +191,30 @@ TEST(Config, OverridesApplyAndAreChecked) {
       << type;
 }
 
+// Keys the chosen source would ignore without a word are refused, naming the key and the source:
+// files given to the default idx source (it trained on Fashion-MNIST), a text model's shuffle or
+// augment. Another source's location left by a --set of source passes.
+TEST(Config, DataKeysTheSourceIgnoresAreRefused) {
+  std::string msg = error_of(kValid, {"data.files=\"my/*.tfrecord\""});
+  EXPECT_NE(msg.find("[data] files does not apply to source = \"idx\", which would ignore it"),
+            std::string::npos)
+      << msg;
+  const std::string text =
+      "[model]\nkind = \"gpt\"\nvocab_size = 256\n[data]\nsource = "
+      "\"text\"\nfiles = \"x\"\n";
+  for (const char* key : {"data.shuffle=false", "data.augment=[{ op = \"random_flip\" }]",
+                          "data.train_limit=10", "data.prefetch=2"}) {
+    msg = error_of(text, {key});
+    EXPECT_NE(msg.find("does not apply to source = \"text\""), std::string::npos) << key << msg;
+  }
+  TempDir dir;
+  EXPECT_NO_THROW(
+      load_config(write(dir, text), {"data.source=\"random_tokens\"", "train.max_steps=10"}));
+  EXPECT_NO_THROW(
+      load_config(write(dir, std::string(kValid) + "[data]\ndir = \"d\"\n"),
+                  {"data.source=\"tfrecord\"", "data.files=\"a\"", "data.test_files=\"b\""}));
+}
+
 TEST(Config, NegativeLimitsAndSeedsAreRefusedWithTheirPlace) {
   std::string msg = error_of(std::string(kValid) + "\n[data]\ntrain_limit = -5\n");
   EXPECT_NE(msg.find("run.toml:12:15: [data] train_limit must be >= 0, got -5"), std::string::npos)
