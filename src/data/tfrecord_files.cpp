@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <climits>
 #include <cstdio>
+#include <filesystem>
+#include <regex>
 
 #include "hpm/data/image_codec.h"
 #include "hpm/io/atomic_file.h"
+#include "hpm/io/error.h"
 #include "hpm/io/idx.h"
 
 namespace hpm::data {
@@ -17,6 +20,26 @@ std::vector<WrittenShard> write_idx_as_tfrecords(const std::string& idx_dir,
   const std::string ext = compression == io::Compression::Gzip   ? ".tfrecord.gz"
                           : compression == io::Compression::Zlib ? ".tfrecord.zlib"
                                                                  : ".tfrecord";
+  // Shards of another conversion (another count or compression) beside these would be read with
+  // them by a `files` glob, every example twice: refused before anything is written.
+  const std::regex shard_name(R"((train|t10k)-\d{5}-of-(\d{5})(\.tfrecord(\.gz|\.zlib)?)?)");
+  char count[8];
+  std::snprintf(count, sizeof count, "%05d", shards);
+  std::vector<std::string> others;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(out_dir, ec)) {
+    const std::string n = e.path().filename().string();
+    std::smatch m;
+    if (std::regex_match(n, m, shard_name) && (m[2] != count || m[3] != ext)) others.push_back(n);
+  }
+  if (!others.empty()) {
+    std::sort(others.begin(), others.end());
+    throw io::IoError(
+        out_dir + " holds shards of another conversion (" + others.front() +
+        (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : "") +
+        ") that a files glob would read with these: remove them, or convert into "
+        "another directory");
+  }
   std::vector<WrittenShard> written;
   for (const char* split : {"train", "t10k"}) {
     const io::IdxArray images = io::read_idx(idx_dir + "/" + split + "-images-idx3-ubyte.gz");

@@ -156,6 +156,20 @@ TEST(HpmCommand, DataConvertThenInspect) {
   EXPECT_EQ(j["steps"].get<int>(), 30 / 16);
   Result bad = run("data inspect " + dir / "tfr/train-00001-of-00003.tfrecord.gz");
   EXPECT_EQ(bad.code, 1) << "a gzip file read as uncompressed must fail: " << bad.output;
+  // Converting again with another shard count or compression into the same directory is refused
+  // (the files glob read both conversions: every example twice); the same conversion rewrites.
+  for (const char* other : {" --shards 2 --compression gzip", " --shards 3"}) {
+    Result again = run("data convert --dir " + dir.path() + " --out " + dir / "tfr" + other);
+    EXPECT_EQ(again.code, 1) << other << again.output;
+    EXPECT_NE(again.output.find("holds shards of another conversion (t10k-00000-of-00003"),
+              std::string::npos)
+        << again.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "tfr/train-00000-of-00002.tfrecord.gz"));
+  EXPECT_EQ(run("data convert --dir " + dir.path() + " --out " + dir / "tfr" +
+                " --shards 3 --compression gzip")
+                .code,
+            0);
 }
 
 TEST(HpmCommand, DataBenchReportsStages) {
