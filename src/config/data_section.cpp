@@ -135,6 +135,14 @@ void read_data(const Source& s, Config& c) {
     c.augment = parse_augment(path, *t->get("augment"));
   }
   data.finish();
+  // 0 with shuffle = true did not shuffle at all, and -5 meant the whole set: neither says what
+  // it does.
+  if (c.shuffle_buffer == 0 || c.shuffle_buffer < -1) {
+    throw ConfigError(data.at("shuffle_buffer") +
+                      ": [data] shuffle_buffer must be -1 (the whole training set) or a positive "
+                      "count, got " +
+                      std::to_string(c.shuffle_buffer) + " (not to shuffle: shuffle = false)");
+  }
   if (c.source != "idx" && c.source != "tfrecord" && !c.token_source()) {
     throw ConfigError(data.at("source") + ": [data] source must be \"idx\", \"tfrecord\", " +
                       "\"text\", \"tokens\" or \"random_tokens\", got \"" + c.source + "\"");

@@ -207,7 +207,14 @@ TEST(Config, DataKeysTheSourceIgnoresAreRefused) {
     msg = error_of(text, {key});
     EXPECT_NE(msg.find("does not apply to source = \"text\""), std::string::npos) << key << msg;
   }
+  for (const char* buffer : {"data.shuffle_buffer=0", "data.shuffle_buffer=-5"}) {
+    msg = error_of(kValid, {buffer});
+    EXPECT_NE(msg.find("shuffle_buffer must be -1 (the whole training set) or a positive count"),
+              std::string::npos)
+        << buffer << msg;
+  }
   TempDir dir;
+  EXPECT_NO_THROW(load_config(write(dir, kValid), {"data.shuffle_buffer=100"}));
   EXPECT_NO_THROW(
       load_config(write(dir, text), {"data.source=\"random_tokens\"", "train.max_steps=10"}));
   EXPECT_NO_THROW(
