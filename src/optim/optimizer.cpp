@@ -291,4 +291,8 @@ float clip_grad_norm(const std::vector<Tensor>& params, float max_norm) {
   return scale_to_norm(grads, kernels::squared_norm(grads).item<double>(), max_norm);
 }
 
+float clip_grads_to(const std::vector<Tensor>& params, double norm_sq, float max_norm) {
+  return scale_to_norm(grads_of(params), norm_sq, max_norm);
+}
+
 }  // namespace hpm::optim

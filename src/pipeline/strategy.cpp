@@ -272,12 +272,7 @@ class PipelineStrategy final : public distribute::Strategy {
       norm_sq = t.item();
     }
     if (!std::isfinite(norm_sq)) return false;
-    const float coef = max_norm / (static_cast<float>(std::sqrt(norm_sq)) + 1e-6f);
-    if (coef >= 1.0f) return true;
-    for (const Tensor& p : rep.model->parameters()) {
-      Tensor g = p.grad();
-      if (g.defined()) kernels::scale_(g, coef);
-    }
+    optim::clip_grads_to(rep.model->parameters(), norm_sq, max_norm);
     return true;
   }
 

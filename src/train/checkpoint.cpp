@@ -51,6 +51,24 @@ void remove_checkpoint_files(const fs::path& dir) {
   if (fs::is_empty(dir, ec) && !ec) fs::remove(dir, ec);
 }
 
+// The ckpt-<N> directories under `root` by step, ascending (none when root does not exist). Not a
+// symbolic link (its target lies outside root), not "ckpt-900.bak" (a copy), not an N past 64
+// bits: none of those is one save_checkpoint made.
+std::vector<std::pair<std::int64_t, fs::path>> checkpoint_dirs(const std::string& root) {
+  std::vector<std::pair<std::int64_t, fs::path>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!e.is_directory(ec) || e.is_symlink(ec) || !is_checkpoint_name(n)) continue;
+    try {
+      found.emplace_back(std::stoll(n.substr(5)), e.path());
+    } catch (const std::exception&) {
+    }
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
 std::string resolve(const std::string& path) {
   if (fs::exists(path + "/trainer_state.json")) return path;
   const std::string latest = path + "/latest";
@@ -106,76 +124,44 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   // Prune the checkpoints older than this one, keeping the newest keep - 1 of them. Those of later
   // steps (a run continued from an earlier checkpoint of this root, which the Trainer refuses; a
   // library caller's) are another history's: never deleted here, nor this one just written.
-  std::vector<std::pair<std::int64_t, fs::path>> found;
-  for (const auto& e : fs::directory_iterator(root)) {
-    const std::string n = e.path().filename().string();
-    if (e.is_directory() && !e.is_symlink() && is_checkpoint_name(n) && n != name) {
-      try {
-        found.emplace_back(std::stoll(n.substr(5)), e.path());
-      } catch (const std::exception&) {  // out of range: not one of ours
-      }
-    }
-  }
-  std::erase_if(found, [&](const auto& f) { return f.first > state.global_step; });
-  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)) - 1; i < found.size(); ++i) {
-    remove_checkpoint_files(found[i].second);
-  }
+  std::vector<std::pair<std::int64_t, fs::path>> older = checkpoint_dirs(root);
+  std::erase_if(older, [&](const auto& f) { return f.first >= state.global_step; });
+  const auto keep_older = static_cast<std::size_t>(std::max(keep, 1)) - 1;
+  for (std::size_t i = 0; i + keep_older < older.size(); ++i)
+    remove_checkpoint_files(older[i].second);
   return dir;
 }
 
 bool holds_checkpoints(const std::string& root) {
   std::error_code ec;
-  if (fs::exists(fs::path(root) / "latest", ec)) return true;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    if (e.is_directory(ec) && is_checkpoint_name(e.path().filename().string())) return true;
-  }
-  return false;
+  return fs::exists(fs::path(root) / "latest", ec) || !checkpoint_dirs(root).empty();
 }
 
 std::vector<std::string> checkpoints_not_of_kind(const std::string& root, const std::string& kind) {
   std::vector<std::string> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string n = e.path().filename().string();
-    if (!e.is_directory(ec) || !is_checkpoint_name(n)) continue;
+  for (const auto& [step, dir] : checkpoint_dirs(root)) {
     TrainerState s;
     try {
-      s = read_checkpoint_state(e.path().string());
+      s = read_checkpoint_state(dir.string());
     } catch (const std::exception&) {
       continue;
     }
     const auto it = s.metadata.find(kCheckpointKind);
-    if (it == s.metadata.end() || it->second != kind) out.push_back(e.path().string());
+    if (it == s.metadata.end() || it->second != kind) out.push_back(dir.string());
   }
-  std::sort(out.begin(), out.end());
   return out;
 }
 
 std::vector<std::int64_t> checkpoint_steps_after(const std::string& root, std::int64_t step) {
   std::vector<std::int64_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string n = e.path().filename().string();
-    if (!e.is_directory(ec) || !is_checkpoint_name(n)) continue;
-    try {
-      const std::int64_t s = std::stoll(n.substr(5));
-      if (s > step) out.push_back(s);
-    } catch (const std::exception&) {  // out of range: not one of ours
-    }
-  }
-  std::sort(out.begin(), out.end());
+  for (const auto& [s, dir] : checkpoint_dirs(root))
+    if (s > step) out.push_back(s);
   return out;
 }
 
 void remove_checkpoints(const std::string& root) {
   std::error_code ec;
-  std::vector<fs::path> dirs;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    if (e.is_directory(ec) && is_checkpoint_name(e.path().filename().string()))
-      dirs.push_back(e.path());
-  }
-  for (const auto& d : dirs) remove_checkpoint_files(d);
+  for (const auto& [step, dir] : checkpoint_dirs(root)) remove_checkpoint_files(dir);
   std::vector<fs::path> latest;
   for (const auto& e : fs::directory_iterator(root, ec))
     if (names_file(e.path().filename().string(), "latest")) latest.push_back(e.path());
@@ -298,21 +284,11 @@ static void read_state_fields(const nlohmann::json& j, TrainerState& s) {
 
 std::optional<RestoredCheckpoint> restore_newest_usable(const std::string& root, nn::Module& model,
                                                         optim::Optimizer* optimizer) {
-  std::vector<std::pair<std::int64_t, std::string>> found;
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return std::nullopt;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string n = e.path().filename().string();
-    if (!e.is_directory() || !is_checkpoint_name(n)) continue;  // not "ckpt-900.bak", a copy
-    try {
-      found.emplace_back(std::stoll(n.substr(5)), e.path().string());
-    } catch (const std::exception&) {
-    }
-  }
+  const std::vector<std::pair<std::int64_t, fs::path>> found = checkpoint_dirs(root);
   if (found.empty()) return std::nullopt;
-  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
   RestoredCheckpoint r;
-  for (const auto& [step, dir] : found) {
+  for (auto it = found.rbegin(); it != found.rend(); ++it) {  // newest first
+    const std::string dir = it->second.string();
     try {
       r.state = load_checkpoint(dir, model, optimizer);
       r.dir = dir;

@@ -29,6 +29,11 @@ double since(Clock::time_point t0) {
 // Whether a backup directory is one hpm made: missing (this run makes it), or holding only what
 // an earlier run of hpm left there (its backups, `latest`, the lock file of a run that was
 // killed). An empty directory that was already there is the user's.
+// "X" or "X and N more", naming one of `count` things in a message.
+std::string one_and_more(const std::string& one, std::size_t count) {
+  return count > 1 ? one + " and " + std::to_string(count - 1) + " more" : one;
+}
+
 bool hpm_made(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -279,13 +284,12 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   if (!options.backup_dir.empty() && is_chief()) {
     const std::vector<std::string> others = checkpoints_not_of_kind(options.backup_dir, kBackup);
     if (!others.empty()) {
-      throw InputError(
-          "backup_dir " + options.backup_dir + " holds checkpoints that are not " + "backups (" +
-          others.front() +
-          (others.size() > 1 ? " and " + std::to_string(others.size() - 1) + " more" : "") +
-          "; an earlier run's checkpoint_dir?), which hpm would restore from and "
-          "then delete: continue from them with --resume, or give backup_dir a "
-          "directory of its own");
+      throw InputError("backup_dir " + options.backup_dir +
+                       " holds checkpoints that are not backups (" +
+                       one_and_more(others.front(), others.size()) +
+                       "; an earlier run's checkpoint_dir?), which hpm would restore from and "
+                       "then delete: continue from them with --resume, or give backup_dir a "
+                       "directory of its own");
     }
   }
   // This run's backup first, as Keras' BackupAndRestore: the same command run again after a kill
@@ -362,13 +366,12 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     const std::vector<std::int64_t> later =
         checkpoint_steps_after(options.checkpoint_dir, state_.global_step);
     if (!later.empty()) {
-      throw InputError(
-          saved + " is at global step " + std::to_string(state_.global_step) +
-          ", but checkpoint_dir " + options.checkpoint_dir +
-          " holds checkpoints of later steps (ckpt-" + std::to_string(later.back()) +
-          (later.size() > 1 ? " and " + std::to_string(later.size() - 1) + " more" : "") +
-          ") that this run's would mix with: move them away, or choose another "
-          "checkpoint_dir; hpm does not overwrite them");
+      throw InputError(saved + " is at global step " + std::to_string(state_.global_step) +
+                       ", but checkpoint_dir " + options.checkpoint_dir +
+                       " holds checkpoints of later steps (" +
+                       one_and_more("ckpt-" + std::to_string(later.back()), later.size()) +
+                       ") that this run's would mix with: move them away, or choose another "
+                       "checkpoint_dir; hpm does not overwrite them");
     }
   }
   state_.metadata = options.metadata;

@@ -147,5 +147,8 @@ class AdamW : public Adam {
 // Scales all gradients so their global L2 norm is at most max_norm; returns the norm before
 // clipping (torch.nn.utils.clip_grad_norm_).
 float clip_grad_norm(const std::vector<Tensor>& params, float max_norm);
+// Its scaling, for a squared norm computed elsewhere (a pipeline's, over every stage): each
+// gradient of params times max_norm / (norm + 1e-6) when that is below 1. Returns the norm.
+float clip_grads_to(const std::vector<Tensor>& params, double norm_sq, float max_norm);
 
 }  // namespace hpm::optim
