@@ -69,7 +69,15 @@ std::vector<data::AugmentOp> parse_augment(const std::string& path, const toml::
     } else if (op.op == "random_crop" || op.op == "resize") {
       throw ConfigError(eat + ": " + op.op + " needs 'size'");
     }
-    if (auto p = t["padding"].value_exact<std::int64_t>()) op.padding = static_cast<int>(*p);
+    if (const toml::node* padding = t.get("padding")) {
+      const auto p = padding->value_exact<std::int64_t>();
+      if (!p || *p < 0 || *p > 4096) {
+        throw ConfigError(where(path, *padding) +
+                          ": random_crop padding must be an integer from 0 to 4096 (pixels added "
+                          "on each side)");
+      }
+      op.padding = static_cast<int>(*p);
+    }
     if (op.op == "normalize") {
       op.mean = floats("mean");
       op.std = floats("std");

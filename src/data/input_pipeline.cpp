@@ -4,6 +4,7 @@
 #include <cmath>
 #include <filesystem>
 #include <iterator>
+#include <limits>
 #include <stdexcept>
 
 #include "hpm/data/file_sources.h"
@@ -193,8 +194,13 @@ Dataset build_tfrecord_input_pipeline(const std::string& files, io::Compression 
            " of " + std::to_string(spec.num_shards) + (spec.shard_files ? " (files)" : "") + "\n";
     d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path, key);
   }
-  if (spec.shuffle_buffer != 0)
-    d = d.shuffle(spec.shuffle_buffer < 0 ? 10000 : spec.shuffle_buffer, spec.seed);
+  // -1 shuffles the whole set, as for in-memory data: the buffer grows to hold every record (it
+  // was 10,000, so a larger set was only locally shuffled while the config said "all").
+  if (spec.shuffle_buffer != 0) {
+    d = d.shuffle(
+        spec.shuffle_buffer < 0 ? std::numeric_limits<std::int64_t>::max() : spec.shuffle_buffer,
+        spec.seed);
+  }
   if (!spec.augment.empty()) {
     const std::vector<AugmentOp> ops = spec.augment;
     d = Dataset::zip({d, Dataset::random(spec.seed)})

@@ -213,7 +213,20 @@ TEST(Config, DataKeysTheSourceIgnoresAreRefused) {
               std::string::npos)
         << buffer << msg;
   }
+  // random_crop's padding is a pixel count: 4.0, "4" or -1 was dropped without a word (no padding).
+  for (const char* padding : {"4.0", "\"4\"", "-1"}) {
+    msg = error_of(kValid,
+                   {std::string("data.augment=[{ op = \"random_crop\", size = 28, padding = ") +
+                    padding + " }]"});
+    EXPECT_NE(msg.find("random_crop padding must be an integer from 0 to 4096"), std::string::npos)
+        << padding << msg;
+  }
   TempDir dir;
+  EXPECT_EQ(load_config(write(dir, kValid),
+                        {"data.augment=[{ op = \"random_crop\", size = 28, padding = 4 }]"})
+                .augment.at(0)
+                .padding,
+            4);
   EXPECT_NO_THROW(load_config(write(dir, kValid), {"data.shuffle_buffer=100"}));
   EXPECT_NO_THROW(
       load_config(write(dir, text), {"data.source=\"random_tokens\"", "train.max_steps=10"}));

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "common/temp_dir.h"
+#include "hpm/data/input_pipeline.h"
 
 namespace hpm::data {
 namespace {
@@ -145,6 +146,37 @@ TEST(FileSources, TextLinesAndCsv) {
   ASSERT_TRUE(restored->next(e));
   EXPECT_FLOAT_EQ(e[0].item(), 2.5f);
   EXPECT_FALSE(restored->next(e));
+}
+
+// shuffle_buffer = -1 shuffles the whole TFRecord set, as the config documents: it was a 10,000
+// record buffer, so the first 100 records of an epoch could only be among the first 10,099.
+TEST(FileSources, TfRecordPipelineShufflesTheWholeSetForMinusOne) {
+  TempDir dir;
+  constexpr int kRecords = 20000;
+  write_examples(dir / "all.tfrecord", 0, kRecords);
+  InputPipelineSpec spec;
+  spec.shuffle_buffer = -1;
+  spec.seed = 7;
+  spec.batch_size = 100;
+  spec.prefetch = 0;
+  spec.parallel_calls = 1;
+  auto it = build_tfrecord_input_pipeline(dir / "all.tfrecord", io::Compression::None, spec)
+                .make_iterator();
+  Element batch;
+  ASSERT_TRUE(it->next(batch));
+  int beyond_a_bounded_buffer = 0;
+  for (std::int64_t label : batch[1].to_vector_i64()) beyond_a_bounded_buffer += label >= 10100;
+  EXPECT_GT(beyond_a_bounded_buffer, 20);  // about half of them
+  std::vector<bool> seen(kRecords);
+  int records = 0;
+  do {
+    for (std::int64_t label : batch[1].to_vector_i64()) {
+      ASSERT_FALSE(seen.at(static_cast<std::size_t>(label))) << label;
+      seen[static_cast<std::size_t>(label)] = true;
+      ++records;
+    }
+  } while (it->next(batch));
+  EXPECT_EQ(records, kRecords);
 }
 
 }  // namespace
