@@ -1,6 +1,12 @@
 #include "hpm/train/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -69,6 +75,52 @@ std::vector<std::pair<std::int64_t, fs::path>> checkpoint_dirs(const std::string
   return found;
 }
 
+// Whether `name` is a directory save_checkpoint writes beside ckpt-<N> while it replaces it,
+// "ckpt-<N>.tmp.<pid>" (the new one, staged) or "ckpt-<N>.old.<pid>" (the old one, moved aside
+// where the filesystem cannot exchange two directories): a crash can leave one.
+bool is_staging_name(const std::string& name) {
+  for (const char* mark : {".tmp.", ".old."}) {
+    const std::size_t at = name.find(mark);
+    if (at == std::string::npos || at + 5 >= name.size()) continue;
+    if (is_checkpoint_name(name.substr(0, at)) &&
+        name.find_first_not_of("0123456789", at + 5) == std::string::npos)
+      return true;
+  }
+  return false;
+}
+
+// Puts the complete checkpoint staged in `staged` where `dir`, an older one of the same step, is,
+// in one step where the filesystem can (renameat2's RENAME_EXCHANGE: `dir` is at every moment one
+// whole checkpoint or the other), otherwise in two renames. Files someone else put in `dir` move
+// into the new one; the old checkpoint's own files are deleted.
+void replace_checkpoint_dir(const std::string& staged, const std::string& dir) {
+  std::string old = staged;
+  if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
+    const int err = errno;
+    if (err != EINVAL && err != ENOSYS && err != ENOTSUP) {
+      throw CheckpointError("cannot replace " + dir + " by " + staged + ": " + std::strerror(err) +
+                            " (" + dir + " is unchanged)");
+    }
+    old = dir + ".old." + std::to_string(::getpid());
+    if (::rename(dir.c_str(), old.c_str()) != 0) {
+      const int e = errno;
+      throw CheckpointError("cannot move " + dir + " aside to replace it: " + std::strerror(e) +
+                            " (" + dir + " is unchanged)");
+    }
+    if (::rename(staged.c_str(), dir.c_str()) != 0) {
+      const int e = errno;
+      ::rename(old.c_str(), dir.c_str());
+      throw CheckpointError("cannot move " + staged + " to " + dir + ": " + std::strerror(e));
+    }
+  }
+  std::error_code ec;
+  std::vector<fs::path> theirs;
+  for (const auto& e : fs::directory_iterator(old, ec))
+    if (!is_checkpoint_file(e.path().filename().string())) theirs.push_back(e.path());
+  for (const auto& f : theirs) fs::rename(f, fs::path(dir) / f.filename(), ec);
+  remove_checkpoint_files(old);
+}
+
 std::string resolve(const std::string& path) {
   if (fs::exists(path + "/trainer_state.json")) return path;
   const std::string latest = path + "/latest";
@@ -86,8 +138,28 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
                             int keep) {
   io::ensure_directory(root);
   const std::string name = "ckpt-" + std::to_string(state.global_step);
-  const std::string dir = root + "/" + name;
+  const std::string final_dir = root + "/" + name;
+  // A checkpoint of this step already there (a run repeated from it, a caller's second save) is
+  // replaced whole or not at all: the new one is written beside it and swapped in, so a crash or
+  // a full disk midway leaves the old one readable. It was rewritten file by file in place, and a
+  // failure between two files left neither checkpoint (the last of its step, with keep = 1).
+  std::error_code ec;
+  const fs::file_status existing = fs::symlink_status(final_dir, ec);
+  const bool replacing = fs::exists(existing);
+  if (replacing && existing.type() != fs::file_type::directory) {
+    throw CheckpointError("cannot save checkpoint " + final_dir +
+                          ": it exists and is not a directory save_checkpoint made (a file or a "
+                          "symbolic link); it was left as it is");
+  }
+  const std::string dir = replacing ? final_dir + ".tmp." + std::to_string(::getpid()) : final_dir;
+  if (replacing) remove_checkpoint_files(dir);  // a crashed save's, of this process id
   io::ensure_directory(dir);
+  struct StagedFiles {  // a failed replacement deletes what it staged
+    const std::string* dir;
+    ~StagedFiles() {
+      if (dir != nullptr) remove_checkpoint_files(*dir);
+    }
+  } staged{replacing ? &dir : nullptr};
   json files = json::object();
   auto write = [&](const std::string& file, const io::NamedTensors& tensors) {
     const std::string bytes = io::encode_safetensors(tensors, {{"format", "pt"}});
@@ -119,6 +191,10 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   if (state.batch_size > 0) j["input_batch_size"] = state.batch_size;
   if (!state.metadata.empty()) j["metadata"] = state.metadata;
   io::write_file_atomic(dir + "/trainer_state.json", j.dump(2) + "\n");
+  if (replacing) {
+    replace_checkpoint_dir(dir, final_dir);
+    staged.dir = nullptr;
+  }
   io::write_file_atomic(root + "/latest", name + "\n");
 
   // Prune the checkpoints older than this one, keeping the newest keep - 1 of them. Those of later
@@ -129,7 +205,7 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   const auto keep_older = static_cast<std::size_t>(std::max(keep, 1)) - 1;
   for (std::size_t i = 0; i + keep_older < older.size(); ++i)
     remove_checkpoint_files(older[i].second);
-  return dir;
+  return final_dir;
 }
 
 bool holds_checkpoints(const std::string& root) {
@@ -162,6 +238,11 @@ std::vector<std::int64_t> checkpoint_steps_after(const std::string& root, std::i
 void remove_checkpoints(const std::string& root) {
   std::error_code ec;
   for (const auto& [step, dir] : checkpoint_dirs(root)) remove_checkpoint_files(dir);
+  std::vector<fs::path> staging;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (e.is_directory(ec) && !e.is_symlink(ec) && is_staging_name(e.path().filename().string()))
+      staging.push_back(e.path());
+  for (const auto& d : staging) remove_checkpoint_files(d);
   std::vector<fs::path> latest;
   for (const auto& e : fs::directory_iterator(root, ec))
     if (names_file(e.path().filename().string(), "latest")) latest.push_back(e.path());

@@ -1,6 +1,7 @@
 // What the Trainer may delete and overwrite in the directories it writes: only its own files, and
 // never an earlier or concurrent run's checkpoints.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include "common/temp_dir.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/paths.h"
+#include "hpm/io/safetensors.h"
 #include "hpm/nn/layers.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/directory_lock.h"
@@ -316,6 +318,63 @@ TEST(OutputDirectories, PruningKeepsTheNewCheckpointAndLaterSteps) {
   EXPECT_FALSE(fs::exists(root + "/ckpt-5"));
   for (const char* kept : {"ckpt-20", "ckpt-25", "ckpt-30"})
     EXPECT_TRUE(fs::exists(root + "/" + kept)) << kept;
+}
+
+// A save at a step whose checkpoint is already there replaces it whole or not at all. It was
+// rewritten file by file in place: a failure after the model's file (here the file-size limit, as
+// a full disk would) left a checkpoint whose model did not match its record, and so none.
+TEST(OutputDirectories, ASaveAtAnExistingStepReplacesItWholeOrNotAtAll) {
+  TempDir dir;
+  const std::string root = dir / "ck";
+  Rig s = make();
+  FitOptions o;  // one step, so that SGD holds its momentum (a file larger than the model's)
+  o.batch_size = 16;
+  s.trainer->fit(blobs(16, 1), nullptr, o);
+  TrainerState st;
+  st.global_step = 5;
+  save_checkpoint(root, *s.model, *s.opt, st, 1);
+  write(root + "/ckpt-5/notes.txt", "the user's");
+  const float before = s.model->named_parameters().at(0).second.data<float>()[0];
+  for (auto& [name, p] : s.model->named_parameters()) {
+    float* d = p.data<float>();
+    for (std::int64_t i = 0; i < p.numel(); ++i) d[i] += 1.0f;
+  }
+  auto first_weight = [&](const std::string& ckpt) {
+    Rig fresh = make();
+    load_checkpoint(ckpt, *fresh.model, fresh.opt.get());
+    return fresh.model->named_parameters().at(0).second.data<float>()[0];
+  };
+
+  const auto model_bytes = io::encode_safetensors(s.model->state_dict(), {{"format", "pt"}}).size();
+  const auto optimizer_bytes = io::encode_safetensors(s.opt->state(), {{"format", "pt"}}).size();
+  ASSERT_GT(optimizer_bytes, model_bytes);
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &saved), 0);
+  rlimit limited = saved;
+  limited.rlim_cur = model_bytes;  // the model's file is written, the optimizer's is refused
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limited), 0);
+  EXPECT_THROW(save_checkpoint(root, *s.model, *s.opt, st, 1), io::IoError);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &saved), 0);
+  EXPECT_EQ(first_weight(root + "/ckpt-5"), before);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(root)) left.push_back(e.path().filename());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"ckpt-5", "latest"}));
+
+  EXPECT_EQ(save_checkpoint(root, *s.model, *s.opt, st, 1), root + "/ckpt-5");
+  EXPECT_EQ(first_weight(root + "/ckpt-5"), before + 1.0f);
+  EXPECT_EQ(io::read_file(root + "/ckpt-5/notes.txt"), "the user's");
+  left.clear();
+  for (const auto& e : fs::directory_iterator(root)) left.push_back(e.path().filename());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"ckpt-5", "latest"}));
+
+  // A crash mid-replacement leaves the staged copy; the run's cleanup deletes it with the rest.
+  fs::create_directories(root + "/ckpt-5.tmp.99999");
+  write(root + "/ckpt-5.tmp.99999/model.safetensors", "partial");
+  remove_checkpoints(root);
+  EXPECT_FALSE(fs::exists(root + "/ckpt-5.tmp.99999"));
+  EXPECT_TRUE(fs::exists(root + "/ckpt-5/notes.txt"));
 }
 
 // Two runs on one checkpoint_dir at once: the second is refused before it trains, naming the

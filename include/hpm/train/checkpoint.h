@@ -37,7 +37,11 @@ class CheckpointError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Returns the directory written. Keeps the newest `keep` checkpoints under root.
+// Returns the directory written, root/ckpt-<global step>. Keeps the newest `keep` checkpoints under
+// root of steps up to this one (later ones are another history's, never deleted). One of the same
+// step already there is replaced whole or not at all (written beside it, then swapped in); files
+// someone else put in it stay. Throws CheckpointError (or io::IoError) naming the file; what was
+// saved before stays readable.
 std::string save_checkpoint(const std::string& root, const nn::Module& model,
                             const optim::Optimizer& optimizer, const TrainerState& state,
                             int keep = 2);
@@ -70,8 +74,8 @@ std::vector<std::string> checkpoints_not_of_kind(const std::string& root, const 
 std::vector<std::int64_t> checkpoint_steps_after(const std::string& root, std::int64_t step);
 
 // Deletes what save_checkpoint wrote under `root`, by name: each ckpt-<N> directory's files (and
-// the directory when that empties it) and `latest`. Anything else in `root` stays, and so does
-// `root`.
+// the directory when that empties it), those of a replacement a crash left ("ckpt-<N>.tmp.<pid>")
+// and `latest`. Anything else in `root` stays, and so does `root`.
 void remove_checkpoints(const std::string& root);
 
 // The ckpt-* directory `path` names (following `latest` from a root); CheckpointError if none.
