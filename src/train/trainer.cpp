@@ -170,16 +170,39 @@ void Trainer::explain_out_of_memory(const Tensor& x, const Tensor& y,
     throw OutOfMemoryStop(os.str());
   }
   device.set_budget(Device::kUnlimited);
+  // The measurement runs the step for real; what it changes (the parameters, the optimizer's
+  // state) is put back after, so a caller that catches the error holds the model it had before
+  // (a library caller retrying with a smaller batch trained on one more step without knowing).
+  // The copies are on the host; where that is the measured device, their bytes are not the step's.
+  const std::size_t before_copies = device.stats().current_bytes;
+  const auto host_copy = [](const nn::NamedTensors& tensors) {
+    nn::NamedTensors out;
+    for (const auto& [name, t] : tensors) {
+      Tensor c = Tensor::empty(t.shape(), t.dtype(), Device::cpu());
+      c.copy_(t);
+      out.emplace_back(name, c);
+    }
+    return out;
+  };
+  const nn::NamedTensors model_before = host_copy(model_->state_dict());
+  const nn::NamedTensors optimizer_before = host_copy(optimizer_->state());
+  const std::size_t copies = device.stats().current_bytes - before_copies;
+  const auto put_back = [&] {
+    model_->load_state_dict(model_before);
+    optimizer_->load_state(optimizer_before);
+    unverified_update_.reset();  // undone
+    device.set_budget(budget);
+  };
   device.reset_peak();
   std::int64_t correct = 0;
   try {
     train_step(x, y, &correct);
   } catch (...) {
-    device.set_budget(budget);
+    put_back();
     throw;
   }
-  const std::size_t need = device.stats().peak_bytes;
-  device.set_budget(budget);
+  const std::size_t need = device.stats().peak_bytes - copies;
+  put_back();
   os << "the training step needs " << static_cast<double>(need) / kMiB << " MiB, device '"
      << device.name() << "' has a budget of " << static_cast<double>(budget) / kMiB
      << " MiB; try [memory] recompute, offload or [pipeline] stages (" << error.what() << ")";

@@ -55,10 +55,13 @@ TEST(TrainerMemory, AccumulationMatchesWholeBatches) {
 
 TEST(TrainerMemory, AStepOverTheBudgetNamesItsNeedAndTheBudget) {
   auto m = model(512);
-  Trainer t(m, std::make_shared<optim::SGD>(m->named_parameters(), optim::SgdOptions{0.05f, 0.9f}));
+  auto sgd = std::make_shared<optim::SGD>(m->named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+  Trainer t(m, sgd);
   const auto data = blobs(256, 1);
   FitOptions o;
   o.batch_size = 256;
+  std::vector<std::vector<float>> before;
+  for (auto& p : m->parameters()) before.push_back(p.to_vector());
   Device& cpu = Device::cpu();
   const std::size_t budget = cpu.stats().current_bytes + (64u << 10);
   cpu.set_budget(budget);
@@ -77,6 +80,13 @@ TEST(TrainerMemory, AStepOverTheBudgetNamesItsNeedAndTheBudget) {
     EXPECT_GT(need * 1024 * 1024, static_cast<double>(budget)) << msg;
   }
   EXPECT_EQ(cpu.stats().budget_bytes, Device::kUnlimited);
+  // Measuring ran the step; its update was put back: the caller holds the model it had (it was
+  // one SGD step on, with momentum, for a step fit reported as failed).
+  std::vector<std::vector<float>> after;
+  for (auto& p : m->parameters()) after.push_back(p.to_vector());
+  EXPECT_EQ(after, before);
+  EXPECT_EQ(sgd->steps(), 0);
+  for (const auto& [name, buffer] : sgd->state()) EXPECT_EQ(name, "step");
 }
 
 TEST(TrainerMemory, ReplicasInSyncOverTheBudgetNameTheBudget) {
