@@ -362,6 +362,8 @@ constexpr const char* kBestValue = "best_value";
 
 void BestModelCheckpoint::on_train_begin(Trainer& trainer) {
   io::ensure_directory(dir_);  // fail before any work if it cannot be written
+  lock_ = DirectoryLock();     // this callback's from a fit that threw: released before it is taken
+  lock_ = DirectoryLock(dir_, "best_checkpoint_dir");
   best_ = worst(mode_);
   best_epoch_ = -1;
   last_saved_.clear();
@@ -411,5 +413,7 @@ void BestModelCheckpoint::on_epoch_end(Trainer& trainer, const EpochLogs& e) {
   s.metadata[kBestValue] = text;
   last_saved_ = save_checkpoint(dir_, trainer.model(), trainer.optimizer(), s, /*keep=*/1);
 }
+
+void BestModelCheckpoint::on_train_end(Trainer&, const FitResult&) { lock_ = DirectoryLock(); }
 
 }  // namespace hpm::train

@@ -395,6 +395,35 @@ TEST(BestModelCheckpoint, AContinuedRunMustBeatTheRecordedBest) {
   EXPECT_EQ(io::read_file(first->last_saved() + "/model.safetensors"), weights);
 }
 
+// Two runs writing their best into one directory would replace each other's (one is kept): the
+// second is refused before it trains, as for checkpoint_dir, and the lock goes with the run.
+TEST(BestModelCheckpoint, ASecondRunOnTheSameDirectoryIsRefused) {
+  auto train = blobs(64, 1), test = blobs(32, 2);
+  TempDir dir;
+  FitOptions f;
+  f.batch_size = 32;
+  {
+    DirectoryLock other_run(dir / "best", "best_checkpoint_dir");
+    Rig s = make();
+    s.trainer->add_callback(std::make_shared<BestModelCheckpoint>(dir / "best", "test_loss"));
+    try {
+      s.trainer->fit(train, &test, f);
+      FAIL() << "a second run wrote into a locked best_checkpoint_dir";
+    } catch (const DirectoryBusy& e) {
+      EXPECT_NE(std::string(e.what()).find("best_checkpoint_dir " + dir / "best"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_FALSE(holds_checkpoints(dir / "best"));
+  }
+  Rig s = make();
+  auto best = std::make_shared<BestModelCheckpoint>(dir / "best", "test_loss");
+  s.trainer->add_callback(best);
+  s.trainer->fit(train, &test, f);
+  EXPECT_TRUE(holds_checkpoints(dir / "best"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "best/" + DirectoryLock::kFileName));
+}
+
 TEST(BestModelCheckpoint, AccuracyByDefaultAndNeedsItsMetric) {
   auto train = blobs(320, 1), test = blobs(200, 2);
   TempDir dir;

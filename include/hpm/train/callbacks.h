@@ -6,6 +6,7 @@
 #include <fstream>
 #include <string>
 
+#include "hpm/train/directory_lock.h"
 #include "hpm/train/trainer.h"
 
 namespace hpm::train {
@@ -117,8 +118,11 @@ class BestModelCheckpoint : public Callback {
   // A continued run starts from the best its directory records (saved with each best checkpoint);
   // a fresh run into a directory that holds a best checkpoint, or one that records no best by this
   // monitor, is an InputError, as replacing it could lose a better model.
+  // The directory is locked from here to on_train_end (or this callback's end): a second run
+  // writing its best into it is refused (DirectoryBusy), as with checkpoint_dir.
   void on_train_begin(Trainer&) override;
   void on_epoch_end(Trainer& trainer, const EpochLogs& e) override;
+  void on_train_end(Trainer&, const FitResult&) override;
 
   double best() const { return best_; }
   std::int64_t best_epoch() const { return best_epoch_; }        // 0-based; -1 = none saved
@@ -126,6 +130,7 @@ class BestModelCheckpoint : public Callback {
 
  private:
   std::string dir_, monitor_, mode_;
+  DirectoryLock lock_;
   double best_ = 0;
   std::int64_t best_epoch_ = -1;
   std::string last_saved_;
