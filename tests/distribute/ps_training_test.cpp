@@ -13,6 +13,7 @@
 #include "common/training.h"
 #include "distribute/ps_cluster.h"
 #include "hpm/distribute/strategy.h"
+#include "hpm/io/atomic_file.h"
 #include "hpm/nn/offload.h"
 #include "hpm/nn/recompute.h"
 #include "hpm/tensor/kernels.h"
@@ -365,10 +366,16 @@ TEST(PsTraining, ACheckpointIsWhereTheNextJobStarts) {
   Cluster c = loopback_cluster(1);
   auto servers = start_servers(c, 2);
   CoordinatorOptions co = options(Mode::kAsync, 1, tasks_per_epoch(96, 16, 1));
-  co.checkpoint_dir = dir.path();
+  // Spelled with a trailing "/": pruning compared the listing's paths with its own spelling
+  // ("dir//ckpt-..."), so it deleted the checkpoint just written and the one before.
+  co.checkpoint_dir = dir.path() + "/";
+  std::filesystem::create_directories(dir / "ckpt-0000000003.bak");  // a copy of the user's
+  io::write_file_atomic(dir / "ckpt-0000000003.bak/manifest.json", "{}");
   auto worker = [](int w) { return WorkerOptions{.worker = w, .batch_size = 16}; };
   run_job(c, co, d, worker);  // epoch 1, checkpointed at its end
-  co.epochs = 2;              // the same job, asked for one more epoch
+  EXPECT_TRUE(std::filesystem::exists(dir / "ckpt-0000000006/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir / "ckpt-0000000003.bak/manifest.json"));
+  co.epochs = 2;  // the same job, asked for one more epoch
   servers = start_servers(c, 2);
   const RunResult r = run_job(c, co, d, worker);
   EXPECT_NE(r.report.restored_from.find("ckpt-0000000006"), std::string::npos);
@@ -376,6 +383,41 @@ TEST(PsTraining, ACheckpointIsWhereTheNextJobStarts) {
   // Two epochs straight through give the same parameters (the optimizer state was restored).
   const auto ref = reference(1, d, 2, 16, 0);
   for (std::size_t i = 0; i < ref.size(); ++i) ASSERT_EQ(r.params[i], ref[i]) << "parameter " << i;
+}
+
+// A job continues a checkpoint only if it counts steps as the writer did: its shards' versions
+// are the writer's steps, and a sync job continued with other parts per step (workers) or another
+// mode took the next epoch's pushes for duplicates and dropped them, reporting success.
+TEST(PsTraining, AJobCountingStepsOtherwiseIsRefusedItsCheckpoint) {
+  hpm::testing::TempDir dir;
+  const auto d = small_data(96);
+  Cluster c = loopback_cluster(2);
+  auto servers = start_servers(c, 2);
+  CoordinatorOptions co = options(Mode::kSync, 1, tasks_per_epoch(96, 16, 2));
+  co.checkpoint_dir = dir.path();
+  run_job(c, co, d, [](int w) { return WorkerOptions{.worker = w, .batch_size = 16}; });
+  struct Case {
+    Mode mode;
+    int workers;
+    std::int64_t tasks;
+    const char* named;
+  };
+  for (const Case& k :
+       {Case{Mode::kAsync, 2, tasks_per_epoch(96, 16, 2), "with mode sync"},
+        Case{Mode::kSync, 3, tasks_per_epoch(96, 16, 2), "with steps of 2 parts"},
+        Case{Mode::kSync, 2, tasks_per_epoch(96, 8, 2), "with epochs of 6 tasks"}}) {
+    Cluster other = loopback_cluster(k.workers);
+    servers = start_servers(other, 2);
+    CoordinatorOptions again = options(k.mode, 2, k.tasks);
+    again.checkpoint_dir = dir.path();
+    Coordinator coordinator(other, again, ps_variables(*small_model()), "127.0.0.1:0");
+    try {
+      coordinator.run();
+      ADD_FAILURE() << k.named << ": continued";
+    } catch (const PsError& e) {
+      EXPECT_NE(std::string(e.what()).find(k.named), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -61,6 +61,9 @@ PsCheckpoint read_ps_checkpoint(const std::string& dir) {
     c.next_task = m.at("next_task").get<std::int64_t>();
     c.redo = m.at("redo").get<std::vector<std::int64_t>>();
     c.metadata = metadata_of(m);
+    c.mode = m.value("mode", "");
+    c.parts = m.value("parts", std::int64_t{0});
+    c.tasks_per_epoch = m.value("tasks_per_epoch", std::int64_t{0});
     for (const auto& s : m.at("shards")) {
       const std::string file = dir + "/" + s.at("file").get<std::string>();
       const std::string bytes = io::read_file(file);

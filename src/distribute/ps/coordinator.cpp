@@ -314,6 +314,25 @@ struct Coordinator::Impl {
       return {0, {}};
     }
     const PsCheckpoint c = read_ps_checkpoint(dir);
+    // The shards' versions count this job's steps only if it counts them as the writer did: a sync
+    // job continued with more workers took every push of the next epoch for a duplicate (and
+    // dropped it, reporting success), with fewer it refused them all.
+    const auto differs = [&](const std::string& what, const std::string& then,
+                             const std::string& now) {
+      throw PsError("checkpoint " + dir + " was written by a job with " + what + " " + then +
+                    ", this job has " + now +
+                    ": continuing would count its steps differently and drop or refuse updates; "
+                    "continue with the same settings, or start in another checkpoint_dir");
+    };
+    if (!c.mode.empty() && c.mode != mode_name(o.mode)) differs("mode", c.mode, mode_name(o.mode));
+    if (c.parts > 0 && c.parts != parts) {
+      differs("steps of", std::to_string(c.parts) + " parts (its sync workers)",
+              std::to_string(parts));
+    }
+    if (c.tasks_per_epoch > 0 && c.tasks_per_epoch != o.tasks_per_epoch) {
+      differs("epochs of", std::to_string(c.tasks_per_epoch) + " tasks (batches)",
+              std::to_string(o.tasks_per_epoch) + " (another batch size or data set?)");
+    }
     if (c.versions.size() != cluster.ps.size()) {
       throw PsError("checkpoint " + dir + " has " + std::to_string(c.versions.size()) +
                     " shards, the cluster " + std::to_string(cluster.ps.size()) +
@@ -332,13 +351,18 @@ struct Coordinator::Impl {
   }
 
   void save_checkpoint(std::int64_t next, const std::vector<std::int64_t>& redo) {
+    const int parts = o.mode == Mode::kSync ? cluster.workers : 1;  // as the scheduler's
     char name[32];
     std::snprintf(name, sizeof name, "ckpt-%010lld", static_cast<long long>(next));
     const std::string dir = o.checkpoint_dir + "/" + name;
     io::ensure_directory(dir);
     const std::vector<ShardSave> saved = client->save(dir);
-    nlohmann::json m{
-        {"next_task", next}, {"redo", redo}, {"mode", mode_name(o.mode)}, {"metadata", o.metadata}};
+    nlohmann::json m{{"next_task", next},
+                     {"redo", redo},
+                     {"mode", mode_name(o.mode)},
+                     {"parts", parts},
+                     {"tasks_per_epoch", o.tasks_per_epoch},
+                     {"metadata", o.metadata}};
     m["shards"] = nlohmann::json::array();
     for (const auto& s : saved) {
       m["shards"].push_back({{"file", std::filesystem::path(s.file).filename().string()},
@@ -346,16 +370,23 @@ struct Coordinator::Impl {
                              {"version", s.version}});
     }
     io::write_file_atomic(dir + "/manifest.json", m.dump(2) + "\n");
-    const std::string previous = latest();
+    const std::string previous = std::filesystem::path(latest()).filename().string();
     io::write_file_atomic(o.checkpoint_dir + "/latest", std::string(name) + "\n");
     ++report.checkpoints;
-    // Keep the previous one too, until the next is complete.
-    // Only what a checkpoint holds, by name (hpm deletes only files it wrote).
+    // Keep the previous one too, until the next is complete. Compared by name: the paths the
+    // listing gives differ in spelling from those built here ("ps/" + "/ckpt-..." is not the
+    // listing's "ps/ckpt-..."), and a comparison of paths deleted the new one and the previous.
+    // Only a ckpt-<digits> directory a job made, and only what it holds, by name (hpm deletes only
+    // files it wrote).
+    const auto is_ckpt_name = [](const std::string& n) {
+      return n.size() > 5 && n.rfind("ckpt-", 0) == 0 &&
+             n.find_first_not_of("0123456789", 5) == std::string::npos;
+    };
     for (const auto& e : std::filesystem::directory_iterator(o.checkpoint_dir)) {
-      const std::string p = e.path().string();
-      if (e.is_directory() && e.path().filename().string().rfind("ckpt-", 0) == 0 && p != dir &&
-          p != previous && std::filesystem::exists(e.path() / "manifest.json"))
-        remove_ps_checkpoint(p);
+      const std::string n = e.path().filename().string();
+      if (e.is_directory() && !e.is_symlink() && is_ckpt_name(n) && n != name && n != previous &&
+          std::filesystem::exists(e.path() / "manifest.json"))
+        remove_ps_checkpoint(e.path().string());
     }
   }
 

@@ -20,6 +20,12 @@ struct PsCheckpoint {
   std::vector<std::int64_t> versions;       // per shard
   std::int64_t next_task = 0;
   std::vector<std::int64_t> redo;
+  // How the job that wrote it counted its work: "sync" or "async", the parts of a step (a sync
+  // job's workers; 1 async) and the tasks of an epoch. Its shards' versions count steps of those
+  // parts, so a job continuing with others would take its pushes for duplicates (empty and 0 in
+  // checkpoints from before they were recorded).
+  std::string mode;
+  std::int64_t parts = 0, tasks_per_epoch = 0;
   // What the job recorded to describe itself (CoordinatorOptions::metadata: the CLI's resolved
   // configuration and tokenizer), as a Trainer's checkpoint does.
   std::map<std::string, std::string> metadata;
