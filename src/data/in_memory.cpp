@@ -21,23 +21,34 @@ std::string find_idx(const std::string& dir, const std::string& stem) {
 }
 }  // namespace
 
+IdxSplit read_idx_split(const std::string& dir, const std::string& split) {
+  IdxSplit s;
+  s.image_path = find_idx(dir, split + "-images-idx3-ubyte");
+  s.label_path = find_idx(dir, split + "-labels-idx1-ubyte");
+  s.images = io::read_idx(s.image_path);
+  const io::IdxArray labels = io::read_idx(s.label_path);
+  if (s.images.dims.size() != 3) {
+    throw io::IoError(s.image_path + ": expected 3 dimensions (N, H, W), found " +
+                      std::to_string(s.images.dims.size()));
+  }
+  if (labels.dims.size() != 1 || labels.dims[0] != s.images.dims[0]) {
+    throw io::IoError(s.label_path + ": expected " + std::to_string(s.images.dims[0]) +
+                      " labels to match " + s.image_path);
+  }
+  try {
+    s.labels = io::idx_to_i64(labels);
+  } catch (const io::IoError& e) {
+    throw io::IoError(s.label_path + ": " + e.what());
+  }
+  return s;
+}
+
 LabelledData load_mnist_split(const std::string& dir, const std::string& split) {
-  const std::string image_path = find_idx(dir, split + "-images-idx3-ubyte");
-  const std::string label_path = find_idx(dir, split + "-labels-idx1-ubyte");
-  io::IdxArray images = io::read_idx(image_path);
-  io::IdxArray labels = io::read_idx(label_path);
-  if (images.dims.size() != 3) {
-    throw io::IoError(image_path + ": expected 3 dimensions (N, H, W), found " +
-                      std::to_string(images.dims.size()));
-  }
-  if (labels.dims.size() != 1 || labels.dims[0] != images.dims[0]) {
-    throw io::IoError(label_path + ": expected " + std::to_string(images.dims[0]) +
-                      " labels to match " + image_path);
-  }
+  const IdxSplit s = read_idx_split(dir, split);
   LabelledData d;
-  d.inputs = io::idx_to_f32(images, 1.0f / 255.0f)
-                 .reshape({images.dims[0], 1, images.dims[1], images.dims[2]});
-  d.labels = io::idx_to_i64(labels);
+  d.inputs = io::idx_to_f32(s.images, 1.0f / 255.0f)
+                 .reshape({s.images.dims[0], 1, s.images.dims[1], s.images.dims[2]});
+  d.labels = s.labels;
   return d;
 }
 

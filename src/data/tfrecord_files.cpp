@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "hpm/data/image_codec.h"
+#include "hpm/data/in_memory.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/error.h"
 #include "hpm/io/idx.h"
@@ -40,12 +41,30 @@ std::vector<WrittenShard> write_idx_as_tfrecords(const std::string& idx_dir,
         ") that a files glob would read with these: remove them, or convert into "
         "another directory");
   }
+  // Both splits read and checked as training reads them before anything is written (the labels'
+  // count and integer type: a label was each one's first byte, and past the images' count bytes
+  // beyond the file's).
+  const IdxSplit pairs[] = {read_idx_split(idx_dir, "train"), read_idx_split(idx_dir, "t10k")};
+  for (const IdxSplit& pair : pairs) {
+    if (pair.images.type != io::kIdxU8) {
+      throw io::IoError(pair.image_path +
+                        ": the images must be unsigned bytes (IDX type 0x08) to be stored as "
+                        "pixels");
+    }
+    if (!png && pair.images.dims[1] != pair.images.dims[2]) {
+      throw io::IoError(pair.image_path + ": images of " + std::to_string(pair.images.dims[1]) +
+                        "x" + std::to_string(pair.images.dims[2]) +
+                        " pixels are not square, which raw records must be (their side is the "
+                        "square root of their size): convert with --png");
+    }
+  }
   std::vector<WrittenShard> written;
-  for (const char* split : {"train", "t10k"}) {
-    const io::IdxArray images = io::read_idx(idx_dir + "/" + split + "-images-idx3-ubyte.gz");
-    const io::IdxArray labels = io::read_idx(idx_dir + "/" + split + "-labels-idx1-ubyte.gz");
+  for (const IdxSplit& pair : pairs) {
+    const char* split = &pair == &pairs[0] ? "train" : "t10k";
+    const io::IdxArray& images = pair.images;
+    const std::int64_t* labels = pair.labels.data<std::int64_t>();
     const std::int64_t n = images.dims[0];
-    const std::size_t image_bytes = images.data.size() / static_cast<std::size_t>(n);
+    const auto image_bytes = static_cast<std::size_t>(images.dims[1] * images.dims[2]);
     for (int shard = 0; shard < shards; ++shard) {
       char name[96];
       std::snprintf(name, sizeof name, "/%s-%05d-of-%05d", split, shard, shards);
@@ -63,8 +82,7 @@ std::vector<WrittenShard> write_idx_as_tfrecords(const std::string& idx_dir,
         }
         io::Example ex;
         ex["image"] = io::Feature::of_bytes({std::move(bytes)});
-        ex["label"] = io::Feature::of_ints(
-            {static_cast<std::int64_t>(labels.data[static_cast<std::size_t>(i)])});
+        ex["label"] = io::Feature::of_ints({labels[i]});
         w.write(io::encode_example(ex));
         ++out.records;
       }

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "hpm/io/idx.h"
 #include "hpm/tensor/tensor.h"
 
 namespace hpm::data {
@@ -18,6 +19,16 @@ struct LabelledData {
     return {inputs.narrow(0, n), labels.narrow(0, n)};
   }
 };
+
+// The IDX pair of `split` in `dir` as stored, checked to agree: images (N, H, W) of any IDX type,
+// N labels of an integer type (as int64). Throws io::IoError naming the file. What
+// load_mnist_split and `hpm data convert` read.
+struct IdxSplit {
+  std::string image_path, label_path;
+  io::IdxArray images;
+  Tensor labels;  // (N) I64
+};
+IdxSplit read_idx_split(const std::string& dir, const std::string& split);
 
 // Reads `<dir>/<split>-images-idx3-ubyte[.gz]` and `<dir>/<split>-labels-idx1-ubyte[.gz]`
 // (split "train" or "t10k"), images scaled to [0, 1] as (N, 1, H, W). Throws io::IoError naming
