@@ -54,6 +54,36 @@ void check_ps_settings(const Config& cfg) {
     refuse_setting(cfg, "train", "clip_grad_norm",
                    "does not reach parameter-server workers: they push unclipped gradients");
   }
+  // What the workers' input and the servers' optimizer do not honour, refused rather than run
+  // otherwise than asked: each was ignored without a word.
+  if (!cfg.augment.empty()) {
+    refuse_setting(cfg, "data", "augment",
+                   "is not applied by hpm ps's workers, which train on the IDX rows as stored (its "
+                   "evaluation would see inputs its training did not)");
+  }
+  if (!cfg.shuffle || cfg.shuffle_buffer != -1) {
+    refuse_setting(cfg, "data", cfg.shuffle ? "shuffle_buffer" : "shuffle",
+                   "is not honoured by hpm ps: its workers take each epoch's rows in an order "
+                   "shuffled whole");
+  }
+  if (!cfg.drop_remainder) {
+    refuse_setting(cfg, "data", "drop_remainder",
+                   "= false is not honoured by hpm ps: an epoch is its whole steps of "
+                   "batch_size rows per worker part");
+  }
+  if (cfg.schedule_unit == "step") {
+    refuse_setting(cfg, "schedule", "unit",
+                   "= \"step\" is not honoured by hpm ps: its coordinator sets the learning rate "
+                   "once an epoch");
+  }
+  if (cfg.by_steps()) {
+    refuse_setting(cfg, "train", "max_steps",
+                   "does not apply to hpm ps, which trains whole epochs ([train] epochs)");
+  }
+  if (cfg.weight_decay_min_rank != 0) {
+    refuse_setting(cfg, "optimizer", "weight_decay_min_rank",
+                   "does not reach the parameter servers' optimizer, which decays every variable");
+  }
 }
 
 ps::ServerCounters run_ps_server(const Config& cfg, int task, const RunLog& log) {
