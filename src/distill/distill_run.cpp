@@ -6,6 +6,7 @@
 #include "hpm/config/datasets.h"
 #include "hpm/config/training_run.h"
 #include "hpm/data/in_memory.h"
+#include "hpm/data/input_pipeline.h"
 #include "hpm/train/checkpoint.h"
 #include "hpm/train/trainer.h"
 
@@ -76,6 +77,27 @@ Trained train_model(const config::Config& cfg, const std::string& what,
   return t;
 }
 
+// The deterministic part of an augment list (normalize, resize: what evaluation applies too), as
+// text to compare and to quote.
+std::string preprocessing_text(const std::vector<data::AugmentOp>& ops) {
+  std::string out;
+  const auto numbers = [](const std::vector<float>& v) {
+    std::string t;
+    for (float x : v) t += (t.empty() ? "" : ", ") + format_line("%g", static_cast<double>(x));
+    return "[" + t + "]";
+  };
+  for (const data::AugmentOp& op : ops) {
+    std::string one;
+    if (op.op == "normalize")
+      one = "normalize(mean " + numbers(op.mean) + ", std " + numbers(op.std) + ")";
+    if (op.op == "resize")
+      one = format_line("resize(%lldx%lld)", static_cast<long long>(op.height),
+                        static_cast<long long>(op.width));
+    if (!one.empty()) out += (out.empty() ? "" : " then ") + one;
+  }
+  return out.empty() ? "nothing (no normalize or resize)" : out;
+}
+
 // A teacher must answer the student's inputs with predictions over the student's outputs: a GPT
 // for a GPT (the same vocabulary and tokenizer, a context at least the student's block), a
 // classifier for a classifier.
@@ -89,7 +111,20 @@ void check_teacher(const config::Config& student, const config::Config& teacher,
                       ": a language model learns from language models, a classifier from "
                       "classifiers");
   }
-  if (!lm) return;
+  if (!lm) {
+    // The teacher runs on the student's batches and test set, preprocessed by the student's
+    // [data] augment: a teacher trained on other inputs (normalized where the student's are not)
+    // gave soft targets and an accuracy of inputs it never saw, without a word.
+    const std::string tp = preprocessing_text(teacher.augment),
+                      sp = preprocessing_text(student.augment);
+    if (tp != sp) {
+      throw ConfigError(at + " was trained on inputs preprocessed by " + tp + ", the student (" +
+                        student.path + ") preprocesses its inputs by " + sp +
+                        ": the teacher runs on the student's inputs; give both [data] augment "
+                        "the same normalize and resize");
+    }
+    return;
+  }
   if (teacher.gpt.vocab_size != student.gpt.vocab_size) {
     throw ConfigError(at + " has vocab_size " + std::to_string(teacher.gpt.vocab_size) +
                       ", the student " + std::to_string(student.gpt.vocab_size) +

@@ -30,6 +30,26 @@ void refuse_what_noisy_student_ignores(const config::Config& c, bool outputs) {
   if (c.offload) config::refuse_setting(c, "memory", "offload", why);
   if (c.device_budget_mb > 0) config::refuse_setting(c, "memory", "device_budget_mb", why);
   if (c.early_stopping) config::refuse_setting(c, "early_stopping", "", why);
+  // Each was ignored without a word: the rounds trained on the rows as stored while the test set
+  // went through augment's normalize; a warmup of N steps ran as N epochs; the rounds ran on the
+  // CPU whatever the device said.
+  if (!c.augment.empty()) {
+    config::refuse_setting(c, "data", "augment",
+                           "does not reach Noisy Student, whose rounds train on the rows as "
+                           "stored with their own noise ([noisy_student] crop_padding, flip): "
+                           "remove it");
+  }
+  if (c.schedule_unit == "step") {
+    config::refuse_setting(c, "schedule", "unit",
+                           "= \"step\" is not honoured by Noisy Student, whose rounds set the "
+                           "learning rate once an epoch: use unit = \"epoch\"");
+  }
+  if (c.device != "cpu") {
+    config::refuse_setting(c, "train", "device",
+                           "= \"" + c.device +
+                               "\" is not applied by Noisy Student yet: its "
+                               "rounds train on the CPU");
+  }
   if (!outputs) return;
   const std::pair<const char*, const std::string*> files[] = {
       {"checkpoint_dir", &c.checkpoint_dir},

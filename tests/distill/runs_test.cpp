@@ -93,6 +93,26 @@ TEST(DistillationRun, RefusesWhatItCannotHonourBeforeAnyWork) {
     EXPECT_NE(std::string(e.what()).find("device"), std::string::npos) << e.what();
   }
   cfg.device = "cpu";
+  // A classifier teacher runs on the student's inputs: trained without normalize, it was given
+  // normalized ones (soft targets and accuracy of inputs it never saw).
+  config::Config normalized = cfg;
+  data::AugmentOp normalize;
+  normalize.op = "normalize";
+  normalize.mean = {0.5f};
+  normalize.std = {0.25f};
+  normalized.augment = {normalize};
+  try {
+    run_distillation(normalized, nullptr);
+    FAIL() << "a teacher of other preprocessing was accepted";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "was trained on inputs preprocessed by nothing (no normalize or resize), the "
+                  "student"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("by normalize(mean [0.5], std [0.25])"), std::string::npos)
+        << e.what();
+  }
   cfg.distill.teachers.clear();
   EXPECT_THROW(run_distillation(cfg, nullptr), config::ConfigError);
   EXPECT_FALSE(std::filesystem::exists(dir / "teacher")) << "nothing trained, nothing written";
@@ -123,6 +143,19 @@ TEST(NoisyStudentRun, SplitsTheRowsAndEachRoundsStudentTeachesTheNext) {
   config::Config all_labelled = cfg;
   all_labelled.noisy_student.labelled = 300;
   EXPECT_THROW(run_noisy_student(all_labelled, nullptr), config::ConfigError);
+  // Ignored without a word before: augment (the test set went through its normalize, training
+  // did not), a per-step schedule (run per epoch), the device (the CPU trained).
+  for (const char* set : {"data.augment=[{ op = \"normalize\", mean = 0.5, std = 0.25 }]",
+                          "schedule.unit=\"step\"", "train.device=\"cuda\""}) {
+    const config::Config refused = config::load_config(cfg.path, {set});
+    try {
+      run_noisy_student(refused, nullptr);
+      ADD_FAILURE() << set << " was accepted";
+    } catch (const config::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--set " + std::string(set) + ": "), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 TEST(CodistillationRun, CopiesOnThreadsAreScoredFromTheirGatheredLogits) {
@@ -150,6 +183,17 @@ TEST(CodistillationRun, CopiesOnThreadsAreScoredFromTheirGatheredLogits) {
   with_backup.backup_dir = dir / "backup";
   EXPECT_THROW(run_codistillation(with_backup, nullptr), config::ConfigError);
   EXPECT_FALSE(std::filesystem::exists(dir / "backup"));
+  config::Config on_gpu = cfg;  // it trained on the CPU without a word
+  on_gpu.device = "cuda";
+  try {
+    run_codistillation(on_gpu, nullptr);
+    ADD_FAILURE() << "device = cuda was accepted";
+  } catch (const config::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("[train] device = \"cuda\" is not applied by hpm "
+                                         "codistill"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
