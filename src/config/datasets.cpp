@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 
+#include "hpm/data/file_sources.h"
 #include "hpm/data/in_memory.h"
 #include "hpm/data/input_pipeline.h"
 #include "hpm/data/text_corpus.h"
@@ -149,12 +152,29 @@ data::Dataset training_pipeline(const Config& cfg, std::int64_t* examples,
 
 data::TokenSequence training_tokens(const Config& cfg) { return language_model_tokens(cfg).train; }
 
+namespace {
+// A record file in both globs made the test figures those of training data, reported as held out.
+void refuse_files_in_both_splits(const Config& cfg) {
+  std::set<std::filesystem::path> trained;
+  for (const std::string& f : data::glob_paths(cfg.files))
+    trained.insert(std::filesystem::weakly_canonical(f));
+  for (const std::string& f : data::glob_paths(cfg.test_files)) {
+    if (trained.count(std::filesystem::weakly_canonical(f))) {
+      throw ConfigError(cfg.path + ": [data] files (\"" + cfg.files + "\") and test_files (\"" +
+                        cfg.test_files + "\") both match " + f +
+                        ": the test set must be held out of training");
+    }
+  }
+}
+}  // namespace
+
 data::LabelledData test_set(const Config& cfg) {
   if (cfg.token_source()) {
     // The validation split's sweep, eval_iters batches of it (all of it for 0).
     return data::validation_windows(language_model_tokens(cfg).val, cfg.gpt.block_size,
                                     cfg.batch_size, cfg.eval_iters);
   }
+  if (cfg.source == "tfrecord") refuse_files_in_both_splits(cfg);
   data::LabelledData test =
       cfg.source == "tfrecord"
           ? data::load_tfrecord_examples(cfg.test_files, io::compression_from_name(cfg.compression))

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "common/hpm_cli.h"
 #include "common/temp_dir.h"
@@ -74,6 +75,26 @@ TEST(TrainingRun, TheTestSetIsNormalizedAsTheTrainingImagesAre) {
   ASSERT_EQ(after.size(), before.size());
   for (std::size_t i = 0; i < before.size(); ++i)
     ASSERT_FLOAT_EQ(after[i], (before[i] - 0.5f) / 0.25f) << i;
+}
+
+// TFRecord files matched by both globs: the test figures were of training data, reported as held
+// out. Refused, naming the file.
+TEST(TrainingRun, ATestSetSharingFilesWithTrainingIsRefused) {
+  TempDir dir;
+  std::ofstream(dir / "train-0.tfrecord") << "";
+  std::ofstream(dir / "t10k-0.tfrecord") << "";
+  const Config cfg =
+      load_config(hpm::testing::small_mlp_config(dir, dir.path()),
+                  {"data.source=\"tfrecord\"", "data.files=\"" + dir / "*.tfrecord" + "\"",
+                   "data.test_files=\"" + dir / "t10k-*.tfrecord" + "\""});
+  try {
+    test_set(cfg);
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("both match " + dir / "t10k-0.tfrecord"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // What a checkpoint records: the resolved config with [data] paths absolute, and its file.

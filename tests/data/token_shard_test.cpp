@@ -218,6 +218,11 @@ TEST(TokenShard, DocumentedErrorsNameTheFileAndTheByte) {
   expect(error_of([&] { load_token_shards(good, dir / "other-tok.tokens"); }),
          dir / "other-tok.tokens: byte 36: tokenizer 0x00000005, but " + good +
              " was made by 0x00000000");
+  // A training glob that also matches the validation shard: validation on training data.
+  write_token_shard(dir / "val-0.tokens", iota(10), 256, 0);
+  expect(error_of([&] { load_token_shards(dir / "*-0.tokens", dir / "val-0.tokens"); }),
+         dir / "val-0.tokens: is matched by both the training files ('" + dir / "*-0.tokens" +
+             "') and the validation files");
 }
 
 }  // namespace
