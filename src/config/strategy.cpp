@@ -60,16 +60,19 @@ std::vector<std::pair<std::string, std::string>> job_settings(const Config& c) {
     model = build_model(architecture)->repr();
   }
   std::string augment;
-  for (const auto& a : c.augment) {
-    augment += a.op + " " + std::to_string(a.padding) + " " + std::to_string(a.height) + "x" +
-               std::to_string(a.width) + ";";
-  }
   const auto text = [](auto v) {
     std::ostringstream os;
     os.precision(17);
     os << v;
     return os.str();
   };
+  for (const auto& a : c.augment) {  // normalize's values too: workers differing there disagreed
+    augment += a.op + " " + std::to_string(a.padding) + " " + std::to_string(a.height) + "x" +
+               std::to_string(a.width);
+    for (float m : a.mean) augment += " mean " + text(m);
+    for (float d : a.std) augment += " std " + text(d);
+    augment += ";";
+  }
   return {{"[model] (the layers and their sizes)", model},
           {"[data] source", c.source},
           {"[data] batch_size", text(c.batch_size)},

@@ -40,6 +40,15 @@ void read_strategy(const Source& s, Config& c) {
                       "central_storage, got \"" +
                       c.strategy + "\"");
   }
+  // Each worker builds the same pipeline and keeps its share of its order; an order that differs
+  // between processes (parallel maps in completion order) trained some examples twice an epoch
+  // and others never, without a word.
+  if (c.strategy == "multi_worker_mirrored" && !c.deterministic && c.shard != "files") {
+    throw ConfigError(st.at("kind") + ": [strategy] multi_worker_mirrored with shard = \"" +
+                      c.shard +
+                      "\" needs [data] deterministic = true: every worker must see one order to "
+                      "take its share of it (or shard = \"files\", each worker reading its own)");
+  }
   if (c.allreduce_dtype != "f32" && c.allreduce_dtype != "bf16") {
     throw ConfigError(st.at("allreduce_dtype") +
                       ": [strategy] allreduce_dtype must be \"f32\" or \"bf16\", got \"" +

@@ -235,6 +235,25 @@ TEST(Config, DataKeysTheSourceIgnoresAreRefused) {
                   {"data.source=\"tfrecord\"", "data.files=\"a\"", "data.test_files=\"b\""}));
 }
 
+// Workers take their share of one order: a pipeline whose order differs between processes trained
+// some examples twice an epoch and others never, without a word.
+TEST(Config, MultiWorkerTrainingNeedsADeterministicOrderUnlessEachReadsItsOwnFiles) {
+  const std::string msg =
+      error_of(kValid, {"strategy.kind=\"multi_worker_mirrored\"", "data.deterministic=false"});
+  EXPECT_NE(msg.find("[strategy] multi_worker_mirrored with shard = \"batch\" needs [data] "
+                     "deterministic = true"),
+            std::string::npos)
+      << msg;
+  TempDir dir;
+  EXPECT_NO_THROW(
+      load_config(write(dir, std::string(kValid) + "[data]\ndir = \"d\"\n"),
+                  {"strategy.kind=\"multi_worker_mirrored\"", "data.deterministic=false",
+                   "strategy.shard=\"files\"", "data.source=\"tfrecord\"", "data.files=\"a\"",
+                   "data.test_files=\"b\""}));
+  EXPECT_NO_THROW(
+      load_config(write(dir, kValid), {"strategy.kind=\"mirrored\"", "data.deterministic=false"}));
+}
+
 TEST(Config, NegativeLimitsAndSeedsAreRefusedWithTheirPlace) {
   std::string msg = error_of(std::string(kValid) + "\n[data]\ntrain_limit = -5\n");
   EXPECT_NE(msg.find("run.toml:12:15: [data] train_limit must be >= 0, got -5"), std::string::npos)
