@@ -93,6 +93,29 @@ void broadcast_state(const nn::Module& model, comm::Communicator& comm) {
   }
 }
 
+void average_buffers(const nn::Module& model, comm::Communicator& comm) {
+  nn::NamedTensors buffers = model.named_buffers();
+  std::erase_if(buffers, [](const auto& b) { return b.second.dtype() != DType::F32; });
+  std::int64_t total = 0;
+  for (const auto& [name, t] : buffers) total += t.numel();
+  if (total == 0 || comm.size() == 1) return;  // the same decision on every rank: same model
+  Tensor flat = Tensor::empty({total});
+  std::int64_t off = 0;
+  for (const auto& [name, t] : buffers) {
+    flat.narrow(off, t.numel()).copy_(t);
+    off += t.numel();
+  }
+  comm.allreduce(flat)->wait();
+  const float inv = 1.0f / static_cast<float>(comm.size());
+  float* f = flat.data<float>();
+  for (std::int64_t i = 0; i < total; ++i) f[i] *= inv;
+  off = 0;
+  for (auto [name, t] : buffers) {
+    t.copy_(flat.narrow(off, t.numel()));
+    off += t.numel();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 
 struct Reducer::State {

@@ -356,6 +356,17 @@ class MirroredBase : public Strategy {
     }
   }
 
+  // The replicas' running statistics, each from its own rows, become their mean on every replica:
+  // what every worker then evaluates and saves is one model.
+  void synchronize() override {
+    if (reducers_.empty() || reducers_.front()->communicator()->size() == 1) return;
+    run([&](ReplicaContext& c) {
+      average_buffers(c.model, *reducers_[static_cast<std::size_t>(c.replica_id_in_sync -
+                                                                   worker_rank_ * local_replicas())]
+                                    ->communicator());
+    });
+  }
+
   using Strategy::train_step;
   StepResult train_step(const nn::Batch& batch, const nn::Objective& objective, float clip,
                         bool stop_requested) override {

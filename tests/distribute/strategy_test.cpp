@@ -143,6 +143,53 @@ TEST(Strategies, MultiWorkerMirroredWithPerWorkerBatchesMatchesOneDevice) {
   EXPECT_EQ(results[0], results[1]);
 }
 
+// Each worker's BatchNorm statistics come from its own rows; synchronize() (the Trainer's, before
+// it evaluates or saves) makes them their mean on every worker, as tf.distribute reads them. Each
+// worker evaluated its own before, and EarlyStopping could stop one worker and not the other.
+TEST(Strategies, MultiWorkerMirroredAgreesOnBatchNormStatistics) {
+  auto bn_model = [] {
+    return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+        std::make_shared<nn::Linear>(12, 8),
+        std::make_shared<nn::BatchNorm1d>(nn::BatchNormOptions{.num_features = 8}),
+        std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(8, 4)});
+  };
+  auto workers = comm::make_local_group(2, 20s);
+  std::vector<std::vector<float>> before(2), after(2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Generator init(7);
+      ThreadGeneratorGuard guard(init);
+      StrategyOptions o;
+      o.per_worker_batches = true;
+      auto s = make_multi_worker_mirrored(workers[w], o);
+      s->scope(bn_model, sgd);
+      for (int k = 0; k < 3; ++k) {
+        const Batch b = batch(64, 100 + static_cast<std::uint64_t>(k));
+        s->train_step(b.x.narrow(32 * w, 32), b.y.narrow(32 * w, 32), loss_fn, 0.0f);
+      }
+      auto floats = [&] {
+        std::vector<float> out;
+        for (const auto& [name, t] : s->model()->named_buffers()) {
+          if (t.dtype() != DType::F32) continue;
+          const std::vector<float> v = t.to_vector();
+          out.insert(out.end(), v.begin(), v.end());
+        }
+        return out;
+      };
+      before[w] = floats();
+      s->synchronize();
+      after[w] = floats();
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_FALSE(before[0].empty());
+  EXPECT_NE(before[0], before[1]) << "the workers' rows differ, and so do their statistics";
+  EXPECT_EQ(after[0], after[1]);
+  for (std::size_t i = 0; i < after[0].size(); ++i)
+    EXPECT_FLOAT_EQ(after[0][i], 0.5f * (before[0][i] + before[1][i])) << i;
+}
+
 TEST(Strategies, MirroredIsBitIdenticalFromRunToRun) {
   StrategyOptions o;
   o.replicas = 2;

@@ -84,4 +84,10 @@ void verify_same_model(const nn::Module& model, comm::Communicator& comm);
 // Copies rank 0's parameters and buffers to every rank.
 void broadcast_state(const nn::Module& model, comm::Communicator& comm);
 
+// Every rank's float buffers (BatchNorm's running statistics) become their mean over the ranks,
+// as tf.distribute reads an ON_READ, MEAN-aggregated variable. Each replica's forwards update its
+// own from its own rows, so without this every worker evaluated and saved other statistics (and
+// EarlyStopping could stop one worker and not another). Collective.
+void average_buffers(const nn::Module& model, comm::Communicator& comm);
+
 }  // namespace hpm::distribute
