@@ -106,9 +106,7 @@ void average_buffers(const nn::Module& model, comm::Communicator& comm) {
     off += t.numel();
   }
   comm.allreduce(flat)->wait();
-  const float inv = 1.0f / static_cast<float>(comm.size());
-  float* f = flat.data<float>();
-  for (std::int64_t i = 0; i < total; ++i) f[i] *= inv;
+  kernels::scale_(flat, 1.0f / static_cast<float>(comm.size()));
   off = 0;
   for (auto [name, t] : buffers) {
     t.copy_(flat.narrow(off, t.numel()));
