@@ -158,6 +158,48 @@ void Strategy::mirror_from_primary() {
   }
 }
 
+std::vector<Generator::State> Strategy::replica_generator_states() {
+  std::vector<Generator::State> local;
+  for (const Replica& rep : replicas_) {
+    if (!rep.generator) return {};  // the caller's default generator: saved on its own
+    local.push_back(rep.generator->state());
+  }
+  comm::Communicator* workers = worker_communicator();
+  if (workers == nullptr || workers->size() == 1) return local;
+  // Every worker's, in rank order (each holds replicas_ of the same count): fixed-size records.
+  constexpr std::size_t kRecord = 4 * 8 + 1 + 4;
+  std::string mine;
+  for (const Generator::State& st : local) {
+    for (std::uint64_t w : st.s) mine.append(reinterpret_cast<const char*>(&w), 8);
+    mine.push_back(st.has_spare ? 1 : 0);
+    mine.append(reinterpret_cast<const char*>(&st.spare), 4);
+  }
+  Tensor in = Tensor::from_bytes(mine, Device::cpu());
+  Tensor out = Tensor::empty({static_cast<std::int64_t>(mine.size()) * workers->size()}, DType::U8,
+                             Device::cpu());
+  workers->allgather(in, out)->wait();
+  const std::string all = out.to_bytes();
+  std::vector<Generator::State> states(all.size() / kRecord);
+  for (std::size_t i = 0; i < states.size(); ++i) {
+    const char* p = all.data() + i * kRecord;
+    for (std::size_t k = 0; k < 4; ++k) std::memcpy(&states[i].s[k], p + 8 * k, 8);
+    states[i].has_spare = p[32] != 0;
+    std::memcpy(&states[i].spare, p + 33, 4);
+  }
+  return states;
+}
+
+bool Strategy::set_replica_generator_states(const std::vector<Generator::State>& states) {
+  if (static_cast<int>(states.size()) != num_replicas_in_sync()) return false;
+  for (const Replica& rep : replicas_)
+    if (!rep.generator) return false;
+  for (std::size_t r = 0; r < replicas_.size(); ++r) {
+    replicas_[r].generator->set_state(
+        states[static_cast<std::size_t>(worker_rank_ * local_replicas()) + r]);
+  }
+  return true;
+}
+
 void Strategy::set_lr(float lr) {
   for (auto& rep : replicas_) rep.optimizer->set_lr(lr);
 }

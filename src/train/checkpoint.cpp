@@ -189,6 +189,15 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
             {"optimizer", optimizer.name()},
             {"files", files}};
   if (state.batch_size > 0) j["input_batch_size"] = state.batch_size;
+  if (!state.replica_rngs.empty()) {
+    json replicas = json::array();
+    for (const Generator::State& g : state.replica_rngs) {
+      json words = json::array();
+      for (auto w : g.s) words.push_back(std::to_string(w));
+      replicas.push_back({{"rng", words}, {"has_spare", g.has_spare}, {"spare", g.spare}});
+    }
+    j["replica_rngs"] = replicas;
+  }
   if (!state.metadata.empty()) j["metadata"] = state.metadata;
   io::write_file_atomic(dir + "/trainer_state.json", j.dump(2) + "\n");
   if (replacing) {
@@ -361,6 +370,16 @@ static void read_state_fields(const nlohmann::json& j, TrainerState& s) {
   s.rng.spare = j.at("rng_spare").get<float>();
   if (j.contains("metadata"))  // absent before it was recorded
     s.metadata = j.at("metadata").get<std::map<std::string, std::string>>();
+  if (j.contains("replica_rngs")) {  // absent without a strategy, and before it was recorded
+    for (const auto& r : j.at("replica_rngs")) {
+      Generator::State g;
+      for (std::size_t i = 0; i < 4; ++i)
+        g.s[i] = std::stoull(r.at("rng").at(i).get<std::string>());
+      g.has_spare = r.at("has_spare").get<bool>();
+      g.spare = r.at("spare").get<float>();
+      s.replica_rngs.push_back(g);
+    }
+  }
 }
 
 std::optional<RestoredCheckpoint> restore_newest_usable(const std::string& root, nn::Module& model,

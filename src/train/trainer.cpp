@@ -229,7 +229,14 @@ TrainerState Trainer::state_to_save(data::Iterator* it, bool epoch_done) const {
     s.iterator_state = w.bytes();
   }
   s.rng = default_generator().state();
+  s.replica_rngs = replica_rngs_;
   return s;
+}
+
+void Trainer::synchronize_strategy() {
+  if (!strategy_) return;
+  strategy_->synchronize();
+  replica_rngs_ = strategy_->replica_generator_states();  // collective: every worker, here
 }
 
 bool Trainer::stop_signalled() const {
@@ -254,7 +261,7 @@ void Trainer::check_last_update() {
 void Trainer::write_backup(data::Iterator* it, bool epoch_done, FitResult& result) {
   check_last_update();  // a backup holds only what was trained
   if (options_.backup_dir.empty()) return;
-  if (strategy_) strategy_->synchronize();  // every worker, though only the chief writes
+  synchronize_strategy();  // every worker, though only the chief writes
   if (!is_chief()) return;
   trace::Span span("backup", "train");
   const auto t0 = Clock::now();
@@ -366,7 +373,10 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
       }
     }
     default_generator().set_state(state_.rng);
-    if (strategy_) strategy_->mirror_from_primary();
+    if (strategy_) {
+      strategy_->mirror_from_primary();
+      strategy_->set_replica_generator_states(state_.replica_rngs);
+    }
   }
   // A fresh run into an earlier run's checkpoints would overwrite them and move `latest`; one
   // continued carries on where they stop.
@@ -556,7 +566,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     // What follows reads the whole model (evaluation, callbacks, backups, checkpoints, the caller
     // after the last epoch).
     check_last_update();
-    if (strategy_) strategy_->synchronize();
+    synchronize_strategy();
     result.train_seconds += epoch_seconds;
     result.train_samples += seen;
     result.input_wait_seconds += wait_seconds;

@@ -190,6 +190,38 @@ TEST(Strategies, MultiWorkerMirroredAgreesOnBatchNormStatistics) {
     EXPECT_FLOAT_EQ(after[0][i], 0.5f * (before[0][i] + before[1][i])) << i;
 }
 
+// What a checkpoint saves of the replicas' generators: every worker's, in rank order, the same
+// list on each worker; set back on workers of the same count, each takes its own.
+TEST(Strategies, ReplicaGeneratorsAreGatheredAndSetBackByGlobalIndex) {
+  auto workers = comm::make_local_group(2, 20s);
+  std::vector<std::vector<Generator::State>> gathered(2);
+  std::vector<bool> set_back(2);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < 2; ++w) {
+    threads.emplace_back([&, w] {
+      Generator init(7);
+      ThreadGeneratorGuard guard(init);
+      StrategyOptions o;
+      o.replicas = 2;
+      auto s = make_multi_worker_mirrored(workers[w], o);
+      s->scope(small_model, sgd);
+      s->run([](ReplicaContext&) { default_generator().next_u64(); });  // each replica draws once
+      gathered[w] = s->replica_generator_states();
+      auto fresh = make_multi_worker_mirrored(workers[w], o);
+      fresh->scope(small_model, sgd);
+      set_back[w] = fresh->set_replica_generator_states(gathered[w]);
+      EXPECT_FALSE(fresh->set_replica_generator_states({gathered[w][0]}));  // another count
+      const std::vector<Generator::State> again = fresh->replica_generator_states();
+      for (std::size_t r = 0; r < again.size(); ++r) EXPECT_EQ(again[r].s, gathered[w][r].s) << r;
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(gathered[0].size(), 4u);
+  EXPECT_TRUE(set_back[0] && set_back[1]);
+  for (std::size_t r = 0; r < 4; ++r) EXPECT_EQ(gathered[0][r].s, gathered[1][r].s) << r;
+  EXPECT_NE(gathered[0][0].s, gathered[0][2].s) << "each replica its own stream";
+}
+
 TEST(Strategies, MirroredIsBitIdenticalFromRunToRun) {
   StrategyOptions o;
   o.replicas = 2;

@@ -98,6 +98,50 @@ TEST(Trainer, ResumeMidEpochIsBitIdentical) {
   EXPECT_EQ(flat_params(*second.model), flat_params(*straight.model));
 }
 
+// Under Mirrored each replica draws its dropout masks from its own generator: a checkpoint saves
+// them beside the default one, so a resumed run trains as an uninterrupted one. They were not
+// saved: the resumed replicas drew their first masks again, and the parameters differed.
+TEST(Trainer, ResumeMidEpochUnderMirroredWithDropoutIsBitIdentical) {
+  auto train = blobs(200, 3);
+  const auto mirrored = [](std::uint64_t init) {
+    distribute::StrategyOptions so;
+    so.replicas = 2;
+    auto strategy = distribute::make_mirrored(so);
+    manual_seed(init);
+    strategy->scope(
+        [] {
+          return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+              std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
+              std::make_shared<nn::Dropout>(0.1f), std::make_shared<nn::Linear>(16, 3)});
+        },
+        [](nn::Module& m) {
+          return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.05f, 0.9f});
+        });
+    return strategy;
+  };
+  FitOptions o;
+  o.epochs = 3;
+  o.batch_size = 16;
+  o.seed = 7;
+  auto straight = mirrored(1);
+  Trainer(straight).fit(train, nullptr, o);
+
+  TempDir dir;
+  auto first = mirrored(1);
+  Trainer stopped(first);
+  stopped.add_callback(std::make_shared<StopAt>(17));  // mid-epoch 2 (12 steps an epoch)
+  FitOptions o1 = o;
+  o1.checkpoint_dir = dir.path();
+  EXPECT_EQ(stopped.fit(train, nullptr, o1).steps, 17);
+  EXPECT_EQ(read_checkpoint_state(dir.path()).replica_rngs.size(), 2u);
+
+  auto second = mirrored(99);  // another initialization: everything comes from the checkpoint
+  FitOptions o2 = o;
+  o2.resume_from = dir.path();
+  EXPECT_EQ(Trainer(second).fit(train, nullptr, o2).steps, 3 * 12 - 17);
+  EXPECT_EQ(flat_params(*second->model()), flat_params(*straight->model()));
+}
+
 // A continued run keeps the metrics log of the epochs it had finished and writes on after them
 // (it was started anew, losing them); a fresh run starts it anew.
 TEST(Trainer, TheMetricsLogOfAContinuedRunKeepsItsFinishedEpochs) {

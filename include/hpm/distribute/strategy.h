@@ -26,6 +26,7 @@
 #include "hpm/nn/module.h"
 #include "hpm/nn/objective.h"
 #include "hpm/optim/optimizer.h"
+#include "hpm/tensor/random.h"
 
 namespace hpm::distribute {
 
@@ -113,6 +114,15 @@ class Strategy {
   // same point. The Trainer does at the end of every epoch (before it evaluates, calls back or
   // saves) and before every backup; a custom loop calls it before reading model() or optimizer().
   virtual void synchronize() {}
+  // The replicas' own generators (dropout on replica threads), by global replica index, or none
+  // when the replicas draw from the caller's default generator (OneDevice): what a checkpoint
+  // saves beside that one, so that a resumed run draws what an uninterrupted one would. Collective
+  // across workers (every worker calls it at the same point; each gets all of them).
+  virtual std::vector<Generator::State> replica_generator_states();
+  // Sets this worker's replicas' generators from states of every replica (as the above returns);
+  // returns false, changing nothing, when they are not num_replicas_in_sync() (another replica
+  // count: a resumed run draws afresh, as its rows are split otherwise anyway).
+  bool set_replica_generator_states(const std::vector<Generator::State>& states);
   virtual void set_lr(float lr);
   // Micro-batches per step from now on (StrategyOptions::accumulation_steps); k >= 1.
   void set_accumulation_steps(int k);

@@ -25,6 +25,9 @@ struct TrainerState {
   std::uint64_t seed = 0;
   std::int64_t batch_size = 0;  // of the input whose batches step_in_epoch counts (0: unknown)
   Generator::State rng;         // the default generator (dropout, init)
+  // A strategy's replicas' own generators (dropout on replica threads), by global replica index;
+  // empty without a strategy or in checkpoints from before they were saved.
+  std::vector<Generator::State> replica_rngs;
   std::string
       iterator_state;  // the input pipeline's Iterator state mid-epoch (empty at a boundary)
   // What the run trained on, as its caller records it (the CLI: the tokenizer), saved beside the

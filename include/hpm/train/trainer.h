@@ -246,6 +246,9 @@ class Trainer {
   // after its own wait for the device, so that the update is issued without one; before anything
   // reads the model as trained (backups, the epoch's end) the verdict is read here.
   void check_last_update();
+  // Brings every worker's copy up to date (Strategy::synchronize) and records the replicas'
+  // generators for what is saved next. Collective: at the epoch's end and before each backup.
+  void synchronize_strategy();
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
@@ -265,6 +268,7 @@ class Trainer {
     std::int64_t epoch, step_in_epoch, global_step;
   };
   std::optional<StepPosition> unverified_update_;
+  std::vector<Generator::State> replica_rngs_;  // as of the last synchronize_strategy
 };
 
 }  // namespace hpm::train
