@@ -18,6 +18,22 @@ TEST(Engine, AccumulatesAcrossBackwardCalls) {
   EXPECT_EQ(w.grad().to_vector(), (std::vector<float>{6.0f, 6.0f}));
 }
 
+// As torch.relu: a NaN passes forward (it was mapped to 0, hiding a diverged activation from the
+// loss while NaN gradients reached the weights), and backward passes its gradient where the output
+// is NaN, 0 where it is not positive.
+TEST(Engine, ReluPassesNaN) {
+  Tensor x = Tensor::from({std::nanf(""), -1.0f, 2.0f, 0.0f}, {4});
+  x.set_requires_grad(true);
+  Tensor y = relu(x);
+  const std::vector<float> v = y.to_vector();
+  EXPECT_TRUE(std::isnan(v[0]));
+  EXPECT_EQ(v[1], 0.0f);
+  EXPECT_EQ(v[2], 2.0f);
+  EXPECT_EQ(v[3], 0.0f);
+  sum(mul(y, Tensor::from({1.0f, 3.0f, 5.0f, 7.0f}, {4}))).backward();
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<float>{1.0f, 0.0f, 5.0f, 0.0f}));
+}
+
 TEST(Engine, NoGradRecordsNothing) {
   Tensor w = Tensor::from({1.0f}, {1});
   w.set_requires_grad(true);

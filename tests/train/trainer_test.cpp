@@ -201,6 +201,26 @@ TEST(Trainer, NonFiniteLossStopsAndNamesTheStep) {
   EXPECT_EQ(s.trainer->state().global_step, 2);
 }
 
+// A NaN in the input reaches the loss through ReLU (which mapped it to 0: the run went on with NaN
+// weights behind finite losses) and stops the run before the update.
+TEST(Trainer, ANaNInputStopsTheRunThroughAReLU) {
+  auto train = blobs(100, 4);
+  train.inputs.data<float>()[3] = std::nanf("");
+  Rig s = make();
+  const auto before = flat_params(*s.model);
+  FitOptions o;
+  o.batch_size = 10;
+  o.shuffle = false;
+  try {
+    s.trainer->fit(train, nullptr, o);
+    FAIL() << "trained on";
+  } catch (const TrainingError& e) {
+    EXPECT_NE(std::string(e.what()).find("loss is NaN at epoch 1, step 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(flat_params(*s.model), before);
+}
+
 // The parameters after each step, as on_batch_end sees them.
 class SnapshotEachStep : public Callback {
  public:

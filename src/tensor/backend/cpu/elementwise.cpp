@@ -159,7 +159,9 @@ void unary_span(UnaryOp op, const float* x, float* y, std::int64_t n) {
     case UnaryOp::Sqrt:
       return map([](float v) { return std::sqrt(v); });
     case UnaryOp::Relu:
-      return map([](float v) { return v > 0.0f ? v : 0.0f; });
+      // NaN passes, as torch.relu's: mapped to 0 it hid a diverged activation from the loss (the
+      // run went on with NaN weights behind finite losses).
+      return map([](float v) { return v < 0.0f ? 0.0f : v; });
     case UnaryOp::Tanh:
       return map([](float v) { return std::tanh(v); });
     case UnaryOp::Sigmoid:
@@ -197,7 +199,7 @@ void unary_backward_span(UnaryOp op, const float* g, const float* x, const float
 #pragma omp simd
       for (std::int64_t i = 0; i < n; ++i) {
         const float dy = g[i];  // loaded unconditionally so the select vectorizes
-        out[i] = y[i] > 0.0f ? dy : 0.0f;
+        out[i] = y[i] <= 0.0f ? 0.0f : dy;  // torch's threshold_backward: NaN passes dy
       }
       return;
     case UnaryOp::Tanh:

@@ -80,7 +80,7 @@ __device__ inline float apply_unary(float v) {
   if constexpr (Op == UnaryOp::Exp) return vec_exp(v);
   if constexpr (Op == UnaryOp::Log) return logf(v);
   if constexpr (Op == UnaryOp::Sqrt) return sqrtf(v);
-  if constexpr (Op == UnaryOp::Relu) return v > 0.0f ? v : 0.0f;  // NaN -> 0, as the CPU
+  if constexpr (Op == UnaryOp::Relu) return v < 0.0f ? 0.0f : v;  // NaN passes, as the CPU
   if constexpr (Op == UnaryOp::Tanh) return tanhf(v);
   if constexpr (Op == UnaryOp::Sigmoid) return 1.0f / (1.0f + expf(-v));
   if constexpr (Op == UnaryOp::Gelu) return v * normal_cdf_pdf(v).cdf;
@@ -99,7 +99,7 @@ __device__ inline float apply_unary_backward(float g, float u, float v) {
   if constexpr (Op == UnaryOp::Exp) return g * v;
   if constexpr (Op == UnaryOp::Log) return g / u;
   if constexpr (Op == UnaryOp::Sqrt) return 0.5f * g / v;
-  if constexpr (Op == UnaryOp::Relu) return v > 0.0f ? g : 0.0f;
+  if constexpr (Op == UnaryOp::Relu) return v <= 0.0f ? 0.0f : g;
   if constexpr (Op == UnaryOp::Tanh) return g * (1 - v * v);
   if constexpr (Op == UnaryOp::Sigmoid) return g * v * (1 - v);
   if constexpr (Op == UnaryOp::Gelu) {
