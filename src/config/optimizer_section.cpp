@@ -33,6 +33,11 @@ void read_optimizer(const Source& s, Config& c) {
   if (c.weight_decay_min_rank < 0) {
     opt.out_of_range(*opt.find("weight_decay_min_rank"), "weight_decay_min_rank", ">= 0");
   }
+  // The defaults a PyTorch or Keras user expects of each kind: Adam's and AdamW's learning rate
+  // 1e-3 and AdamW's decay 0.01 (torch.optim's). An AdamW without a lr ran at 0.01 (10x) with no
+  // decay at all.
+  if (!opt.has("lr") && c.optimizer != "sgd") c.lr = 1e-3f;
+  if (!opt.has("weight_decay") && c.optimizer == "adamw") c.weight_decay = 0.01f;
 }
 
 void read_schedule(const Source& s, Config& c) {
@@ -73,7 +78,8 @@ std::shared_ptr<optim::Optimizer> build_optimizer(const Config& c, const nn::Mod
     if (c.optimizer == "sgd") {
       return std::make_shared<optim::SGD>(
           model.named_parameters(),
-          optim::SgdOptions{c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov});
+          optim::SgdOptions{c.lr, c.momentum, c.dampening, c.weight_decay, c.nesterov,
+                            c.weight_decay_min_rank});  // it was dropped: every bias decayed
     }
     if (c.optimizer == "adam" || c.optimizer == "adamw") {
       optim::AdamOptions o{c.lr, c.beta1, c.beta2, c.eps, c.weight_decay, c.amsgrad, false};

@@ -200,9 +200,9 @@ void SGD::update(std::size_t i, Tensor& p, const Tensor& g) {
   const bool first = mom != 0.0f && !has_buffer(i, "momentum_buffer");
   Tensor buf = mom != 0.0f ? buffer(i, "momentum_buffer") : Tensor();
   // torch: the first step seeds the buffer with the gradient itself (no dampening).
+  const float wd = p.dim() >= o_.weight_decay_min_rank ? o_.weight_decay : 0.0f;
   const kernels::SgdStep s{
-      lr_,        o_.weight_decay, mom, first ? 0.0f : mom, first ? 1.0f : 1.0f - o_.dampening,
-      o_.nesterov};
+      lr_, wd, mom, first ? 0.0f : mom, first ? 1.0f : 1.0f - o_.dampening, o_.nesterov};
   kernels::sgd_step_(s, p, g, buf);
 }
 

@@ -254,6 +254,49 @@ TEST(Config, MultiWorkerTrainingNeedsADeterministicOrderUnlessEachReadsItsOwnFil
       load_config(write(dir, kValid), {"strategy.kind=\"mirrored\"", "data.deterministic=false"}));
 }
 
+// [optimizer] weight_decay_min_rank reaches SGD as it reaches AdamW (it was dropped for SGD: every
+// bias decayed).
+TEST(Config, SgdTakesWeightDecayMinRank) {
+  TempDir dir;
+  const Config c = load_config(write(dir, kValid),
+                               {"optimizer.weight_decay=0.5", "optimizer.weight_decay_min_rank=2"});
+  const auto model = build_model(c);
+  const auto opt = build_optimizer(c, *model);
+  std::vector<std::vector<float>> before;
+  for (auto& [name, p] : model->named_parameters()) {
+    p.set_grad(Tensor::zeros(p.shape()));
+    before.push_back(p.to_vector());
+  }
+  opt->clip_and_step(0.0f);
+  const nn::NamedTensors after = model->named_parameters();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_EQ(after[1].second.dim(), 1);
+  EXPECT_EQ(after[1].second.to_vector(), before[1]) << "the bias decayed";
+  EXPECT_NE(after[0].second.to_vector(), before[0]) << "the weight did not";
+}
+
+// Each kind's defaults are torch.optim's where its user would expect them: an AdamW without a lr
+// ran at 0.01 (10x torch's) with no weight decay.
+TEST(Config, OptimizerDefaultsAreEachKindsOwn) {
+  TempDir dir;
+  const Config sgd = load_config(write(dir, kValid), {"optimizer.lr=0.05"});
+  EXPECT_FLOAT_EQ(sgd.lr, 0.05f);
+  EXPECT_EQ(sgd.weight_decay, 0.0f);
+  std::string text = kValid;
+  const std::string sgd_lines = "kind = \"sgd\"\nlr = 0.1\n";
+  text.replace(text.find(sgd_lines), sgd_lines.size(), "kind = \"adamw\"\n");
+  const Config adamw = load_config(write(dir, text));
+  EXPECT_FLOAT_EQ(adamw.lr, 1e-3f);
+  EXPECT_FLOAT_EQ(adamw.weight_decay, 0.01f);
+  const Config adam = load_config(write(dir, text), {"optimizer.kind=\"adam\""});
+  EXPECT_FLOAT_EQ(adam.lr, 1e-3f);
+  EXPECT_EQ(adam.weight_decay, 0.0f);
+  const Config given =
+      load_config(write(dir, text), {"optimizer.lr=0.02", "optimizer.weight_decay=0"});
+  EXPECT_FLOAT_EQ(given.lr, 0.02f);
+  EXPECT_EQ(given.weight_decay, 0.0f);
+}
+
 TEST(Config, NegativeLimitsAndSeedsAreRefusedWithTheirPlace) {
   std::string msg = error_of(std::string(kValid) + "\n[data]\ntrain_limit = -5\n");
   EXPECT_NE(msg.find("run.toml:12:15: [data] train_limit must be >= 0, got -5"), std::string::npos)

@@ -92,6 +92,7 @@ class Optimizer {
 struct SgdOptions {
   float lr = 0.01f, momentum = 0.0f, dampening = 0.0f, weight_decay = 0.0f;
   bool nesterov = false;
+  int weight_decay_min_rank = 0;  // as AdamOptions'
 };
 
 class SGD : public Optimizer {
