@@ -1,4 +1,5 @@
 // Source datasets: tensor slices, ranges, generator functions, and zip.
+#include <exception>
 #include <stdexcept>
 
 #include "hpm/data/dataset.h"
@@ -181,13 +182,27 @@ class ZipNode : public DatasetNode {
       It(const ZipNode* n, std::int64_t epoch) {
         for (const auto& d : n->inputs_) its_.push_back(d.make_iterator(epoch));
       }
+      // Every input advances, even past one that fails: after an error that ignore_errors skips,
+      // the next elements are partners again (they were one off from then on: every later image
+      // with the previous one's label).
       bool next(Element& out) override {
         out.clear();
         Element part;
+        std::exception_ptr failed;
+        bool ended = false;
         for (auto& it : its_) {
-          if (!it->next(part)) return false;
-          out.insert(out.end(), part.begin(), part.end());
+          try {
+            if (!it->next(part)) {
+              ended = true;
+              break;
+            }
+            out.insert(out.end(), part.begin(), part.end());
+          } catch (...) {
+            if (!failed) failed = std::current_exception();
+          }
         }
+        if (ended) return false;
+        if (failed) std::rethrow_exception(failed);
         return true;
       }
       void save(StateWriter& w) override {

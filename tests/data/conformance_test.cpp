@@ -171,6 +171,24 @@ std::vector<Case> cases() {
                      .ignore_errors();
                },
                scalars({0, 2, 3, 4, 6, 7, 8})});
+  // An input that fails advances the others with it: after the skipped element, the partners are
+  // those of one index again (they were one off from then on).
+  c.push_back({"zip_ignore_errors",
+               [] {
+                 return Dataset::zip({Dataset::from_generator([](std::int64_t i, Element& out) {
+                                        if (i >= 6) return false;
+                                        if (i == 2) throw std::runtime_error("corrupt record 2");
+                                        out = {Tensor::scalar(static_cast<float>(i))};
+                                        return true;
+                                      }),
+                                      Dataset::range(100, 106)})
+                     .ignore_errors();
+               },
+               {{1000, 0, 1000, 100},
+                {1000, 1, 1000, 101},
+                {1000, 3, 1000, 103},
+                {1000, 4, 1000, 104},
+                {1000, 5, 1000, 105}}});
   c.push_back({"interleave",
                [] {
                  return Dataset::range(0, 4).interleave(
