@@ -182,16 +182,18 @@ class UnbatchIt : public WrappingIterator {
   UnbatchIt(std::unique_ptr<Iterator> in, std::int64_t) : WrappingIterator(std::move(in)) {}
   bool next(Element& out) override {
     while (current_.empty() || pos_ >= current_[0].size(0)) {
-      if (!input_->next(current_)) {
-        current_.clear();
-        return false;
-      }
+      // Checked before it is taken: a rejected element that ignore_errors skips must not be
+      // unbatched after all (its rows came out, then an error ignore_errors did not catch).
+      Element next;
+      current_.clear();
       pos_ = 0;
-      for (const auto& t : current_) {
-        if (t.dim() == 0 || t.size(0) != current_[0].size(0)) {
+      if (!input_->next(next)) return false;
+      for (const auto& t : next) {
+        if (t.dim() == 0 || t.size(0) != next[0].size(0)) {
           throw DataError("unbatch", "components need a common first dimension");
         }
       }
+      current_ = std::move(next);
     }
     out.clear();
     for (const auto& t : current_) {

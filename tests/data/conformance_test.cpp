@@ -189,6 +189,22 @@ std::vector<Case> cases() {
                 {1000, 3, 1000, 103},
                 {1000, 4, 1000, 104},
                 {1000, 5, 1000, 105}}});
+  // An element unbatch refuses (components of unequal rows) is skipped whole.
+  c.push_back(
+      {"unbatch_ignore_errors",
+       [] {
+         return Dataset::range(0, 3)
+             .map([](Element e) {
+               const auto i = e[0].to_vector_i64()[0];
+               const std::int64_t rows = i == 1 ? 3 : 2;
+               std::vector<std::int64_t> a(2, 10 * i),
+                   b(static_cast<std::size_t>(rows), 10 * i + 1);
+               return Element{Tensor::from_i64(a, {2}), Tensor::from_i64(b, {rows})};
+             })
+             .unbatch()
+             .ignore_errors();
+       },
+       {{1000, 0, 1000, 1}, {1000, 0, 1000, 1}, {1000, 20, 1000, 21}, {1000, 20, 1000, 21}}});
   c.push_back({"interleave",
                [] {
                  return Dataset::range(0, 4).interleave(
