@@ -461,6 +461,7 @@ class CacheNode : public DatasetNode {
           if (!n_->filled_) {
             n_->store_ = std::make_shared<const std::vector<Element>>(std::move(pending_));
             n_->filled_ = true;
+            n_->fill_epoch_ = epoch_;
           }
           return false;
         }
@@ -469,8 +470,12 @@ class CacheNode : public DatasetNode {
       }
       void save(StateWriter& w) override {
         w.tag("cache");
-        w.u64(cached_ != nullptr);
+        // 2: from the cache, with the epoch whose pass filled it (1, from before that was saved:
+        // the position alone); 0: still filling.
+        w.u64(cached_ != nullptr ? 2 : 0);
         if (cached_) {
+          std::lock_guard lock(n_->mu_);
+          w.i64(n_->fill_epoch_);
           w.i64(pos_);
           return;
         }
@@ -480,9 +485,21 @@ class CacheNode : public DatasetNode {
       }
       void restore(StateReader& r) override {
         r.expect_tag("cache");
-        const bool from_cache = r.u64() != 0;
-        if (from_cache) {
+        const std::uint64_t from_cache = r.u64();
+        if (from_cache != 0) {
+          const std::int64_t fill_epoch = from_cache == 2 ? r.i64() : -1;
           std::lock_guard lock(n_->mu_);
+          if (!n_->filled_ && fill_epoch >= 0) {
+            // A new process (a restart from a backup of a later epoch): the cache is filled again
+            // by the pass that filled it, so the restored position means the same elements. It
+            // was refused, and such a backup could never be resumed.
+            auto refill = n_->input_.make_iterator(fill_epoch);
+            std::vector<Element> all;
+            for (Element e; refill->next(e);) all.push_back(std::move(e));
+            n_->store_ = std::make_shared<const std::vector<Element>>(std::move(all));
+            n_->filled_ = true;
+            n_->fill_epoch_ = fill_epoch;
+          }
           if (!n_->filled_) {
             throw DataError(
                 "cache",
@@ -518,6 +535,7 @@ class CacheNode : public DatasetNode {
   Dataset input_;
   mutable std::mutex mu_;
   mutable bool filled_ = false;
+  mutable std::int64_t fill_epoch_ = 0;  // the epoch of the pass that filled store_
   mutable std::shared_ptr<const std::vector<Element>> store_;
 };
 

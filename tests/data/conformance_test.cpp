@@ -387,6 +387,31 @@ TEST(Dataset, CacheServesLaterPassesWithoutTheInput) {
   EXPECT_EQ(calls, 5);
 }
 
+// A position in a pass served from the cache restores in a new process (a restart from a backup of
+// a later epoch), whose cache is not filled yet: it is filled again by the pass that filled it,
+// here epoch 0's order of a shuffle that reshuffles each epoch. It was refused: such a backup
+// could never be resumed.
+TEST(Dataset, APositionInTheCacheRestoresInANewProcess) {
+  const auto pipeline = [] { return Dataset::range(0, 8).shuffle(8, 3).cache(); };
+  const Dataset d = pipeline();
+  const Seq first = drain(*d.make_iterator(0));
+  auto it = d.make_iterator(1);
+  const Seq head = drain(*it, 3);
+  StateWriter w;
+  it->save(w);
+  const Seq rest = drain(*it);
+  ASSERT_EQ(head.size() + rest.size(), first.size());
+  EXPECT_NE(drain(*Dataset::range(0, 8).shuffle(8, 3).make_iterator(1)), first)
+      << "epoch 1's own order differs, so the refill must use epoch 0's";
+
+  const Dataset fresh = pipeline();  // another process: nothing cached
+  auto restored = fresh.make_iterator(1);
+  StateReader r(w.bytes());
+  restored->restore(r);
+  EXPECT_EQ(drain(*restored), rest);
+  EXPECT_EQ(drain(*fresh.make_iterator(2)), first);
+}
+
 TEST(Dataset, FileCacheIsWrittenOnlyByACompletePass) {
   const std::string path =
       (std::filesystem::temp_directory_path() / ("hpm-cache-" + std::to_string(::getpid())))
