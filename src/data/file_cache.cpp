@@ -107,6 +107,7 @@ class FileCacheNode : public DatasetNode {
           w.tensors(out);
           try {
             writer_->write(w.bytes());
+            ++written_;
           } catch (const io::IoError& e) {
             writer_.reset();  // drops the temporary file; the pass goes on uncached
             throw DataError("cache", e.what());
@@ -115,20 +116,23 @@ class FileCacheNode : public DatasetNode {
         return true;
       }
 
+      // 1: reading the cache at an offset; 2: writing it, with the elements written so far;
+      // 0: a pass that goes on uncached (its write failed; also, before 2 was saved, any writer).
       void save(StateWriter& w) override {
         w.tag("file_cache");
-        w.u64(reader_ != nullptr);
+        w.u64(reader_ ? 1 : writer_ ? 2 : 0);
         if (reader_) {
           w.u64(reader_->offset());
           return;
         }
+        if (writer_) w.u64(written_);
         input_->save(w);
       }
 
       void restore(StateReader& r) override {
         r.expect_tag("file_cache");
-        const bool reading = r.u64() != 0;
-        if (reading) {
+        const std::uint64_t mode = r.u64();
+        if (mode == 1) {
           if (!std::filesystem::exists(n_->path_)) {
             throw DataError("cache",
                             n_->path_ + ": the saved iterator read this cache file, which is gone");
@@ -140,10 +144,24 @@ class FileCacheNode : public DatasetNode {
           reader_->seek(r.u64());
           return;
         }
-        // Mid-way through the writing pass: the partial file died with its process, so finish the
-        // pass uncached; a later pass writes the cache.
         reader_.reset();
         writer_.reset();
+        if (mode == 2 && !std::filesystem::exists(n_->path_)) {
+          // Mid-way through the writing pass, whose partial file died with its process: the cache
+          // is written whole by this epoch's pass again, then read from where it was. Finished
+          // uncached, the next pass wrote it in its own epoch's order, and every later epoch
+          // replayed another order than an uninterrupted run's.
+          const std::uint64_t done = r.u64();
+          write_whole_pass();
+          reader_ = std::make_unique<io::TfRecordReader>(n_->path_);
+          if (!n_->key_.empty()) check_key(*reader_, n_->path_, n_->key_);
+          std::string record;
+          for (std::uint64_t i = 0; i < done && reader_->next(record); ++i) {
+          }
+          input_.reset();
+          return;
+        }
+        if (mode == 2) r.u64();  // the file is there (written since): finish reading the input
         input_ = n_->input_.make_iterator(epoch_);
         input_->restore(r);
       }
@@ -153,8 +171,26 @@ class FileCacheNode : public DatasetNode {
       }
 
      private:
+      // The cache file from a whole pass of this epoch (published only when complete).
+      void write_whole_pass() {
+        auto pass = n_->input_.make_iterator(epoch_);
+        io::TfRecordWriter writer(n_->path_);
+        try {
+          if (!n_->key_.empty()) writer.write(std::string(kKeyMagic) + n_->key_);
+          for (Element e; pass->next(e);) {
+            StateWriter w;
+            w.tensors(e);
+            writer.write(w.bytes());
+          }
+          writer.close();
+        } catch (const io::IoError& e) {
+          throw DataError("cache", e.what());
+        }
+      }
+
       std::shared_ptr<const FileCacheNode> n_;
       std::int64_t epoch_;
+      std::uint64_t written_ = 0;
       std::unique_ptr<Iterator> input_;
       std::unique_ptr<io::TfRecordWriter> writer_;
       std::unique_ptr<io::TfRecordReader> reader_;

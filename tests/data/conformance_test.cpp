@@ -412,6 +412,44 @@ TEST(Dataset, APositionInTheCacheRestoresInANewProcess) {
   EXPECT_EQ(drain(*fresh.make_iterator(2)), first);
 }
 
+// A restart mid-way through the pass that writes a cache file (the partial file died with its
+// process) writes it whole from that epoch's pass: every later epoch replays the order an
+// uninterrupted run's cache holds. The restored pass went on uncached, and the next pass wrote the
+// file in its own epoch's order.
+TEST(Dataset, AFileCacheRestoredMidWriteHoldsTheSameEpochsOrder) {
+  const auto path = [](const char* name) {
+    const std::string p = (std::filesystem::temp_directory_path() /
+                           ("hpm-cache-" + std::to_string(::getpid()) + name))
+                              .string();
+    std::filesystem::remove(p);
+    return p;
+  };
+  const std::string straight = path("-straight"), resumed = path("-resumed");
+  const auto pipeline = [](const std::string& file) {
+    return Dataset::range(0, 8).shuffle(8, 3).cache(file, "k=1\n");
+  };
+  const Dataset reference = pipeline(straight);
+  std::vector<Seq> epochs;
+  for (std::int64_t e = 0; e < 3; ++e) epochs.push_back(drain(*reference.make_iterator(e)));
+
+  StateWriter w;
+  {
+    auto it = pipeline(resumed).make_iterator(0);
+    ASSERT_EQ(drain(*it, 3), Seq(epochs[0].begin(), epochs[0].begin() + 3));
+    it->save(w);
+  }  // the process dies: its partial file with it
+  ASSERT_FALSE(std::filesystem::exists(resumed));
+  const Dataset again = pipeline(resumed);
+  auto it = again.make_iterator(0);
+  StateReader r(w.bytes());
+  it->restore(r);
+  EXPECT_EQ(drain(*it), Seq(epochs[0].begin() + 3, epochs[0].end()));
+  EXPECT_EQ(drain(*again.make_iterator(1)), epochs[1]);
+  EXPECT_EQ(drain(*again.make_iterator(2)), epochs[2]);
+  std::filesystem::remove(straight);
+  std::filesystem::remove(resumed);
+}
+
 TEST(Dataset, FileCacheIsWrittenOnlyByACompletePass) {
   const std::string path =
       (std::filesystem::temp_directory_path() / ("hpm-cache-" + std::to_string(::getpid())))
