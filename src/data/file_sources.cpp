@@ -135,13 +135,11 @@ class CsvIt : public FileSequenceIt<io::CsvReader> {
 
  protected:
   std::unique_ptr<io::CsvReader> make_reader(const std::string& path) override {
-    rows_ = 0;
     return std::make_unique<io::CsvReader>(path, options_);
   }
   bool read(Element& out) override {
     std::vector<io::CsvValue> row;
     if (!reader_->next(row)) return false;
-    ++rows_;
     out.clear();
     for (const auto& v : row) {
       if (const float* f = std::get_if<float>(&v)) {
@@ -154,15 +152,17 @@ class CsvIt : public FileSequenceIt<io::CsvReader> {
     }
     return true;
   }
-  std::uint64_t position() const override { return rows_; }
+  // Records read, bad ones included (ignore_errors skipped them): counted only when they
+  // converted, a bad one before the save was read again after the restore, and a row of the wrong
+  // field count made the restore itself fail.
+  std::uint64_t position() const override { return reader_->records(); }
   void seek(std::uint64_t rows) override {
-    std::vector<std::string> skip;
-    while (rows_ < rows && reader_->next_fields(skip)) ++rows_;
+    while (reader_->records() < rows && reader_->skip_record()) {
+    }
   }
 
  private:
   io::CsvOptions options_;
-  std::uint64_t rows_ = 0;
 };
 
 template <typename MakeIt>

@@ -215,8 +215,15 @@ bool CsvReader::read_record() {
   }
 }
 
+bool CsvReader::skip_record() {
+  if (!read_record()) return false;
+  ++records_;
+  return true;
+}
+
 bool CsvReader::next_fields(std::vector<std::string>& fields) {
   if (!read_record()) return false;
+  ++records_;  // consumed, whatever the checks below say of it
   if (columns_ == 0) columns_ = fields_.size();
   if (fields_.size() != columns_) {
     throw IoError(in_.path() + ": line " + std::to_string(record_line_) + ": expected " +

@@ -148,6 +148,33 @@ TEST(FileSources, TextLinesAndCsv) {
   EXPECT_FALSE(restored->next(e));
 }
 
+// A bad row that ignore_errors skipped counts as read: a restore continues after it. It was not
+// counted, so the row after it came again; and a row of the wrong field count before the save
+// made the restore itself fail.
+TEST(FileSources, CsvResumesPastRowsIgnoreErrorsSkipped) {
+  TempDir dir;
+  std::ofstream(dir / "bad.csv") << "x\n1\nabc\n3\n2,2\n4\n5\n";
+  io::CsvOptions o;
+  o.types = {io::ColumnType::I64};
+  const Dataset csv = csv_dataset(dir / "bad.csv", o).ignore_errors();
+  auto it = csv.make_iterator();
+  Element e;
+  ASSERT_TRUE(it->next(e));
+  EXPECT_EQ(e[0].to_vector_i64()[0], 1);
+  ASSERT_TRUE(it->next(e));
+  EXPECT_EQ(e[0].to_vector_i64()[0], 3);
+  ASSERT_TRUE(it->next(e));  // past "2,2"
+  EXPECT_EQ(e[0].to_vector_i64()[0], 4);
+  StateWriter w;
+  it->save(w);
+  auto restored = csv.make_iterator();
+  StateReader r(w.bytes());
+  restored->restore(r);
+  std::vector<std::int64_t> rest;
+  while (restored->next(e)) rest.push_back(e[0].to_vector_i64()[0]);
+  EXPECT_EQ(rest, (std::vector<std::int64_t>{5}));
+}
+
 // shuffle_buffer = -1 shuffles the whole TFRecord set, as the config documents: it was a 10,000
 // record buffer, so the first 100 records of an epoch could only be among the first 10,099.
 TEST(FileSources, TfRecordPipelineShufflesTheWholeSetForMinusOne) {

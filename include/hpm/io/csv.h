@@ -56,6 +56,10 @@ class CsvReader {
   bool next_fields(std::vector<std::string>& fields);
   // The line on which the last returned record started (1-based; 0 before the first).
   std::uint64_t line() const { return record_line_; }
+  // The data records read so far, whether or not they converted (a resumed reader skips as many).
+  std::uint64_t records() const { return records_; }
+  // Reads past the next data record without checking it; false at the end of the file.
+  bool skip_record();
   // Column names from the header (empty without a header).
   const std::vector<std::string>& column_names() const { return names_; }
   // The index of a named column; IoError if there is none.
@@ -77,6 +81,7 @@ class CsvReader {
   std::size_t columns_ = 0;  // 0 until known
   std::uint64_t next_line_ = 1;
   std::uint64_t record_line_ = 0;
+  std::uint64_t records_ = 0;
   std::vector<std::string> fields_;
   std::vector<bool> quoted_;
   std::string_view view_;  // bytes of in_'s buffer being scanned; [0, vi_) already used
