@@ -217,6 +217,13 @@ train::FitOptions fit_options(const Config& c) {
   if (c.token_source()) fo.metadata["tokenizer"] = tokenizer_id(*c.text_tokenizer);
   // The checkpoint describes its model: sample, evaluate and export need nothing else.
   fo.description = checkpoint_description(c);
+  // A mid-epoch position counts batches of this order of the data.
+  fo.input_order = {{"[data] source", c.source},
+                    {"[data] files", c.files},
+                    {"[data] shuffle", c.shuffle ? "true" : "false"},
+                    {"[data] shuffle_buffer", std::to_string(c.shuffle_buffer)},
+                    {"[data] train_limit", std::to_string(c.train_limit)},
+                    {"[data] drop_remainder", c.drop_remainder ? "true" : "false"}};
   fo.seed = c.seed;
   fo.batch_size = c.batch_size;  // recorded with checkpoints and backups
   fo.label_smoothing = c.label_smoothing;

@@ -21,6 +21,11 @@
 namespace hpm::train {
 
 namespace {
+// The prefix of FitOptions::input_order's keys in a checkpoint's metadata.
+const std::string kInputOrder = "input_order ";
+}  // namespace
+
+namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
@@ -364,6 +369,17 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                        std::to_string(options.seed) + ": continue it with seed " +
                        std::to_string(state_.seed) + ", or start afresh");
     }
+    for (const auto& [key, value] : options.input_order) {
+      const auto it = state_.metadata.find(kInputOrder + key);
+      if (state_.step_in_epoch > 0 && it != state_.metadata.end() && it->second != value) {
+        throw InputError(saved + " was saved at step " + std::to_string(state_.step_in_epoch) +
+                         " of epoch " + std::to_string(state_.epoch + 1) + " with " + key + " " +
+                         it->second + ", but this run has " + key + " " + value +
+                         ": its position would count other data (some examples repeated, others "
+                         "skipped); continue it with " +
+                         key + " " + it->second + ", or change it at an epoch's end");
+      }
+    }
     for (const auto& [key, value] : options.metadata) {
       const auto it = state_.metadata.find(key);
       if (it != state_.metadata.end() && it->second != value) {
@@ -409,6 +425,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   }
   state_.metadata = options.metadata;
   for (const auto& [key, value] : options.description) state_.metadata[key] = value;
+  for (const auto& [key, value] : options.input_order) state_.metadata[kInputOrder + key] = value;
   state_.batch_size = options.batch_size;                    // what later saves record
   const std::int64_t steps_per_epoch = train.cardinality();  // may be kUnknown
   if (steps_per_epoch == 0) {

@@ -44,6 +44,8 @@ TEST(TrainingRun, AConfigsRunTrainsAndItsCheckpointLoadsBack) {
   EXPECT_EQ(run.pipeline.cardinality(), 10) << "by steps: stretches of eval_every batches";
   EXPECT_TRUE(run.fit.by_steps);
   EXPECT_EQ(run.fit.max_steps, 25);
+  EXPECT_EQ(run.fit.input_order.at("[data] shuffle"), "true");  // compared on a mid-epoch resume
+  EXPECT_EQ(run.fit.input_order.at("[data] train_limit"), "0");
   const data::LabelledData test = test_set(cfg);
   const train::FitResult r = run.trainer->fit(run.pipeline, &test, run.fit);
   EXPECT_EQ(r.steps, 25);

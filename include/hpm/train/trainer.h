@@ -91,6 +91,12 @@ struct FitOptions {
   // Recorded beside `metadata` but never compared: what describes the run for readers of its
   // checkpoints (the CLI: the resolved configuration), which a continued run may change.
   std::map<std::string, std::string> description;
+  // What fixes the order of the training data beside the batch size and seed (the CLI: [data]
+  // source, files, shuffle, shuffle_buffer, train_limit, drop_remainder), recorded beside
+  // `metadata`. A run continued mid-epoch from a checkpoint that recorded another value under one
+  // of these keys is refused (InputError naming both), as its restored position would count other
+  // data; at an epoch's end they may change.
+  std::map<std::string, std::string> input_order;
   // Training by steps (a language model): each epoch is a stretch of the dataset's cardinality
   // (which must be known) in steps between evaluations, `epochs` stretches in all, and the data
   // is a function of the global step (data::random_windows). A resumed or restored run takes its
