@@ -555,7 +555,8 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                   steps_per_epoch,
                   state_.global_step,
                   loss,
-                  loss_sum / static_cast<double>(batches),
+                  epoch_metrics.has("loss") ? epoch_metrics.mean("loss")
+                                            : loss_sum / static_cast<double>(batches),
                   static_cast<double>(correct) / static_cast<double>(seen),
                   static_cast<double>(seen) / epoch_seconds,
                   with_derived(epoch_metrics)};
@@ -580,6 +581,13 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
         write_backup(it.get(), false, result);
       }
     }
+    // A stop asked for (stop_training) at the epoch's last step ends the epoch as done, as a
+    // preemption there does: it was saved as a position past the epoch's end, and the epoch was
+    // neither evaluated nor called back.
+    if (!epoch_done && stop_ &&
+        ((steps_per_epoch > 0 && state_.step_in_epoch >= steps_per_epoch) || budget_spent())) {
+      epoch_done = true;
+    }
     // What follows reads the whole model (evaluation, callbacks, backups, checkpoints, the caller
     // after the last epoch).
     check_last_update();
@@ -592,8 +600,16 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
     // An epoch restored after its last batch (an input of unknown length, preempted there) trained
     // on nothing: its training metrics are unknown (NaN, which no monitor takes for a best), not 0.
     const double unknown = std::numeric_limits<double>::quiet_NaN();
-    logs.train_loss = batches ? loss_sum / static_cast<double>(batches) : unknown;
-    logs.train_accuracy = seen ? static_cast<double>(correct) / static_cast<double>(seen) : unknown;
+    // Weighted by rows (a language model's by counted tokens), as Keras and the epoch's line: a
+    // mean over batches weighted a short last batch as a whole one. The accuracy is the
+    // objective's own (token_accuracy for a language model, where "accuracy" was always 0).
+    logs.train_loss = !batches                    ? unknown
+                      : epoch_metrics.has("loss") ? epoch_metrics.mean("loss")
+                                                  : loss_sum / static_cast<double>(batches);
+    logs.train_accuracy = !seen ? unknown
+                          : epoch_metrics.has("token_accuracy") && !epoch_metrics.has("accuracy")
+                              ? epoch_metrics.mean("token_accuracy")
+                              : static_cast<double>(correct) / static_cast<double>(seen);
     logs.train_metrics = with_derived(epoch_metrics);
     logs.samples_per_s = epoch_seconds > 0 ? static_cast<double>(seen) / epoch_seconds : 0.0;
     logs.seconds = epoch_seconds;

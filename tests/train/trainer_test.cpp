@@ -142,6 +142,50 @@ TEST(Trainer, ResumeMidEpochUnderMirroredWithDropoutIsBitIdentical) {
   EXPECT_EQ(flat_params(*second->model()), flat_params(*straight->model()));
 }
 
+// The epoch's training loss is the mean over its rows, as Keras' and the epoch's line: the mean
+// over batches weighted a short last batch (44 rows of 300) as a whole one (256).
+TEST(Trainer, TheEpochsLossIsWeightedByRows) {
+  auto train = blobs(300, 3);
+  Rig s = make();
+  FitOptions o;
+  o.batch_size = 256;
+  o.drop_last = false;
+  o.shuffle = false;
+  std::vector<double> batch_losses;
+  struct Losses : Callback {
+    std::vector<double>* out;
+    explicit Losses(std::vector<double>* o) : out(o) {}
+    void on_batch_end(Trainer&, const BatchLogs& b) override { out->push_back(b.loss); }
+  };
+  s.trainer->add_callback(std::make_shared<Losses>(&batch_losses));
+  const FitResult r = s.trainer->fit(train, nullptr, o);
+  ASSERT_EQ(batch_losses.size(), 2u);
+  const double by_rows = (256.0 * batch_losses[0] + 44.0 * batch_losses[1]) / 300.0;
+  EXPECT_NEAR(r.history[0].train_loss, by_rows, 1e-6);
+  EXPECT_GT(std::abs(r.history[0].train_loss - (batch_losses[0] + batch_losses[1]) / 2), 1e-4)
+      << "the batches' losses differ enough to tell the two means apart";
+}
+
+// stop_training() at an epoch's last step ends that epoch as done: evaluated, called back and
+// saved as the next epoch's start. It was saved as a position past the epoch's end (epoch 0, step
+// 4 of 4) and the epoch was never evaluated; resumed, it logged an epoch of no batches.
+TEST(Trainer, AStopAtAnEpochsLastStepEndsThatEpoch) {
+  auto train = blobs(256, 3), test = blobs(64, 4);
+  TempDir dir;
+  Rig s = make();
+  s.trainer->add_callback(std::make_shared<StopAt>(4));  // 4 steps an epoch
+  FitOptions o;
+  o.batch_size = 64;
+  o.epochs = 3;
+  o.checkpoint_dir = dir.path();
+  const FitResult r = s.trainer->fit(train, &test, o);
+  ASSERT_EQ(r.history.size(), 1u);
+  EXPECT_GE(r.history[0].test_accuracy, 0.0);
+  const TrainerState saved = read_checkpoint_state(dir.path());
+  EXPECT_EQ(saved.epoch, 1);
+  EXPECT_EQ(saved.step_in_epoch, 0);
+}
+
 // A continued run keeps the metrics log of the epochs it had finished and writes on after them
 // (it was started anew, losing them); a fresh run starts it anew.
 TEST(Trainer, TheMetricsLogOfAContinuedRunKeepsItsFinishedEpochs) {
@@ -737,6 +781,10 @@ TEST(Trainer, LanguageModelMetricsReachLogsProgressAndCsv) {
   EXPECT_GT(last.mean("token_accuracy"), 0.8);
   EXPECT_NEAR(last.mean("perplexity"), std::exp(last.mean("loss")), 1e-9);
   EXPECT_EQ(last.count("loss"), 96.0 * 8.0) << "every token of the epoch, once";
+  // What monitors and logs read of it: a language model's accuracy is its token accuracy (the
+  // epoch's train_accuracy was 0 here, every stretch).
+  EXPECT_EQ(r.history.back().train_accuracy, last.mean("token_accuracy"));
+  EXPECT_EQ(r.history.back().train_loss, last.mean("loss"));
   std::rewind(progress);
   std::string shown(4096, '\0');
   shown.resize(std::fread(shown.data(), 1, shown.size(), progress));
