@@ -663,6 +663,17 @@ inline std::vector<Case> cases() {
                  return Outputs{kernels::softmax(to(x), -1), kernels::log_softmax(to(x), -1),
                                 kernels::softmax(to(randn(g, {4, 301, 3})), 1)};
                }});
+  // Rows whose max is -inf: all masked (zeros; log: -inf), or holding a NaN the max passes over
+  // (NaN, as torch's: it was zeros, and the NaN vanished from the loss and its gradient). Rows
+  // (warp teams) and columns (dim 0).
+  c.push_back(
+      {"softmax masked rows with NaN", Op::kSoftmax, [](Generator&, const To& to) {
+         const float nan = std::nanf(""), inf = INFINITY;
+         const Tensor x = Tensor::from({nan, nan, nan, -inf, -inf, -inf, 1.0f, nan}, {4, 2});
+         const Tensor t = Tensor::from({nan, -inf, -inf, -inf}, {2, 2});
+         return Outputs{kernels::softmax(to(x), -1), kernels::log_softmax(to(x), -1),
+                        kernels::softmax(to(t), 0), kernels::log_softmax(to(t), 0)};
+       }});
   c.push_back({"cross_entropy_forward vocabulary", Op::kCrossEntropyForward,
                [](Generator& g, const To& to) {
                  Tensor y = labels(g, 37, 5003), stats;

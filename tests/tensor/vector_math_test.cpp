@@ -81,5 +81,19 @@ TEST(VectorMath, GeluAndItsDerivativeMatchTheErfForm) {
       std::isnan(kernels::unary(kernels::UnaryOp::Gelu, Tensor::from({nan}, {1})).to_vector()[0]));
 }
 
+// A row whose max is -inf is all masked (zeros; log: -inf) unless it holds a NaN, which the max
+// passes over: then NaN throughout, as torch's softmax gives (it was zeros, and the NaN vanished).
+TEST(VectorMath, SoftmaxOfAMaskedRowWithANaNIsNaN) {
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  const Tensor x = Tensor::from({nan, -inf, -inf, -inf, 2.0f, nan}, {3, 2});
+  const std::vector<float> y = kernels::softmax(x, -1).to_vector();
+  const std::vector<float> ly = kernels::log_softmax(x, -1).to_vector();
+  EXPECT_TRUE(std::isnan(y[0]) && std::isnan(y[1]) && std::isnan(ly[0]) && std::isnan(ly[1]));
+  EXPECT_EQ(y[2], 0.0f);
+  EXPECT_EQ(y[3], 0.0f);
+  EXPECT_EQ(ly[2], -inf);
+  EXPECT_TRUE(std::isnan(y[4]) && std::isnan(y[5]));
+}
+
 }  // namespace
 }  // namespace hpm

@@ -38,8 +38,12 @@ Tensor softmax_impl(const Tensor& x, int dim) {
       for (std::int64_t l = 0; l < a.len; ++l) mx = std::max(mx, xr[l * a.inner]);
       if (mx == -std::numeric_limits<float>::infinity()) {
         // Every entry masked: no distribution to normalize. Zeros (log: -inf), not NaN, so a
-        // padded row contributes nothing.
-        for (std::int64_t l = 0; l < a.len; ++l) yr[l * a.inner] = kLog ? mx : 0.0f;
+        // padded row contributes nothing. Unless an entry is NaN (the max passes over it): then
+        // NaN, as torch's, or a diverged score would vanish from the loss and its gradient.
+        bool nan = false;
+        for (std::int64_t l = 0; l < a.len; ++l) nan |= std::isnan(xr[l * a.inner]);
+        const float masked = nan ? std::numeric_limits<float>::quiet_NaN() : kLog ? mx : 0.0f;
+        for (std::int64_t l = 0; l < a.len; ++l) yr[l * a.inner] = masked;
         continue;
       }
       double sum = 0.0;

@@ -35,9 +35,14 @@ __global__ void softmax_rows_kernel(const float* __restrict__ x, float* __restri
     float mx = kNegInf;
     for (std::int64_t l = team.rank; l < len; l += team.size) mx = fmaxf(mx, xr[l]);
     mx = team.reduce(mx, MaxOp{}, kNegInf);
-    if (mx == kNegInf) {
+    if (mx == kNegInf) {  // uniform across the team: the reduction below is safe
       // Every entry masked: zeros (log: -inf), not NaN, so a padded row contributes nothing.
-      for (std::int64_t l = team.rank; l < len; l += team.size) yr[l] = kLog ? kNegInf : 0.0f;
+      // Unless an entry is NaN (fmaxf passes over it): then NaN, as the CPU's and torch's.
+      float nan = 0.0f;
+      for (std::int64_t l = team.rank; l < len; l += team.size) nan = isnan(xr[l]) ? 1.0f : nan;
+      nan = team.reduce(nan, MaxOp{}, 0.0f);
+      const float masked = nan != 0.0f ? __int_as_float(0x7fc00000) : kLog ? kNegInf : 0.0f;
+      for (std::int64_t l = team.rank; l < len; l += team.size) yr[l] = masked;
       continue;
     }
     double sum = 0.0;
@@ -66,8 +71,11 @@ __global__ void softmax_columns_kernel(const float* __restrict__ x, float* __res
     float* yr = y + base;
     float mx = kNegInf;
     for (std::int64_t l = 0; l < len; ++l) mx = fmaxf(mx, xr[l * inner]);
-    if (mx == kNegInf) {
-      for (std::int64_t l = 0; l < len; ++l) yr[l * inner] = kLog ? kNegInf : 0.0f;
+    if (mx == kNegInf) {  // every entry masked, or NaN (as the rows kernel)
+      bool nan = false;
+      for (std::int64_t l = 0; l < len; ++l) nan = nan || isnan(xr[l * inner]);
+      const float masked = nan ? __int_as_float(0x7fc00000) : kLog ? kNegInf : 0.0f;
+      for (std::int64_t l = 0; l < len; ++l) yr[l * inner] = masked;
       continue;
     }
     double sum = 0.0;
