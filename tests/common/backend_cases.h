@@ -328,6 +328,12 @@ inline std::vector<Case> cases() {
                  t.data<float>()[3] = 0.0f;  // a zero target counts zero
                  return Outputs{kernels::kl_div_forward(to(x), to(t))};
                }});
+  c.push_back(
+      {"kl_div_forward NaN target", Op::kKlDivForward, [](Generator& g, const To& to) {
+         const Tensor x = kernels::log_softmax(randn(g, {2, 3}), -1);
+         const Tensor t = Tensor::from({std::nanf(""), 0.5f, 0.5f, 0.2f, 0.3f, 0.5f}, {2, 3});
+         return Outputs{kernels::kl_div_forward(to(x), to(t))};
+       }});
   c.push_back({"kl_div_backward", Op::kKlDivBackward, [](Generator& g, const To& to) {
                  const Tensor x = kernels::log_softmax(randn(g, {4, 5}), -1);
                  Tensor t = kernels::softmax(randn(g, {4, 5}), -1);

@@ -95,5 +95,15 @@ TEST(VectorMath, SoftmaxOfAMaskedRowWithANaNIsNaN) {
   EXPECT_TRUE(std::isnan(y[4]) && std::isnan(y[5]));
 }
 
+// kl_div's target term is torch's xlogy: a 0 target adds 0, a NaN one makes the loss NaN (it was
+// skipped as if 0: a diverged teacher's row taught nothing, without a word).
+TEST(VectorMath, KlDivOfANaNTargetIsNaN) {
+  const Tensor x = kernels::log_softmax(Tensor::from({1.0f, 2.0f, 3.0f, 1.0f}, {2, 2}), -1);
+  const Tensor zero = Tensor::from({0.0f, 1.0f, 0.5f, 0.5f}, {2, 2});
+  EXPECT_TRUE(std::isfinite(kernels::kl_div_forward(x, zero).item()));
+  const Tensor nan = Tensor::from({std::nanf(""), 1.0f, 0.5f, 0.5f}, {2, 2});
+  EXPECT_TRUE(std::isnan(kernels::kl_div_forward(x, nan).item()));
+}
+
 }  // namespace
 }  // namespace hpm

@@ -327,8 +327,10 @@ float kl_div_forward(const Tensor& input_log_probs, const Tensor& target_probs) 
   const float* x = input_log_probs.data<float>();
   const float* t = target_probs.data<float>();
   double total = 0.0;
+  // torch's xlogy: a 0 target adds 0; a NaN (or negative) one makes the loss NaN, as torch's,
+  // where `t > 0` skipped it (a diverged teacher's row taught nothing, without a word).
   for (std::int64_t i = 0; i < input_log_probs.numel(); ++i)
-    if (t[i] > 0.0f) total += t[i] * (std::log(static_cast<double>(t[i])) - x[i]);
+    if (t[i] != 0.0f) total += t[i] * (std::log(static_cast<double>(t[i])) - x[i]);
   return static_cast<float>(total / batch_of(input_log_probs));
 }
 
@@ -343,7 +345,7 @@ void kl_div_backward(float grad, const Tensor& input_log_probs, const Tensor& ta
     const float* xp = input_log_probs.data<float>();
     float* g = gt.data<float>();
     for (std::int64_t i = 0; i < gt.numel(); ++i)
-      g[i] = tp[i] > 0.0f ? scale * (std::log(tp[i]) + 1.0f - xp[i]) : 0.0f;
+      g[i] = tp[i] != 0.0f ? scale * (std::log(tp[i]) + 1.0f - xp[i]) : 0.0f;
     *grad_target = gt;
   }
 }

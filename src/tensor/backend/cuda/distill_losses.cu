@@ -66,7 +66,8 @@ __global__ void nll_loss_backward_kernel(const float* __restrict__ grad,
 }
 
 // kl_div's first stage: block b sums t (log t - x) over values [b kKlChunk, (b + 1) kKlChunk) in
-// double, the terms with t > 0 only (t = 0 counts 0; a NaN t counts 0 as on the CPU).
+// double, the terms with t != 0 only (t = 0 counts 0; a NaN or negative t makes it NaN, as on the
+// CPU).
 __global__ void kl_div_partials_kernel(const float* __restrict__ x, const float* __restrict__ t,
                                        double* __restrict__ partials, std::int64_t total) {
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kKlChunk;
@@ -74,7 +75,7 @@ __global__ void kl_div_partials_kernel(const float* __restrict__ x, const float*
   double s = 0.0;
   for (std::int64_t i = first + threadIdx.x; i < last; i += blockDim.x) {
     const float ti = t[i];
-    if (ti > 0.0f) {
+    if (ti != 0.0f) {  // NaN and negative targets give NaN, as the CPU's and torch's xlogy
       const auto td = static_cast<double>(ti);
       s += td * (log(td) - static_cast<double>(x[i]));
     }
@@ -92,7 +93,7 @@ __global__ void kl_div_total_kernel(const double* __restrict__ partials, std::in
   if (threadIdx.x == 0) *loss = static_cast<float>(s / batch);
 }
 
-// scale = grad / batch; d/dx = -scale t; d/dt = scale (log t + 1 - x) where t > 0, else 0 (in
+// scale = grad / batch; d/dx = -scale t; d/dt = scale (log t + 1 - x) where t != 0, else 0 (in
 // float, as the CPU's). Either output may be null.
 __global__ void kl_div_backward_kernel(const float* __restrict__ grad, const float* __restrict__ x,
                                        const float* __restrict__ t, float* __restrict__ grad_input,
@@ -106,7 +107,7 @@ __global__ void kl_div_backward_kernel(const float* __restrict__ grad, const flo
     if (grad_input != nullptr) grad_input[i] = __fmul_rn(ti, -scale);
     if (grad_target != nullptr) {
       grad_target[i] =
-          ti > 0.0f ? __fmul_rn(scale, __fsub_rn(__fadd_rn(logf(ti), 1.0f), x[i])) : 0.0f;
+          ti != 0.0f ? __fmul_rn(scale, __fsub_rn(__fadd_rn(logf(ti), 1.0f), x[i])) : 0.0f;
     }
   }
 }
