@@ -66,15 +66,20 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
         micro.size() == 1 && count == batch.rows() ? batch : batch.slice(begin, count);
     Tensor outputs = model.forward(part.inputs);
     const auto replicas = static_cast<double>(o.replicas_in_sync);
-    const double scale = whole ? replicas : replicas * objective.weight(part) / step_weight;
+    const double part_weight = whole ? -1.0 : objective.weight(part);
+    const double scale = whole ? replicas : replicas * part_weight / step_weight;
     WeightedLoss w = weighted_loss(objective, outputs, part, scale, !read_at_end);
     outputs = Tensor();  // its memory is the loss's to reuse in backward (a classifier's logits)
-    out.metrics.merge(w.metrics);
+    // A part with nothing to count (every target ignored) adds nothing to the step: its mean loss
+    // is 0/0, NaN, as torch's over no tokens, but its gradients are zeros and its weight is 0.
+    // It stopped the run as a NaN loss, though the whole batch's loss was finite.
+    const bool nothing_counted = part_weight == 0.0;
+    if (!nothing_counted) out.metrics.merge(w.metrics);
     if (read_at_end) {
-      losses.push_back(w.unscaled);
+      if (!nothing_counted) losses.push_back(w.unscaled);
     } else {
-      if (o.on_loss) o.on_loss(w.finite);
-      if (!w.finite && out.finite) {
+      if (o.on_loss) o.on_loss(nothing_counted || w.finite);
+      if (!nothing_counted && !w.finite && out.finite) {
         out.finite = false;
         out.bad_value = w.value;
       }

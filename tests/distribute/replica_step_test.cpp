@@ -66,5 +66,38 @@ TEST(ReplicaStep, GptLogitsAreBf16OnlyForAnObjectiveThatReadsThem) {
   autograd::set_bf16_fusions(fusions);
 }
 
+// A micro-batch whose targets are all ignored counts nothing: the step is the whole batch's, its
+// loss finite and its gradients those of one micro-batch. Its own mean (0/0) stopped the run.
+TEST(ReplicaStep, AMicroBatchWithNothingCountedAddsNothing) {
+  nn::GPTConfig c = testing::tiny_gpt_config();
+  manual_seed(14);
+  nn::GPT model(c);
+  nn::Batch batch = testing::token_batch(4, 8, c.vocab_size, 7);
+  std::int64_t* y = batch.targets.data<std::int64_t>();
+  for (std::int64_t i = 2 * 8; i < 4 * 8; ++i) y[i] = -100;  // rows 2 and 3: nothing to learn
+  const nn::LanguageModelling objective;
+  const auto step = [&](int micro) {
+    ReplicaStepOptions o;
+    o.micro_batches = micro;
+    model.zero_grad();
+    const ReplicaStepResult r = replica_step(model, objective, batch, o);
+    std::vector<float> grads;
+    for (const auto& [name, p] : model.named_parameters()) {
+      const std::vector<float> g = p.grad().to_vector();
+      grads.insert(grads.end(), g.begin(), g.end());
+    }
+    return std::pair{r, grads};
+  };
+  const auto [whole, whole_grads] = step(1);
+  const auto [halves, halves_grads] = step(2);
+  ASSERT_TRUE(whole.finite);
+  EXPECT_TRUE(halves.finite);
+  EXPECT_NEAR(halves.metrics.mean("loss"), whole.metrics.mean("loss"), 1e-6);
+  EXPECT_EQ(halves.metrics.count("loss"), 16.0);
+  ASSERT_EQ(halves_grads.size(), whole_grads.size());
+  for (std::size_t i = 0; i < whole_grads.size(); ++i)
+    EXPECT_NEAR(halves_grads[i], whole_grads[i], 1e-5f + 1e-4f * std::abs(whole_grads[i])) << i;
+}
+
 }  // namespace
 }  // namespace hpm::distribute
