@@ -105,5 +105,19 @@ TEST(VectorMath, KlDivOfANaNTargetIsNaN) {
   EXPECT_TRUE(std::isnan(kernels::kl_div_forward(x, nan).item()));
 }
 
+// An empty row has no argmax (the CPU divided by zero: SIGFPE; the GPU refused it), and an index
+// outside the table is refused in backward as in forward (the CPU wrote past the table).
+TEST(VectorMath, ArgmaxOfNothingAndAnEmbeddingIndexOutsideAreRefused) {
+  EXPECT_THROW(kernels::argmax_last(Tensor::zeros({2, 0})), std::invalid_argument);
+  Tensor table = Tensor::zeros({3, 2});
+  const Tensor grad = Tensor::from({1.0f, 1.0f}, {1, 2});
+  EXPECT_THROW(kernels::embedding_backward(
+                   grad, Tensor::from_i64(std::vector<std::int64_t>{-1}, {1}), table),
+               std::out_of_range);
+  EXPECT_THROW(
+      kernels::embedding_backward(grad, Tensor::from_i64(std::vector<std::int64_t>{3}, {1}), table),
+      std::out_of_range);
+}
+
 }  // namespace
 }  // namespace hpm

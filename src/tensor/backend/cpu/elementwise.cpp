@@ -198,7 +198,7 @@ void unary_backward_span(UnaryOp op, const float* g, const float* x, const float
       // The hot one in every mlp and cnn: a branch-free masked copy.
 #pragma omp simd
       for (std::int64_t i = 0; i < n; ++i) {
-        const float dy = g[i];  // loaded unconditionally so the select vectorizes
+        const float dy = g[i];              // loaded unconditionally so the select vectorizes
         out[i] = y[i] <= 0.0f ? 0.0f : dy;  // torch's threshold_backward: NaN passes dy
       }
       return;
@@ -378,6 +378,9 @@ Tensor broadcast_to(const Tensor& x, const Shape& shape) {
 }
 
 Tensor argmax_last(const Tensor& x) {
+  // Refused as the GPU's is (it divided by zero, SIGFPE).
+  if (x.dim() == 0 || x.size(-1) == 0)
+    throw std::invalid_argument("argmax_last: empty last dimension in " + x.shape().str());
   const std::int64_t d = x.size(-1), rows = x.numel() / d;
   std::vector<std::int64_t> dims(x.shape().dims().begin(), x.shape().dims().end() - 1);
   Tensor y = Tensor::empty(Shape(dims), DType::I64, x.device());
@@ -484,8 +487,16 @@ void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& gra
   const auto* idx = indices.data<std::int64_t>();
   const float* pg = grad_y.data<float>();
   float* pt = grad_table.data<float>();
-  for (std::int64_t i = 0; i < indices.numel(); ++i)
+  const std::int64_t rows = grad_table.size(0);
+  for (std::int64_t i = 0; i < indices.numel(); ++i) {
+    // Checked as the forward checks: an index changed since would write past the table.
+    if (idx[i] < 0 || idx[i] >= rows) {
+      throw std::out_of_range("embedding_backward: index " + std::to_string(idx[i]) +
+                              " at position " + std::to_string(i) + " is outside the table of " +
+                              std::to_string(rows) + " rows");
+    }
     for (std::int64_t j = 0; j < e; ++j) pt[idx[i] * e + j] += pg[i * e + j];
+  }
 }
 
 Tensor dropout_mask(const Shape& shape, float p, Generator& gen) {
