@@ -341,6 +341,38 @@ void EarlyStopping::on_epoch_end(Trainer& trainer, const EpochLogs& e) {
   }
 }
 
+namespace {
+constexpr const char* kEsBest = "early_stopping best";
+constexpr const char* kEsBestEpoch = "early_stopping best_epoch";
+constexpr const char* kEsWait = "early_stopping wait";
+const std::string kEsWeights = "early_stopping best_weights/";
+}  // namespace
+
+void EarlyStopping::save_state(std::map<std::string, std::string>& metadata,
+                               nn::NamedTensors& tensors) const {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", best_);  // read back to the same double
+  metadata[kEsBest] = text;
+  metadata[kEsBestEpoch] = std::to_string(best_epoch_);
+  metadata[kEsWait] = std::to_string(wait_);
+  for (const auto& [name, t] : best_weights_) tensors.emplace_back(kEsWeights + name, t);
+}
+
+void EarlyStopping::restore_state(const std::map<std::string, std::string>& metadata,
+                                  const nn::NamedTensors& tensors) {
+  const auto best = metadata.find(kEsBest), epoch = metadata.find(kEsBestEpoch),
+             wait = metadata.find(kEsWait);
+  if (best == metadata.end() || epoch == metadata.end() || wait == metadata.end()) return;
+  best_ = std::stod(best->second);
+  best_epoch_ = std::stoll(epoch->second);
+  wait_ = std::stoll(wait->second);
+  best_weights_.clear();
+  for (const auto& [name, t] : tensors) {
+    if (name.rfind(kEsWeights, 0) == 0)
+      best_weights_.emplace_back(name.substr(kEsWeights.size()), t);
+  }
+}
+
 void EarlyStopping::on_train_end(Trainer& trainer, const FitResult&) {
   if (!options_.restore_best_weights || best_weights_.empty()) return;
   NoGradGuard no_grad;

@@ -32,7 +32,8 @@ std::string checksum_hex(std::string_view bytes) {
 // The files save_checkpoint writes into a ckpt-* directory (and write_file_atomic's temporaries
 // of them, "<name>.tmp.<pid>", which a crash mid-write can leave).
 constexpr const char* kCheckpointFiles[] = {"model.safetensors", "optimizer.safetensors",
-                                            "iterator.bin", "trainer_state.json"};
+                                            "callbacks.safetensors", "iterator.bin",
+                                            "trainer_state.json"};
 
 // Whether `name` is `file` or one of its write_file_atomic temporaries.
 bool names_file(const std::string& name, const std::string& file) {
@@ -168,6 +169,7 @@ std::string save_checkpoint(const std::string& root, const nn::Module& model,
   };
   write("model.safetensors", model.state_dict());
   write("optimizer.safetensors", optimizer.state());
+  if (!state.callback_tensors.empty()) write("callbacks.safetensors", state.callback_tensors);
   if (!state.iterator_state.empty()) {
     io::write_file_atomic(dir + "/iterator.bin", state.iterator_state);
     files["iterator.bin"] = {{"crc32c", checksum_hex(state.iterator_state)},
@@ -342,6 +344,12 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
   std::string iterator_state;
   if (j.contains("files") && j["files"].contains("iterator.bin"))
     iterator_state = verified("iterator.bin");
+  nn::NamedTensors callback_tensors;
+  if (j.contains("files") && j["files"].contains("callbacks.safetensors")) {
+    callback_tensors =
+        io::decode_safetensors(verified("callbacks.safetensors"), dir + "/callbacks.safetensors")
+            .tensors;
+  }
   try {
     model.load_weights(loaded.at("model.safetensors").tensors);
     if (optimizer) optimizer->load_state(loaded.at("optimizer.safetensors").tensors);
@@ -355,6 +363,7 @@ TrainerState load_checkpoint(const std::string& path, nn::Module& model,
     throw CheckpointError(state_path + ": " + e.what());
   }
   s.iterator_state = std::move(iterator_state);
+  s.callback_tensors = std::move(callback_tensors);
   return s;
 }
 

@@ -235,6 +235,7 @@ TrainerState Trainer::state_to_save(data::Iterator* it, bool epoch_done) const {
   }
   s.rng = default_generator().state();
   s.replica_rngs = replica_rngs_;
+  for (const auto& cb : callbacks_) cb->save_state(s.metadata, s.callback_tensors);
   return s;
 }
 
@@ -423,6 +424,7 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                        "checkpoint_dir; hpm does not overwrite them");
     }
   }
+  const std::map<std::string, std::string> restored_metadata = state_.metadata;
   state_.metadata = options.metadata;
   for (const auto& [key, value] : options.description) state_.metadata[key] = value;
   for (const auto& [key, value] : options.input_order) state_.metadata[kInputOrder + key] = value;
@@ -463,6 +465,12 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   Device& device = this->device();
 
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
+  // A restart from this run's backup continues its callbacks' state (a run resumed from a
+  // checkpoint is a new fit: its callbacks start afresh, as Keras').
+  if (!result.restored_from.empty()) {
+    for (auto& cb : callbacks_) cb->restore_state(restored_metadata, state_.callback_tensors);
+  }
+  state_.callback_tensors.clear();  // each save takes the callbacks' state anew
   if (!result.restored_from.empty()) {
     for (auto& cb : callbacks_)
       cb->on_backup_restored(*this, result.restored_from, skipped_backups);

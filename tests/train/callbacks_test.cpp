@@ -279,6 +279,51 @@ TEST(EarlyStopping, RestoreBestWeightsInFit) {
   EXPECT_DOUBLE_EQ(s.trainer->evaluate(test).loss, es->best());
 }
 
+// A run killed after its best epoch and restarted from its backup stops where, and with the
+// weights, an uninterrupted run does: EarlyStopping's best, patience and best weights travel in
+// the backup. They started afresh: the restarted run took a later epoch for its best, stopped
+// later and ended on other weights.
+TEST(EarlyStopping, ARestartFromABackupStopsAsAnUninterruptedRun) {
+  auto train = blobs(320, 1), test = blobs(200, 2);
+  EarlyStoppingOptions o;
+  o.patience = 2;
+  o.restore_best_weights = true;
+  TempDir dir;
+  FitOptions f;
+  f.epochs = 10;
+  f.batch_size = 32;  // 10 steps an epoch
+  f.backup_dir = dir / "backup";
+  f.backup_every_steps = 1;
+  const auto run = [&](std::int64_t kill_at) {
+    Rig s = make();
+    mislabel_after(*s.trainer, 3);
+    auto es = std::make_shared<EarlyStopping>(o);
+    s.trainer->add_callback(es);
+    struct Kill : Callback {
+      std::int64_t at;
+      explicit Kill(std::int64_t a) : at(a) {}
+      void on_batch_end(Trainer&, const BatchLogs& b) override {
+        if (b.global_step == at) throw std::runtime_error("killed");
+      }
+    };
+    s.trainer->add_callback(std::make_shared<Kill>(kill_at));
+    try {
+      s.trainer->fit(train, &test, f);
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "killed");
+    }
+    return std::tuple{flat_params(*s.model), es->best_epoch(), es->stopped_epoch()};
+  };
+  const auto [straight, best, stopped] = run(-1);
+  ASSERT_GE(stopped, 0);
+  ASSERT_LT(best, 3);
+  run(best * 10 + 15);  // killed mid-way through the epoch after the best
+  const auto [restarted, best_again, stopped_again] = run(-1);
+  EXPECT_EQ(best_again, best);
+  EXPECT_EQ(stopped_again, stopped);
+  EXPECT_EQ(restarted, straight);
+}
+
 TEST(EarlyStopping, UnavailableMonitorIsAnError) {
   auto train = blobs(64, 1);
   Rig s = make();

@@ -91,6 +91,12 @@ class EarlyStopping : public Callback {
   void on_train_begin(Trainer&) override;
   void on_epoch_end(Trainer& trainer, const EpochLogs& e) override;
   void on_train_end(Trainer& trainer, const FitResult&) override;
+  // Its best, the best's epoch and weights, and the epochs waited, across a restart from a backup:
+  // a restarted run stops where and as an uninterrupted one would.
+  void save_state(std::map<std::string, std::string>& metadata,
+                  nn::NamedTensors& tensors) const override;
+  void restore_state(const std::map<std::string, std::string>& metadata,
+                     const nn::NamedTensors& tensors) override;
 
   std::int64_t stopped_epoch() const { return stopped_epoch_; }  // 0-based; -1 = did not stop
   std::int64_t best_epoch() const { return best_epoch_; }        // 0-based; -1 = no epoch yet

@@ -28,6 +28,10 @@ struct TrainerState {
   // A strategy's replicas' own generators (dropout on replica threads), by global replica index;
   // empty without a strategy or in checkpoints from before they were saved.
   std::vector<Generator::State> replica_rngs;
+  // What callbacks carry across a restart (Callback::save_state's tensors: EarlyStopping's best
+  // weights), saved as the checkpoint's callbacks.safetensors; empty: none. Their scalars go in
+  // `metadata`.
+  nn::NamedTensors callback_tensors;
   std::string
       iterator_state;  // the input pipeline's Iterator state mid-epoch (empty at a boundary)
   // What the run trained on, as its caller records it (the CLI: the tokenizer), saved beside the

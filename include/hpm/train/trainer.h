@@ -181,6 +181,15 @@ class Callback {
   virtual void on_batch_end(Trainer&, const BatchLogs&) {}
   virtual void on_epoch_end(Trainer&, const EpochLogs&) {}
   virtual void on_train_end(Trainer&, const FitResult&) {}
+  // What this callback carries across a restart to decide as an uninterrupted run would
+  // (EarlyStopping's best and patience, its best weights): written with every checkpoint and
+  // backup, scalars into `metadata` and tensors into `tensors`, under names of its own; given back
+  // by restore_state when fit restarts from its backup, after on_train_begin (a run resumed from a
+  // checkpoint is a new fit, whose callbacks start afresh as Keras').
+  virtual void save_state(std::map<std::string, std::string>& /*metadata*/,
+                          nn::NamedTensors& /*tensors*/) const {}
+  virtual void restore_state(const std::map<std::string, std::string>& /*metadata*/,
+                             const nn::NamedTensors& /*tensors*/) {}
 };
 
 using nn::LossFn;
