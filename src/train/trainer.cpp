@@ -620,7 +620,10 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
                               : static_cast<double>(correct) / static_cast<double>(seen);
     logs.train_metrics = with_derived(epoch_metrics);
     logs.samples_per_s = epoch_seconds > 0 ? static_cast<double>(seen) / epoch_seconds : 0.0;
-    logs.seconds = epoch_seconds;
+    // The epoch's wall time (its steps, input waits, callbacks such as codistillation's
+    // exchanges, mid-epoch backups; not its evaluation), what `hpm plot --x seconds` adds up: the
+    // steps' time alone left out what a run pays besides them.
+    logs.seconds = epoch_wall;
     logs.lr = optimizer_->lr();
     if (epoch_done && test != nullptr && test->size() > 0) {
       const EvalResult ev = evaluate(*test, options.eval_batch_size);

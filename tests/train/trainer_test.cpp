@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "common/blobs.h"
 #include "common/temp_dir.h"
@@ -164,6 +166,26 @@ TEST(Trainer, TheEpochsLossIsWeightedByRows) {
   EXPECT_NEAR(r.history[0].train_loss, by_rows, 1e-6);
   EXPECT_GT(std::abs(r.history[0].train_loss - (batch_losses[0] + batch_losses[1]) / 2), 1e-4)
       << "the batches' losses differ enough to tell the two means apart";
+}
+
+// An epoch's seconds are its wall time, what `hpm plot --x seconds` adds up: callbacks' work in
+// it (codistillation's exchanges) counts. They were the steps' time alone; samples_per_s stays the
+// steps' rate, as the PyTorch peers time theirs.
+TEST(Trainer, AnEpochsSecondsAreItsWallTime) {
+  auto train = blobs(64, 3);  // 4 steps
+  Rig s = make();
+  struct Slow : Callback {
+    void on_batch_end(Trainer&, const BatchLogs&) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+  };
+  s.trainer->add_callback(std::make_shared<Slow>());
+  FitOptions o;
+  o.batch_size = 16;
+  const FitResult r = s.trainer->fit(train, nullptr, o);
+  ASSERT_EQ(r.history.size(), 1u);
+  EXPECT_GE(r.history[0].seconds, 4 * 0.025);
+  EXPECT_GT(r.history[0].samples_per_s, 64 / r.history[0].seconds);
 }
 
 // stop_training() at an epoch's last step ends that epoch as done: evaluated, called back and

@@ -118,6 +118,9 @@ struct EpochLogs {
   double test_loss = -1, test_accuracy = -1;  // -1 when no evaluation data
   nn::Metrics test_metrics;      // the evaluating objective's (empty when no evaluation data)
   std::int64_t global_step = 0;  // steps trained in all when the epoch (or stretch) ended
+  // samples_per_s: rows over the training steps' own time (forward, backward, update: what the
+  // PyTorch peers time); seconds: the epoch's wall time before its evaluation (input waits and
+  // callbacks included).
   double samples_per_s = 0, seconds = 0, lr = 0;
   double input_bound = 0;  // share of the epoch's wall time spent waiting for the next batch
 };
