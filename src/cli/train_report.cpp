@@ -49,6 +49,17 @@ void report_finished_run(const Config& cfg, const TrainingRun& run, const train:
                 static_cast<long long>(early->best_epoch() + 1),
                 cfg.early_stopping_restore_best_weights ? " (its weights restored)" : "");
   }
+  // The weights evaluated below are the best epoch's, restored in memory; the last checkpoint
+  // holds the last epoch's (hpm evaluate on it gave other figures than these, without a word).
+  const bool restored_best = early && early->best_epoch() >= 0 &&
+                             cfg.early_stopping_restore_best_weights &&
+                             early->best_epoch() + 1 < static_cast<std::int64_t>(r.history.size());
+  if (restored_best && !r.last_checkpoint.empty()) {
+    std::printf(
+        "the figures below are epoch %lld's (restored); %s holds the last epoch's weights%s\n",
+        static_cast<long long>(early->best_epoch() + 1), r.last_checkpoint.c_str(),
+        cfg.best_checkpoint_dir.empty() ? " (best_checkpoint_dir keeps the best epoch's)" : "");
+  }
   const train::EvalResult ev = trainer.evaluate(test);
   const bool text = cfg.token_source();
   // A language model's figures are per token, on the validation split.
@@ -103,6 +114,10 @@ void report_finished_run(const Config& cfg, const TrainingRun& run, const train:
                 {"batch_size", cfg.batch_size},
                 {"parameters", run.model->num_parameters()},
                 {"checkpoint", r.last_checkpoint},
+                // Whose weights the test figures are: the best epoch's when early stopping
+                // restored them (1-based), the last epoch's otherwise.
+                {"evaluated_epoch", restored_best ? early->best_epoch() + 1
+                                                  : static_cast<std::int64_t>(r.history.size())},
                 {"restored_from", r.restored_from},
                 {"backups", r.backups},
                 {"backup_seconds", r.backup_seconds},
