@@ -119,6 +119,13 @@ Config load_config_text(const std::string& text, const std::string& path,
   return c;
 }
 
+void refuse_device_but_cpu(const Config& config, const std::string& command,
+                           const std::string& why) {
+  if (config.device == "cpu") return;
+  refuse_setting(config, "train", "device",
+                 "= \"" + config.device + "\" is not applied by " + command + " yet: " + why);
+}
+
 void refuse_train_only_settings(const Config& config, const std::string& command) {
   const std::string why = "is not applied by " + command + " (only hpm train runs it)";
   if (config.early_stopping) refuse_setting(config, "early_stopping", "", why);

@@ -127,12 +127,7 @@ void check_codistillation(const config::Config& cfg) {
                            "is not supported by hpm codistill: no copy writes a backup "
                            "(checkpoint_dir keeps each copy's checkpoints, under copy-R)");
   }
-  if (cfg.device != "cpu") {  // it trained on the CPU, timed as if on the device
-    config::refuse_setting(cfg, "train", "device",
-                           "= \"" + cfg.device +
-                               "\" is not applied by hpm codistill yet: its copies train on the "
-                               "CPU");
-  }
+  config::refuse_device_but_cpu(cfg, "hpm codistill", "its copies train on the CPU");
 }
 
 // Every copy's accuracy, loss and the churn between each pair, from copy `mine`'s gathered logits

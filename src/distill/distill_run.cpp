@@ -222,12 +222,7 @@ void check_distillation(const config::Config& cfg) {
                            "trains (checkpoint_dir keeps the student's checkpoints)");
   }
   // The teachers run on the student's batches, where the student trains: both on the CPU for now.
-  if (cfg.device != "cpu") {
-    config::refuse_setting(cfg, "train", "device",
-                           "= \"" + cfg.device +
-                               "\" is not applied by hpm distill yet: its teachers and "
-                               "students train on the CPU");
-  }
+  config::refuse_device_but_cpu(cfg, "hpm distill", "its teachers and students train on the CPU");
 }
 
 }  // namespace

@@ -44,12 +44,7 @@ void refuse_what_noisy_student_ignores(const config::Config& c, bool outputs) {
                            "= \"step\" is not honoured by Noisy Student, whose rounds set the "
                            "learning rate once an epoch: use unit = \"epoch\"");
   }
-  if (c.device != "cpu") {
-    config::refuse_setting(c, "train", "device",
-                           "= \"" + c.device +
-                               "\" is not applied by Noisy Student yet: its "
-                               "rounds train on the CPU");
-  }
+  config::refuse_device_but_cpu(c, "Noisy Student", "its rounds train on the CPU");
   if (!outputs) return;
   const std::pair<const char*, const std::string*> files[] = {
       {"checkpoint_dir", &c.checkpoint_dir},

@@ -279,6 +279,10 @@ Device& config_device(const Config& config);
 // [early_stopping], [train] best_checkpoint_dir and [memory] device_budget_mb are hpm train's
 // callbacks and budget: `command` ("hpm distill", ...) refuses them rather than ignore them.
 void refuse_train_only_settings(const Config& config, const std::string& command);
+// [train] device other than the CPU, for a command whose models train on the CPU only (it was
+// ignored by some: the run trained on the CPU, timed as if on the device): "<command> yet: <why>".
+void refuse_device_but_cpu(const Config& config, const std::string& command,
+                           const std::string& why);
 
 // The CPUs this process may run on (sched_getaffinity; else std::thread::hardware_concurrency).
 int available_cpus();
