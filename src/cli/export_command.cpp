@@ -58,7 +58,9 @@ int run_export(const ExportCommandOptions& o) {
   const std::map<std::string, std::string> recorded =
       ps.empty() ? train::read_checkpoint_state(dir).metadata
                  : distribute::ps::read_ps_checkpoint_metadata(dir);
-  for (const char* key : {"config", "config_path"}) {
+  // And the tokenizer its ids mean: evaluate, init_from and teachers check it as they check a
+  // checkpoint's (it was dropped, and weights read with another tokenizer were accepted).
+  for (const char* key : {"config", "config_path", "tokenizer"}) {
     if (const auto it = recorded.find(key); it != recorded.end())
       metadata[std::string("hpm_") + key] = it->second;
   }

@@ -292,6 +292,13 @@ std::shared_ptr<nn::Module> build_model(const Config& config) {
   auto model = build_architecture(config);
   if (config.init_from.empty()) return model;
   const io::SafetensorsFile file = io::load_safetensors(config.init_from);
+  // Weights exported from a language model's checkpoint record its tokenizer (hpm_tokenizer):
+  // checked as the checkpoint's own record is.
+  if (const auto it = file.metadata.find("hpm_tokenizer"); it != file.metadata.end()) {
+    train::TrainerState recorded;
+    recorded.metadata["tokenizer"] = it->second;
+    check_checkpoint_tokenizer(recorded, config, "the weights " + config.init_from);
+  }
   nn::Module::LoadReport r;
   try {
     r = model->load_weights(file.tensors, config.init_strict);

@@ -267,6 +267,30 @@ TEST(HpmTokenizer, MismatchesAndBadInputAreNamed) {
             "source \"idx\"");
 }
 
+// Exported weights carry the tokenizer their ids mean, and evaluate (like init_from) checks it as
+// it checks a checkpoint's: the export dropped it, and weights read with another tokenizer gave a
+// loss of ids that stood for other text, without a word.
+TEST(HpmTokenizer, ExportedWeightsRefuseAnotherTokenizer) {
+  SKIP_WITHOUT_FORTUNES();
+  TempDir dir;
+  const std::string corpus = fortunes_subset(dir);
+  const std::string model = train_tokenizer(dir, corpus);
+  std::filesystem::create_directories(dir / "corpus2");  // another text: another tokenizer
+  for (const char* name : {"art", "computers", "food"})
+    std::filesystem::copy_file(kFortunes + "/" + name, dir / ("corpus2/" + std::string(name)));
+  const std::string other = train_tokenizer(dir, dir / "corpus2/*", "other");
+  const std::string cfg = gpt_config(
+      dir, "source = \"text\"\nfiles = \"" + corpus + "\"\ntokenizer = \"" + model + "\"\n", 800);
+  ASSERT_EQ(run_hpm("train " + cfg).code, 0);
+  const std::string weights = dir / "w.safetensors";
+  ASSERT_EQ(run_hpm("export " + dir / "ckpt" + " -o " + weights).code, 0);
+  EXPECT_EQ(run_hpm("evaluate --weights " + weights).code, 0);
+  const CommandResult r =
+      run_hpm("evaluate --weights " + weights + " --set data.tokenizer=" + other);
+  EXPECT_EQ(r.code, 1) << r.output;
+  expect_in(r.output, "the weights " + weights + " was trained with tokenizer sentencepiece:");
+}
+
 TEST(HpmTokenizer, PromptOutsideTheVocabularyIsRefused) {
   SKIP_WITHOUT_FORTUNES();
   TempDir dir;
