@@ -152,6 +152,9 @@ class FileCacheNode : public DatasetNode {
           // uncached, the next pass wrote it in its own epoch's order, and every later epoch
           // replayed another order than an uninterrupted run's.
           const std::uint64_t done = r.u64();
+          // The input's saved state follows; read past it (what comes after belongs to stages
+          // beside this one, a zip's other inputs).
+          n_->input_.make_iterator(epoch_)->restore(r);
           write_whole_pass();
           reader_ = std::make_unique<io::TfRecordReader>(n_->path_);
           if (!n_->key_.empty()) check_key(*reader_, n_->path_, n_->key_);
@@ -177,7 +180,13 @@ class FileCacheNode : public DatasetNode {
         io::TfRecordWriter writer(n_->path_);
         try {
           if (!n_->key_.empty()) writer.write(std::string(kKeyMagic) + n_->key_);
-          for (Element e; pass->next(e);) {
+          for (;;) {
+            Element e;
+            try {
+              if (!pass->next(e)) break;
+            } catch (const DataError&) {
+              continue;  // the pass that is replayed went on past it (ignore_errors after this)
+            }
             StateWriter w;
             w.tensors(e);
             writer.write(w.bytes());

@@ -495,7 +495,15 @@ class CacheNode : public DatasetNode {
             // was refused, and such a backup could never be resumed.
             auto refill = n_->input_.make_iterator(fill_epoch);
             std::vector<Element> all;
-            for (Element e; refill->next(e);) all.push_back(std::move(e));
+            for (;;) {
+              Element e;
+              try {
+                if (!refill->next(e)) break;
+              } catch (const DataError&) {
+                continue;  // the filling pass went on past it (ignore_errors after this stage)
+              }
+              all.push_back(std::move(e));
+            }
             n_->store_ = std::make_shared<const std::vector<Element>>(std::move(all));
             n_->filled_ = true;
             n_->fill_epoch_ = fill_epoch;
