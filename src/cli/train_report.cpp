@@ -51,9 +51,11 @@ void report_finished_run(const Config& cfg, const TrainingRun& run, const train:
   }
   // The weights evaluated below are the best epoch's, restored in memory; the last checkpoint
   // holds the last epoch's (hpm evaluate on it gave other figures than these, without a word).
+  // Epochs counted from the run's start (a continued run's history holds only its own).
+  const std::int64_t last_epoch = r.history.empty() ? 0 : r.history.back().epoch + 1;
   const bool restored_best = early && early->best_epoch() >= 0 &&
                              cfg.early_stopping_restore_best_weights &&
-                             early->best_epoch() + 1 < static_cast<std::int64_t>(r.history.size());
+                             early->best_epoch() + 1 < last_epoch;
   if (restored_best && !r.last_checkpoint.empty()) {
     std::printf(
         "the figures below are epoch %lld's (restored); %s holds the last epoch's weights%s\n",
@@ -116,8 +118,7 @@ void report_finished_run(const Config& cfg, const TrainingRun& run, const train:
                 {"checkpoint", r.last_checkpoint},
                 // Whose weights the test figures are: the best epoch's when early stopping
                 // restored them (1-based), the last epoch's otherwise.
-                {"evaluated_epoch", restored_best ? early->best_epoch() + 1
-                                                  : static_cast<std::int64_t>(r.history.size())},
+                {"evaluated_epoch", restored_best ? early->best_epoch() + 1 : last_epoch},
                 {"restored_from", r.restored_from},
                 {"backups", r.backups},
                 {"backup_seconds", r.backup_seconds},

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <filesystem>
 #include <iterator>
-#include <limits>
 #include <stdexcept>
 
 #include "hpm/data/file_sources.h"
@@ -194,12 +193,12 @@ Dataset build_tfrecord_input_pipeline(const std::string& files, io::Compression 
            " of " + std::to_string(spec.num_shards) + (spec.shard_files ? " (files)" : "") + "\n";
     d = spec.cache_path.empty() ? d.cache() : d.cache(spec.cache_path, key);
   }
-  // -1 shuffles the whole set, as for in-memory data: the buffer grows to hold every record (it
-  // was 10,000, so a larger set was only locally shuffled while the config said "all").
+  // -1: the files are shuffled (list_files above) and the records through a buffer of
+  // kTfRecordShuffleBuffer, as tf.data pipelines over files do. The whole decoded set in a
+  // buffer would sit in memory, and in every mid-epoch backup's iterator state.
   if (spec.shuffle_buffer != 0) {
-    d = d.shuffle(
-        spec.shuffle_buffer < 0 ? std::numeric_limits<std::int64_t>::max() : spec.shuffle_buffer,
-        spec.seed);
+    d = d.shuffle(spec.shuffle_buffer < 0 ? kTfRecordShuffleBuffer : spec.shuffle_buffer,
+                  spec.seed);
   }
   if (!spec.augment.empty()) {
     const std::vector<AugmentOp> ops = spec.augment;

@@ -235,8 +235,38 @@ TrainerState Trainer::state_to_save(data::Iterator* it, bool epoch_done) const {
   }
   s.rng = default_generator().state();
   s.replica_rngs = replica_rngs_;
-  for (const auto& cb : callbacks_) cb->save_state(s.metadata, s.callback_tensors);
   return s;
+}
+
+namespace {
+// Callback i's keys in a backup: its own, under a prefix of its place, so that two callbacks of
+// one kind (two EarlyStoppings) keep theirs apart.
+std::string callback_prefix(std::size_t i) { return "callback " + std::to_string(i) + " "; }
+}  // namespace
+
+void Trainer::save_callback_state(TrainerState& s) const {
+  for (std::size_t i = 0; i < callbacks_.size(); ++i) {
+    std::map<std::string, std::string> metadata;
+    nn::NamedTensors tensors;
+    callbacks_[i]->save_state(metadata, tensors);
+    const std::string prefix = callback_prefix(i);
+    for (const auto& [key, value] : metadata) s.metadata[prefix + key] = value;
+    for (auto& [name, t] : tensors) s.callback_tensors.emplace_back(prefix + name, t);
+  }
+}
+
+void Trainer::restore_callback_state(const std::map<std::string, std::string>& metadata,
+                                     const nn::NamedTensors& tensors) {
+  for (std::size_t i = 0; i < callbacks_.size(); ++i) {
+    const std::string prefix = callback_prefix(i);
+    std::map<std::string, std::string> mine;
+    nn::NamedTensors mine_tensors;
+    for (const auto& [key, value] : metadata)
+      if (key.rfind(prefix, 0) == 0) mine[key.substr(prefix.size())] = value;
+    for (const auto& [name, t] : tensors)
+      if (name.rfind(prefix, 0) == 0) mine_tensors.emplace_back(name.substr(prefix.size()), t);
+    callbacks_[i]->restore_state(mine, mine_tensors);
+  }
 }
 
 void Trainer::synchronize_strategy() {
@@ -273,6 +303,7 @@ void Trainer::write_backup(data::Iterator* it, bool epoch_done, FitResult& resul
   const auto t0 = Clock::now();
   TrainerState state = state_to_save(it, epoch_done);
   state.metadata[kCheckpointKind] = kBackup;  // what a restore, the pruning and the end may delete
+  save_callback_state(state);                 // what a restart restores (checkpoints start anew)
   const std::string dir = save_checkpoint(options_.backup_dir, *model_, *optimizer_, state, 2);
   result.backup_seconds += since(t0);
   ++result.backups;
@@ -467,9 +498,8 @@ FitResult Trainer::fit(const data::Dataset& train, const data::LabelledData* tes
   for (auto& cb : callbacks_) cb->on_train_begin(*this);
   // A restart from this run's backup continues its callbacks' state (a run resumed from a
   // checkpoint is a new fit: its callbacks start afresh, as Keras').
-  if (!result.restored_from.empty()) {
-    for (auto& cb : callbacks_) cb->restore_state(restored_metadata, state_.callback_tensors);
-  }
+  if (!result.restored_from.empty())
+    restore_callback_state(restored_metadata, state_.callback_tensors);
   state_.callback_tensors.clear();  // each save takes the callbacks' state anew
   if (!result.restored_from.empty()) {
     for (auto& cb : callbacks_)

@@ -324,6 +324,30 @@ TEST(EarlyStopping, ARestartFromABackupStopsAsAnUninterruptedRun) {
   EXPECT_EQ(restarted, straight);
 }
 
+// Two EarlyStoppings keep their state apart in a backup (it was written under one name: the
+// second's best weights collided with the first's, and every backup after a best failed).
+TEST(EarlyStopping, TwoInOneRunKeepTheirBackupStateApart) {
+  auto train = blobs(320, 1), test = blobs(200, 2);
+  TempDir dir;
+  Rig s = make();
+  EarlyStoppingOptions by_loss, by_accuracy;
+  by_loss.restore_best_weights = by_accuracy.restore_best_weights = true;
+  by_loss.patience = by_accuracy.patience = 5;
+  by_accuracy.monitor = "test_accuracy";
+  s.trainer->add_callback(std::make_shared<EarlyStopping>(by_loss));
+  s.trainer->add_callback(std::make_shared<EarlyStopping>(by_accuracy));
+  FitOptions f;
+  f.epochs = 2;
+  f.batch_size = 32;
+  f.backup_dir = dir / "backup";
+  f.backup_every_steps = 3;
+  f.keep_backup = true;
+  EXPECT_EQ(s.trainer->fit(train, &test, f).history.size(), 2u);
+  const TrainerState saved = read_checkpoint_state(dir / "backup");
+  EXPECT_EQ(saved.metadata.count("callback 0 early_stopping best"), 1u);
+  EXPECT_EQ(saved.metadata.count("callback 1 early_stopping best"), 1u);
+}
+
 TEST(EarlyStopping, UnavailableMonitorIsAnError) {
   auto train = blobs(64, 1);
   Rig s = make();

@@ -21,8 +21,13 @@ struct AugmentOp {
   std::vector<float> mean, std;        // normalize
 };
 
+// build_tfrecord_input_pipeline's buffer for shuffle_buffer = -1 (its files are shuffled too).
+constexpr std::int64_t kTfRecordShuffleBuffer = 10000;
+
 struct InputPipelineSpec {
-  std::int64_t shuffle_buffer = 0;  // 0: no shuffle; -1: the whole data set
+  // 0: no shuffle; -1: the whole data set (TFRecord files: the files, and the records through a
+  // buffer of kTfRecordShuffleBuffer); N: a buffer of N.
+  std::int64_t shuffle_buffer = 0;
   std::uint64_t seed = 0;
   std::vector<AugmentOp> augment;
   int parallel_calls = kAutotune;

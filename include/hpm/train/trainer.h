@@ -185,8 +185,9 @@ class Callback {
   virtual void on_epoch_end(Trainer&, const EpochLogs&) {}
   virtual void on_train_end(Trainer&, const FitResult&) {}
   // What this callback carries across a restart to decide as an uninterrupted run would
-  // (EarlyStopping's best and patience, its best weights): written with every checkpoint and
-  // backup, scalars into `metadata` and tensors into `tensors`, under names of its own; given back
+  // (EarlyStopping's best and patience, its best weights): written with every backup, scalars
+  // into `metadata` and tensors into `tensors` (the Trainer prefixes each callback's names with
+  // its place, so two of one kind keep theirs apart); given back
   // by restore_state when fit restarts from its backup, after on_train_begin (a run resumed from a
   // checkpoint is a new fit, whose callbacks start afresh as Keras').
   virtual void save_state(std::map<std::string, std::string>& /*metadata*/,
@@ -267,6 +268,11 @@ class Trainer {
   // Brings every worker's copy up to date (Strategy::synchronize) and records the replicas'
   // generators for what is saved next. Collective: at the epoch's end and before each backup.
   void synchronize_strategy();
+  // The callbacks' state (Callback::save_state) into a backup, each under its place's prefix, and
+  // back into them when a run restarts from one.
+  void save_callback_state(TrainerState& s) const;
+  void restore_callback_state(const std::map<std::string, std::string>& metadata,
+                              const nn::NamedTensors& tensors);
 
   std::shared_ptr<nn::Module> model_;
   std::shared_ptr<optim::Optimizer> optimizer_;
