@@ -3,10 +3,8 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <map>
 #include <mutex>
-#include <set>
 #include <tuple>
 
 #include "hpm/data/file_sources.h"
@@ -155,16 +153,12 @@ data::TokenSequence training_tokens(const Config& cfg) { return language_model_t
 namespace {
 // A record file in both globs made the test figures those of training data, reported as held out.
 void refuse_files_in_both_splits(const Config& cfg) {
-  std::set<std::filesystem::path> trained;
-  for (const std::string& f : data::glob_paths(cfg.files))
-    trained.insert(std::filesystem::weakly_canonical(f));
-  for (const std::string& f : data::glob_paths(cfg.test_files)) {
-    if (trained.count(std::filesystem::weakly_canonical(f))) {
-      throw ConfigError(cfg.path + ": [data] files (\"" + cfg.files + "\") and test_files (\"" +
-                        cfg.test_files + "\") both match " + f +
-                        ": the test set must be held out of training");
-    }
-  }
+  const std::string f =
+      data::first_shared_file(data::glob_paths(cfg.files), data::glob_paths(cfg.test_files));
+  if (f.empty()) return;
+  throw ConfigError(cfg.path + ": [data] files (\"" + cfg.files + "\") and test_files (\"" +
+                    cfg.test_files + "\") both match " + f +
+                    ": the test set must be held out of training");
 }
 }  // namespace
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <set>
 #include <stdexcept>
 
 #include "hpm/tensor/random.h"
@@ -193,6 +195,15 @@ std::vector<std::string> glob_paths(const std::string& pattern) {
   globfree(&g);
   std::sort(paths.begin(), paths.end());
   return paths;
+}
+
+std::string first_shared_file(const std::vector<std::string>& a,
+                              const std::vector<std::string>& b) {
+  std::set<std::filesystem::path> in_a;
+  for (const std::string& f : a) in_a.insert(std::filesystem::weakly_canonical(f));
+  for (const std::string& f : b)
+    if (in_a.count(std::filesystem::weakly_canonical(f))) return f;
+  return "";
 }
 
 Dataset list_files(const std::string& pattern, bool shuffle, std::uint64_t seed) {

@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <set>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -365,16 +363,12 @@ TokenCorpus load_token_shards(const std::string& train_pattern, const std::strin
   }
   // A shard in both splits (a training glob that also matches val-*.tokens) made the validation
   // loss one of training data, reported as held out.
-  std::set<std::filesystem::path> trained;
-  for (const std::string& f : c.train_files) trained.insert(std::filesystem::weakly_canonical(f));
-  for (const std::string& f : c.val_files) {
-    if (trained.count(std::filesystem::weakly_canonical(f))) {
-      throw DataError(f, "is matched by both the training files ('" + train_pattern +
-                             "') and the validation files ('" + val_pattern +
-                             "'): validation must be held out of training; narrow the "
-                             "training pattern (hpm data tokenizer encode writes train-*.tokens "
-                             "and val-*.tokens)");
-    }
+  if (const std::string f = first_shared_file(c.train_files, c.val_files); !f.empty()) {
+    throw DataError(f, "is matched by both the training files ('" + train_pattern +
+                           "') and the validation files ('" + val_pattern +
+                           "'): validation must be held out of training; narrow the "
+                           "training pattern (hpm data tokenizer encode writes train-*.tokens "
+                           "and val-*.tokens)");
   }
   c.vocab_size = first->vocab_size();
   c.tokenizer = first->header().tokenizer;

@@ -20,6 +20,9 @@ std::string tensor_bytes(const Tensor& t);
 
 // Paths matching a glob pattern, sorted (none: empty).
 std::vector<std::string> glob_paths(const std::string& pattern);
+// The first of `b` that is also one of `a` (compared as files: "d/x" and "d/./x" are one), or ""
+// when they share none: a test set must be held out of training.
+std::string first_shared_file(const std::vector<std::string>& a, const std::vector<std::string>& b);
 
 // Paths matching a glob pattern, sorted; shuffled from (seed, epoch) when `shuffle`.
 // Throws std::invalid_argument when nothing matches.
