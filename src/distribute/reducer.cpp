@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <sstream>
 #include <stdexcept>
@@ -71,47 +72,43 @@ void verify_same_model(const nn::Module& model, comm::Communicator& comm) {
   }
 }
 
-void broadcast_state(const nn::Module& model, comm::Communicator& comm) {
-  // One flat broadcast: parameters are many and small.
-  const nn::NamedTensors state = model.state_dict();
+namespace {
+// The F32 tensors of `named` packed into one flat tensor, `collective` run on it, and the result
+// copied back: one message for many small tensors. Nothing runs when there is none.
+void through_one_flat_tensor(const nn::NamedTensors& named,
+                             const std::function<void(Tensor&)>& collective) {
   std::int64_t total = 0;
-  for (const auto& [name, t] : state)
+  for (const auto& [name, t] : named)
     if (t.dtype() == DType::F32) total += t.numel();
+  if (total == 0) return;
   Tensor flat = Tensor::empty({total});
   std::int64_t off = 0;
-  for (const auto& [name, t] : state) {
+  for (const auto& [name, t] : named) {
     if (t.dtype() != DType::F32) continue;
     flat.narrow(off, t.numel()).copy_(t);
     off += t.numel();
   }
-  comm.broadcast(flat, 0)->wait();
+  collective(flat);
   off = 0;
-  for (auto [name, t] : state) {
+  for (auto [name, t] : named) {
     if (t.dtype() != DType::F32) continue;
     t.copy_(flat.narrow(off, t.numel()));
     off += t.numel();
   }
 }
+}  // namespace
+
+void broadcast_state(const nn::Module& model, comm::Communicator& comm) {
+  through_one_flat_tensor(model.state_dict(),
+                          [&](Tensor& flat) { comm.broadcast(flat, 0)->wait(); });
+}
 
 void average_buffers(const nn::Module& model, comm::Communicator& comm) {
-  nn::NamedTensors buffers = model.named_buffers();
-  std::erase_if(buffers, [](const auto& b) { return b.second.dtype() != DType::F32; });
-  std::int64_t total = 0;
-  for (const auto& [name, t] : buffers) total += t.numel();
-  if (total == 0 || comm.size() == 1) return;  // the same decision on every rank: same model
-  Tensor flat = Tensor::empty({total});
-  std::int64_t off = 0;
-  for (const auto& [name, t] : buffers) {
-    flat.narrow(off, t.numel()).copy_(t);
-    off += t.numel();
-  }
-  comm.allreduce(flat)->wait();
-  kernels::scale_(flat, 1.0f / static_cast<float>(comm.size()));
-  off = 0;
-  for (auto [name, t] : buffers) {
-    t.copy_(flat.narrow(off, t.numel()));
-    off += t.numel();
-  }
+  if (comm.size() == 1) return;  // the same decision on every rank
+  through_one_flat_tensor(model.named_buffers(), [&](Tensor& flat) {
+    comm.allreduce(flat)->wait();
+    kernels::scale_(flat, 1.0f / static_cast<float>(comm.size()));
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
