@@ -23,13 +23,24 @@ cuda_dirs=$( (ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/l
 export LD_LIBRARY_PATH="$W/lib:$cuda_dirs"
 export HPM_SENTENCEPIECE_LIBRARY="$W/lib/libhpm_sentencepiece.so"
 export PATH="$W/bin:$PATH:/usr/local/cuda/bin"
+export PYTHONUNBUFFERED=1  # a step cut at its limit keeps what its Python printed
 
 want() { [ -z "$ONLY" ] || [[ " $ONLY " == *" $1 "* ]]; }
+# The whole check ends by GPU_CHECK_DEADLINE seconds (default 570, inside the device call's 600),
+# each step's limit cut to what is left, so that the summary is always written and a call that
+# runs short loses its last steps, said in the summary, rather than the summary itself.
+DEADLINE=${GPU_CHECK_DEADLINE:-570}
 # step NAME LIMIT_S LOG COMMAND...: runs it, appends its output to LOG, records rc and seconds.
 step() {
   local name=$1 limit=$2 log=$3
   shift 3
   want "$name" || return 0
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt 15 ]; then
+    echo "$name skipped: the check's deadline (${DEADLINE}s)" | tee -a "$S"
+    return 124
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   local t0=$SECONDS
   echo "=== $name: $*" >>"$OUT/$log"
   timeout -k 5 "$limit" "$@" >>"$OUT/$log" 2>&1
@@ -76,6 +87,18 @@ step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text
 step gpt_bf16 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
   --set train.precision=bf16 --set train.eval_iters=0 --set train.eval_every=2000 \
   --report "$OUT/gpt_cuda_bf16.json"
+# The quick checks of the models next (seconds each): the CPU evaluates the GPU's checkpoint,
+# the GPU samples from it, Fashion-MNIST's mlp and cnn, the OOM explanation.
+step evaluate_on_cpu 60 train.log hpm evaluate examples/fortunes_gpt.toml "${text[@]}" \
+  --checkpoint "$W/ckpt"
+step sample 30 train.log hpm sample examples/fortunes_gpt.toml --checkpoint "$W/ckpt" \
+  --device cuda --tokens 200 "${text[@]}"
+step mlp 90 train.log hpm train examples/fashion_mlp.toml --device cuda \
+  --set "data.dir=$W/data"
+step cnn 90 train.log hpm train examples/fashion_cnn.toml --device cuda \
+  --set "data.dir=$W/data" --set train.epochs=1
+step oom 30 train.log hpm train examples/fashion_mlp.toml --device cuda \
+  --set "data.dir=$W/data" --set memory.device_budget_mb=1
 # Issue 32's quality check: the peer's validation loss on the same corpus, 2000 steps in bf16.
 step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --precision bf16 \
   --iters 2000 --text "${fortunes[@]}"
@@ -91,6 +114,14 @@ step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/
   "${ab_attention[@]}" --ab-env HPM_CUDA_LT_EPILOGUES=0 --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
+step memcheck 120 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+  test_cuda --gtest_filter='CudaOps.*:CudaTraining.*:-*OutOfMemory*' --gtest_brief=1
+for cases in attention softmax pool batch_norm layer_norm sum squared_norm; do
+  limit=40
+  [ "$cases" = attention ] && limit=120  # the tensor-core cases: head sizes up to 128
+  HPM_BACKEND_CASES=$cases step "racecheck_$cases" "$limit" sanitizer.log compute-sanitizer \
+    --tool racecheck --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+done
 # Kernel by kernel on the card (ncu, one cheap metric: each kernel's duration), a step and a half
 # of the shakespeare model in bf16 after three steps of warm-up; summed per kernel name, largest
 # first, into bench.log (the device brings back 8 files).
@@ -115,24 +146,6 @@ for k, v in total.most_common(25):
     print(f"{v / 1e3:9.3f} ms {100 * v / s:5.1f}% {calls[k]:5d}x  {k}")
 PY
 grep -A27 '^ncu: ' "$OUT/bench.log" >>"$S" || true
-step evaluate_on_cpu 60 train.log hpm evaluate examples/fortunes_gpt.toml "${text[@]}" \
-  --checkpoint "$W/ckpt"
-step sample 30 train.log hpm sample examples/fortunes_gpt.toml --checkpoint "$W/ckpt" \
-  --device cuda --tokens 200 "${text[@]}"
-step mlp 90 train.log hpm train examples/fashion_mlp.toml --device cuda \
-  --set "data.dir=$W/data"
-step cnn 90 train.log hpm train examples/fashion_cnn.toml --device cuda \
-  --set "data.dir=$W/data" --set train.epochs=1
-step oom 30 train.log hpm train examples/fashion_mlp.toml --device cuda \
-  --set "data.dir=$W/data" --set memory.device_budget_mb=1
-step memcheck 120 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
-  test_cuda --gtest_filter='CudaOps.*:CudaTraining.*:-*OutOfMemory*' --gtest_brief=1
-for cases in attention softmax pool batch_norm layer_norm sum squared_norm; do
-  limit=40
-  [ "$cases" = attention ] && limit=120  # the tensor-core cases: head sizes up to 128
-  HPM_BACKEND_CASES=$cases step "racecheck_$cases" "$limit" sanitizer.log compute-sanitizer \
-    --tool racecheck --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
-done
 grep -hE '^(val loss|test accuracy|hpm: error|[0-9]+ tokens in)' "$OUT/train.log" >>"$S"
 grep -ho '"val_loss": [0-9.]*' "$OUT/train.log" | sed 's/^/peer bf16 /' >>"$S"
 # Products that ran without their cuBLASLt epilogue (the card offered no algorithm for it).
