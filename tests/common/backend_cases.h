@@ -997,6 +997,17 @@ inline std::vector<Case> cases() {
                  kernels::embedding_backward(to(randn(g, {5, 9, 96})), to(ix), table);
                  return Outputs{y, table};
                }});
+  // Runs of thousands of positions on a few rows (a frequent character's), a row width across the
+  // CUDA kernel's 256-column chunks.
+  c.push_back({"embedding long runs", Op::kEmbeddingBackward, [](Generator& g, const To& to) {
+                 std::vector<std::int64_t> idx;
+                 for (int i = 0; i < 2100; ++i)
+                   idx.push_back(i % 7 == 3 ? 5 : (i % 11 == 0 ? 0 : 2));
+                 const Tensor ix = Tensor::from_i64(idx, Shape{3, 700});
+                 Tensor table = to(randn(g, {7, 300}));
+                 kernels::embedding_backward(to(randn(g, {3, 700, 300})), to(ix), table);
+                 return Outputs{table};
+               }});
   c.push_back({"adam_step_ long", Op::kAdamStep, [](Generator& g, const To& to) {
                  Tensor p = to(randn(g, {100003})), m = to(randn(g, {100003}));
                  Tensor v = to(positive(g, {100003})), vmax;

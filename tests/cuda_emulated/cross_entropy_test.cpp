@@ -141,7 +141,8 @@ void check_case(const Case& k) {
   simt::launch(1, 1024, 0, [&] { cuda::count_labels_kernel(labels.data(), k.n, kIgnore, &count); });
   ASSERT_EQ(count, static_cast<float>(std::count_if(labels.begin(), labels.end(),
                                                     [](std::int64_t y) { return y != kIgnore; })));
-  const unsigned grid = cuda::grid_for(k.n), threads = cuda::row_threads(k.c);
+  const unsigned grid = cuda::grid_for(k.n),
+                 threads = cuda::row_threads(k.c % 8 == 0 ? k.c / 8 : k.c);
   std::vector<float> gx(logits.size(), kNaN);
   simt::launch(grid, threads, 0, [&] {
     cuda::cross_entropy_backward_kernel(logits.data(), sw.data(), labels.data(), g.data(), &count,
@@ -179,11 +180,16 @@ TEST(CrossEntropyEmulated, WarpRowsMatchTheCpu) {
   check_case<float>({37, 65, false, 0.0f});
   check_case<float>({37, 65, false, 0.1f});
   check_case<std::uint16_t>({37, 65, true, 0.0f});
+  // Rows of a multiple of 8 logits: eight a 16-byte access.
+  check_case<float>({37, 256, false, 0.0f});
+  check_case<std::uint16_t>({37, 256, true, 0.1f});
 }
 
 TEST(CrossEntropyEmulated, BlockRowsMatchTheCpu) {
   check_case<float>({6, 5003, false, 0.0f});
   check_case<std::uint16_t>({6, 5003, true, 0.1f});
+  check_case<float>({6, 4096, false, 0.1f});
+  check_case<std::uint16_t>({6, 4096, true, 0.0f});
 }
 
 // A label outside [0, C) leaves the smallest such row in the check word, whatever the order the
@@ -209,8 +215,18 @@ TEST(CrossEntropyEmulated, ABadLabelRecordsItsFirstRow) {
 }
 
 // argmax_last's NaN rule: a NaN first element is the answer, NaNs elsewhere are passed over.
+void check_nan_rows(std::int64_t c);
+
+// And the statistics of rows with NaNs and of a row of -inf, as the CPU's (NaN), by the
+// one-by-one loop (50 classes) and the eight-at-a-time one (48).
 TEST(CrossEntropyEmulated, PredictionPassesOverNaNsUnlessFirst) {
-  const std::int64_t c = 50;
+  for (const std::int64_t c : {50, 48}) {
+    SCOPED_TRACE(c);
+    check_nan_rows(c);
+  }
+}
+
+void check_nan_rows(std::int64_t c) {
   std::vector<float> logits(3 * c, 0.0f);
   logits[0] = kNaN;                                       // row 0: NaN first
   logits[5] = 1.0f;                                       // ...
@@ -230,6 +246,17 @@ TEST(CrossEntropyEmulated, PredictionPassesOverNaNsUnlessFirst) {
   const Tensor want = kernels::argmax_last(Tensor::from(logits, Shape{3, c}));
   EXPECT_EQ(predicted, copy_of<std::int64_t>(want));
   EXPECT_EQ(predicted, (std::vector<std::int64_t>{0, 7, 0}));
+  Tensor stats_want;
+  kernels::cross_entropy_forward(Tensor::from(logits, Shape{3, c}),
+                                 Tensor::from_i64(labels, Shape{3}), 0.0f, stats_want, kIgnore);
+  const std::vector<float> sw = copy_of<float>(stats_want);
+  for (std::size_t i = 0; i < sw.size(); ++i) {
+    if (std::isnan(sw[i])) {
+      EXPECT_TRUE(std::isnan(stats[i])) << "stats[" << i << "] " << stats[i];
+    } else {
+      EXPECT_EQ(stats[i], sw[i]) << "stats[" << i << "]";
+    }
+  }
 }
 
 }  // namespace

@@ -424,8 +424,6 @@ unsigned block_grid(std::int64_t batch, std::int64_t rows) {
   return row_blocks(batch, rows, kRows);
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
 }  // namespace
 
 AttentionKernels attention_kernels() {

@@ -206,7 +206,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out_dt
                       .beta = 0.0f,
                       .bf16 = bf16,
                       .d_bf16 = bf16_out};
-    if (lt_matmul_bias(p, ptr<float>(bias))) return y;
+    // A BF16 output's bias goes in BF16 (lt_matmul.h says why).
+    const Tensor lt_bias = bf16_out ? to_bf16(bias) : bias;
+    if (lt_matmul_bias(p, device_ptr(lt_bias))) return y;
     // A BF16 output without the epilogue: the F32 product with its bias, rounded once (a product
     // writing bf16 onto bf16 bias rows would round twice).
     if (bf16_out) {

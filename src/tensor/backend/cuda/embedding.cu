@@ -8,8 +8,8 @@
 // Backward: grad_table[idx[i]] += grad_y[i] for every position i. Positions that share a row must
 // not race, and float atomics would sum in a varying order. Instead the (index, position) pairs
 // are radix-sorted by index (CUB's sort is stable, so each row's positions stay in increasing
-// order), and the first sorted entry of each row's run owns that row: it adds the run's gradients
-// in position order, one thread per column. That is the CPU's order of additions exactly.
+// order), and the first sorted entry of each row's run owns that row: its block adds the run's
+// gradients in an order fixed by the run (embedding_kernels.cuh), the same run to run.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tensor/backend/cuda/deferred_checks.h"
+#include "tensor/backend/cuda/embedding_kernels.cuh"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
@@ -66,25 +67,6 @@ __global__ void sort_input_kernel(const std::int64_t* __restrict__ idx, std::int
     const std::int64_t row = idx[i];
     keys[i] = static_cast<unsigned long long>(row >= 0 && row < v ? row : v);
     positions[i] = i;
-  }
-}
-
-// Block p (grid-stride) takes sorted entry p; if it starts a run of equal keys, its threads add
-// the run's gradient rows, in position order, into the table row, one column each.
-__global__ void embedding_backward_kernel(const float* __restrict__ g,
-                                          const unsigned long long* __restrict__ keys,
-                                          const std::int64_t* __restrict__ positions,
-                                          float* __restrict__ table, std::int64_t n, std::int64_t v,
-                                          std::int64_t e) {
-  for (std::int64_t p = blockIdx.x; p < n; p += gridDim.x) {
-    const unsigned long long key = keys[p];
-    if (key >= static_cast<unsigned long long>(v) || (p > 0 && keys[p - 1] == key)) continue;
-    float* row = table + static_cast<std::int64_t>(key) * e;
-    for (std::int64_t j = threadIdx.x; j < e; j += blockDim.x) {
-      float acc = row[j];
-      for (std::int64_t q = p; q < n && keys[q] == key; ++q) acc += g[positions[q] * e + j];
-      row[j] = acc;
-    }
   }
 }
 
@@ -154,9 +136,12 @@ void embedding_backward(const Tensor& grad_y, const Tensor& indices, Tensor& gra
       Tensor::empty({static_cast<std::int64_t>(temp_bytes > 0 ? temp_bytes : 1)}, DType::U8);
   HPM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(device_ptr(temp), temp_bytes, kin, kout, pin, pout,
                                                  n, 0, end_bit, stream));
-  const int threads = e >= kBlock ? kBlock : static_cast<int>((e + 31) / 32 * 32);
-  embedding_backward_kernel<<<grid_for(n), threads, 0, stream>>>(ptr<float>(grad_y), kout, pout,
-                                                                 ptr<float>(grad_table), n, v, e);
+  Tensor ends = Tensor::empty({v}, DType::I64);
+  run_ends_kernel<<<blocks_for(n, kBlock), kBlock, 0, stream>>>(kout, n, v,
+                                                                ptr<std::int64_t>(ends));
+  HPM_CUDA_LAUNCH_CHECK("run_ends_kernel");
+  embedding_backward_kernel<<<grid_for(n), kRunThreads, 0, stream>>>(
+      ptr<float>(grad_y), kout, pout, ptr<std::int64_t>(ends), ptr<float>(grad_table), n, v, e);
   HPM_CUDA_LAUNCH_CHECK("embedding_backward_kernel");
 }
 

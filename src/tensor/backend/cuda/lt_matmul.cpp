@@ -136,8 +136,7 @@ class Plan {
     set(CUBLASLT_MATMUL_DESC_TRANSB, key.op_b);
     set(CUBLASLT_MATMUL_DESC_EPILOGUE, key.epilogue);
     set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    // The bias is F32 whatever D is (its type defaults to D's).
-    if (key.d_bf16) set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, std::int32_t{CUDA_R_32F});
+    // The bias's type is D's (the default): F32, or BF16 beside a BF16 D (lt_matmul.h).
     const bool ta = key.op_a != CUBLAS_OP_N, tb = key.op_b != CUBLAS_OP_N;
     a_ = layout(in, ta ? key.k : key.m, ta ? key.m : key.k, key.lda);
     b_ = layout(in, tb ? key.n : key.k, tb ? key.k : key.n, key.ldb);
@@ -163,12 +162,41 @@ class Plan {
       prefer(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
              std::uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE});
     }
-    cublasLtMatmulHeuristicResult_t result{};
+    constexpr int kAsk = 8;
+    cublasLtMatmulHeuristicResult_t results[kAsk] = {};
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(
-        current_context().lt, desc_, a_, b_, d_, d_, pref.get(), 1, &result, &found);
-    usable_ = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-    if (usable_) algo_ = result.algo;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(current_context().lt, desc_, a_, b_, d_, d_,
+                                                       pref.get(), 1, results, &found);
+    if (key.d_bf16 && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
+      // Where the mask itself leaves no algorithm, the heuristic's own choices, filtered: one
+      // without split-K, or reducing in f32.
+      prefer(CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+             std::uint32_t{CUBLASLT_REDUCTION_SCHEME_MASK});
+      st = cublasLtMatmulAlgoGetHeuristic(current_context().lt, desc_, a_, b_, d_, d_, pref.get(),
+                                          kAsk, results, &found);
+      int keep = 0;
+      for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; ++i) {
+        if (results[i].state != CUBLAS_STATUS_SUCCESS || !rounds_once(results[i].algo)) continue;
+        results[keep++] = results[i];
+      }
+      found = keep;
+    }
+    usable_ = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
+    if (usable_) algo_ = results[0].algo;
+  }
+
+  // Whether an algorithm writes D from f32 sums only: no split-K, or its parts reduced in the
+  // compute type.
+  static bool rounds_once(const cublasLtMatmulAlgo_t& algo) {
+    std::uint32_t splits = 1, scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+    std::size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits,
+                                             sizeof splits, &written) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                             sizeof scheme, &written) != CUBLAS_STATUS_SUCCESS) {
+      return false;
+    }
+    return splits <= 1 || scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
   }
 
   void release() noexcept {
@@ -221,7 +249,7 @@ bool run(const LtProduct& p, cublasLtEpilogue_t epilogue, const void* bias) {
 
 }  // namespace
 
-bool lt_matmul_bias(const LtProduct& p, const float* bias) {
+bool lt_matmul_bias(const LtProduct& p, const void* bias) {
   return run(p, CUBLASLT_EPILOGUE_BIAS, bias);
 }
 
