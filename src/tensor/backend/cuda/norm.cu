@@ -75,13 +75,11 @@ Tensor run_layer_norm_forward(const Tensor& x, std::int64_t normalized, const Te
   if (rows == 0) return y;
   cudaStream_t stream = current_stream();
   if (normalized <= kWarpRowMax) {
-    with_row_slots(normalized, [&](auto slots) {
-      layer_norm_forward_rows_kernel<Out, decltype(slots)::value>
-          <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-              ptr<float>(x), px2, psum, pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean),
-              ptr<float>(save_rstd), rows, normalized, eps);
-    });
-    HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_rows_kernel");
+    layer_norm_forward_kernel<true, Out>
+        <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+            ptr<float>(x), px2, psum, pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean),
+            ptr<float>(save_rstd), rows, normalized, eps);
+    HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_kernel (warp)");
   } else {
     layer_norm_forward_kernel<false, Out><<<grid_for(rows), kBlock, 0, stream>>>(
         ptr<float>(x), px2, psum, pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean),
@@ -130,12 +128,10 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
     const bool accumulate = grad_x->defined();
     if (!accumulate) *grad_x = Tensor::empty(x.shape(), DType::F32);
     if (rows > 0 && normalized <= kWarpRowMax) {
-      with_row_slots(normalized, [&](auto slots) {
-        layer_norm_backward_rows_kernel<X, decltype(slots)::value>
-            <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-                pg, px, pw, pm, pr, ptr<float>(*grad_x), accumulate, rows, normalized);
-      });
-      HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_rows_kernel");
+      layer_norm_backward_kernel<true, X>
+          <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+              pg, px, pw, pm, pr, ptr<float>(*grad_x), accumulate, rows, normalized);
+      HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (warp)");
     } else if (rows > 0) {
       layer_norm_backward_kernel<false, X><<<grid_for(rows), kBlock, 0, stream>>>(
           pg, px, pw, pm, pr, ptr<float>(*grad_x), accumulate, rows, normalized);

@@ -3,7 +3,6 @@
 #pragma once
 #include <cstdint>
 #include <type_traits>
-#include <utility>
 
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/row_team.cuh"
@@ -16,26 +15,6 @@ constexpr int kBlock = 256;
 constexpr std::int64_t kWarpRowMax = 1024;
 constexpr std::int64_t kSpanRows = 64;     // rows one slot of the column sums covers (at least)
 constexpr std::int64_t kMaxSpans = 65535;  // gridDim.y's limit
-
-// The warp rows' register slots a lane (the *_rows_kernels below): the fewest of 4, 8, 12, 16,
-// 24 and 32 that hold a row of n <= kWarpRowMax (12: 384 wide, 24: 768), as a compile-time
-// constant to f.
-template <typename F>
-void with_row_slots(std::int64_t n, F&& f) {
-  if (n <= 128) {
-    f(std::integral_constant<int, 4>{});
-  } else if (n <= 256) {
-    f(std::integral_constant<int, 8>{});
-  } else if (n <= 384) {
-    f(std::integral_constant<int, 12>{});
-  } else if (n <= 512) {
-    f(std::integral_constant<int, 16>{});
-  } else if (n <= 768) {
-    f(std::integral_constant<int, 24>{});
-  } else {
-    f(std::integral_constant<int, 32>{});
-  }
-}
 
 // y = (x - mean) * rstd * w + b per row (w, b optional); mean and rstd saved for the backward.
 // Out is float, or std::uint16_t for y rounded to bf16 (then xb, when given, gets x rounded too).
@@ -77,104 +56,6 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
         if (xb != nullptr) xb[r * n + k] = f32_to_bf16_bits(u);
         if (sum != nullptr) sum[r * n + k] = u;
       }
-    }
-  }
-}
-
-// layer_norm_forward_kernel's warp rows (n <= 32 * kPer) with the row held in registers, kPer
-// values a lane (columns lane, lane + 32, ...): one read of x (and x2) instead of three, all of a
-// lane's loads in flight at once. The same sums in the same order: the same results bit for bit.
-template <typename Out, int kPer>
-__global__ void layer_norm_forward_rows_kernel(const float* __restrict__ x,
-                                               const float* __restrict__ x2,
-                                               float* __restrict__ sum, const float* __restrict__ w,
-                                               const float* __restrict__ b, Out* __restrict__ y,
-                                               std::uint16_t* __restrict__ xb,
-                                               float* __restrict__ mean, float* __restrict__ rstd,
-                                               std::int64_t rows, std::int64_t n, float eps) {
-  const Team<true> team;
-  const double inv_n = 1.0 / static_cast<double>(n);
-  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
-    const float* xr = x + r * n;
-    const float* x2r = x2 != nullptr ? x2 + r * n : nullptr;
-    float u[kPer];
-    double s = 0.0;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const std::int64_t k = team.rank + 32 * i;
-      u[i] = k < n ? (x2r != nullptr ? xr[k] + x2r[k] : xr[k]) : 0.0f;
-      if (k < n) s += u[i];
-    }
-    const double mu = team.sum(s) * inv_n;
-    double ss = 0.0;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      if (team.rank + 32 * i < n) ss += (u[i] - mu) * (u[i] - mu);
-    }
-    ss = team.sum(ss);
-    const auto m = static_cast<float>(mu);
-    const auto rs = static_cast<float>(1.0 / sqrt(ss * inv_n + eps));
-    if (team.rank == 0) {
-      mean[r] = m;
-      rstd[r] = rs;
-    }
-    Out* yr = y + r * n;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const std::int64_t k = team.rank + 32 * i;
-      if (k >= n) continue;
-      const float v = (u[i] - m) * rs * (w ? w[k] : 1.0f) + (b ? b[k] : 0.0f);
-      if constexpr (std::is_same_v<Out, float>) {
-        yr[k] = v;
-      } else {
-        yr[k] = f32_to_bf16_bits(v);
-        if (xb != nullptr) xb[r * n + k] = f32_to_bf16_bits(u[i]);
-        if (sum != nullptr) sum[r * n + k] = u[i];
-      }
-    }
-  }
-}
-
-// layer_norm_backward_kernel's warp rows with the row's xhat and g w held in registers, as
-// layer_norm_forward_rows_kernel: one read of g, x and w instead of two, the same sums in the
-// same order.
-template <typename X, int kPer>
-__global__ void layer_norm_backward_rows_kernel(const float* __restrict__ g,
-                                                const X* __restrict__ x,
-                                                const float* __restrict__ w,
-                                                const float* __restrict__ mean,
-                                                const float* __restrict__ rstd,
-                                                float* __restrict__ dx, bool accumulate,
-                                                std::int64_t rows, std::int64_t n) {
-  const Team<true> team;
-  const double inv_n = 1.0 / static_cast<double>(n);
-  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
-    const float* gr = g + r * n;
-    const X* xr = x + r * n;
-    const float mu = mean[r], rs = rstd[r];
-    float xhat[kPer], dxhat[kPer];
-    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const std::int64_t k = team.rank + 32 * i;
-      xhat[i] = dxhat[i] = 0.0f;
-      if (k >= n) continue;
-      xhat[i] = (as_f32(xr[k]) - mu) * rs;
-      dxhat[i] = gr[k] * (w ? w[k] : 1.0f);
-      sum_dxhat += dxhat[i];
-      sum_dxhat_xhat += static_cast<double>(dxhat[i]) * xhat[i];
-    }
-    sum_dxhat = team.sum(sum_dxhat);
-    sum_dxhat_xhat = team.sum(sum_dxhat_xhat);
-    const auto a = static_cast<float>(sum_dxhat * inv_n);
-    const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
-    float* dr = dx + r * n;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const std::int64_t k = team.rank + 32 * i;
-      if (k >= n) continue;
-      const float d = rs * (dxhat[i] - a - xhat[i] * c);
-      dr[k] = accumulate ? __fadd_rn(dr[k], d) : d;  // never contracted (layer_norm_backward_kernel)
     }
   }
 }
@@ -227,7 +108,6 @@ __global__ void layer_norm_column_partials_kernel(
   const std::int64_t span = blockIdx.y;
   const std::int64_t r0 = span * span_rows, r1 = r0 + span_rows < rows ? r0 + span_rows : rows;
   double dw = 0.0, db = 0.0;
-#pragma unroll 4
   for (std::int64_t r = r0; r < r1; ++r) {
     const float gv = g[r * n + k];
     const float xhat = (as_f32(x[r * n + k]) - mean[r]) * rstd[r];
