@@ -4,8 +4,8 @@
 // A team of threads shares each row: a warp when the row is short (<= 1024 elements), else a
 // block. The backward's weight and bias gradients are column sums over all rows; they run in two
 // deterministic stages instead of atomics: each block column sums a fixed span of rows into its
-// own slot, then one thread per column adds the slots in span order. The spans depend only on
-// the shape, so the result is the same run to run.
+// own slot, then a block per 32 columns adds the slots in an order fixed by the shape
+// (norm_kernels.cuh), so the result is the same run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -162,7 +162,7 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
         pg, px, pm, pr, ptr<double>(dw_part), ptr<double>(db_part), rows, normalized, span_rows);
     HPM_CUDA_LAUNCH_CHECK("layer_norm_column_partials_kernel");
   }
-  layer_norm_column_sums_kernel<<<blocks_for(normalized, kBlock), kBlock, 0, stream>>>(
+  layer_norm_column_sums_kernel<<<grid_for((normalized + 31) / 32), kBlock, 0, stream>>>(
       ptr<double>(dw_part), ptr<double>(db_part), pdw, pdb, spans, normalized);
   HPM_CUDA_LAUNCH_CHECK("layer_norm_column_sums_kernel");
 }
