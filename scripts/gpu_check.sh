@@ -147,7 +147,14 @@ head = rows[0]; name = head.index("Kernel Name"); value = head.index("Metric Val
 unit = head.index("Metric Unit")
 total = collections.Counter(); calls = collections.Counter()
 for r in rows[1:]:
-    v = float(r[value].replace(",", "")) * {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(r[unit], 1.0)
+    # By the unit's prefix (run 7's was not "nsecond", and its sums came out 1000 times too
+    # large): n, u (or µ), m, or seconds; into µs.
+    u = r[unit].strip().lower()
+    scale = 1e-3 if u.startswith("n") else 1.0 if u[:1] in ("u", "µ") else \
+        1e3 if u.startswith("m") else 1e6 if u.startswith("s") else None
+    if scale is None:
+        sys.exit(f"ncu: unknown unit {r[unit]!r}")
+    v = float(r[value].replace(",", "")) * scale
     k = r[name][:90]; total[k] += v; calls[k] += 1
 s = sum(total.values())
 print(f"ncu: {len(rows) - 1} kernels, {s / 1e3:.2f} ms of kernel time")
