@@ -81,6 +81,13 @@ fi
 # The attention cases again on the WMMA kernels (the register-tiled mma.sync ones are the default).
 HPM_CUDA_ATTENTION=wmma HPM_BACKEND_CASES=attention step tests_wmma 60 tests.log test_cuda \
   --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+# The products' bias gradients by bias_grad.h's column sums instead of cuBLASLt's epilogue (the
+# bench's A/B of HPM_CUDA_LT_BIAS_GRAD=0 runs that path: its conformance cases first).
+HPM_CUDA_LT_BIAS_GRAD=0 HPM_BACKEND_CASES=linear_param_grads step tests_bias_grad 30 tests.log \
+  test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+# Layer norm's register-held rows (HPM_CUDA_LAYER_NORM=rows, the bench's other A/B): its cases.
+HPM_CUDA_LAYER_NORM=rows HPM_BACKEND_CASES=layer_norm step tests_ln_rows 30 tests.log \
+  test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
 # The fortunes GPT in f32 and bf16 on the GPU (its validation loss against the CPU's 2.0712);
 # the f32 run keeps a checkpoint that the CPU evaluates and the GPU samples from.
 step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
@@ -108,14 +115,16 @@ step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --pre
   --iters 2000 --text "${fortunes[@]}"
 # Speed next, before the sanitizers: if the call runs out of time, the figures are back.
 # Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
-# three sizes of issue 32 (GPT-2 small on random tokens); hpm again with the WMMA attention
-# kernels (HPM_CUDA_ATTENTION=wmma) against the register-tiled mma.sync ones, again with one
-# 16-row query tile a warp in their forward instead of two (HPM_CUDA_ATTENTION=mma16), and again
-# without cuBLASLt's bias epilogues (HPM_CUDA_LT_EPILOGUES=0) for theirs; and a 30-step
-# run of each size under --op-profile: the step's time by op, the table issue 32's work starts from.
+# three sizes of issue 32 (GPT-2 small on random tokens); hpm again without cuBLASLt's bias
+# epilogues (HPM_CUDA_LT_EPILOGUES=0), again without its bias-gradient one only
+# (HPM_CUDA_LT_BIAS_GRAD=0: the plain product and bias_grad.h's column sums), and again with layer
+# norm's register-held rows (HPM_CUDA_LAYER_NORM=rows); and a 30-step run of each size under
+# --op-profile: the step's time by op, the table issue 32's work starts from.
 step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-fortunes,shakespeare,gpt2}" --steps 100 \
-  "${ab_attention[@]}" --ab-env HPM_CUDA_LT_EPILOGUES=0 --profile-steps 30 \
+  "${ab_attention[@]}" --ab-env HPM_CUDA_LT_EPILOGUES=0 --ab-env HPM_CUDA_LT_BIAS_GRAD=0 \
+  --ab-env HPM_CUDA_LAYER_NORM=rows \
+  --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 step memcheck 120 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \

@@ -54,19 +54,60 @@ void expect_bf16_close(const std::vector<std::uint16_t>& got, const Tensor& want
   }
 }
 
-// norm.cu's grids: a warp a row for rows of up to kWarpRowMax, else a block a row.
+// norm.cu's grids: a warp a row for rows of up to kWarpRowMax, else a block a row. With `rows`
+// (HPM_CUDA_LAYER_NORM=rows), warp rows go to the register-held kernels, slots a lane as norm.cu
+// picks them. body gets the slots (0 for the three-pass warp kernels, -1 for the block ones) and
+// whether the row fills them.
 template <typename Body>
-void launch_rows(std::int64_t rows, std::int64_t n, Body&& body) {
-  if (n <= cuda::kWarpRowMax) {
-    simt::launch(cuda::grid_for((rows + cuda::kBlock / 32 - 1) / (cuda::kBlock / 32)), cuda::kBlock,
-                 0, [&] { body(std::true_type{}); });
+void launch_rows(std::int64_t rows, std::int64_t n, bool held, Body&& body) {
+  const unsigned warp_grid = cuda::grid_for((rows + cuda::kBlock / 32 - 1) / (cuda::kBlock / 32));
+  if (n <= cuda::kWarpRowMax && held) {
+    cuda::with_row_slots(n, [&](auto slots, auto full) {
+      simt::launch(warp_grid, cuda::kBlock, 0, [&] { body(slots, full); });
+    });
+  } else if (n <= cuda::kWarpRowMax) {
+    simt::launch(warp_grid, cuda::kBlock, 0,
+                 [&] { body(std::integral_constant<int, 0>{}, std::false_type{}); });
   } else {
-    simt::launch(cuda::grid_for(rows), cuda::kBlock, 0, [&] { body(std::false_type{}); });
+    simt::launch(cuda::grid_for(rows), cuda::kBlock, 0,
+                 [&] { body(std::integral_constant<int, -1>{}, std::false_type{}); });
   }
 }
 
-void check_shape(std::int64_t rows, std::int64_t n) {
-  SCOPED_TRACE("rows " + std::to_string(rows) + " n " + std::to_string(n));
+template <typename Out>
+void forward(std::int64_t rows, std::int64_t n, bool held, const float* x, const float* x2,
+             float* sum, const float* w, const float* b, Out* y, std::uint16_t* xb, float* mean,
+             float* rstd) {
+  launch_rows(rows, n, held, [&](auto slots, [[maybe_unused]] auto full) {
+    constexpr int kSlots = decltype(slots)::value;
+    if constexpr (kSlots > 0) {
+      cuda::layer_norm_forward_rows_kernel<Out, kSlots, decltype(full)::value>(
+          x, x2, sum, w, b, y, xb, mean, rstd, rows, n, kEps);
+    } else {
+      cuda::layer_norm_forward_kernel<kSlots == 0, Out>(x, x2, sum, w, b, y, xb, mean, rstd, rows,
+                                                        n, kEps);
+    }
+  });
+}
+
+template <typename X>
+void backward(std::int64_t rows, std::int64_t n, bool held, const float* g, const X* x,
+              const float* w, const float* mean, const float* rstd, float* dx, bool accumulate) {
+  launch_rows(rows, n, held, [&](auto slots, [[maybe_unused]] auto full) {
+    constexpr int kSlots = decltype(slots)::value;
+    if constexpr (kSlots > 0) {
+      cuda::layer_norm_backward_rows_kernel<X, kSlots, decltype(full)::value>(
+          g, x, w, mean, rstd, dx, accumulate, rows, n);
+    } else {
+      cuda::layer_norm_backward_kernel<kSlots == 0, X>(g, x, w, mean, rstd, dx, accumulate, rows,
+                                                       n);
+    }
+  });
+}
+
+void check_shape(std::int64_t rows, std::int64_t n, bool held = false) {
+  SCOPED_TRACE("rows " + std::to_string(rows) + " n " + std::to_string(n) +
+               (held ? " register-held" : ""));
   Generator gen(static_cast<std::uint64_t>(rows * 7 + n));
   const Tensor x = Tensor::randn({rows, n}, gen, 0.5f, 2.0f), x2 = Tensor::randn({rows, n}, gen);
   const Tensor w = Tensor::randn({n}, gen), b = Tensor::randn({n}, gen);
@@ -79,11 +120,8 @@ void check_shape(std::int64_t rows, std::int64_t n) {
   Tensor mean_want, rstd_want;
   const Tensor y_want = kernels::layer_norm_forward(x, n, w, b, kEps, mean_want, rstd_want);
   std::vector<float> y(count, -1.0f), mean(nr, -1.0f), rstd(nr, -1.0f);
-  launch_rows(rows, n, [&](auto warp) {
-    cuda::layer_norm_forward_kernel<decltype(warp)::value, float>(
-        xv.data(), nullptr, nullptr, wv.data(), bv.data(), y.data(), nullptr, mean.data(),
-        rstd.data(), rows, n, kEps);
-  });
+  forward<float>(rows, n, held, xv.data(), nullptr, nullptr, wv.data(), bv.data(), y.data(),
+                 nullptr, mean.data(), rstd.data());
   expect_close(y, y_want, 1e-5f, "y");
   expect_close(mean, mean_want, 1e-6f, "mean");
   expect_close(rstd, rstd_want, 1e-6f, "rstd");
@@ -93,22 +131,16 @@ void check_shape(std::int64_t rows, std::int64_t n) {
   const Tensor yb_want =
       kernels::layer_norm_forward_bf16(x, n, w, b, kEps, mean_want, rstd_want, &xb_want);
   std::vector<std::uint16_t> yb(count, 0xffffu), xb(count, 0xffffu);
-  launch_rows(rows, n, [&](auto warp) {
-    cuda::layer_norm_forward_kernel<decltype(warp)::value, std::uint16_t>(
-        xv.data(), nullptr, nullptr, wv.data(), bv.data(), yb.data(), xb.data(), mean.data(),
-        rstd.data(), rows, n, kEps);
-  });
+  forward<std::uint16_t>(rows, n, held, xv.data(), nullptr, nullptr, wv.data(), bv.data(),
+                         yb.data(), xb.data(), mean.data(), rstd.data());
   expect_bf16_close(yb, yb_want, "y bf16");
   EXPECT_EQ(xb, copy_of<std::uint16_t>(xb_want)) << "x rounded";
   Tensor sum_want, sumb_want;
   const Tensor ys_want = kernels::add_layer_norm_forward_bf16(x, x2, n, w, b, kEps, sum_want,
                                                               mean_want, rstd_want, &sumb_want);
   std::vector<float> sum(count, -1.0f);
-  launch_rows(rows, n, [&](auto warp) {
-    cuda::layer_norm_forward_kernel<decltype(warp)::value, std::uint16_t>(
-        xv.data(), x2v.data(), sum.data(), wv.data(), bv.data(), yb.data(), xb.data(), mean.data(),
-        rstd.data(), rows, n, kEps);
-  });
+  forward<std::uint16_t>(rows, n, held, xv.data(), x2v.data(), sum.data(), wv.data(), bv.data(),
+                         yb.data(), xb.data(), mean.data(), rstd.data());
   expect_bf16_close(yb, ys_want, "y of the sum");
   EXPECT_EQ(sum, copy_of<float>(sum_want)) << "sum";
   EXPECT_EQ(xb, copy_of<std::uint16_t>(sumb_want)) << "sum rounded";
@@ -122,20 +154,16 @@ void check_shape(std::int64_t rows, std::int64_t n) {
   Tensor dx_want, dw_want, db_want;
   kernels::layer_norm_backward(gy, x, n, w, m32, r32, &dx_want, &dw_want, &db_want);
   std::vector<float> dx(count, -1.0f);
-  launch_rows(rows, n, [&](auto warp) {
-    cuda::layer_norm_backward_kernel<decltype(warp)::value, float>(
-        gv.data(), xv.data(), wv.data(), mv.data(), rv.data(), dx.data(), false, rows, n);
-  });
+  backward<float>(rows, n, held, gv.data(), xv.data(), wv.data(), mv.data(), rv.data(), dx.data(),
+                  false);
   expect_close(dx, dx_want, 1e-5f, "dx");
   const Tensor xb16 = kernels::to_bf16(x);
   const std::vector<std::uint16_t> xb16v = copy_of<std::uint16_t>(xb16);
   Tensor into = x2.clone();  // the gradient summed so far
   kernels::layer_norm_backward(gy, xb16, n, w, m32, r32, &into, nullptr, nullptr);
   std::vector<float> acc = x2v;
-  launch_rows(rows, n, [&](auto warp) {
-    cuda::layer_norm_backward_kernel<decltype(warp)::value, std::uint16_t>(
-        gv.data(), xb16v.data(), wv.data(), mv.data(), rv.data(), acc.data(), true, rows, n);
-  });
+  backward<std::uint16_t>(rows, n, held, gv.data(), xb16v.data(), wv.data(), mv.data(), rv.data(),
+                          acc.data(), true);
   expect_close(acc, into, 1e-5f, "dx added into a gradient, bf16 x");
   // norm.cu's column sums: spans of kSpanRows rows, then each column's spans in order.
   const std::int64_t span_rows =
@@ -160,6 +188,16 @@ void check_shape(std::int64_t rows, std::int64_t n) {
 TEST(LayerNormEmulated, WarpRowsMatchTheCpu) {
   check_shape(150, 96);
   check_shape(600, 40);  // ten spans of column sums, the last one short; 32-column blocks
+}
+
+// HPM_CUDA_LAYER_NORM=rows: each slot count norm.cu picks, the last slot partly used or not.
+TEST(LayerNormEmulated, RegisterHeldRowsMatchTheCpu) {
+  check_shape(150, 96, true);  // 4 slots
+  check_shape(40, 300, true);  // 12, the last partly used
+  check_shape(24, 768, true);  // 24, filled (GPT-2's width)
+  check_shape(9, 1000, true);  // 32
+  check_shape(20, 200, true);  // 8
+  check_shape(30, 256, true);  // 8, filled: no masks
 }
 
 TEST(LayerNormEmulated, BlockRowsMatchTheCpu) { check_shape(5, 1500); }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tensor/backend/cuda/basic_ops.h"
+#include "tensor/backend/cuda/bias_grad.h"
 #include "tensor/backend/cuda/bias_rows.h"
 #include "tensor/backend/cuda/lt_matmul.h"
 #include "tensor/backend/cuda/runtime.h"
@@ -247,7 +248,8 @@ Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool ac
   if (lt_matmul_bias_grad(p, ptr<float>(db))) return db;
   gemm(true, false, out, in, n, device_ptr(g), out, 0, device_ptr(x), in, 0, beta, ptr<float>(dw),
        0, 1, bf16);
-  return sum_dim(bf16 ? to_f32(g) : g, 0, false);
+  bias_grad(g, db);  // g's rows summed as read, bf16 or not (no f32 copy of g)
+  return db;
 }
 
 }  // namespace hpm::cuda

@@ -254,7 +254,14 @@ bool lt_matmul_bias(const LtProduct& p, const void* bias) {
 }
 
 bool lt_matmul_bias_grad(const LtProduct& p, float* bias_grad) {
-  return run(p, CUBLASLT_EPILOGUE_BGRADB, bias_grad);
+  // HPM_CUDA_LT_BIAS_GRAD=0: the plain product and bias_grad.h's column sums instead, the A/B of
+  // run 7's question (its ncu: the epilogue's bias gradient ran as a kernel of its own, after a
+  // split-K product at about 480 TFLOP/s).
+  static const bool on = [] {
+    const char* v = std::getenv("HPM_CUDA_LT_BIAS_GRAD");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on && run(p, CUBLASLT_EPILOGUE_BGRADB, bias_grad);
 }
 
 }  // namespace hpm::cuda

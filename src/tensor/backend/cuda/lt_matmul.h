@@ -35,7 +35,7 @@ struct LtProduct {
 // added, as PyTorch's autocast rounds it (the CPU adds it in f32: within bf16's rounding).
 bool lt_matmul_bias(const LtProduct& p, const void* bias);
 // D = op_a(A) op_b(B) + beta D, and bias_grad (F32, n) = op_b(B) summed over k
-// (CUBLASLT_EPILOGUE_BGRADB; written, not added to).
+// (CUBLASLT_EPILOGUE_BGRADB; written, not added to). HPM_CUDA_LT_BIAS_GRAD=0 declines it alone.
 bool lt_matmul_bias_grad(const LtProduct& p, float* bias_grad);
 
 }  // namespace hpm::cuda

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/row_team.cuh"
@@ -15,6 +16,35 @@ constexpr int kBlock = 256;
 constexpr std::int64_t kWarpRowMax = 1024;
 constexpr std::int64_t kSpanRows = 64;     // rows one slot of the column sums covers (at least)
 constexpr std::int64_t kMaxSpans = 65535;  // gridDim.y's limit
+
+// The warp rows' register slots a lane (the *_rows_kernels below): the fewest of 4, 8, 12, 16,
+// 24 and 32 that hold a row of n <= kWarpRowMax (12: 384 wide, 24: 768), and whether the row
+// fills them (then every slot's address is the lane's plus a constant: no address registers, no
+// masks), as compile-time constants to f(slots, full).
+template <int kSlots, typename F>
+void with_fill(std::int64_t n, F&& f) {
+  if (n == 32 * kSlots) {
+    f(std::integral_constant<int, kSlots>{}, std::true_type{});
+  } else {
+    f(std::integral_constant<int, kSlots>{}, std::false_type{});
+  }
+}
+template <typename F>
+void with_row_slots(std::int64_t n, F&& f) {
+  if (n <= 128) {
+    with_fill<4>(n, f);
+  } else if (n <= 256) {
+    with_fill<8>(n, f);
+  } else if (n <= 384) {
+    with_fill<12>(n, f);
+  } else if (n <= 512) {
+    with_fill<16>(n, f);
+  } else if (n <= 768) {
+    with_fill<24>(n, f);
+  } else {
+    with_fill<32>(n, f);
+  }
+}
 
 // y = (x - mean) * rstd * w + b per row (w, b optional); mean and rstd saved for the backward.
 // Out is float, or std::uint16_t for y rounded to bf16 (then xb, when given, gets x rounded too).
@@ -56,6 +86,145 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
         if (xb != nullptr) xb[r * n + k] = f32_to_bf16_bits(u);
         if (sum != nullptr) sum[r * n + k] = u;
       }
+    }
+  }
+}
+
+// layer_norm_forward_kernel's warp rows (n <= 32 * kPer), the row held in registers, kPer values a
+// lane (columns lane, lane + 32, ...): one read of x (and x2) instead of three, every load of a
+// row issued before the first is used. The loads are unconditional (a column past n reads column
+// 0 and is masked after), and the operands' presence is tested outside the unrolled loops: run 7
+// measured a first version, whose loads sat behind a branch each, at twice the three-pass
+// kernel's time. The same sums in the same order as that kernel: the same results bit for bit.
+// Behind HPM_CUDA_LAYER_NORM=rows until a run measures it (norm.cu).
+template <typename Out, int kPer, bool kFull>
+__global__ void layer_norm_forward_rows_kernel(const float* __restrict__ x,
+                                               const float* __restrict__ x2,
+                                               float* __restrict__ sum, const float* __restrict__ w,
+                                               const float* __restrict__ b, Out* __restrict__ y,
+                                               std::uint16_t* __restrict__ xb,
+                                               float* __restrict__ mean, float* __restrict__ rstd,
+                                               std::int64_t rows, std::int64_t n, float eps) {
+  const Team<true> team;
+  const double inv_n = 1.0 / static_cast<double>(n);
+  // Slot i's column, or column 0 for a slot past the row (read, then masked); whether it is in
+  // the row.
+  const auto col = [&](int i) {
+    const int k = team.rank + 32 * i;
+    return kFull || k < n ? k : 0;
+  };
+  const auto in_row = [&](int i) { return kFull || team.rank + 32 * i < n; };
+  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
+    const float* xr = x + r * n;
+    float u[kPer], wv[kPer], bv[kPer];
+    if (x2 != nullptr) {
+      const float* x2r = x2 + r * n;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) u[i] = xr[col(i)] + x2r[col(i)];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) u[i] = xr[col(i)];
+    }
+    if (w != nullptr) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) wv[i] = w[col(i)];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) wv[i] = 1.0f;
+    }
+    if (b != nullptr) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) bv[i] = b[col(i)];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) bv[i] = 0.0f;
+    }
+    double s = 0.0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (in_row(i)) s += u[i];
+    }
+    const double mu = team.sum(s) * inv_n;
+    double ss = 0.0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (in_row(i)) ss += (u[i] - mu) * (u[i] - mu);
+    }
+    ss = team.sum(ss);
+    const auto m = static_cast<float>(mu);
+    const auto rs = static_cast<float>(1.0 / sqrt(ss * inv_n + eps));
+    if (team.rank == 0) {
+      mean[r] = m;
+      rstd[r] = rs;
+    }
+    Out* yr = y + r * n;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (!in_row(i)) continue;
+      const int k = team.rank + 32 * i;
+      const float v = (u[i] - m) * rs * wv[i] + bv[i];
+      if constexpr (std::is_same_v<Out, float>) {
+        yr[k] = v;
+      } else {
+        yr[k] = f32_to_bf16_bits(v);
+        if (xb != nullptr) xb[r * n + k] = f32_to_bf16_bits(u[i]);
+        if (sum != nullptr) sum[r * n + k] = u[i];
+      }
+    }
+  }
+}
+
+// layer_norm_backward_kernel's warp rows with the row's xhat and g w held in registers, loaded as
+// layer_norm_forward_rows_kernel loads: one read of g, x and w instead of two, the same sums in
+// the same order.
+template <typename X, int kPer, bool kFull>
+__global__ void layer_norm_backward_rows_kernel(
+    const float* __restrict__ g, const X* __restrict__ x, const float* __restrict__ w,
+    const float* __restrict__ mean, const float* __restrict__ rstd, float* __restrict__ dx,
+    bool accumulate, std::int64_t rows, std::int64_t n) {
+  const Team<true> team;
+  const double inv_n = 1.0 / static_cast<double>(n);
+  // Slot i's column, or column 0 for a slot past the row (read, then masked); whether it is in
+  // the row.
+  const auto col = [&](int i) {
+    const int k = team.rank + 32 * i;
+    return kFull || k < n ? k : 0;
+  };
+  const auto in_row = [&](int i) { return kFull || team.rank + 32 * i < n; };
+  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
+    const float* gr = g + r * n;
+    const X* xr = x + r * n;
+    float* dr = dx + r * n;
+    const float mu = mean[r], rs = rstd[r];
+    float xhat[kPer], dxhat[kPer], prior[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      xhat[i] = (as_f32(xr[col(i)]) - mu) * rs;
+      dxhat[i] = gr[col(i)];
+    }
+    if (w != nullptr) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) dxhat[i] *= w[col(i)];
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) prior[i] = accumulate ? dr[col(i)] : 0.0f;
+    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (!in_row(i)) continue;
+      sum_dxhat += dxhat[i];
+      sum_dxhat_xhat += static_cast<double>(dxhat[i]) * xhat[i];
+    }
+    sum_dxhat = team.sum(sum_dxhat);
+    sum_dxhat_xhat = team.sum(sum_dxhat_xhat);
+    const auto a = static_cast<float>(sum_dxhat * inv_n);
+    const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      if (!in_row(i)) continue;
+      const int k = team.rank + 32 * i;
+      const float d = rs * (dxhat[i] - a - xhat[i] * c);
+      dr[k] = accumulate ? __fadd_rn(prior[i], d) : d;  // never contracted (the kernel below)
     }
   }
 }
