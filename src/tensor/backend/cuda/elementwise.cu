@@ -266,6 +266,22 @@ __global__ void scale_kernel(float* y, float alpha, std::int64_t n) {
 }
 
 template <typename F>
+void with_binary_op(BinaryOp op, F&& f) {
+  using enum BinaryOp;
+  switch (op) {
+    case Add:
+      return f(std::integral_constant<BinaryOp, Add>{});
+    case Sub:
+      return f(std::integral_constant<BinaryOp, Sub>{});
+    case Mul:
+      return f(std::integral_constant<BinaryOp, Mul>{});
+    case Div:
+      return f(std::integral_constant<BinaryOp, Div>{});
+  }
+  throw std::logic_error("unknown binary op");
+}
+
+template <typename F>
 void with_unary_op(UnaryOp op, F&& f) {
   using enum UnaryOp;
   switch (op) {
@@ -434,38 +450,15 @@ Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) {
   const float* pa = ptr<const float>(a);
   const float* pb = ptr<const float>(b);
   float* py = ptr<float>(y);
-  if (a.shape() == b.shape()) {
-    const std::int64_t threads = (n + 7) / 8;
-    switch (op) {
-      case BinaryOp::Add:
-        launch("binary", threads, binary_same_kernel<BinaryOp::Add>, pa, pb, py, n);
-        return y;
-      case BinaryOp::Sub:
-        launch("binary", threads, binary_same_kernel<BinaryOp::Sub>, pa, pb, py, n);
-        return y;
-      case BinaryOp::Mul:
-        launch("binary", threads, binary_same_kernel<BinaryOp::Mul>, pa, pb, py, n);
-        return y;
-      case BinaryOp::Div:
-        launch("binary", threads, binary_same_kernel<BinaryOp::Div>, pa, pb, py, n);
-        return y;
+  with_binary_op(op, [&](auto kop) {
+    constexpr BinaryOp kOp = decltype(kop)::value;
+    if (a.shape() == b.shape()) {  // eight elements a thread (binary_same_kernel)
+      launch("binary", (n + 7) / 8, binary_same_kernel<kOp>, pa, pb, py, n);
+    } else {
+      launch("binary", n, binary_kernel<kOp>, pa, pb, py, n, ix);
     }
-  }
-  switch (op) {
-    case BinaryOp::Add:
-      launch("binary", n, binary_kernel<BinaryOp::Add>, pa, pb, py, n, ix);
-      return y;
-    case BinaryOp::Sub:
-      launch("binary", n, binary_kernel<BinaryOp::Sub>, pa, pb, py, n, ix);
-      return y;
-    case BinaryOp::Mul:
-      launch("binary", n, binary_kernel<BinaryOp::Mul>, pa, pb, py, n, ix);
-      return y;
-    case BinaryOp::Div:
-      launch("binary", n, binary_kernel<BinaryOp::Div>, pa, pb, py, n, ix);
-      return y;
-  }
-  throw std::logic_error("unknown binary op");
+  });
+  return y;
 }
 
 Tensor add_scalar(const Tensor& a, float s) {

@@ -90,6 +90,32 @@ __global__ void layer_norm_forward_kernel(const float* __restrict__ x, const flo
   }
 }
 
+// A lane's slots of a warp row (the *_rows_kernels below): slot i's column, or column 0 for one
+// past the row (read, then masked), and whether it is in the row; with kFull (the row fills the
+// slots) every column is the lane's plus a constant and no slot is masked.
+template <bool kFull>
+struct RowSlots {
+  int rank;
+  std::int64_t n;
+  __device__ int col(int i) const {
+    const int k = rank + 32 * i;
+    return kFull || k < n ? k : 0;
+  }
+  __device__ bool in_row(int i) const { return kFull || rank + 32 * i < n; }
+  // Each slot's element of a per-column operand (w, b), or `absent` in every slot without one
+  // (the operand's presence tested once, outside the unrolled loads).
+  template <int kPer>
+  __device__ void gather(const float* p, float absent, float (&v)[kPer]) const {
+    if (p != nullptr) {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) v[i] = p[col(i)];
+    } else {
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) v[i] = absent;
+    }
+  }
+};
+
 // layer_norm_forward_kernel's warp rows (n <= 32 * kPer), the row held in registers, kPer values a
 // lane (columns lane, lane + 32, ...): one read of x (and x2) instead of three, every load of a
 // row issued before the first is used. The loads are unconditional (a column past n reads column
@@ -107,48 +133,30 @@ __global__ void layer_norm_forward_rows_kernel(const float* __restrict__ x,
                                                std::int64_t rows, std::int64_t n, float eps) {
   const Team<true> team;
   const double inv_n = 1.0 / static_cast<double>(n);
-  // Slot i's column, or column 0 for a slot past the row (read, then masked); whether it is in
-  // the row.
-  const auto col = [&](int i) {
-    const int k = team.rank + 32 * i;
-    return kFull || k < n ? k : 0;
-  };
-  const auto in_row = [&](int i) { return kFull || team.rank + 32 * i < n; };
+  const RowSlots<kFull> slots{team.rank, n};
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
     const float* xr = x + r * n;
     float u[kPer], wv[kPer], bv[kPer];
     if (x2 != nullptr) {
       const float* x2r = x2 + r * n;
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) u[i] = xr[col(i)] + x2r[col(i)];
+      for (int i = 0; i < kPer; ++i) u[i] = xr[slots.col(i)] + x2r[slots.col(i)];
     } else {
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) u[i] = xr[col(i)];
+      for (int i = 0; i < kPer; ++i) u[i] = xr[slots.col(i)];
     }
-    if (w != nullptr) {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) wv[i] = w[col(i)];
-    } else {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) wv[i] = 1.0f;
-    }
-    if (b != nullptr) {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) bv[i] = b[col(i)];
-    } else {
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) bv[i] = 0.0f;
-    }
+    slots.gather(w, 1.0f, wv);
+    slots.gather(b, 0.0f, bv);
     double s = 0.0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      if (in_row(i)) s += u[i];
+      if (slots.in_row(i)) s += u[i];
     }
     const double mu = team.sum(s) * inv_n;
     double ss = 0.0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      if (in_row(i)) ss += (u[i] - mu) * (u[i] - mu);
+      if (slots.in_row(i)) ss += (u[i] - mu) * (u[i] - mu);
     }
     ss = team.sum(ss);
     const auto m = static_cast<float>(mu);
@@ -160,7 +168,7 @@ __global__ void layer_norm_forward_rows_kernel(const float* __restrict__ x,
     Out* yr = y + r * n;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      if (!in_row(i)) continue;
+      if (!slots.in_row(i)) continue;
       const int k = team.rank + 32 * i;
       const float v = (u[i] - m) * rs * wv[i] + bv[i];
       if constexpr (std::is_same_v<Out, float>) {
@@ -184,13 +192,7 @@ __global__ void layer_norm_backward_rows_kernel(
     bool accumulate, std::int64_t rows, std::int64_t n) {
   const Team<true> team;
   const double inv_n = 1.0 / static_cast<double>(n);
-  // Slot i's column, or column 0 for a slot past the row (read, then masked); whether it is in
-  // the row.
-  const auto col = [&](int i) {
-    const int k = team.rank + 32 * i;
-    return kFull || k < n ? k : 0;
-  };
-  const auto in_row = [&](int i) { return kFull || team.rank + 32 * i < n; };
+  const RowSlots<kFull> slots{team.rank, n};
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
     const float* gr = g + r * n;
     const X* xr = x + r * n;
@@ -199,19 +201,19 @@ __global__ void layer_norm_backward_rows_kernel(
     float xhat[kPer], dxhat[kPer], prior[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      xhat[i] = (as_f32(xr[col(i)]) - mu) * rs;
-      dxhat[i] = gr[col(i)];
+      xhat[i] = (as_f32(xr[slots.col(i)]) - mu) * rs;
+      dxhat[i] = gr[slots.col(i)];
     }
     if (w != nullptr) {
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) dxhat[i] *= w[col(i)];
+      for (int i = 0; i < kPer; ++i) dxhat[i] *= w[slots.col(i)];
     }
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) prior[i] = accumulate ? dr[col(i)] : 0.0f;
+    for (int i = 0; i < kPer; ++i) prior[i] = accumulate ? dr[slots.col(i)] : 0.0f;
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      if (!in_row(i)) continue;
+      if (!slots.in_row(i)) continue;
       sum_dxhat += dxhat[i];
       sum_dxhat_xhat += static_cast<double>(dxhat[i]) * xhat[i];
     }
@@ -221,7 +223,7 @@ __global__ void layer_norm_backward_rows_kernel(
     const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      if (!in_row(i)) continue;
+      if (!slots.in_row(i)) continue;
       const int k = team.rank + 32 * i;
       const float d = rs * (dxhat[i] - a - xhat[i] * c);
       dr[k] = accumulate ? __fadd_rn(prior[i], d) : d;  // never contracted (the kernel below)
