@@ -2,11 +2,11 @@
 """hpm's GPT on one GPU against PyTorch 2 on the same card, in one call: tokens/s, the ratio to
 PyTorch eager and to torch.compile, the model FLOPs utilization against the card's bf16 GEMM rate
 measured in the same call (a large product on random data through torch.matmul, i.e. cuBLASLt),
-and peak device memory for both. Runs on the GPU machine (scripts/gpu_check.sh calls it with the
-bundle's hpm).
+and peak device memory for both; with --repeats N, the median of N runs of each side. Runs on
+the GPU machine (scripts/gpu_check.sh calls it with the bundle's hpm).
 
 usage: gpu_gpt.py --hpm PATH --peer torch_gpt.py --text FILE... [--sizes fortunes,shakespeare,gpt2]
-                  [--steps 200] [--precision bf16] [--json OUT]
+                  [--steps 200] [--precision bf16] [--repeats N] [--json OUT]
 
 Sizes (issue 32): fortunes = 4 layers, 4 heads, 128 wide, block 64, batch 12 (the default GPT);
 shakespeare = nanoGPT's shakespeare model, 6/6/384, block 256, batch 64; gpt2 = GPT-2 small,
@@ -143,6 +143,38 @@ def hpm_rate(h):
     return h.get("train_tokens_per_s_after_first_step") or h.get("train_tokens_per_s")
 
 
+def peer_rate(e):
+    return e.get("train_tokens_per_s")
+
+
+def median_run(runs, rate):
+    """The run whose rate is the median of those that gave one (of an even count, the lower
+    middle), with every run's rate beside it; the last run (its error) when none did."""
+    ok = sorted((r for r in runs if rate(r)), key=rate)
+    if not ok:
+        return runs[-1]
+    return {**ok[(len(ok) - 1) // 2], "rates": [rate(r) for r in runs]}
+
+
+def print_row(r, peak):
+    """One size's line of the table: rates, ratios, MFU against the card's measured bf16 GEMM
+    rate, peak memory."""
+    h, e, c = r["hpm"], r["eager"], r["compile"]
+    ht = hpm_rate(h)
+    et, ct = peer_rate(e), peer_rate(c)
+    fpt = e.get("flops_per_token") or c.get("flops_per_token")
+    fmt = lambda v, spec: format(v, spec) if v is not None else "n/a"
+    ratio = lambda a, b: a / b if a and b else None
+    mfu = lambda t: t * fpt / (peak * 1e12) if t and fpt else None
+    hm = h.get("device_peak_bytes")
+    tm = e.get("peak_memory_bytes")
+    name = r["size"] + ("*" if h.get("fallback") else "")
+    print(f"{name:12} {fmt(ht, '11.0f')} {fmt(et, '11.0f')} {fmt(ct, '11.0f')} "
+          f"{fmt(ratio(ht, et), '7.2f')} {fmt(ratio(ht, ct), '8.2f')} {fmt(mfu(ht), '8.1%')} "
+          f"{fmt(mfu(ct), '8.1%')} {fmt(hm and hm / 2**20, '8.0f')} {fmt(tm and tm / 2**20, '9.0f')}",
+          flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--hpm", required=True)
@@ -156,6 +188,10 @@ def main():
     p.add_argument("--json", default="")
     p.add_argument("--ab-env", action="append", default=[],
                    help="KEY=VALUE: hpm again under this variable (repeatable: one run each)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="N: hpm, eager and torch.compile each run N times, interleaved; the "
+                        "median of each is reported (run 7 and run 6 saw torch.compile's rate "
+                        "move 30%% between calls)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="N > 1: hpm once more for N steps with --op-profile; tables printed last")
     args = p.parse_args()
@@ -163,36 +199,34 @@ def main():
     args.text_glob = os.path.join(os.path.dirname(args.text[0]), "*")
     peak = gemm_rate_tflops()
     print(f"bf16 GEMM 8192^3 on this card: {peak:.0f} TFLOP/s", flush=True)
+    print(f"\n{'size':12} {'hpm tok/s':>11} {'eager':>11} {'compile':>11} {'/eager':>7} "
+          f"{'/compile':>8} {'MFU hpm':>8} {'MFU comp':>8} {'hpm MiB':>8} {'torch MiB':>9}",
+          flush=True)
     rows = []
+    # Each size's row as soon as it is measured: a call cut short keeps the rows it finished.
     for size in args.sizes.split(","):
-        r = {"size": size, "hpm": run_hpm(args, size), "eager": run_peer(args, size, False),
-             "compile": run_peer(args, size, True)}
+        runs = {"hpm": [], "eager": [], "compile": []}
+        for _ in range(max(1, args.repeats)):  # interleaved: a drift of the card's clocks is shared
+            runs["hpm"].append(run_hpm(args, size))
+            runs["eager"].append(run_peer(args, size, False))
+            runs["compile"].append(run_peer(args, size, True))
+        r = {"size": size, "hpm": median_run(runs["hpm"], hpm_rate),
+             "eager": median_run(runs["eager"], peer_rate),
+             "compile": median_run(runs["compile"], peer_rate)}
         if "error" in r["hpm"] and not r["hpm"].get("timeout"):
             print(f"hpm failed on {size}: {r['hpm']['error']}\nagain with {FALLBACK}", flush=True)
             r["hpm_failed"] = r["hpm"]
             r["hpm"] = {**run_hpm(args, size, FALLBACK), "fallback": True}
+        print_row(r, peak)
+        if args.repeats > 1:  # the spread the medians came from
+            print("   runs: " + "; ".join(
+                f"{k} " + " ".join(f"{v:.0f}" if v else "n/a" for v in r[k].get("rates", []))
+                for k in ("hpm", "eager", "compile")), flush=True)
         for spec, env in abs_:
             r["hpm_ab " + spec] = run_hpm(args, size, env)
         if args.profile_steps > 1:
             r["hpm_profile"] = run_hpm(args, size, profile_steps=args.profile_steps)
         rows.append(r)
-        print(json.dumps({k: v for k, v in r.items() if k != "hpm_profile"})[:2000], flush=True)
-    print(f"\n{'size':12} {'hpm tok/s':>11} {'eager':>11} {'compile':>11} {'/eager':>7} "
-          f"{'/compile':>8} {'MFU hpm':>8} {'MFU comp':>8} {'hpm MiB':>8} {'torch MiB':>9}")
-    for r in rows:
-        h, e, c = r["hpm"], r["eager"], r["compile"]
-        ht = hpm_rate(h)
-        et, ct = e.get("train_tokens_per_s"), c.get("train_tokens_per_s")
-        fpt = e.get("flops_per_token") or c.get("flops_per_token")
-        fmt = lambda v, spec: format(v, spec) if v is not None else "n/a"
-        ratio = lambda a, b: a / b if a and b else None
-        mfu = lambda t: t * fpt / (peak * 1e12) if t and fpt else None
-        hm = h.get("device_peak_bytes")
-        tm = e.get("peak_memory_bytes")
-        name = r["size"] + ("*" if h.get("fallback") else "")
-        print(f"{name:12} {fmt(ht, '11.0f')} {fmt(et, '11.0f')} {fmt(ct, '11.0f')} "
-              f"{fmt(ratio(ht, et), '7.2f')} {fmt(ratio(ht, ct), '8.2f')} {fmt(mfu(ht), '8.1%')} "
-              f"{fmt(mfu(ct), '8.1%')} {fmt(hm and hm / 2**20, '8.0f')} {fmt(tm and tm / 2**20, '9.0f')}")
     if any(r["hpm"].get("fallback") for r in rows):
         print("* hpm failed on this size and ran again with " +
               " ".join(f"{k}={v}" for k, v in FALLBACK.items()))
@@ -207,6 +241,8 @@ def main():
             prof = r["hpm_profile"]
             print(f"\nop profile, {r['size']}, {args.precision}, steps 2..{args.profile_steps}:")
             print(prof.get("profile") or prof.get("error"))
+    for r in rows:  # every run's figures, last (the summary takes the table above)
+        print(json.dumps({k: v for k, v in r.items() if k != "hpm_profile"})[:2000], flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gemm_tflops": peak, "precision": args.precision, "steps": args.steps,

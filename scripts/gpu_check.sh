@@ -115,14 +115,17 @@ step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --pre
   --iters 2000 --text "${fortunes[@]}"
 # Speed next, before the sanitizers: if the call runs out of time, the figures are back.
 # Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
-# three sizes of issue 32 (GPT-2 small on random tokens); hpm again without cuBLASLt's bias
-# epilogues (HPM_CUDA_LT_EPILOGUES=0), again without its bias-gradient one only
-# (HPM_CUDA_LT_BIAS_GRAD=0: the plain product and bias_grad.h's column sums), and again with layer
-# norm's register-held rows (HPM_CUDA_LAYER_NORM=rows); and a 30-step run of each size under
-# --op-profile: the step's time by op, the table issue 32's work starts from.
+# three sizes of issue 32 (GPT-2 small on random tokens, first: a bench cut at its limit keeps the
+# rows it finished, and issue 32's bars are GPT-2's and shakespeare's), each side's median of three runs
+# (torch.compile's rate moved 30% between runs 6 and 7); hpm again without cuBLASLt's
+# bias-gradient epilogue (HPM_CUDA_LT_BIAS_GRAD=0: the plain product and bias_grad.h's column
+# sums), and again with layer norm's register-held rows (HPM_CUDA_LAYER_NORM=rows); and a 30-step
+# run of each size under --op-profile: the step's time by op, the table issue 32's work starts
+# from. (Runs 6 and 7 measured all the bias epilogues off, HPM_CUDA_LT_EPILOGUES=0, at 1.28-1.51x
+# slower: no longer A/B'd.)
 step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
-  --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-fortunes,shakespeare,gpt2}" --steps 100 \
-  "${ab_attention[@]}" --ab-env HPM_CUDA_LT_EPILOGUES=0 --ab-env HPM_CUDA_LT_BIAS_GRAD=0 \
+  --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-gpt2,shakespeare,fortunes}" --steps 100 \
+  --repeats "${GPU_BENCH_REPEATS:-3}" "${ab_attention[@]}" --ab-env HPM_CUDA_LT_BIAS_GRAD=0 \
   --ab-env HPM_CUDA_LAYER_NORM=rows \
   --profile-steps 30 \
   --timeout 150
