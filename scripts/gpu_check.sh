@@ -113,7 +113,22 @@ step oom 30 train.log hpm train examples/fashion_mlp.toml --device cuda \
 # Issue 32's quality check: the peer's validation loss on the same corpus, 2000 steps in bf16.
 step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --precision bf16 \
   --iters 2000 --text "${fortunes[@]}"
-# Speed next, before the sanitizers: if the call runs out of time, the figures are back.
+# The sanitizers next (about 30 s), before the bench, which takes what is left of the deadline.
+step memcheck 120 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
+  test_cuda --gtest_filter='CudaOps.*:CudaTraining.*:-*OutOfMemory*' --gtest_brief=1
+# The A/B paths' cases under memcheck too (their kernels run in no default path).
+HPM_CUDA_LAYER_NORM=rows HPM_BACKEND_CASES=layer_norm step memcheck_ln_rows 40 sanitizer.log \
+  compute-sanitizer --tool memcheck --error-exitcode 9 test_cuda \
+  --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+HPM_CUDA_LT_BIAS_GRAD=0 HPM_BACKEND_CASES=linear_param_grads step memcheck_bias_grad 40 \
+  sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 test_cuda \
+  --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+for cases in attention softmax cross_entropy embedding pool batch_norm layer_norm sum squared_norm; do
+  limit=40
+  [ "$cases" = attention ] && limit=120  # the tensor-core cases: head sizes up to 128
+  HPM_BACKEND_CASES=$cases step "racecheck_$cases" "$limit" sanitizer.log compute-sanitizer \
+    --tool racecheck --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+done
 # Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
 # three sizes of issue 32 (GPT-2 small on random tokens, first: a bench cut at its limit keeps the
 # rows it finished, and issue 32's bars are GPT-2's and shakespeare's), each side's median of three runs
@@ -130,14 +145,6 @@ step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/
   --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
-step memcheck 120 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
-  test_cuda --gtest_filter='CudaOps.*:CudaTraining.*:-*OutOfMemory*' --gtest_brief=1
-for cases in attention softmax cross_entropy embedding pool batch_norm layer_norm sum squared_norm; do
-  limit=40
-  [ "$cases" = attention ] && limit=120  # the tensor-core cases: head sizes up to 128
-  HPM_BACKEND_CASES=$cases step "racecheck_$cases" "$limit" sanitizer.log compute-sanitizer \
-    --tool racecheck --error-exitcode 9 test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
-done
 # Kernel by kernel on the card (ncu, one cheap metric: each kernel's duration), a step and a half
 # of the shakespeare model in bf16 after three steps of warm-up; summed per kernel name, largest
 # first, into bench.log (the device brings back 8 files).
