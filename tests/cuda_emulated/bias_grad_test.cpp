@@ -39,8 +39,9 @@ std::vector<float> run(const std::vector<G>& g, std::int64_t rows, std::int64_t 
                    cuda::bias_grad_partials_kernel(g.data(), partial.data(), rows, cols, span_rows);
                  });
   }
-  simt::launch(2, 64, 0,
-               [&] { cuda::bias_grad_sums_kernel(partial.data(), db.data(), spans, cols); });
+  simt::launch(cuda::grid_for((cols + 31) / 32), cuda::kSpanSumThreads, 0, [&] {
+    cuda::span_sums_kernel(partial.data(), db.data(), nullptr, nullptr, spans, cols);
+  });
   return db;
 }
 

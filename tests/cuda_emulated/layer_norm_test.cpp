@@ -177,9 +177,8 @@ void check_shape(std::int64_t rows, std::int64_t n, bool held = false) {
                                                                 rv.data(), dw_part.data(),
                                                                 db_part.data(), rows, n, span_rows);
                });
-  simt::launch(cuda::grid_for((n + 31) / 32), cuda::kBlock, 0, [&] {
-    cuda::layer_norm_column_sums_kernel(dw_part.data(), db_part.data(), dw.data(), db.data(), spans,
-                                        n);
+  simt::launch(cuda::grid_for((n + 31) / 32), cuda::kSpanSumThreads, 0, [&] {
+    cuda::span_sums_kernel(dw_part.data(), dw.data(), db_part.data(), db.data(), spans, n);
   });
   expect_close(dw, dw_want, 1e-5f, "dw");
   expect_close(db, db_want, 1e-5f, "db");

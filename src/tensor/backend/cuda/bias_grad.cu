@@ -31,9 +31,9 @@ void bias_grad(const Tensor& g, Tensor& db) {
     }
     HPM_CUDA_LAUNCH_CHECK("bias_grad_partials_kernel");
   }
-  bias_grad_sums_kernel<<<blocks_for(cols, 256), 256, 0, stream>>>(ptr<double>(partial),
-                                                                   ptr<float>(db), spans, cols);
-  HPM_CUDA_LAUNCH_CHECK("bias_grad_sums_kernel");
+  span_sums_kernel<<<grid_for((cols + 31) / 32), kSpanSumThreads, 0, stream>>>(
+      ptr<double>(partial), ptr<float>(db), nullptr, nullptr, spans, cols);
+  HPM_CUDA_LAUNCH_CHECK("span_sums_kernel");
 }
 
 }  // namespace hpm::cuda

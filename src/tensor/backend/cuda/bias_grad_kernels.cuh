@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/span_sums_kernels.cuh"
 
 namespace hpm::cuda {
 
@@ -12,8 +13,7 @@ namespace {
 
 constexpr int kBiasGradWarps = 8;  // a block: 32 columns, its warps over a span's rows
 constexpr int kBiasGradThreads = 32 * kBiasGradWarps;
-// Rows one partial covers: at least 256, and few enough partials (64) that stage 2's sequential
-// sum per column stays short (gridDim.y's limit is 65535).
+// Rows one partial covers: at least 256 (32 a warp), and at most 64 partials a column.
 constexpr std::int64_t kBiasGradSpanRows = 256;
 constexpr std::int64_t kBiasGradSpans = 64;
 
@@ -45,16 +45,7 @@ __global__ void bias_grad_partials_kernel(const G* __restrict__ g, double* __res
   }
 }
 
-// Stage 2: each column's partials added in span order, a thread a column.
-__global__ void bias_grad_sums_kernel(const double* __restrict__ partial, float* __restrict__ db,
-                                      std::int64_t spans, std::int64_t cols) {
-  for (std::int64_t k = first_index(); k < cols; k += grid_stride()) {
-    double t = 0.0;
-#pragma unroll 8
-    for (std::int64_t s = 0; s < spans; ++s) t += partial[s * cols + k];
-    db[k] = static_cast<float>(t);
-  }
-}
+// Stage 2: span_sums_kernel (span_sums_kernels.cuh), partial into db.
 
 #endif
 

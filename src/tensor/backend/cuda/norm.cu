@@ -5,7 +5,7 @@
 // block. The backward's weight and bias gradients are column sums over all rows; they run in two
 // deterministic stages instead of atomics: each block column sums a fixed span of rows into its
 // own slot, then a block per 32 columns adds the slots in an order fixed by the shape
-// (norm_kernels.cuh), so the result is the same run to run.
+// (span_sums_kernels.cuh), so the result is the same run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -193,9 +193,9 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
         pg, px, pm, pr, ptr<double>(dw_part), ptr<double>(db_part), rows, normalized, span_rows);
     HPM_CUDA_LAUNCH_CHECK("layer_norm_column_partials_kernel");
   }
-  layer_norm_column_sums_kernel<<<grid_for((normalized + 31) / 32), kBlock, 0, stream>>>(
-      ptr<double>(dw_part), ptr<double>(db_part), pdw, pdb, spans, normalized);
-  HPM_CUDA_LAUNCH_CHECK("layer_norm_column_sums_kernel");
+  span_sums_kernel<<<grid_for((normalized + 31) / 32), kSpanSumThreads, 0, stream>>>(
+      ptr<double>(dw_part), pdw, ptr<double>(db_part), pdb, spans, normalized);
+  HPM_CUDA_LAUNCH_CHECK("span_sums_kernel");
 }
 
 }  // namespace

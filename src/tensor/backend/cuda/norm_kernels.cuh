@@ -7,6 +7,7 @@
 
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/row_team.cuh"
+#include "tensor/backend/cuda/span_sums_kernels.cuh"
 
 namespace hpm::cuda {
 
@@ -289,44 +290,7 @@ __global__ void layer_norm_column_partials_kernel(
   db_part[span * n + k] = db;
 }
 
-// Stage 2: each column's slots added. A block (kBlock threads: kSumWarps warps) takes 32 columns:
-// warp w adds spans w, w + kSumWarps, ... in order (a warp's loads 32 consecutive columns), then
-// the warps' sums are added in warp order. One thread a column adding every span in turn was 14%
-// of the shakespeare GPT's kernel time on the H100 (run 7's ncu: 384 columns, 2 blocks, 256
-// spans each). The order depends only on the shape: the same result run to run.
-constexpr int kSumWarps = kBlock / 32;
-__global__ void layer_norm_column_sums_kernel(const double* __restrict__ dw_part,
-                                              const double* __restrict__ db_part,
-                                              float* __restrict__ dw, float* __restrict__ db,
-                                              std::int64_t spans, std::int64_t n) {
-  __shared__ double part_w[kSumWarps][32], part_b[kSumWarps][32];
-  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
-  for (std::int64_t c0 = 32 * static_cast<std::int64_t>(blockIdx.x); c0 < n;
-       c0 += 32 * static_cast<std::int64_t>(gridDim.x)) {
-    const std::int64_t k = c0 + lane;
-    double sw = 0.0, sb = 0.0;
-    if (k < n) {
-#pragma unroll 4
-      for (std::int64_t s = warp; s < spans; s += kSumWarps) {
-        sw += dw_part[s * n + k];
-        sb += db_part[s * n + k];
-      }
-    }
-    part_w[warp][lane] = sw;
-    part_b[warp][lane] = sb;
-    __syncthreads();
-    if (warp == 0 && k < n) {
-      double tw = 0.0, tb = 0.0;
-      for (int w = 0; w < kSumWarps; ++w) {
-        tw += part_w[w][lane];
-        tb += part_b[w][lane];
-      }
-      if (dw != nullptr) dw[k] = static_cast<float>(tw);
-      if (db != nullptr) db[k] = static_cast<float>(tb);
-    }
-    __syncthreads();  // the next columns rewrite part_w and part_b
-  }
-}
+// Stage 2: span_sums_kernel (span_sums_kernels.cuh), dw_part into dw and db_part into db.
 
 }  // namespace
 
