@@ -23,8 +23,7 @@ HPM_CUDA_ATTENTION=wmma, the WMMA attention kernels instead of the register-tile
 HPM_CUDA_ATTENTION=mma16, those with one 16-row query tile a warp in the forward instead of two,
 HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones, or
 HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues, HPM_CUDA_LT_BIAS_GRAD=0,
-without its bias-gradient epilogue only, or HPM_CUDA_LAYER_NORM=rows, layer norm's register-held
-rows) and prints its rate beside
+without its bias-gradient epilogue only) and prints its rate beside
 the first; repeatable, one run per variable.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off
@@ -152,8 +151,17 @@ def median_run(runs, rate):
     middle), with every run's rate beside it; the last run (its error) when none did."""
     ok = sorted((r for r in runs if rate(r)), key=rate)
     if not ok:
-        return runs[-1]
+        return runs[-1] if runs else {}
     return {**ok[(len(ok) - 1) // 2], "rates": [rate(r) for r in runs]}
+
+
+def flops_per_token(size, h):
+    """nanoGPT's estimate (the peer's figure): 6 flops a parameter but the position embedding's,
+    and 12 L H Q T for attention; from hpm's report where no peer ran."""
+    s = SIZES[size]
+    if not h.get("parameters"):
+        return None
+    return 6 * (h["parameters"] - s["block"] * s["embd"]) + 12 * s["layers"] * s["embd"] * s["block"]
 
 
 def print_row(r, peak):
@@ -162,7 +170,7 @@ def print_row(r, peak):
     h, e, c = r["hpm"], r["eager"], r["compile"]
     ht = hpm_rate(h)
     et, ct = peer_rate(e), peer_rate(c)
-    fpt = e.get("flops_per_token") or c.get("flops_per_token")
+    fpt = e.get("flops_per_token") or c.get("flops_per_token") or flops_per_token(r["size"], h)
     fmt = lambda v, spec: format(v, spec) if v is not None else "n/a"
     ratio = lambda a, b: a / b if a and b else None
     mfu = lambda t: t * fpt / (peak * 1e12) if t and fpt else None
@@ -192,6 +200,8 @@ def main():
                    help="N: hpm, eager and torch.compile each run N times, interleaved; the "
                         "median of each is reported (run 7 and run 6 saw torch.compile's rate "
                         "move 30%% between calls)")
+    p.add_argument("--hpm-only", action="store_true",
+                   help="no peer runs (a quick profile of hpm alone: its rates, A/Bs, op tables)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="N > 1: hpm once more for N steps with --op-profile; tables printed last")
     args = p.parse_args()
@@ -208,8 +218,9 @@ def main():
         runs = {"hpm": [], "eager": [], "compile": []}
         for _ in range(max(1, args.repeats)):  # interleaved: a drift of the card's clocks is shared
             runs["hpm"].append(run_hpm(args, size))
-            runs["eager"].append(run_peer(args, size, False))
-            runs["compile"].append(run_peer(args, size, True))
+            if not args.hpm_only:
+                runs["eager"].append(run_peer(args, size, False))
+                runs["compile"].append(run_peer(args, size, True))
         r = {"size": size, "hpm": median_run(runs["hpm"], hpm_rate),
              "eager": median_run(runs["eager"], peer_rate),
              "compile": median_run(runs["compile"], peer_rate)}

@@ -85,9 +85,6 @@ HPM_CUDA_ATTENTION=wmma HPM_BACKEND_CASES=attention step tests_wmma 60 tests.log
 # bench's A/B of HPM_CUDA_LT_BIAS_GRAD=0 runs that path: its conformance cases first).
 HPM_CUDA_LT_BIAS_GRAD=0 HPM_BACKEND_CASES=linear_param_grads step tests_bias_grad 30 tests.log \
   test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
-# Layer norm's register-held rows (HPM_CUDA_LAYER_NORM=rows, the bench's other A/B): its cases.
-HPM_CUDA_LAYER_NORM=rows HPM_BACKEND_CASES=layer_norm step tests_ln_rows 30 tests.log \
-  test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
 # The fortunes GPT in f32 and bf16 on the GPU (its validation loss against the CPU's 2.0712);
 # the f32 run keeps a checkpoint that the CPU evaluates and the GPU samples from.
 step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
@@ -116,10 +113,7 @@ step peer_bf16 120 train.log python3 "$W/peers/torch_gpt.py" --device cuda --pre
 # The sanitizers next (about 30 s), before the bench, which takes what is left of the deadline.
 step memcheck 120 sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 \
   test_cuda --gtest_filter='CudaOps.*:CudaTraining.*:-*OutOfMemory*' --gtest_brief=1
-# The A/B paths' cases under memcheck too (their kernels run in no default path).
-HPM_CUDA_LAYER_NORM=rows HPM_BACKEND_CASES=layer_norm step memcheck_ln_rows 40 sanitizer.log \
-  compute-sanitizer --tool memcheck --error-exitcode 9 test_cuda \
-  --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+# The A/B path's cases under memcheck too (its kernels run in no default path).
 HPM_CUDA_LT_BIAS_GRAD=0 HPM_BACKEND_CASES=linear_param_grads step memcheck_bias_grad 40 \
   sanitizer.log compute-sanitizer --tool memcheck --error-exitcode 9 test_cuda \
   --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
@@ -134,17 +128,20 @@ done
 # rows it finished, and issue 32's bars are GPT-2's and shakespeare's), each side's median of three runs
 # (torch.compile's rate moved 30% between runs 6 and 7); hpm again without cuBLASLt's
 # bias-gradient epilogue (HPM_CUDA_LT_BIAS_GRAD=0: the plain product and bias_grad.h's column
-# sums), and again with layer norm's register-held rows (HPM_CUDA_LAYER_NORM=rows); and a 30-step
+# sums); and a 30-step
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts
 # from. (Runs 6 and 7 measured all the bias epilogues off, HPM_CUDA_LT_EPILOGUES=0, at 1.28-1.51x
 # slower: no longer A/B'd.)
 step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-gpt2,shakespeare,fortunes}" --steps 100 \
-  --repeats "${GPU_BENCH_REPEATS:-3}" "${ab_attention[@]}" --ab-env HPM_CUDA_LT_BIAS_GRAD=0 \
-  --ab-env HPM_CUDA_LAYER_NORM=rows \
+  --repeats "${GPU_BENCH_REPEATS:-3}" ${GPU_BENCH_HPM_ONLY:+--hpm-only} "${ab_attention[@]}" --ab-env HPM_CUDA_LT_BIAS_GRAD=0 \
   --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
+# PyTorch eager's time for each op of the same steps (the op profile's rows), GPT-2 small's and
+# shakespeare's: which of hpm's ops lag what the card does for those shapes.
+step torch_ops 90 bench.log python3 bench/gpu_torch_ops.py --sizes gpt2,shakespeare
+sed -n '/^gpt2: PyTorch eager/,/^sum/p' "$OUT/bench.log" >>"$S"
 # Kernel by kernel on the card (ncu, one cheap metric: each kernel's duration), a step and a half
 # of the shakespeare model in bf16 after three steps of warm-up; summed per kernel name, largest
 # first, into bench.log (the device brings back 8 files).

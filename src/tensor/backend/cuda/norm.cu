@@ -1,17 +1,16 @@
 // Layer norm over the trailing `normalized` elements of each row: norm.cpp's formulas (two passes,
 // mean then the centred variance, summed in double; the backward's row sums in double too).
 //
-// A team of threads shares each row: a warp when the row is short (<= 1024 elements), else a
-// block. The backward's weight and bias gradients are column sums over all rows; they run in two
-// deterministic stages instead of atomics: each block column sums a fixed span of rows into its
-// own slot, then a block per 32 columns adds the slots in an order fixed by the shape
-// (span_sums_kernels.cuh), so the result is the same run to run.
+// A team of threads shares each row: a warp, the row held in its registers, when the row is short
+// (<= 1024 elements), else a block. The backward's weight and bias gradients are column sums over
+// all rows; they run in two deterministic stages instead of atomics: each block column sums a
+// fixed span of rows into its own slot (for warp rows, in the same pass as dx), then a block per
+// 32 columns adds the slots in an order fixed by the shape (span_sums_kernels.cuh), so the result
+// is the same run to run.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -24,20 +23,6 @@
 namespace hpm::cuda {
 
 namespace {
-
-// HPM_CUDA_LAYER_NORM=rows: rows of up to kWarpRowMax by the register-held kernels
-// (norm_kernels.cuh's *_rows_kernel); unset or "passes", by the three-pass warp kernels run 6
-// measured. Until a run has measured the first against the second.
-bool rows_kernels() {
-  static const bool rows = [] {
-    const char* v = std::getenv("HPM_CUDA_LAYER_NORM");
-    if (v == nullptr || std::strcmp(v, "passes") == 0) return false;
-    if (std::strcmp(v, "rows") == 0) return true;
-    throw std::invalid_argument(
-        std::string("HPM_CUDA_LAYER_NORM: expected \"rows\" or \"passes\", got \"") + v + "\"");
-  }();
-  return rows;
-}
 
 // weight / bias: optional, F32 with one value per normalized element (the CPU reads them so
 // without checking; here a wrong size is an error rather than a stray read).
@@ -90,7 +75,7 @@ Tensor run_layer_norm_forward(const Tensor& x, std::int64_t normalized, const Te
   }
   if (rows == 0) return y;
   cudaStream_t stream = current_stream();
-  if (normalized <= kWarpRowMax && rows_kernels()) {
+  if (normalized <= kWarpRowMax) {
     with_row_slots(normalized, [&](auto slots, auto full) {
       layer_norm_forward_rows_kernel<Out, decltype(slots)::value, decltype(full)::value>
           <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
@@ -98,12 +83,6 @@ Tensor run_layer_norm_forward(const Tensor& x, std::int64_t normalized, const Te
               ptr<float>(save_rstd), rows, normalized, eps);
     });
     HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_rows_kernel");
-  } else if (normalized <= kWarpRowMax) {
-    layer_norm_forward_kernel<true, Out>
-        <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-            ptr<float>(x), px2, psum, pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean),
-            ptr<float>(save_rstd), rows, normalized, eps);
-    HPM_CUDA_LAUNCH_CHECK("layer_norm_forward_kernel (warp)");
   } else {
     layer_norm_forward_kernel<false, Out><<<grid_for(rows), kBlock, 0, stream>>>(
         ptr<float>(x), px2, psum, pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean),
@@ -137,7 +116,9 @@ Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_
 
 namespace {
 
-// layer_norm_backward's launches, x's elements X (float, or bf16 bits).
+// layer_norm_backward's launches, x's elements X (float, or bf16 bits): rows of up to
+// kWarpRowMax by layer_norm_backward_rows_kernel, dx and the column partials in one pass; longer
+// rows by a block a row, then the column partials' own kernel. Then the partials' sums.
 template <typename X>
 void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                              const float* pw, const Tensor& save_mean, const Tensor& save_rstd,
@@ -148,28 +129,14 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
   const float* pm = ptr<float>(save_mean);
   const float* pr = ptr<float>(save_rstd);
   cudaStream_t stream = current_stream();
+  float* pdx = nullptr;
+  const bool accumulate = grad_x != nullptr && grad_x->defined();
   if (grad_x != nullptr) {
-    const bool accumulate = grad_x->defined();
     if (!accumulate) *grad_x = Tensor::empty(x.shape(), DType::F32);
-    if (rows > 0 && normalized <= kWarpRowMax && rows_kernels()) {
-      with_row_slots(normalized, [&](auto slots, auto full) {
-        layer_norm_backward_rows_kernel<X, decltype(slots)::value, decltype(full)::value>
-            <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-                pg, px, pw, pm, pr, ptr<float>(*grad_x), accumulate, rows, normalized);
-      });
-      HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_rows_kernel");
-    } else if (rows > 0 && normalized <= kWarpRowMax) {
-      layer_norm_backward_kernel<true, X>
-          <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-              pg, px, pw, pm, pr, ptr<float>(*grad_x), accumulate, rows, normalized);
-      HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (warp)");
-    } else if (rows > 0) {
-      layer_norm_backward_kernel<false, X><<<grid_for(rows), kBlock, 0, stream>>>(
-          pg, px, pw, pm, pr, ptr<float>(*grad_x), accumulate, rows, normalized);
-      HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (block)");
-    }
+    pdx = ptr<float>(*grad_x);
   }
-  if (grad_weight == nullptr && grad_bias == nullptr) return;
+  const bool sums = grad_weight != nullptr || grad_bias != nullptr;
+  if (pdx == nullptr && !sums) return;
   float* pdw = nullptr;
   float* pdb = nullptr;
   if (grad_weight != nullptr) {
@@ -180,21 +147,44 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
     *grad_bias = Tensor::empty({normalized}, DType::F32);
     pdb = ptr<float>(*grad_bias);
   }
-  // Spans of at least kSpanRows rows, few enough for gridDim.y; none when there are no rows (the
-  // sums kernel then writes zeros).
-  const std::int64_t span_rows = std::max(kSpanRows, (rows + kMaxSpans - 1) / kMaxSpans);
+  const bool warp_rows = normalized <= kWarpRowMax;
+  // Spans of rows, a slot of partial sums each (none when there are no rows: the sums kernel
+  // then writes zeros).
+  const std::int64_t span_rows = warp_rows
+                                     ? layer_norm_span_rows(rows)
+                                     : std::max(kSpanRows, (rows + kMaxSpans - 1) / kMaxSpans);
   const std::int64_t spans = (rows + span_rows - 1) / span_rows;
-  Tensor dw_part = Tensor::empty({std::max<std::int64_t>(spans, 1) * normalized}, DType::F64);
-  Tensor db_part = Tensor::empty({std::max<std::int64_t>(spans, 1) * normalized}, DType::F64);
-  if (spans > 0) {
-    const dim3 grid(static_cast<unsigned>((normalized + kBlock - 1) / kBlock),
-                    static_cast<unsigned>(spans));
-    layer_norm_column_partials_kernel<X><<<grid, kBlock, 0, stream>>>(
-        pg, px, pm, pr, ptr<double>(dw_part), ptr<double>(db_part), rows, normalized, span_rows);
-    HPM_CUDA_LAUNCH_CHECK("layer_norm_column_partials_kernel");
+  Tensor dw_part, db_part;
+  if (sums) {
+    dw_part = Tensor::empty({std::max<std::int64_t>(spans, 1) * normalized}, DType::F64);
+    db_part = Tensor::empty({std::max<std::int64_t>(spans, 1) * normalized}, DType::F64);
   }
+  double* pdw_part = sums ? ptr<double>(dw_part) : nullptr;
+  double* pdb_part = sums ? ptr<double>(db_part) : nullptr;
+  if (rows > 0 && warp_rows) {
+    with_row_slots(normalized, [&](auto slots, auto full) {
+      layer_norm_backward_rows_kernel<X, decltype(slots)::value, decltype(full)::value>
+          <<<grid_for(spans), kBlock, 0, stream>>>(pg, px, pw, pm, pr, pdx, accumulate, pdw_part,
+                                                   pdb_part, rows, normalized, span_rows);
+    });
+    HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_rows_kernel");
+  } else if (rows > 0) {
+    if (pdx != nullptr) {
+      layer_norm_backward_kernel<false, X><<<grid_for(rows), kBlock, 0, stream>>>(
+          pg, px, pw, pm, pr, pdx, accumulate, rows, normalized);
+      HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (block)");
+    }
+    if (sums) {
+      const dim3 grid(static_cast<unsigned>((normalized + kBlock - 1) / kBlock),
+                      static_cast<unsigned>(spans));
+      layer_norm_column_partials_kernel<X><<<grid, kBlock, 0, stream>>>(
+          pg, px, pm, pr, pdw_part, pdb_part, rows, normalized, span_rows);
+      HPM_CUDA_LAUNCH_CHECK("layer_norm_column_partials_kernel");
+    }
+  }
+  if (!sums) return;
   span_sums_kernel<<<grid_for((normalized + 31) / 32), kSpanSumThreads, 0, stream>>>(
-      ptr<double>(dw_part), pdw, ptr<double>(db_part), pdb, spans, normalized);
+      pdw_part, pdw, pdb_part, pdb, spans, normalized);
   HPM_CUDA_LAUNCH_CHECK("span_sums_kernel");
 }
 

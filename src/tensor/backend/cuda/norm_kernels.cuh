@@ -18,6 +18,16 @@ constexpr std::int64_t kWarpRowMax = 1024;
 constexpr std::int64_t kSpanRows = 64;     // rows one slot of the column sums covers (at least)
 constexpr std::int64_t kMaxSpans = 65535;  // gridDim.y's limit
 
+// The rows of one span of layer_norm_backward_rows_kernel (a block's; its slot of the column
+// sums): about 512 spans (8 to 64 rows each: GPT-2 small's 16384 rows in 512 blocks of 32), so
+// that a mid-sized batch still fills the card; more when there are more than kMaxSpans * 64 rows.
+inline std::int64_t layer_norm_span_rows(std::int64_t rows) {
+  const std::int64_t even = (rows + 511) / 512;
+  const std::int64_t fill = even < 8 ? 8 : (even > 64 ? 64 : even);
+  const std::int64_t least = (rows + kMaxSpans - 1) / kMaxSpans;
+  return fill > least ? fill : least;
+}
+
 // The warp rows' register slots a lane (the *_rows_kernels below): the fewest of 4, 8, 12, 16,
 // 24 and 32 that hold a row of n <= kWarpRowMax (12: 384 wide, 24: 768), and whether the row
 // fills them (then every slot's address is the lane's plus a constant: no address registers, no
@@ -123,7 +133,9 @@ struct RowSlots {
 // 0 and is masked after), and the operands' presence is tested outside the unrolled loops: run 7
 // measured a first version, whose loads sat behind a branch each, at twice the three-pass
 // kernel's time. The same sums in the same order as that kernel: the same results bit for bit.
-// Behind HPM_CUDA_LAYER_NORM=rows until a run measures it (norm.cu).
+// Run 9 measured the rows kernels 2% (GPT-2 small) and 5% (shakespeare) faster a step than the
+// three-pass ones with the separate column partials; they are norm.cu's for rows of up to
+// kWarpRowMax.
 template <typename Out, int kPer, bool kFull>
 __global__ void layer_norm_forward_rows_kernel(const float* __restrict__ x,
                                                const float* __restrict__ x2,
@@ -184,51 +196,88 @@ __global__ void layer_norm_forward_rows_kernel(const float* __restrict__ x,
 }
 
 // layer_norm_backward_kernel's warp rows with the row's xhat and g w held in registers, loaded as
-// layer_norm_forward_rows_kernel loads: one read of g, x and w instead of two, the same sums in
-// the same order.
+// layer_norm_forward_rows_kernel loads (the same row sums in the same order), and stage 1 of the
+// weight and bias gradients fused in: block b takes span b of layer_norm_span_rows rows (its
+// warps rows r0 + warp, r0 + warp + 8, ...), each lane adds g xhat and g of its columns over its
+// rows in f32, and the block adds its warps' sums in warp order, in double, into the span's slot
+// of dw_part and db_part (null: no weight gradients). One read of g and x for dx, dw and db, where
+// the three-pass kernels and the separate column partials read them three times. dx null: the
+// weight gradients only.
 template <typename X, int kPer, bool kFull>
 __global__ void layer_norm_backward_rows_kernel(
     const float* __restrict__ g, const X* __restrict__ x, const float* __restrict__ w,
     const float* __restrict__ mean, const float* __restrict__ rstd, float* __restrict__ dx,
-    bool accumulate, std::int64_t rows, std::int64_t n) {
-  const Team<true> team;
+    bool accumulate, double* __restrict__ dw_part, double* __restrict__ db_part, std::int64_t rows,
+    std::int64_t n, std::int64_t span_rows) {
+  __shared__ double span_w[kWarpRowMax], span_b[kWarpRowMax];
+  const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const int warps = static_cast<int>(blockDim.x) >> 5;
   const double inv_n = 1.0 / static_cast<double>(n);
-  const RowSlots<kFull> slots{team.rank, n};
-  for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
-    const float* gr = g + r * n;
-    const X* xr = x + r * n;
-    float* dr = dx + r * n;
-    const float mu = mean[r], rs = rstd[r];
-    float xhat[kPer], dxhat[kPer], prior[kPer];
+  const RowSlots<kFull> slots{lane, n};
+  const std::int64_t spans = (rows + span_rows - 1) / span_rows;
+  for (std::int64_t span = blockIdx.x; span < spans; span += gridDim.x) {
+    const std::int64_t r0 = span * span_rows;
+    const std::int64_t r1 = r0 + span_rows < rows ? r0 + span_rows : rows;
+    float dw[kPer] = {}, db[kPer] = {};
+    for (std::int64_t r = r0 + warp; r < r1; r += warps) {
+      const float* gr = g + r * n;
+      const X* xr = x + r * n;
+      const float mu = mean[r], rs = rstd[r];
+      float xhat[kPer], dxhat[kPer];
 #pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      xhat[i] = (as_f32(xr[slots.col(i)]) - mu) * rs;
-      dxhat[i] = gr[slots.col(i)];
+      for (int i = 0; i < kPer; ++i) {
+        xhat[i] = (as_f32(xr[slots.col(i)]) - mu) * rs;
+        dxhat[i] = gr[slots.col(i)];
+      }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {  // a slot past the row adds column 0's, never written
+        dw[i] += dxhat[i] * xhat[i];
+        db[i] += dxhat[i];
+      }
+      if (dx == nullptr) continue;
+      if (w != nullptr) {
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) dxhat[i] *= w[slots.col(i)];
+      }
+      double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        if (!slots.in_row(i)) continue;
+        sum_dxhat += dxhat[i];
+        sum_dxhat_xhat += static_cast<double>(dxhat[i]) * xhat[i];
+      }
+      sum_dxhat = warp_reduce(sum_dxhat, SumOp{});
+      sum_dxhat_xhat = warp_reduce(sum_dxhat_xhat, SumOp{});
+      const auto a = static_cast<float>(sum_dxhat * inv_n);
+      const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
+      float* dr = dx + r * n;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        if (!slots.in_row(i)) continue;
+        const int k = lane + 32 * i;
+        const float d = rs * (dxhat[i] - a - xhat[i] * c);
+        // __fadd_rn: never contracted with the product above (layer_norm_backward_kernel's).
+        dr[k] = accumulate ? __fadd_rn(dr[k], d) : d;
+      }
     }
-    if (w != nullptr) {
+    if (dw_part == nullptr) continue;  // the same for every thread of the block
+    for (int v = 0; v < warps; ++v) {
+      if (warp == v) {
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) dxhat[i] *= w[slots.col(i)];
+        for (int i = 0; i < kPer; ++i) {
+          if (!slots.in_row(i)) continue;
+          const int k = lane + 32 * i;
+          span_w[k] = (v == 0 ? 0.0 : span_w[k]) + static_cast<double>(dw[i]);
+          span_b[k] = (v == 0 ? 0.0 : span_b[k]) + static_cast<double>(db[i]);
+        }
+      }
+      __syncthreads();
     }
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) prior[i] = accumulate ? dr[slots.col(i)] : 0.0f;
-    double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      if (!slots.in_row(i)) continue;
-      sum_dxhat += dxhat[i];
-      sum_dxhat_xhat += static_cast<double>(dxhat[i]) * xhat[i];
+    for (std::int64_t k = threadIdx.x; k < n; k += blockDim.x) {
+      dw_part[span * n + k] = span_w[k];
+      db_part[span * n + k] = span_b[k];
     }
-    sum_dxhat = team.sum(sum_dxhat);
-    sum_dxhat_xhat = team.sum(sum_dxhat_xhat);
-    const auto a = static_cast<float>(sum_dxhat * inv_n);
-    const auto c = static_cast<float>(sum_dxhat_xhat * inv_n);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      if (!slots.in_row(i)) continue;
-      const int k = team.rank + 32 * i;
-      const float d = rs * (dxhat[i] - a - xhat[i] * c);
-      dr[k] = accumulate ? __fadd_rn(prior[i], d) : d;  // never contracted (the kernel below)
-    }
+    __syncthreads();  // the next span rewrites span_w and span_b
   }
 }
 
