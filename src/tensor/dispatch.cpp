@@ -119,6 +119,7 @@ const char* op_name(Op op) {
       "running_stats_update_",
       "squared_norm",
       "dropout_mask",
+      "to_bf16_many",
   };
   return names[static_cast<int>(op)];
 }
@@ -275,6 +276,11 @@ bool native_bf16() { return hpm::backend(Device::current().id().type).native_bf1
 Tensor to_bf16(const Tensor& x) {
   OpScope scope(Op::kToBf16, {&x});
   return scope.backend().to_bf16(x);
+}
+
+std::vector<Tensor> to_bf16_many(const std::vector<Tensor>& xs) {
+  OpScope scope(Op::kToBf16Many, xs);
+  return scope.backend().to_bf16_many(xs);
 }
 
 Tensor to_f32(const Tensor& x) {

@@ -47,6 +47,52 @@ TEST(WeightCast, AParameterIsConvertedOnceAScope) {
   EXPECT_NE(bf16_parameter(w).raw_data(), updated.raw_data());
 }
 
+// A scope converts at its first request every parameter that the last scope beginning with the
+// same parameter asked for, in one to_bf16_many, from their values now (after the optimizer's
+// update between the scopes); a scope beginning with another parameter, or a parameter not asked
+// for since, is not converted ahead; a freed parameter is skipped.
+TEST(WeightCast, TheNextScopeConvertsTheLastOnesParametersInOneGo) {
+  Generator gen(5);
+  const auto parameter = [&](std::int64_t n) {
+    Tensor t = Tensor::randn({n}, gen);
+    t.set_requires_grad(true);
+    return t;
+  };
+  Tensor a = parameter(5), b = parameter(7), c = parameter(3);
+  std::optional<Tensor> d = parameter(9);
+  const auto count = [](Op op) { return dispatch_count(DeviceType::kCpu, op); };
+  {
+    const WeightCastScope step;
+    for (const Tensor* w : {&a, &b, &c, &*d}) bf16_parameter(*w);
+  }
+  b.data<float>()[2] += 1.0f;  // the update between the steps
+  d.reset();                   // a parameter freed (its model's layer dropped)
+  {
+    const WeightCastScope step;
+    const auto many = count(Op::kToBf16Many), one = count(Op::kToBf16);
+    const Tensor ab = bf16_parameter(a), bb = bf16_parameter(b);
+    bf16_parameter(a);  // c not asked for this time
+    EXPECT_EQ(count(Op::kToBf16Many) - many, 1u);
+    EXPECT_EQ(count(Op::kToBf16) - one, 0u) << "nothing converted one by one";
+    expect_same_bits(ab, kernels::to_bf16(a), "a, converted ahead");
+    expect_same_bits(bb, kernels::to_bf16(b), "b's updated values");
+  }
+  {
+    const WeightCastScope other;  // begins with another parameter: nothing ahead
+    const auto many = count(Op::kToBf16Many);
+    bf16_parameter(c);
+    EXPECT_EQ(count(Op::kToBf16Many) - many, 0u);
+  }
+  {
+    const WeightCastScope step;  // a's last scope asked for a and b only
+    const auto one = count(Op::kToBf16);
+    bf16_parameter(a);
+    bf16_parameter(b);
+    bf16_parameter(c);
+    EXPECT_EQ(count(Op::kToBf16) - one, 1u) << "c, converted at its use";
+  }
+}
+
 // Under bf16 autocast a GPT-like layer's products convert each weight once per scope, forward
 // and backward together: the step's conversions of F32 tensors drop by one per weight, and the
 // gradients are the same bits.

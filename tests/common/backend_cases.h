@@ -70,6 +70,15 @@ inline std::vector<Case> cases() {
   c.push_back({"to_bf16", Op::kToBf16, [](Generator& g, const To& to) {
                  return Outputs{kernels::to_bf16(to(randn(g, {33})))};
                }});
+  // More tensors than one launch takes (64), an empty one, one of several chunks (8192), odd
+  // lengths (the scalar tails), a view 4 bytes in (not 16-byte aligned), one already BF16.
+  c.push_back({"to_bf16_many", Op::kToBf16Many, [](Generator& g, const To& to) {
+                 std::vector<Tensor> xs{to(randn(g, {20011})), to(randn(g, {0})),
+                                        to(randn(g, {9, 7})).narrow(1, 5),
+                                        to(kernels::to_bf16(randn(g, {5})))};
+                 for (int i = 0; i < 70; ++i) xs.push_back(to(randn(g, {1 + (i * 37) % 300})));
+                 return Outputs{kernels::to_bf16_many(xs)};
+               }});
   c.push_back({"to_f32", Op::kToF32, [](Generator& g, const To& to) {
                  return Outputs{kernels::to_f32(to(kernels::to_bf16(randn(g, {33}))))};
                }});

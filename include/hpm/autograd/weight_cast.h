@@ -4,7 +4,10 @@
 // (its backward's product, a tied weight's other use, the next micro-batch, a recomputation)
 // takes the same tensor, as torch.autocast's cast cache does. Outside a scope each use converts.
 // The copies live until the scope ends: a step holds its parameters' bf16 bytes (half their f32
-// bytes) from its first product to its end.
+// bytes) from its first product to its end. At a scope's first request, every parameter that the
+// last scope beginning with the same parameter asked for is converted at once (to_bf16_many: one
+// launch on a GPU, where a GPT-2 small step made 73), so a parameter must not change from the
+// scope's first product on (the optimizer's step comes after the scope, as before).
 #pragma once
 #include "hpm/tensor/tensor.h"
 

@@ -101,8 +101,9 @@ enum class Op : int {
   kRunningStatsUpdate,
   kSquaredNorm,
   kDropoutMask,
+  kToBf16Many,
 };
-inline constexpr int kOps = 77;
+inline constexpr int kOps = 78;
 const char* op_name(Op op);
 
 class Backend {
@@ -132,6 +133,13 @@ class Backend {
 
   // -- ops (kernels.h documents each) -----------------------------------------------------
   virtual Tensor to_bf16(const Tensor& x) = 0;
+  // to_bf16 of each (a device may convert them all in one launch); here, one to_bf16 each.
+  virtual std::vector<Tensor> to_bf16_many(const std::vector<Tensor>& xs) {
+    std::vector<Tensor> ys;
+    ys.reserve(xs.size());
+    for (const Tensor& x : xs) ys.push_back(to_bf16(x));
+    return ys;
+  }
   virtual Tensor to_f32(const Tensor& x) = 0;
   virtual Tensor to_f16(const Tensor& x) = 0;
   virtual void fill_(Tensor& x, float value) = 0;

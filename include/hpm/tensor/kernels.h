@@ -22,6 +22,8 @@ namespace hpm::kernels {
 // F32 -> BF16 rounding to nearest even (NaN stays NaN), and back (exact). Identity on a tensor
 // already of the target dtype.
 Tensor to_bf16(const Tensor& x);
+// to_bf16 of each tensor, all on one device: in one launch on a GPU (autocast's weight copies).
+std::vector<Tensor> to_bf16_many(const std::vector<Tensor>& xs);
 // To f32 from BF16, F16 or F64 (exact from the 16-bit types; F64 rounds to nearest); F32 as is.
 Tensor to_f32(const Tensor& x);
 // To IEEE half from any floating type: round to nearest even, overflow to infinity.

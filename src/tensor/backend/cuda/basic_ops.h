@@ -17,6 +17,7 @@ using kernels::UnaryOp;
 
 // ---- conversions and element-wise maps (elementwise.cu) -------------------------------------
 Tensor to_bf16(const Tensor& x);
+std::vector<Tensor> to_bf16_many(const std::vector<Tensor>& xs);
 Tensor to_f32(const Tensor& x);
 Tensor to_f16(const Tensor& x);
 void fill_(Tensor& x, float value);

@@ -46,6 +46,9 @@ class CudaBackend final : public Backend {
 
   // -- conversions, products, element-wise -------------------------------------------------
   Tensor to_bf16(const Tensor& x) override { return cuda::to_bf16(x); }
+  std::vector<Tensor> to_bf16_many(const std::vector<Tensor>& xs) override {
+    return cuda::to_bf16_many(xs);
+  }
   Tensor to_f32(const Tensor& x) override { return cuda::to_f32(x); }
   Tensor to_f16(const Tensor& x) override { return cuda::to_f16(x); }
   void fill_(Tensor& x, float value) override { cuda::fill_(x, value); }

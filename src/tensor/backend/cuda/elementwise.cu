@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "tensor/backend/cuda/basic_ops.h"
+#include "tensor/backend/cuda/cast_many_kernels.cuh"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/runtime.h"
 #include "tensor/backend/cuda/unary_kernels.cuh"
@@ -356,6 +357,27 @@ Tensor to_bf16(const Tensor& x) {
   launch("to_bf16", (x.numel() + 7) / 8, f32_to_bf16_kernel, ptr<const float>(x),
          ptr<std::uint16_t>(y), x.numel());
   return y;
+}
+
+std::vector<Tensor> to_bf16_many(const std::vector<Tensor>& xs) {
+  std::vector<Tensor> ys;
+  ys.reserve(xs.size());
+  CastPacker packer;
+  const auto launch_list = [](const CastList& l, unsigned blocks) {
+    f32_to_bf16_many_kernel<<<blocks, kThreads, 0, current_stream()>>>(l);
+    HPM_CUDA_LAUNCH_CHECK("f32_to_bf16_many_kernel");
+  };
+  for (const Tensor& x : xs) {
+    if (x.dtype() == DType::BF16) {  // as to_bf16: itself
+      ys.push_back(x);
+      continue;
+    }
+    require_dtype(x, DType::F32);
+    ys.push_back(Tensor::empty(x.shape(), DType::BF16, x.device()));
+    packer.add(ptr<const float>(x), ptr<std::uint16_t>(ys.back()), x.numel(), launch_list);
+  }
+  packer.flush(launch_list);
+  return ys;
 }
 
 Tensor to_f32(const Tensor& x) {
