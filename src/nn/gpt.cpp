@@ -94,6 +94,8 @@ Tensor TransformerBlock::mlp(const Tensor& x, Tensor attended) {
   Tensor h;
   Tensor f = fc->forward_after_sum(*ln2, x, drop_->forward(attended), h, DType::BF16);
   attended = Tensor();
+  // Without dropout, the residual h added by the out product itself (no pass over h and m).
+  if (!drop_->is_training() || drop_->p() == 0.0f) return out->forward_after_gelu(f, h);
   Tensor m = out->forward_after_gelu(f);
   f = Tensor();
   return add(h, drop_->forward(m));

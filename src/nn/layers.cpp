@@ -53,9 +53,14 @@ Tensor Linear::forward(const Tensor& x) {
   return over_rows(x, in_, out_, [this](const Tensor& rows) { return linear(rows, weight, bias); });
 }
 
-Tensor Linear::forward_after_gelu(const Tensor& x) {
-  return over_rows(x, in_, out_,
-                   [this](const Tensor& rows) { return gelu_linear(rows, weight, bias); });
+Tensor Linear::forward_after_gelu(const Tensor& x, const Tensor& residual) {
+  if (residual.defined() &&
+      (x.dim() < 2 || x.size(-1) != in_ || residual.numel() != x.numel() / in_ * out_))
+    return add(residual, forward_after_gelu(x));  // forward_after_gelu reports a wrong x
+  return over_rows(x, in_, out_, [&](const Tensor& rows) {
+    return gelu_linear(rows, weight, bias,
+                       residual.defined() ? reshape(residual, {rows.size(0), out_}) : Tensor());
+  });
 }
 
 Tensor Linear::forward_after_attention(const Tensor& qkv, std::int64_t heads) {

@@ -328,10 +328,20 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return scope.backend().bmm(a, b, trans_a, trans_b);
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out) {
-  OpScope scope(Op::kLinear, {&x, &w, &bias});
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out,
+              const Tensor& residual) {
+  OpScope scope(Op::kLinear, {&x, &w, &bias, &residual});
   check_product_out("linear", x, w, out);
-  return scope.backend().linear(x, w, bias, out);
+  if (residual.defined()) {
+    if (out != DType::F32 || residual.dtype() != DType::F32 || x.dim() != 2 || w.dim() != 2 ||
+        residual.shape() != Shape{x.size(0), w.size(0)}) {
+      throw std::invalid_argument("linear: a residual needs F32 (" + std::to_string(x.size(0)) +
+                                  ", " + std::to_string(w.dim() == 2 ? w.size(0) : -1) +
+                                  ") beside an F32 output, got " + dtype_name(residual.dtype()) +
+                                  " " + residual.shape().str());
+    }
+  }
+  return scope.backend().linear(x, w, bias, out, residual);
 }
 
 Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate) {

@@ -126,6 +126,33 @@ TEST(GeluLinear, EqualsTheCompositionBitForBit) {
   }
 }
 
+// With a residual, gelu_linear is add(residual, linear(gelu(x))) bit for bit, values and the four
+// gradients, in f32 and under bf16 autocast, where the product adds the residual (no add op).
+TEST(GeluLinear, WithAResidualEqualsTheSumBitForBit) {
+  const FusionsOn fusions;
+  for (const autograd::Precision precision : precisions_here()) {
+    SCOPED_TRACE(autograd::precision_name(precision));
+    Generator gen(6);
+    const Tensor x0 = Tensor::randn({9, 16}, gen), w0 = Tensor::randn({6, 16}, gen);
+    const Tensor b0 = Tensor::randn({6}, gen), h0 = Tensor::randn({9, 6}, gen);
+    const Tensor r = Tensor::randn({9, 6}, gen);
+    std::vector<Tensor> results[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      Tensor x = x0.clone(), w = w0.clone(), b = b0.clone(), h = h0.clone();
+      for (Tensor* t : {&x, &w, &b, &h}) t->set_requires_grad(true);
+      autograd::AutocastScope scope(precision);
+      const auto adds = dispatch_count(DeviceType::kCpu, Op::kBinary);
+      const Tensor y = fused ? gelu_linear(x, w, b, h) : add(h, gelu_linear(x, w, b));
+      if (fused && precision == autograd::Precision::BF16) {
+        EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kBinary) - adds, 0u) << "an add op ran";
+      }
+      sum(mul(y, r)).backward();
+      results[fused] = {y, x.grad(), w.grad(), b.grad(), h.grad()};
+    }
+    expect_same_bits(results[1], results[0], {"output", "dx", "dW", "db", "dresidual"});
+  }
+}
+
 // layer_norm_linear is linear(layer_norm(x)) bit for bit, values and all five gradients, in f32
 // and under bf16 autocast, where its forward reads x once (one layer_norm_forward_bf16, no
 // layer_norm_forward, only the weight rounded by to_bf16).

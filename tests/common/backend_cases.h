@@ -151,6 +151,21 @@ inline std::vector<Case> cases() {
                  return Outputs{kernels::linear(to(x), to(w), to(randn(g, {384})))};
                },
                bf16_tolerance});
+  // A residual added by the product (cuBLASLt's C on a GPU): f32 and bf16 operands, with a bias
+  // (the fused path) and without (the product, then the sum).
+  c.push_back({"linear with a residual", Op::kLinear,
+               [](Generator& g, const To& to) {
+                 const Tensor x = randn(g, {192, 128}), w = randn(g, {384, 128});
+                 const Tensor b = randn(g, {384}), r = randn(g, {192, 384});
+                 const Tensor xb = kernels::to_bf16(x), wb = kernels::to_bf16(w);
+                 return Outputs{
+                     kernels::linear(to(xb), to(wb), to(b), DType::F32, to(r)),
+                     kernels::linear(to(x), to(w), to(b), DType::F32, to(r)),
+                     kernels::linear(to(xb), to(wb), Tensor(), DType::F32, to(r)),
+                     kernels::linear(to(randn(g, {7, 13})), to(randn(g, {5, 13})),
+                                     to(randn(g, {5})), DType::F32, to(randn(g, {7, 5})))};
+               },
+               bf16_tolerance});
   // Products writing bf16 (the f32 result rounded as written): with and without a bias, and an
   // odd shape (no 16-byte multiple: cuBLASLt's epilogue may decline it, then the composition).
   c.push_back({"linear and matmul to bf16", Op::kLinear,

@@ -69,7 +69,10 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);  // x W^T + b
 // linear(gelu(x), weight, bias) (exact GELU; x 2-D): the same values and gradients; under bf16
 // autocast one pass over x makes the product's bf16 operand, where the composition makes three.
-Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// With `residual` (F32, the output's shape), add(residual, linear(gelu(x), weight, bias)): a
+// transformer MLP's residual connection, added by the product under bf16 autocast (no pass).
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const Tensor& residual = Tensor());
 // linear(layer_norm(x over its last dimension, ln_weight, ln_bias, eps), weight, bias) (x 2-D):
 // likewise, the norm writing the product's bf16 operand under bf16 autocast. There, out BF16 has
 // the product write its output rounded to bf16 (for gelu_linear, which then keeps it as GELU's

@@ -19,7 +19,8 @@ class Linear : public Module {
          Generator& gen = default_generator());
   Tensor forward(const Tensor& x) override;
   // forward(gelu(x)), the GELU fused into the product's operand (autograd's gelu_linear).
-  Tensor forward_after_gelu(const Tensor& x);
+  // With `residual` (the output's shape), residual + forward(gelu(x)), the sum made by the product.
+  Tensor forward_after_gelu(const Tensor& x, const Tensor& residual = Tensor());
   // forward(ln.forward(x)), the norm fused likewise (layer_norm_linear) when it normalizes the
   // last dimension alone; out BF16: under bf16 autocast's fusions the output rounded to bf16 as
   // the product writes it, for a fused op that reads it so (forward_after_gelu,
@@ -139,6 +140,7 @@ class Dropout : public Module {
   }
   std::string type_name() const override { return "Dropout"; }
   std::string extra_repr() const override;
+  float p() const { return p_; }
 
  private:
   float p_;

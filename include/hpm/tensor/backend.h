@@ -148,7 +148,8 @@ class Backend {
   virtual void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a,
                            bool trans_b) = 0;
   virtual Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) = 0;
-  virtual Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out) = 0;
+  virtual Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out,
+                        const Tensor& residual) = 0;
   virtual Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,
                                      bool accumulate) = 0;
   virtual Tensor binary(BinaryOp op, const Tensor& a, const Tensor& b) = 0;

@@ -47,8 +47,11 @@ void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a = fal
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
 // y(N,OUT) = x(N,IN) w(OUT,IN)^T + bias(OUT); bias (F32) may be undefined; x and w both F32 or
 // both BF16 (then y is F32, or with out BF16 the F32 values, bias added, rounded to bf16 as the
-// product writes them).
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out = DType::F32);
+// product writes them). With `residual` (F32, N x OUT; out F32), y = residual + x w^T + bias: a
+// residual connection's add made by the product (on a GPU, cuBLASLt's C operand: no pass of its
+// own).
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out = DType::F32,
+              const Tensor& residual = Tensor());
 // A Linear's parameter gradients from its output's gradient g(N,OUT) and input x(N,IN), both F32
 // or both BF16: dw (F32, OUT x IN) = g^T x, added to dw's contents when `accumulate`; returns db
 // (F32, OUT), g's rows summed (in f32, from g as given: a BF16 g's rounded values). One product

@@ -36,20 +36,25 @@ bool bf16_product_output(const Tensor& x, const char* op) {
 
 }  // namespace
 
-Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const Tensor& residual) {
   const bool bf16_x = bf16_product_output(x, "gelu_linear");
+  const bool fused_residual = residual.defined() && residual.dtype() == DType::F32 &&
+                              residual.shape() == Shape{x.size(0), weight.size(0)};
+  if (residual.defined() && (!fused_residual || (!bf16_x && !fusing(x))))
+    return add(residual, gelu_linear(x, weight, bias));
   if (!bf16_x && !fusing(x)) return linear(gelu(x), weight, bias);
   // One pass over x makes the product's operand and the bf16 copy of x that GELU's backward
   // reads (what gelu() would keep under autocast): to_bf16 of GELU's output and of its input are
   // no passes of their own, and GELU's f32 output is never written. A BF16 x is its own copy.
   Tensor xb;
   const Tensor ab = kernels::unary_bf16(UnaryOp::Gelu, x, &xb);
-  Tensor y = kernels::linear(ab, bf16_parameter(weight), bias);
+  Tensor y = kernels::linear(ab, bf16_parameter(weight), bias, DType::F32, residual);
   // x's gradient in bf16 when it goes to a bf16 product's rule (in a GPT, the fc product's), which
   // would round it first thing: half the bytes written, and no rounding pass there.
   const bool bf16_dx = bf16_gradient_taken(x);
   return record(
-      "GeluLinearBF16", {x, weight, bias}, y,
+      "GeluLinearBF16", {x, weight, bias, residual}, y,
       [xb, ab, weight, bias, bf16_dx, bf16_x](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
         Tensor dx;
@@ -61,7 +66,11 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
           dx = bf16_dx ? kernels::unary_backward_bf16(UnaryOp::Gelu, da, xb, Tensor())
                        : kernels::unary_backward(UnaryOp::Gelu, da, xb, Tensor());
         }
-        return linear_gradients(g, gb, ab, n, std::move(dx), weight, bias);
+        Tensors grads = linear_gradients(g, gb, ab, n, std::move(dx), weight, bias);
+        // The residual's: the output's gradient as it is (the sum's rule), in f32 as the
+        // residual is.
+        if (n.size() > 3) grads.push_back(n[3] ? kernels::to_f32(g) : Tensor());
+        return grads;
       },
       Bf16Grad::kTaken);
 }

@@ -148,10 +148,18 @@ class CpuBackend final : public Backend {
     }
   }
 
-  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out) override {
+  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out,
+                const Tensor& residual) override {
     const auto product = [&](const Tensor& rows) {
       return both_bf16(rows, w) ? cpu::linear_bf16(rows, w, bias) : cpu::linear(rows, w, bias);
     };
+    if (residual.defined()) {  // the product's values, then the residual added to each
+      Tensor y = product(x);
+      float* py = y.data<float>();
+      const float* pr = residual.data<float>();
+      for (std::int64_t i = 0; i < y.numel(); ++i) py[i] = pr[i] + py[i];
+      return y;
+    }
     if (out != DType::BF16) return product(x);
     if (x.dim() != 2) return cpu::to_bf16(product(x));
     return rounded_by_rows(x, product);

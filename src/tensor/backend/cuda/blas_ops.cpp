@@ -176,7 +176,8 @@ Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
   return y;
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out_dtype) {
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out_dtype,
+              const Tensor& residual) {
   if (x.dim() != 2 || w.dim() != 2 || x.size(1) != w.size(1)) {
     throw std::invalid_argument("linear: input " + x.shape().str() + " does not match weight " +
                                 w.shape().str());
@@ -184,6 +185,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out_dt
   check_operands(x, w, "linear");
   const std::int64_t n = x.size(0), out = w.size(0), in = x.size(1);
   const bool bf16 = both_bf16(x, w), bf16_out = out_dtype == DType::BF16;
+  // A residual without a bias: the product, then the sum (the fused path is the bias epilogue's).
+  if (residual.defined() && !bias.defined())
+    return binary(BinaryOp::Add, residual, linear(x, w, bias, DType::F32));
   Tensor y = Tensor::empty({n, out}, out_dtype, x.device());
   float beta = 0.0f;
   if (bias.defined()) {
@@ -207,6 +211,16 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out_dt
                       .beta = 0.0f,
                       .bf16 = bf16,
                       .d_bf16 = bf16_out};
+    if (residual.defined()) {
+      // The residual as the product's C (beta 1): y = residual + x W^T + bias in one pass. Without
+      // an algorithm for it, the product and then the sum (correct, unfused).
+      LtProduct with_c = p;
+      with_c.beta = 1.0f;
+      with_c.c = device_ptr(residual);
+      if (lt_matmul_bias(with_c, device_ptr(bias))) return y;
+      y = Tensor();
+      return binary(BinaryOp::Add, residual, linear(x, w, bias, DType::F32));
+    }
     // A BF16 output's bias goes in BF16 (lt_matmul.h says why).
     const Tensor lt_bias = bf16_out ? to_bf16(bias) : bias;
     if (lt_matmul_bias(p, device_ptr(lt_bias))) return y;

@@ -12,7 +12,8 @@ namespace hpm::cuda {
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType out);
 void matmul_add_(Tensor& c, const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
 Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b);
-Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out);
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out,
+              const Tensor& residual = Tensor());
 Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool accumulate);
 
 }  // namespace hpm::cuda

@@ -62,8 +62,9 @@ class CudaBackend final : public Backend {
   Tensor bmm(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) override {
     return cuda::bmm(a, b, trans_a, trans_b);
   }
-  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out) override {
-    return cuda::linear(x, w, bias, out);
+  Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out,
+                const Tensor& residual) override {
+    return cuda::linear(x, w, bias, out, residual);
   }
   Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x,
                              bool accumulate) override {

@@ -47,7 +47,7 @@ struct Key {
   cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
   std::int64_t m = 0, n = 0, k = 0, lda = 0, ldb = 0, ldd = 0;
   bool bf16 = false, tf32 = false, accumulate = false, d_bf16 = false;
-  std::uint32_t align_a = 0, align_b = 0, align_d = 0, align_bias = 0;
+  std::uint32_t align_a = 0, align_b = 0, align_c = 0, align_d = 0, align_bias = 0;
   bool operator==(const Key&) const = default;
 };
 
@@ -57,11 +57,12 @@ struct KeyHash {
     auto mix = [&h](std::int64_t v) {
       h ^= std::hash<std::int64_t>()(v) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
     };
-    for (std::int64_t v : {std::int64_t{k.device}, std::int64_t{k.epilogue}, std::int64_t{k.op_a},
-                           std::int64_t{k.op_b}, k.m, k.n, k.k, k.lda, k.ldb, k.ldd,
-                           std::int64_t{k.bf16}, std::int64_t{k.tf32}, std::int64_t{k.accumulate},
-                           std::int64_t{k.d_bf16}, std::int64_t{k.align_a}, std::int64_t{k.align_b},
-                           std::int64_t{k.align_d}, std::int64_t{k.align_bias}}) {
+    for (std::int64_t v :
+         {std::int64_t{k.device}, std::int64_t{k.epilogue}, std::int64_t{k.op_a},
+          std::int64_t{k.op_b}, k.m, k.n, k.k, k.lda, k.ldb, k.ldd, std::int64_t{k.bf16},
+          std::int64_t{k.tf32}, std::int64_t{k.accumulate}, std::int64_t{k.d_bf16},
+          std::int64_t{k.align_a}, std::int64_t{k.align_b}, std::int64_t{k.align_c},
+          std::int64_t{k.align_d}, std::int64_t{k.align_bias}}) {
       mix(v);
     }
     return h;
@@ -119,8 +120,8 @@ class Plan {
     Context& ctx = current_context();
     const float alpha = 1.0f;
     const cublasStatus_t st =
-        cublasLtMatmul(ctx.lt, desc_, &alpha, p.a, a_, p.b, b_, &p.beta, p.d, d_, p.d, d_, &algo_,
-                       ctx.workspace, ctx.workspace_bytes, ctx.compute);
+        cublasLtMatmul(ctx.lt, desc_, &alpha, p.a, a_, p.b, b_, &p.beta, p.c ? p.c : p.d, d_, p.d,
+                       d_, &algo_, ctx.workspace, ctx.workspace_bytes, ctx.compute);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
       usable_ = false;
       return false;
@@ -157,7 +158,7 @@ class Plan {
     prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, std::uint64_t{workspace_bytes});
     prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
     prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
-    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_d);
+    prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
     prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_d);
     // A bf16 D is the f32 result rounded once: no split-K plan that keeps its partial sums in D's
     // type (INPLACE, OUTPUT_TYPE), which would round each part.
@@ -242,6 +243,7 @@ bool run(const LtProduct& p, cublasLtEpilogue_t epilogue, const void* bias) {
   key.d_bf16 = p.d_bf16;
   key.align_a = alignment(p.a);
   key.align_b = alignment(p.b);
+  key.align_c = alignment(p.c ? p.c : p.d);
   key.align_d = alignment(p.d);
   key.align_bias = alignment(bias);
   thread_local std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;

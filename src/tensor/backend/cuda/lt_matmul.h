@@ -24,15 +24,17 @@ struct LtProduct {
   void* d = nullptr;
   std::int64_t ldd = 0;
   float beta = 0.0f;
-  bool bf16 = false;    // A and B BF16 (else F32)
-  bool d_bf16 = false;  // D BF16 (A and B BF16, beta 0): the f32 result rounded as written; the
-                        // bias BF16 too (below)
+  const void* c = nullptr;  // C, laid out as D, for beta C; null: D itself (accumulated into)
+  bool bf16 = false;        // A and B BF16 (else F32)
+  bool d_bf16 = false;      // D BF16 (A and B BF16, beta 0): the f32 result rounded as written; the
+                            // bias BF16 too (below)
 };
 
-// D = op_a(A) op_b(B) + beta D, plus bias (m) on every column (CUBLASLT_EPILOGUE_BIAS): F32, or
-// BF16 for a BF16 D. cuBLASLt documents a bias of D's type, and on the H100 (CUDA 13.0, run 6)
-// offered no algorithm for an F32 bias beside a BF16 D: the bias is rounded to bf16 before it is
-// added, as PyTorch's autocast rounds it (the CPU adds it in f32: within bf16's rounding).
+// D = op_a(A) op_b(B) + beta C (C: p.c, or D), plus bias (m) on every column
+// (CUBLASLT_EPILOGUE_BIAS): F32, or BF16 for a BF16 D. cuBLASLt documents a bias of D's type, and
+// on the H100 (CUDA 13.0, run 6) offered no algorithm for an F32 bias beside a BF16 D: the bias is
+// rounded to bf16 before it is added, as PyTorch's autocast rounds it (the CPU adds it in f32:
+// within bf16's rounding).
 bool lt_matmul_bias(const LtProduct& p, const void* bias);
 // D = op_a(A) op_b(B) + beta D, and bias_grad (F32, n) = op_b(B) summed over k
 // (CUBLASLT_EPILOGUE_BGRADB; written, not added to). HPM_CUDA_LT_BIAS_GRAD=0 declines it alone.
