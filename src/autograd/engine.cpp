@@ -50,29 +50,33 @@ namespace autograd {
 Tensor take_pending_gradient(std::size_t input, const Shape& shape) {
   if (running.node == nullptr || input >= running.node->next_edges.size()) return Tensor();
   Edge e = running.node->next_edges[input];
-  // Through views that hand their gradient on (a Reshape: Linear's rows of a (B, T, E) stream)
-  // to where the other consumers' sum waits, while nothing waits at the view itself: the rule's
-  // gradient, handed on, then meets no sum there.
-  while (e.valid() && e.fn->bf16_grad == Bf16Grad::kPassedOn && e.fn->next_edges.size() == 1) {
-    const auto at_view = running.pending->find(e.fn.get());
-    if (at_view != running.pending->end()) {
-      for (const Tensor& g : at_view->second)
-        if (g.defined()) return Tensor();
+  // Through views that hand their gradient on (a Reshape: Linear's rows of a (B, T, E) stream) to
+  // where the other consumers' sum waits: at the first node on the way where a gradient waits for
+  // the same tensor's values, a view (a stream made by a reshape of a product's rows, whose other
+  // consumers' gradients meet at the reshape) or not. The rule's gradient, handed back on through
+  // the views before it, then meets no sum there.
+  Tensor* slot = nullptr;
+  while (e.valid()) {
+    const bool view = e.fn->bf16_grad == Bf16Grad::kPassedOn && e.fn->next_edges.size() == 1;
+    const auto it = running.pending->find(e.fn.get());
+    if (it != running.pending->end()) {
+      Tensor& here = it->second.at(static_cast<std::size_t>(e.input_nr));
+      if (here.defined()) {
+        slot = &here;
+        break;
+      }
     }
+    if (!view) break;
     e = e.fn->next_edges[0];
   }
-  if (!e.valid()) return Tensor();
-  const auto it = running.pending->find(e.fn.get());
-  if (it == running.pending->end()) return Tensor();
-  Tensor& slot = it->second.at(static_cast<std::size_t>(e.input_nr));
-  if (!slot.defined() || slot.dtype() != DType::F32 || slot.numel() != shape.numel()) {
+  if (slot == nullptr || slot->dtype() != DType::F32 || slot->numel() != shape.numel()) {
     return Tensor();
   }
-  if (slot.impl_ptr().use_count() != 1 || slot.impl()->storage.use_count() != 1 ||
-      slot.impl()->offset != 0) {
+  if (slot->impl_ptr().use_count() != 1 || slot->impl()->storage.use_count() != 1 ||
+      slot->impl()->offset != 0) {
     return Tensor();
   }
-  return std::exchange(slot, Tensor()).reshape(shape);
+  return std::exchange(*slot, Tensor()).reshape(shape);
 }
 
 }  // namespace autograd

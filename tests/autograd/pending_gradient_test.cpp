@@ -122,6 +122,39 @@ TEST(PendingGradient, IsFoundBehindAReshapeOfTheStream) {
                    kernels::binary(kernels::BinaryOp::Add, r_rows, from_norm), "dx");
 }
 
+// A stream that is itself a reshape of a product's rows (a transformer block's output, made by
+// its last product with the residual added): the next block's skip path and norm meet at that
+// reshape, where the skip path's gradient waits; the norm adds into it there, and no sum is
+// dispatched.
+TEST(PendingGradient, IsFoundWhereItWaitsAtAView) {
+  Generator gen(10);
+  const std::int64_t b = 2, t = 5, width = 16;
+  Tensor y = Tensor::randn({b * t, width}, gen);
+  const Tensor w = Tensor::randn({width, width}, gen), r = Tensor::randn({b, t, width}, gen);
+  y.set_requires_grad(true);
+  const Tensor y2 = mul(y, 1.5f);  // a node that is not a view, before the reshape
+  const Tensor x = reshape(y2, {b, t, width});
+  const Tensor rows = reshape(x, {b * t, width});
+  const Tensor h =
+      add(x, reshape(linear(layer_norm(rows, width, Tensor(), Tensor(), 1e-5f), w, Tensor()),
+                     {b, t, width}));
+  const std::uint64_t loss_binaries = binaries_of_the_loss(r);
+  const Tensor loss = sum(mul(h, r));
+  const auto binaries = dispatch_count(DeviceType::kCpu, Op::kBinary);
+  loss.backward();
+  // The loss's and the mul's scaling (a scalar op, not a binary one) only.
+  EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kBinary) - binaries, loss_binaries);
+
+  const Tensor r_rows = r.reshape({b * t, width});
+  Tensor mean, rstd, from_norm;
+  kernels::layer_norm_forward(rows.detach(), width, Tensor(), Tensor(), 1e-5f, mean, rstd);
+  kernels::layer_norm_backward(kernels::matmul(r_rows, w), rows.detach(), width, Tensor(), mean,
+                               rstd, &from_norm, nullptr, nullptr);
+  expect_same_bits(
+      y.grad(),
+      kernels::mul_scalar(kernels::binary(kernels::BinaryOp::Add, r_rows, from_norm), 1.5f), "dy");
+}
+
 // h = x + layer_norm(x): the Add hands one tensor to both of its inputs, so the gradient pending
 // for x is the norm's own output gradient; adding into it would change what the norm reads. It is
 // not taken (the engine sums), and dx is still the sum.
