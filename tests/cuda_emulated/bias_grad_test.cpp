@@ -65,6 +65,26 @@ void check(std::int64_t rows, std::int64_t cols) {
   }
 }
 
+// Stage 2 alone over more spans than a block has warps (each warp's two alternating sums and the
+// odd span left over), against the spans added one after another: 75 spans of 40 columns, one
+// block going round its two groups of 32 columns; a null output skipped.
+TEST(BiasGradEmulated, SpanSumsAddEverySpan) {
+  const std::int64_t spans = 75, n = 40;
+  Generator gen(3);
+  const std::vector<float> a = copy_of<float>(Tensor::randn({spans * n}, gen));
+  const std::vector<double> part(a.begin(), a.end());
+  std::vector<float> out(static_cast<std::size_t>(n), -1.0f);
+  simt::launch(1, cuda::kSpanSumThreads, 0, [&] {
+    cuda::span_sums_kernel(nullptr, nullptr, part.data(), out.data(), spans, n);
+  });
+  for (std::int64_t k = 0; k < n; ++k) {
+    double want = 0.0;
+    for (std::int64_t s = 0; s < spans; ++s) want += part[static_cast<std::size_t>(s * n + k)];
+    ASSERT_NEAR(out[static_cast<std::size_t>(k)], want, 1e-6 * std::max(1.0, std::abs(want)))
+        << "column " << k;
+  }
+}
+
 TEST(BiasGradEmulated, ColumnSumsMatchTheCpu) {
   check(700, 40);   // three spans, the last short; a block of 32 columns and one of 8
   check(5, 33);     // one span of 5 rows: most warps add nothing

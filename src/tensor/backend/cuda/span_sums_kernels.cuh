@@ -11,35 +11,48 @@ namespace hpm::cuda {
 
 namespace {
 
-constexpr int kSpanSumWarps = 8;
+constexpr int kSpanSumWarps = 32;
 constexpr int kSpanSumThreads = 32 * kSpanSumWarps;  // a block's threads; ceil(n / 32) blocks
 
 #if defined(__CUDACC__) || defined(HPM_SIMT_EMULATION)  // device code, or its CPU emulation
 
 // out_a[k] = the sum over s of part_a[s * n + k], and the same of part_b into out_b; a null out
-// is skipped. A block takes 32 columns: warp w adds spans w, w + kSpanSumWarps, ... in order (a
-// warp's loads 32 consecutive columns), then the warps' sums are added in warp order. One thread a
-// column adding every span in turn was 14% of the shakespeare GPT's kernel time on the H100 (run
-// 7's ncu: layer norm's 384 columns, 2 blocks, 256 spans each). The order depends only on the
-// shape: the same result run to run.
+// is skipped. A block takes 32 columns: warp w adds spans w, w + kSpanSumWarps, ... (a warp's
+// loads 32 consecutive columns) into two alternating sums, so that two loads of each operand are
+// in flight, then the warps' sums are added in warp order. Run 11's ncu (the shakespeare model's
+// layer norm, 384 columns in 12 blocks, 512 spans) measured the 8-warp version, each warp one
+// chain of 64 dependent adds, at 47 us a call: more than the row pass before it (39 us). The
+// order depends only on the shape: the same result run to run.
 __global__ void span_sums_kernel(const double* __restrict__ part_a, float* __restrict__ out_a,
                                  const double* __restrict__ part_b, float* __restrict__ out_b,
                                  std::int64_t spans, std::int64_t n) {
   __shared__ double sums_a[kSpanSumWarps][32], sums_b[kSpanSumWarps][32];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
+  const bool want_a = out_a != nullptr, want_b = out_b != nullptr;
   for (std::int64_t c0 = 32 * static_cast<std::int64_t>(blockIdx.x); c0 < n;
        c0 += 32 * static_cast<std::int64_t>(gridDim.x)) {
     const std::int64_t k = c0 + lane;
-    double sa = 0.0, sb = 0.0;
+    double a0 = 0.0, a1 = 0.0, b0 = 0.0, b1 = 0.0;
     if (k < n) {
-#pragma unroll 4
-      for (std::int64_t s = warp; s < spans; s += kSpanSumWarps) {
-        if (out_a != nullptr) sa += part_a[s * n + k];
-        if (out_b != nullptr) sb += part_b[s * n + k];
+      std::int64_t s = warp;
+      for (; s + kSpanSumWarps < spans; s += 2 * kSpanSumWarps) {
+        const std::int64_t at = s * n + k, next = at + kSpanSumWarps * n;
+        if (want_a) {
+          a0 += part_a[at];
+          a1 += part_a[next];
+        }
+        if (want_b) {
+          b0 += part_b[at];
+          b1 += part_b[next];
+        }
+      }
+      if (s < spans) {
+        if (want_a) a0 += part_a[s * n + k];
+        if (want_b) b0 += part_b[s * n + k];
       }
     }
-    sums_a[warp][lane] = sa;
-    sums_b[warp][lane] = sb;
+    sums_a[warp][lane] = a0 + a1;
+    sums_b[warp][lane] = b0 + b1;
     __syncthreads();
     if (warp == 0 && k < n) {
       double ta = 0.0, tb = 0.0;
@@ -47,8 +60,8 @@ __global__ void span_sums_kernel(const double* __restrict__ part_a, float* __res
         ta += sums_a[w][lane];
         tb += sums_b[w][lane];
       }
-      if (out_a != nullptr) out_a[k] = static_cast<float>(ta);
-      if (out_b != nullptr) out_b[k] = static_cast<float>(tb);
+      if (want_a) out_a[k] = static_cast<float>(ta);
+      if (want_b) out_b[k] = static_cast<float>(tb);
     }
     __syncthreads();  // the next columns rewrite sums_a and sums_b
   }
