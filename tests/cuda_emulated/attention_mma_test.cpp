@@ -122,6 +122,16 @@ void check_forward_and_backward(const Problem& p, float scale = kScale) {
     ASSERT_NEAR(delta[r], sum, 1e-4 * (1.0 + std::abs(sum))) << "delta " << r;
   }
   EXPECT_EQ(g16, copy_of<std::uint16_t>(kernels::to_bf16(gy))) << "dO rounded";
+  // The same by the 16-byte rows kernel (every row aligned here).
+  std::vector<float> delta16(delta.size(), -1.0f);
+  std::vector<std::uint16_t> g16_rows(g.size(), 0xffffu);
+  simt::launch(cuda::blocks_for(p.batch * p.t, cuda::kDeltaRowsPerBlock<kD>), 128, 0, [&] {
+    cuda::attention_delta_rows_kernel<kD, float>(g.data(), o.data(), delta16.data(),
+                                                 g16_rows.data(), p.batch, p.t, layout);
+  });
+  for (std::size_t r = 0; r < delta.size(); ++r)
+    ASSERT_NEAR(delta16[r], delta[r], 1e-5 * (1.0 + std::abs(delta[r]))) << "delta (rows) " << r;
+  EXPECT_EQ(g16_rows, g16) << "dO rounded (rows)";
   const std::vector<float> lse_in = copy_of<float>(lse_want);
   std::vector<float> gq(out.size(), -1.0f), gk(static_cast<std::size_t>(p.batch * p.s * kD), -1.0f),
       gv(gk.size(), -1.0f);
@@ -251,6 +261,16 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
           << "delta " << p << " " << i;
     }
   }
+  // The same by the 16-byte rows kernel, from bf16 O and the packed layout.
+  std::vector<float> delta16(delta.size(), -1.0f);
+  std::vector<std::uint16_t> g16_rows(g.size(), 0xffffu);
+  simt::launch(cuda::blocks_for(problems * t, cuda::kDeltaRowsPerBlock<kD>), 128, 0, [&] {
+    cuda::attention_delta_rows_kernel<kD, std::uint16_t>(g.data(), o.data(), delta16.data(),
+                                                         g16_rows.data(), problems, t, layout);
+  });
+  for (std::size_t r = 0; r < delta.size(); ++r)
+    ASSERT_NEAR(delta16[r], delta[r], 1e-5 * (1.0 + std::abs(delta[r]))) << "delta (rows) " << r;
+  EXPECT_EQ(g16_rows, g16) << "dO rounded (rows)";
 
   // The gradients from the CPU's lse (delta as above), packed, in bf16 and in f32.
   const std::vector<float> lse_in = copy_of<float>(lse_want);

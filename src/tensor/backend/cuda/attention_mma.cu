@@ -101,6 +101,17 @@ void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, 
     constexpr int kD = decltype(size)::value;
     with_element(out_bf16, [&](auto element) {
       using O = decltype(element);
+      // 16-byte rows: every row start (a head's offset, a multiple of d, plus rows of layout.out
+      // elements) 8 elements in, from 16-byte aligned tensors.
+      const bool rows16 = kD % 8 == 0 && layout.out % 8 == 0 && aligned16(grad_out) &&
+                          aligned16(out) && aligned16(grad_out_bf16);
+      if (rows16) {
+        attention_delta_rows_kernel<kD, O>
+            <<<blocks_for(problems * t, kDeltaRowsPerBlock<kD>), kThreads, 0, stream>>>(
+                grad_out, static_cast<const O*>(out), delta, grad_out_bf16, problems, t, layout);
+        HPM_CUDA_LAUNCH_CHECK("attention_delta_rows_kernel");
+        return;
+      }
       attention_delta_kernel<kD, O><<<blocks_for(problems * t, kWarps), kThreads, 0, stream>>>(
           grad_out, static_cast<const O*>(out), delta, grad_out_bf16, problems, t, layout);
       HPM_CUDA_LAUNCH_CHECK("attention_delta_kernel");
