@@ -23,8 +23,7 @@ HPM_CUDA_ATTENTION=wmma, the WMMA attention kernels instead of the register-tile
 HPM_CUDA_ATTENTION=mma16, those with one 16-row query tile a warp in the forward instead of two,
 HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones, or
 HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues, HPM_CUDA_LT_BIAS_GRAD=0,
-without its bias-gradient epilogue only, or HPM_CUDA_GELU=erf, GELU into bf16 by erf as PyTorch
-computes it) and prints its rate beside
+without its bias-gradient epilogue only) and prints its rate beside
 the first; repeatable, one run per variable.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off

@@ -8,7 +8,6 @@
 // rounding and at the edges (exp's flush to 0 below -86.6, the NaN bits of a rounding). The
 // activations' kernels are unary_kernels.cuh's.
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -530,24 +529,6 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   return y;
 }
 
-namespace {
-
-// HPM_CUDA_GELU=erf: GELU into bf16 from a bf16 input (a GPT's MLP) by erf, as PyTorch computes it
-// (unary_kernels.cuh's apply_unary_to_bf16); unset or "normcdff", by normcdff. An A/B of the
-// bench until a run has measured it.
-bool gelu_by_erf() {
-  static const bool erf = [] {
-    const char* v = std::getenv("HPM_CUDA_GELU");
-    if (v == nullptr || std::strcmp(v, "normcdff") == 0) return false;
-    if (std::strcmp(v, "erf") == 0) return true;
-    throw std::invalid_argument(
-        std::string("HPM_CUDA_GELU: expected \"erf\" or \"normcdff\", got \"") + v + "\"");
-  }();
-  return erf;
-}
-
-}  // namespace
-
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
   const bool bf16_x = x.dtype() == DType::BF16;
   if (!bf16_x) require_dtype(x, DType::F32);
@@ -562,10 +543,7 @@ Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
   }
   with_unary_op(op, [&](auto kop) {
     constexpr UnaryOp kOp = decltype(kop)::value;
-    if (bf16_x && kOp == UnaryOp::Gelu && gelu_by_erf()) {
-      launch("unary_bf16", (n + 7) / 8, unary_bf16_kernel<kOp, std::uint16_t, true>,
-             ptr<const std::uint16_t>(x), ptr<std::uint16_t>(y), nullptr, n);
-    } else if (bf16_x) {
+    if (bf16_x) {
       launch("unary_bf16", (n + 7) / 8, unary_bf16_kernel<kOp, std::uint16_t>,
              ptr<const std::uint16_t>(x), ptr<std::uint16_t>(y), nullptr, n);
     } else {

@@ -1,6 +1,6 @@
 // The unary activations and their gradients of elementwise.cu (the formulas are the CPU's,
 // cpu/elementwise.cpp and cpu/vec.h, exp and erf approximations included, but for the exact GELU's
-// normal CDF on the card: gelu_cdf below), apart from the launchers
+// normal CDF on the card: gelu_cdf and apply_unary_to_bf16 below), apart from the launchers
 // so that tests/cuda_emulated can compile them for the CPU too (HPM_SIMT_EMULATION).
 #pragma once
 #include <cmath>
@@ -73,14 +73,15 @@ __device__ inline NormalCdfPdf normal_cdf_pdf(float x) {
   return {0.5f * (x >= 0.0f ? upper : lower), kInvSqrt2Pi * e};
 }
 
-// The exact GELU's normal CDF, forward. On the card, CUDA's normcdff (an erfc: accurate in the far
-// negative tail, where 1 + erf cancels), within a few ulp of the CPU's Cephes polynomials: run 9
-// measured the GELU forward at 1.85 times PyTorch's (1.89 ms against 1.02 a GPT-2 small step) and
-// computing both of normal_cdf_pdf's branches for every element; run 10 measured 1.79 with this.
-// The gradient keeps normal_cdf_pdf (one exp for the CDF and the density): run 10 measured
-// normcdff with an expf for the density slower there (1.91 -> 2.11 ms). The CPU emulation
-// (tests/cuda_emulated) keeps the CPU's formula, which it checks to a few ulp; the card's is
-// checked against the CPU kernel by the CUDA suite's conformance cases (1e-4).
+// The exact GELU's normal CDF, forward into F32 (a bf16 output: apply_unary_to_bf16). On the card,
+// CUDA's normcdff (an erfc: accurate in the far negative tail, where 1 + erf cancels), within a few
+// ulp of the CPU's Cephes polynomials: run 9 measured the GELU forward at 1.85 times PyTorch's
+// (1.89 ms against 1.02 a GPT-2 small step) and computing both of normal_cdf_pdf's branches for
+// every element; run 10 measured 1.79 with this. The gradient keeps normal_cdf_pdf (one exp for the
+// CDF and the density): run 10 measured normcdff with an expf for the density slower there (1.91
+// -> 2.11 ms). The CPU emulation (tests/cuda_emulated) keeps the CPU's formula, which it checks to
+// a few ulp; the card's is checked against the CPU kernel by the CUDA suite's conformance cases
+// (1e-4).
 __device__ inline float gelu_cdf(float x) {
 #if defined(__CUDACC__) && !defined(HPM_SIMT_EMULATION)
   return normcdff(x);
@@ -108,18 +109,17 @@ __device__ inline float apply_unary(float v) {
   return 0.0f;
 }
 
-// The activation of a bf16 output: apply_unary's, but for GELU with kErf (HPM_CUDA_GELU=erf, an A/B
-// until a run measures it against normcdff) 0.5 x (1 + erf(x / sqrt 2)), as PyTorch's kernel
-// computes it: fewer instructions than normcdff (run 10: the forward still 1.75 times PyTorch's,
-// bound by its instructions more than its bytes). 1 + erf cancels in the far negative tail: its
-// error there stays under the output's bf16 rounding for x > -4, and beyond, where GELU is under
-// 1.3e-4 in magnitude, it is a few 1e-7 in absolute terms. The CPU emulation keeps apply_unary's.
-template <UnaryOp Op, bool kErf>
+// The activation of a bf16 output: apply_unary's, but GELU as PyTorch's kernel computes it,
+// 0.5 x (1 + erf(x / sqrt 2)): fewer instructions than normcdff, and runs 11 and 12 measured the
+// step 0-1% (GPT-2 small) and 3-7% (shakespeare) faster with it (the A/B HPM_CUDA_GELU=erf).
+// 1 + erf cancels in the far negative tail: its error there stays under the output's bf16
+// rounding for x > -4, and beyond, where GELU is under 1.3e-4 in magnitude, it is a few 1e-7 in
+// absolute terms. An F32 output (unary_kernel) keeps normcdff's accuracy. The CPU emulation keeps
+// apply_unary's formula.
+template <UnaryOp Op>
 __device__ inline float apply_unary_to_bf16(float v) {
 #if defined(__CUDACC__) && !defined(HPM_SIMT_EMULATION)
-  if constexpr (Op == UnaryOp::Gelu && kErf) {
-    return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
-  }
+  if constexpr (Op == UnaryOp::Gelu) return 0.5f * v * (1.0f + erff(v * 0.70710678118654752440f));
 #endif
   return apply_unary<Op>(v);
 }
@@ -156,7 +156,7 @@ __global__ void unary_kernel(const float* x, float* y, std::int64_t n) {
 
 // The activation rounded as f32_to_bf16_kernel rounds: to_bf16(unary(x)) bit for bit; and x
 // rounded too into xb when it is given. x F32 or BF16 (X float or its bits; xb then null).
-template <UnaryOp Op, typename X, bool kErf = false>
+template <UnaryOp Op, typename X>
 __global__ void unary_bf16_kernel(const X* x, std::uint16_t* y, std::uint16_t* xb, std::int64_t n) {
   // Eight elements a thread where every operand is 16-byte aligned (launch ceil(n / 8) threads),
   // the rest one by one.
@@ -166,13 +166,13 @@ __global__ void unary_bf16_kernel(const X* x, std::uint16_t* y, std::uint16_t* x
     float v[8], r[8];
     load8(x + 8 * g, v);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) r[k] = apply_unary_to_bf16<Op, kErf>(v[k]);
+    for (int k = 0; k < 8; ++k) r[k] = apply_unary_to_bf16<Op>(v[k]);
     store8(y + 8 * g, r);
     if (xb != nullptr) store8(xb + 8 * g, v);
   }
   for (std::int64_t i = 8 * groups + first_index(); i < n; i += grid_stride()) {
     const float v = as_f32(x[i]);
-    y[i] = f32_to_bf16_bits(apply_unary_to_bf16<Op, kErf>(v));
+    y[i] = f32_to_bf16_bits(apply_unary_to_bf16<Op>(v));
     if (xb != nullptr) xb[i] = f32_to_bf16_bits(v);
   }
 }
