@@ -195,7 +195,9 @@ TEST(Strategies, MultiWorkerMirroredAgreesOnBatchNormStatistics) {
 TEST(Strategies, ReplicaGeneratorsAreGatheredAndSetBackByGlobalIndex) {
   auto workers = comm::make_local_group(2, 20s);
   std::vector<std::vector<Generator::State>> gathered(2);
-  std::vector<bool> set_back(2);
+  // Not std::vector<bool>: its elements share a byte, and the two threads' writes raced (one
+  // lost under ASan's timing).
+  bool set_back[2] = {false, false};
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {
     threads.emplace_back([&, w] {

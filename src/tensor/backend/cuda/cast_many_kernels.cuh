@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/tensor_lists.h"
 
 namespace hpm::cuda {
 
@@ -22,30 +23,26 @@ struct CastList {
 };
 static_assert(sizeof(CastList) < 2000, "CastList must fit a kernel argument");
 
-// Packs the tensors into CastLists as the launcher walks them, handing each full list, and the
-// last, to launch(list, blocks): at most kCastList tensors and 2^30 blocks a list.
+// Packs the tensors into CastLists as the launcher walks them (tensor_lists.h).
 class CastPacker {
  public:
   template <typename Launch>
   void add(const float* x, std::uint16_t* y, std::int64_t n, Launch&& launch) {
-    if (n == 0) return;
-    const auto blocks = static_cast<int>((n + kCastChunk - 1) / kCastChunk);
-    if (l_.count == kCastList || l_.first_block[l_.count] > (1 << 30) - blocks) flush(launch);
-    l_.x[l_.count] = x;
-    l_.y[l_.count] = y;
-    l_.n[l_.count] = n;
-    l_.first_block[l_.count + 1] = l_.first_block[l_.count] + blocks;
-    ++l_.count;
+    packer_.add(
+        n,
+        [&](CastList& l, int t) {
+          l.x[t] = x;
+          l.y[t] = y;
+        },
+        launch);
   }
   template <typename Launch>
   void flush(Launch&& launch) {
-    if (l_.count == 0) return;
-    launch(l_, static_cast<unsigned>(l_.first_block[l_.count]));
-    l_ = CastList{};
+    packer_.flush(launch);
   }
 
  private:
-  CastList l_{};
+  TensorListPacker<CastList, kCastList, kCastChunk> packer_;
 };
 
 #if defined(__CUDACC__) || defined(HPM_SIMT_EMULATION)  // device code, or its CPU emulation

@@ -5,6 +5,7 @@
 
 #include "hpm/tensor/op_params.h"
 #include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/tensor_lists.h"
 
 namespace hpm::cuda {
 
@@ -118,35 +119,30 @@ __global__ void sgd_kernel(kernels::SgdStep s, float* __restrict__ p, const floa
   }
 }
 
-// Packs the parameters of one adam_step_multi_ into AdamLists as the launcher walks them, handing
-// each full list, and the last, to launch(list, blocks): at most kListTensors tensors and 2^30
-// blocks a list.
+// Packs the parameters of one adam_step_multi_ into AdamLists as the launcher walks them
+// (tensor_lists.h).
 class AdamPacker {
  public:
   template <typename Launch>
   void add(float* p, float* g, float* m, float* v, float* vmax, std::int64_t n, Launch&& launch) {
-    if (n == 0) return;
-    const auto chunks = static_cast<int>((n + kChunk - 1) / kChunk);
-    if (l_.count == kListTensors || l_.first_block[l_.count] > (1 << 30) - chunks) flush(launch);
-    const int t = l_.count;
-    l_.p[t] = p;
-    l_.g[t] = g;
-    l_.m[t] = m;
-    l_.v[t] = v;
-    l_.vmax[t] = vmax;
-    l_.n[t] = n;
-    l_.first_block[t + 1] = l_.first_block[t] + chunks;
-    l_.count = t + 1;
+    packer_.add(
+        n,
+        [&](AdamList& l, int t) {
+          l.p[t] = p;
+          l.g[t] = g;
+          l.m[t] = m;
+          l.v[t] = v;
+          l.vmax[t] = vmax;
+        },
+        launch);
   }
   template <typename Launch>
   void flush(Launch&& launch) {
-    if (l_.count == 0) return;
-    launch(l_, static_cast<unsigned>(l_.first_block[l_.count]));
-    l_ = AdamList{};
+    packer_.flush(launch);
   }
 
  private:
-  AdamList l_{};
+  TensorListPacker<AdamList, kListTensors, kChunk> packer_;
 };
 
 }  // namespace

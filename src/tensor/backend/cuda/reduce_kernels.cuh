@@ -10,6 +10,7 @@
 
 #include "hpm/tensor/tensor.h"
 #include "tensor/backend/cuda/kernel_support.h"
+#include "tensor/backend/cuda/tensor_lists.h"
 
 namespace hpm::cuda {
 
@@ -154,30 +155,22 @@ struct NormList {
 };
 static_assert(sizeof(NormList) < 3500, "NormList must fit a kernel argument");
 
-// Packs squared_norm's tensors into NormLists as the launcher walks them, handing each full list,
-// and the last, to launch(list, blocks): at most kNormList tensors and 2^30 blocks a list. Block b
-// of a list writes the list's partial b; the lists' partials follow one another.
+// Packs squared_norm's tensors into NormLists as the launcher walks them (tensor_lists.h). Block
+// b of a list writes the list's partial b; the lists' partials follow one another.
 class NormPacker {
  public:
   template <typename Launch>
   void add(const float* x, std::int64_t n, Launch&& launch) {
-    if (n == 0) return;
-    const auto blocks = static_cast<int>(ceil_div(n, kNormChunk));
-    if (l_.count == kNormList || l_.first_block[l_.count] > (1 << 30) - blocks) flush(launch);
-    l_.x[l_.count] = x;
-    l_.n[l_.count] = n;
-    l_.first_block[l_.count + 1] = l_.first_block[l_.count] + blocks;
-    ++l_.count;
+    packer_.add(
+        n, [&](NormList& l, int t) { l.x[t] = x; }, launch);
   }
   template <typename Launch>
   void flush(Launch&& launch) {
-    if (l_.count == 0) return;
-    launch(l_, static_cast<unsigned>(l_.first_block[l_.count]));
-    l_ = NormList{};
+    packer_.flush(launch);
   }
 
  private:
-  NormList l_{};
+  TensorListPacker<NormList, kNormList, kNormChunk> packer_;
 };
 
 #if defined(__CUDACC__) || defined(HPM_SIMT_EMULATION)  // device code, or its CPU emulation
