@@ -54,9 +54,13 @@ Tensor Linear::forward(const Tensor& x) {
 }
 
 Tensor Linear::forward_after_gelu(const Tensor& x, const Tensor& residual) {
-  if (residual.defined() &&
-      (x.dim() < 2 || x.size(-1) != in_ || residual.numel() != x.numel() / in_ * out_))
-    return add(residual, forward_after_gelu(x));  // forward_after_gelu reports a wrong x
+  if (residual.defined()) {
+    // The residual must have the output's shape (not only its size: its rows are the output's).
+    std::vector<std::int64_t> dims = x.shape().dims();
+    if (!dims.empty()) dims.back() = out_;
+    if (x.dim() < 2 || x.size(-1) != in_ || residual.shape() != Shape(dims))
+      return add(residual, forward_after_gelu(x));  // which reports a wrong x or shape
+  }
   return over_rows(x, in_, out_, [&](const Tensor& rows) {
     return gelu_linear(rows, weight, bias,
                        residual.defined() ? reshape(residual, {rows.size(0), out_}) : Tensor());

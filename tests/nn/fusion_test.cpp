@@ -37,6 +37,17 @@ TEST(Fusion, ConvThenReluIsOneUnitWithTheUnfusedResult) {
             (std::vector<std::pair<std::size_t, std::size_t>>{{0, 2}, {2, 3}, {3, 4}}));
 }
 
+// Linear::forward_after_gelu with a residual: residual + forward(gelu(x)); a residual of the
+// output's size in another shape is refused, not read as the output's rows.
+TEST(Fusion, LinearAfterGeluTakesAResidualOfItsOutputsShape) {
+  Generator g(6);
+  Linear lin(8, 4, true, g);
+  const Tensor x = Tensor::randn({2, 3, 8}, g), h = Tensor::randn({2, 3, 4}, g);
+  EXPECT_EQ(lin.forward_after_gelu(x, h).to_vector(),
+            add(h, lin.forward_after_gelu(x)).to_vector());
+  EXPECT_THROW(lin.forward_after_gelu(x, Tensor::randn({3, 2, 4}, g)), std::invalid_argument);
+}
+
 struct ValuesAndGradients {
   std::vector<float> y, gx, gw, gb;
 };
