@@ -496,7 +496,9 @@ __global__ void attention_delta_kernel(const float* __restrict__ g, const O* __r
 // 16-byte aligned (the launcher checks): kD / 8 lanes a row, eight elements each, 32 / (kD / 8)
 // rows a warp, each row's sum over its lanes by shuffles. Run 11's ncu (the shakespeare model):
 // the warp-a-row kernel, each lane two scalar elements of a 64-wide row and a five-step sum, was
-// 18% of the attention backward's kernel time for a tenth of its bytes.
+// 18% of the attention backward's kernel time for a tenth of its bytes. Run 12's op profile did
+// not show the saving (the attention backward 5.97 -> 6.05 ms a step on GPT-2 small, 0.77 ->
+// 0.76 on shakespeare, the products 1-2% slower on that call too): unconfirmed until an ncu run.
 template <int kD>
 constexpr int kDeltaLanes = kD / 8;  // lanes a row
 template <int kD>
