@@ -23,7 +23,8 @@ HPM_CUDA_ATTENTION=wmma, the WMMA attention kernels instead of the register-tile
 HPM_CUDA_ATTENTION=mma16, those with one 16-row query tile a warp in the forward instead of two,
 HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones, or
 HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues, HPM_CUDA_LT_BIAS_GRAD=0,
-without its bias-gradient epilogue only) and prints its rate beside
+without its bias-gradient epilogue only, HPM_CUDA_UNARY_PAIRS=0, the activations' kernels with one
+8-element group a thread instead of two) and prints its rate beside
 the first; repeatable, one run per variable.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off

@@ -1003,6 +1003,17 @@ inline std::vector<Case> cases() {
                      kernels::unary_backward(UnaryOp::Gelu, to(gy), to(x), Tensor())};
                },
                bf16_tolerance});
+  // The card's GELU into bf16 and its gradient (PyTorch's erf formulas, rounded in one
+  // instruction a pair) over the tails as well, where 1 + erf cancels, two groups a thread.
+  c.push_back({"gelu bf16 forward and backward over [-12, 12]", Op::kUnaryBackwardBf16,
+               [](Generator& g, const To& to) {
+                 const Tensor x = kernels::to_bf16(Tensor::uniform({7, 4096}, g, -12.0f, 12.0f));
+                 const Tensor gy = kernels::to_bf16(randn(g, {7, 4096}));
+                 return Outputs{
+                     kernels::unary_bf16(UnaryOp::Gelu, to(x)),
+                     kernels::unary_backward_bf16(UnaryOp::Gelu, to(gy), to(x), Tensor())};
+               },
+               bf16_tolerance});
   c.push_back({"unary_backward_bf16 gelu", Op::kUnaryBackwardBf16,
                [](Generator& g, const To& to) {
                  const Tensor x = kernels::to_bf16(randn(g, {7, 301})), gy = randn(g, {7, 301});

@@ -34,6 +34,9 @@ using kernels::UnaryOp;
 
 constexpr int kThreads = 256;
 constexpr unsigned kBlocks = 3;  // fewer threads than elements: the grid-stride loops go round
+// A grid so small that each thread takes both groups of its pair, and again: the pairs' second
+// groups (absent from the grid above), an odd group left over, and the scalar tail.
+constexpr int kFewThreads = 32;
 
 // Both NaN, or within a few units in the last place of the larger of |want| and scale[i]:
 // cpu/vec.h's polynomials contract into FMAs where the CPU has them, the emulation (as the card's
@@ -128,6 +131,11 @@ void check_op() {
   });
   expect_bf16_close(yb, copy_of<std::uint16_t>(kernels::unary_bf16(Op, x_bf16)),
                     name + " forward from bf16");
+  std::vector<std::uint16_t> yb_few(size);
+  simt::launch(1, kFewThreads, 0, [&] {
+    cuda::unary_bf16_kernel<Op, std::uint16_t>(xbv.data(), yb_few.data(), nullptr, n);
+  });
+  EXPECT_EQ(yb_few, yb) << name << " forward from bf16, few threads";
 
   // Backward, f32, with the operands elementwise.cu passes: Relu reads y, Gelu x, the rest both.
   const bool reads_x = Op != UnaryOp::Relu, reads_y = Op != UnaryOp::Gelu;
@@ -138,6 +146,15 @@ void check_op() {
         gv.data(), reads_x ? xv.data() : nullptr, reads_y ? yv.data() : nullptr, out.data(), n);
   });
   expect_f32_close(out, copy_of<float>(want), name + " backward", gv);
+  std::vector<float> out_few(size);
+  simt::launch(1, kFewThreads, 0, [&] {
+    cuda::unary_backward_kernel<Op, float, float, float>(
+        gv.data(), reads_x ? xv.data() : nullptr, reads_y ? yv.data() : nullptr, out_few.data(), n);
+  });
+  for (std::size_t i = 0; i < size; ++i) {
+    ASSERT_TRUE(out_few[i] == out[i] || (std::isnan(out_few[i]) && std::isnan(out[i])))
+        << name << " backward, few threads [" << i << "]";
+  }
   if (!reads_x) return;
 
   // Backward from a bf16 x, to f32 and to bf16; and from a bf16 gradient too (no y).
@@ -166,6 +183,12 @@ void check_op() {
   expect_bf16_close(
       outb, copy_of<std::uint16_t>(kernels::unary_backward_bf16(Op, g_bf16, x_bf16, Tensor())),
       name + " backward from bf16 gradient and x");
+  std::vector<std::uint16_t> outb_few(size);
+  simt::launch(1, kFewThreads, 0, [&] {
+    cuda::unary_backward_kernel<Op, std::uint16_t, std::uint16_t, std::uint16_t>(
+        gbv.data(), xbv.data(), nullptr, outb_few.data(), n);
+  });
+  EXPECT_EQ(outb_few, outb) << name << " backward from bf16 gradient and x, few threads";
 }
 
 TEST(UnaryEmulated, EveryActivationMatchesTheCpu) {

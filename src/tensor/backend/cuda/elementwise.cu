@@ -26,6 +26,13 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxDims = 8;
 
+// The threads of unary_kernels.cuh's kernels over n elements: a thread for two 8-element groups,
+// or with HPM_CUDA_UNARY_PAIRS=0 (the A/B) for one, as before run 13.
+std::int64_t unary_threads(std::int64_t n) {
+  static const bool pairs = ab_switch_on("HPM_CUDA_UNARY_PAIRS");
+  return pairs ? (n + 15) / 16 : (n + 7) / 8;
+}
+
 // Launches kernel over n elements (nothing for none) and checks the launch.
 template <typename... Params, typename... Args>
 void launch(const char* name, std::int64_t n, void (*kernel)(Params...), Args&&... args) {
@@ -544,10 +551,10 @@ Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
   with_unary_op(op, [&](auto kop) {
     constexpr UnaryOp kOp = decltype(kop)::value;
     if (bf16_x) {
-      launch("unary_bf16", (n + 7) / 8, unary_bf16_kernel<kOp, std::uint16_t>,
+      launch("unary_bf16", unary_threads(n), unary_bf16_kernel<kOp, std::uint16_t>,
              ptr<const std::uint16_t>(x), ptr<std::uint16_t>(y), nullptr, n);
     } else {
-      launch("unary_bf16", (n + 7) / 8, unary_bf16_kernel<kOp, float>, ptr<const float>(x),
+      launch("unary_bf16", unary_threads(n), unary_bf16_kernel<kOp, float>, ptr<const float>(x),
              ptr<std::uint16_t>(y), xb, n);
     }
   });
@@ -590,15 +597,16 @@ Tensor run_unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, con
   with_unary_op(op, [&](auto kop) {
     constexpr UnaryOp kOp = decltype(kop)::value;
     if (bf16_g) {
-      launch("unary_backward", (n + 7) / 8,
+      launch("unary_backward", unary_threads(n),
              unary_backward_kernel<kOp, std::uint16_t, std::uint16_t, Out>,
              ptr<const std::uint16_t>(grad_y), ptr<const std::uint16_t>(x), nullptr, ptr<Out>(out),
              n);
     } else if (x_bf16) {
-      launch("unary_backward", (n + 7) / 8, unary_backward_kernel<kOp, float, std::uint16_t, Out>,
-             ptr<const float>(grad_y), ptr<const std::uint16_t>(x), py, ptr<Out>(out), n);
+      launch("unary_backward", unary_threads(n),
+             unary_backward_kernel<kOp, float, std::uint16_t, Out>, ptr<const float>(grad_y),
+             ptr<const std::uint16_t>(x), py, ptr<Out>(out), n);
     } else {
-      launch("unary_backward", (n + 7) / 8, unary_backward_kernel<kOp, float, float, Out>,
+      launch("unary_backward", unary_threads(n), unary_backward_kernel<kOp, float, float, Out>,
              ptr<const float>(grad_y), reads_x ? ptr<const float>(x) : nullptr, py, ptr<Out>(out),
              n);
     }

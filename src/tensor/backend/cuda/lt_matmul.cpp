@@ -21,14 +21,8 @@ namespace hpm::cuda {
 
 namespace {
 
-// An A/B switch of the environment: on unless it is "0".
-bool switched_on(const char* name) {
-  const char* v = std::getenv(name);
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}
-
 bool enabled() {
-  static const bool on = switched_on("HPM_CUDA_LT_EPILOGUES");
+  static const bool on = ab_switch_on("HPM_CUDA_LT_EPILOGUES");
   return on;
 }
 
@@ -262,7 +256,7 @@ bool lt_matmul_bias_grad(const LtProduct& p, float* bias_grad) {
   // HPM_CUDA_LT_BIAS_GRAD=0: the plain product and bias_grad.h's column sums instead, the A/B of
   // run 7's question (its ncu: the epilogue's bias gradient ran as a kernel of its own, after a
   // split-K product at about 480 TFLOP/s).
-  static const bool on = switched_on("HPM_CUDA_LT_BIAS_GRAD");
+  static const bool on = ab_switch_on("HPM_CUDA_LT_BIAS_GRAD");
   return on && run(p, CUBLASLT_EPILOGUE_BGRADB, bias_grad);
 }
 

@@ -41,6 +41,11 @@ bool allow_tf32() {
   return on;
 }
 
+bool ab_switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::string(v) != "0";
+}
+
 int device_count() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);

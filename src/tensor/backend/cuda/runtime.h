@@ -43,6 +43,10 @@ void check_launch(const char* kernel, const char* file, int line);
 // torch.backends.cuda.matmul.allow_tf32): off, they stay f32 throughout.
 bool allow_tf32();
 
+// An A/B switch of the environment for the benchmark (bench/gpu_gpt.py --ab-env): on unless the
+// variable is "0".
+bool ab_switch_on(const char* name);
+
 // How many devices the driver reports; throws std::runtime_error saying what was found (no
 // driver, no device) when there are none.
 int device_count();

@@ -1,6 +1,7 @@
 // The unary activations and their gradients of elementwise.cu (the formulas are the CPU's,
 // cpu/elementwise.cpp and cpu/vec.h, exp and erf approximations included, but for the exact GELU's
-// normal CDF on the card: gelu_cdf and apply_unary_to_bf16 below), apart from the launchers
+// normal CDF on the card: gelu_cdf, apply_unary_to_bf16 and apply_unary_backward_to_bf16 below),
+// apart from the launchers
 // so that tests/cuda_emulated can compile them for the CPU too (HPM_SIMT_EMULATION).
 #pragma once
 #include <cmath>
@@ -124,6 +125,31 @@ __device__ inline float apply_unary_to_bf16(float v) {
   return apply_unary<Op>(v);
 }
 
+// The GELUs' bf16 results on the card, rounded to nearest even by one instruction a pair
+// (cvt.rn.bf16x2.f32) where f32_to_bf16_bits takes eight (run 12's kernel: a fifth of the
+// forward's instructions). The same bits for every number; a NaN stays a NaN but with the card's
+// canonical payload, which is no loss where the card's GELU is within ulps of the CPU's, not its
+// bits, anyway. Every other op, and the CPU emulation, round by store8 (the CPU's bits).
+template <UnaryOp Op>
+__device__ inline void store8_result(std::uint16_t* p, const float (&v)[8]) {
+#if defined(__CUDA_ARCH__) && !defined(HPM_SIMT_EMULATION)
+  if constexpr (Op == UnaryOp::Gelu || Op == UnaryOp::GeluTanh) {
+    Bytes16 a;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // the first operand goes to the upper half
+      asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(a.w[k]) : "f"(v[2 * k + 1]), "f"(v[2 * k]));
+    }
+    store16(p, a);
+    return;
+  }
+#endif
+  store8(p, v);
+}
+template <UnaryOp Op>
+__device__ inline void store8_result(float* p, const float (&v)[8]) {
+  store8(p, v);
+}
+
 // dL/dx from g = dL/dy, the input u and the output v (0 for an operand the caller left undefined,
 // as the CPU's ternary map reads it).
 template <UnaryOp Op>
@@ -149,6 +175,26 @@ __device__ inline float apply_unary_backward(float g, float u, float v) {
   return 0.0f;
 }
 
+// The gradient of a bf16 result: apply_unary_backward's, but on the card the exact GELU's as
+// PyTorch's kernel computes it, g (Phi(u) + u phi(u)) with Phi(u) = (1 + erf(u / sqrt 2)) / 2 and
+// phi(u) = exp(-u^2 / 2) / sqrt(2 pi) by the card's fast exp: 40 instructions an element where
+// normal_cdf_pdf's two branches, IEEE division and Cephes exp took 82, and that kernel was
+// issue-bound (run 12: 1.96 ms a GPT-2 small step, at 55% of the bandwidth). Within a few f32 ulp
+// of the exact gradient but where 1 + erf cancels, beyond u = -4, where the gradient is under
+// 5e-4 |g| and its error a few 1e-7 |g|, as the forward's (apply_unary_to_bf16). An F32 result
+// keeps normal_cdf_pdf; the CPU emulation keeps apply_unary_backward's formula.
+template <UnaryOp Op>
+__device__ inline float apply_unary_backward_to_bf16(float g, float u, float v) {
+#if defined(__CUDACC__) && !defined(HPM_SIMT_EMULATION)
+  if constexpr (Op == UnaryOp::Gelu) {
+    constexpr float kInvSqrt2 = 0.70710678118654752440f, kInvSqrt2Pi = 0.39894228040143267794f;
+    const float cdf = 0.5f * (1.0f + erff(u * kInvSqrt2));
+    return g * (cdf + u * (kInvSqrt2Pi * __expf(-0.5f * u * u)));
+  }
+#endif
+  return apply_unary_backward<Op>(g, u, v);
+}
+
 template <UnaryOp Op>
 __global__ void unary_kernel(const float* x, float* y, std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] = apply_unary<Op>(x[i]);
@@ -158,19 +204,30 @@ __global__ void unary_kernel(const float* x, float* y, std::int64_t n) {
 // rounded too into xb when it is given. x F32 or BF16 (X float or its bits; xb then null).
 template <UnaryOp Op, typename X>
 __global__ void unary_bf16_kernel(const X* x, std::uint16_t* y, std::uint16_t* xb, std::int64_t n) {
-  // Eight elements a thread where every operand is 16-byte aligned (launch ceil(n / 8) threads),
-  // the rest one by one.
+  // Eight elements a 16-byte access where every operand is 16-byte aligned, and two such groups a
+  // thread, both read before either is computed (launch ceil(n / 16) threads); the rest one by
+  // one. With one group a thread the GELU of GPT-2 small's MLP ran at 39% of the H100's bandwidth
+  // and under half its issue rate (run 12: 0.154 ms a layer where PyTorch's took 0.085): each
+  // thread's one 16-byte read was all that it had in flight while its 300 instructions waited.
   const bool vec = aligned16(x) && aligned16(y) && (xb == nullptr || aligned16(xb));
-  const std::int64_t groups = vec ? n / 8 : 0;
-  for (std::int64_t g = first_index(); g < groups; g += grid_stride()) {
-    float v[8], r[8];
-    load8(x + 8 * g, v);
+  const std::int64_t groups = vec ? n / 8 : 0, stride = grid_stride();
+  for (std::int64_t g = first_index(); g < groups; g += 2 * stride) {
+    const std::int64_t h = g + stride;
+    const bool second = h < groups;
+    float v[2][8] = {}, r[8];
+    load8(x + 8 * g, v[0]);
+    if (second) load8(x + 8 * h, v[1]);
 #pragma unroll
-    for (int k = 0; k < 8; ++k) r[k] = apply_unary_to_bf16<Op>(v[k]);
-    store8(y + 8 * g, r);
-    if (xb != nullptr) store8(xb + 8 * g, v);
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1 && !second) break;
+      const std::int64_t at = 8 * (k == 0 ? g : h);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) r[e] = apply_unary_to_bf16<Op>(v[k][e]);
+      store8_result<Op>(y + at, r);
+      if (xb != nullptr) store8(xb + at, v[k]);
+    }
   }
-  for (std::int64_t i = 8 * groups + first_index(); i < n; i += grid_stride()) {
+  for (std::int64_t i = 8 * groups + first_index(); i < n; i += stride) {
     const float v = as_f32(x[i]);
     y[i] = f32_to_bf16_bits(apply_unary_to_bf16<Op>(v));
     if (xb != nullptr) xb[i] = f32_to_bf16_bits(v);
@@ -182,27 +239,47 @@ __global__ void unary_bf16_kernel(const X* x, std::uint16_t* y, std::uint16_t* x
 template <UnaryOp Op, typename G, typename X, typename Out>
 __global__ void unary_backward_kernel(const G* g, const X* x, const float* y, Out* out,
                                       std::int64_t n) {
-  // Vector bodies and a scalar tail, as unary_bf16_kernel's.
+  constexpr bool kBf16 = std::is_same_v<Out, std::uint16_t>;
+  const auto gradient = [](float gv, float u, float v) {
+    if constexpr (kBf16) {
+      return apply_unary_backward_to_bf16<Op>(gv, u, v);
+    } else {
+      return apply_unary_backward<Op>(gv, u, v);
+    }
+  };
+  // Vector bodies, two groups a thread, and a scalar tail, as unary_bf16_kernel's (launch
+  // ceil(n / 16) threads).
   const bool vec = aligned16(g) && aligned16(out) && (x == nullptr || aligned16(x)) &&
                    (y == nullptr || aligned16(y));
-  const std::int64_t groups = vec ? n / 8 : 0;
-  for (std::int64_t q = first_index(); q < groups; q += grid_stride()) {
-    float gv[8], u[8] = {}, v[8] = {}, d[8];
-    load8(g + 8 * q, gv);
-    if (x != nullptr) load8(x + 8 * q, u);
-    if (y != nullptr) load8(y + 8 * q, v);
+  const std::int64_t groups = vec ? n / 8 : 0, stride = grid_stride();
+  for (std::int64_t q = first_index(); q < groups; q += 2 * stride) {
+    const std::int64_t h = q + stride;
+    const bool second = h < groups;
+    float gv[2][8] = {}, u[2][8] = {}, v[2][8] = {}, d[8];
 #pragma unroll
-    for (int k = 0; k < 8; ++k) d[k] = apply_unary_backward<Op>(gv[k], u[k], v[k]);
-    store8(out + 8 * q, d);
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1 && !second) break;
+      const std::int64_t at = 8 * (k == 0 ? q : h);
+      load8(g + at, gv[k]);
+      if (x != nullptr) load8(x + at, u[k]);
+      if (y != nullptr) load8(y + at, v[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (k == 1 && !second) break;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) d[e] = gradient(gv[k][e], u[k][e], v[k][e]);
+      store8_result<Op>(out + 8 * (k == 0 ? q : h), d);
+    }
   }
-  for (std::int64_t i = 8 * groups + first_index(); i < n; i += grid_stride()) {
+  for (std::int64_t i = 8 * groups + first_index(); i < n; i += stride) {
     const float u = x != nullptr ? as_f32(x[i]) : 0.0f;
     const float v = y != nullptr ? y[i] : 0.0f;
-    const float d = apply_unary_backward<Op>(as_f32(g[i]), u, v);
-    if constexpr (std::is_same_v<Out, float>) {
-      out[i] = d;
-    } else {
+    const float d = gradient(as_f32(g[i]), u, v);
+    if constexpr (kBf16) {
       out[i] = f32_to_bf16_bits(d);
+    } else {
+      out[i] = d;
     }
   }
 }
