@@ -190,6 +190,9 @@ TEST(CrossEntropyEmulated, BlockRowsMatchTheCpu) {
   check_case<std::uint16_t>({6, 5003, true, 0.1f});
   check_case<float>({6, 4096, false, 0.1f});
   check_case<std::uint16_t>({6, 4096, true, 0.0f});
+  // 513 groups of eight for 256 threads: one thread's last pair has no second group.
+  check_case<std::uint16_t>({6, 4104, true, 0.0f});
+  check_case<float>({6, 4104, false, 0.1f});
 }
 
 // A label outside [0, C) leaves the smallest such row in the check word, whatever the order the
@@ -227,28 +230,32 @@ TEST(CrossEntropyEmulated, PredictionPassesOverNaNsUnlessFirst) {
 }
 
 void check_nan_rows(std::int64_t c) {
-  std::vector<float> logits(3 * c, 0.0f);
+  std::vector<float> logits(5 * c, 0.0f);
   logits[0] = kNaN;                                       // row 0: NaN first
   logits[5] = 1.0f;                                       // ...
   logits[c + 3] = kNaN;                                   // row 1: NaN elsewhere, max at 7
   logits[c + 7] = 2.0f;                                   // ...
   for (int j = 0; j < c; ++j) logits[2 * c + j] = -kInf;  // row 2: all -inf: the first
-  const std::vector<std::int64_t> labels(3, 0);
-  std::vector<float> stats(6);
-  std::vector<double> row_loss(3);
-  std::vector<std::int64_t> predicted(3, -1);
+  logits[3 * c + 9] = kInf;                               // row 3: one +inf (exp(inf - inf))
+  logits[4 * c + 2] = kInf;                               // row 4: two, the first wins
+  logits[4 * c + 40] = kInf;                              // ...
+  constexpr std::int64_t kRows = 5;
+  const std::vector<std::int64_t> labels(kRows, 0);
+  std::vector<float> stats(2 * kRows);
+  std::vector<double> row_loss(kRows);
+  std::vector<std::int64_t> predicted(kRows, -1);
   unsigned long long error = cuda::kNoError;
   simt::launch(1, cuda::kBlock, 0, [&] {
     cuda::cross_entropy_rows_kernel<true>(logits.data(), labels.data(), stats.data(),
-                                          row_loss.data(), &error, 3, c, 0.0, kIgnore,
+                                          row_loss.data(), &error, kRows, c, 0.0, kIgnore,
                                           predicted.data());
   });
-  const Tensor want = kernels::argmax_last(Tensor::from(logits, Shape{3, c}));
+  const Tensor want = kernels::argmax_last(Tensor::from(logits, Shape{kRows, c}));
   EXPECT_EQ(predicted, copy_of<std::int64_t>(want));
-  EXPECT_EQ(predicted, (std::vector<std::int64_t>{0, 7, 0}));
+  EXPECT_EQ(predicted, (std::vector<std::int64_t>{0, 7, 0, 9, 2}));
   Tensor stats_want;
-  kernels::cross_entropy_forward(Tensor::from(logits, Shape{3, c}),
-                                 Tensor::from_i64(labels, Shape{3}), 0.0f, stats_want, kIgnore);
+  kernels::cross_entropy_forward(Tensor::from(logits, Shape{kRows, c}),
+                                 Tensor::from_i64(labels, Shape{kRows}), 0.0f, stats_want, kIgnore);
   const std::vector<float> sw = copy_of<float>(stats_want);
   for (std::size_t i = 0; i < sw.size(); ++i) {
     if (std::isnan(sw[i])) {

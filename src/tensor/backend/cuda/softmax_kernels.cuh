@@ -182,6 +182,40 @@ struct RowScan {
     }
     if (smooth) xsum += v;
   }
+  // Eight logits j0.. at once, as add's one by one would leave the scan but for the rounding of s:
+  // the max grows (and s is rescaled) once a group, and the eight exps are independent of each
+  // other and of s (add's chain through s and its branch a logit held GPT-2 small's forward at
+  // half the bandwidth: run 12, 1.11 ms a step over 1.6 GB of bf16 logits). A -inf logit adds
+  // nothing; a NaN makes s NaN, as does a +inf, whose exp(+inf - +inf) is NaN as the CPU's.
+  __device__ void add8(const float (&v)[8], std::int64_t j0, bool predict, bool smooth) {
+    any = true;
+    float gm = v[0];
+#pragma unroll
+    for (int k = 1; k < 8; ++k) gm = fmaxf(gm, v[k]);  // NaNs passed over, unless all are
+    if (gm > m) {
+      s *= expf(m - gm);  // m = -inf: 0 (a NaN sum stays NaN)
+      m = gm;
+    }
+    // While m is -inf so is every logit so far: shifted by 0 they add exp(-inf) = 0, where
+    // -inf - -inf would be NaN. No test an element: the exps stay free of branches.
+    const float shift = m == kNegInf ? 0.0f : m;
+    float e[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) e[k] = expf(v[k] - shift);
+    s += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+    if (predict && (gm > best || (at < 0 && gm == gm))) {
+      // The group's first largest: of equal values (-0 and +0 included) the first.
+      int first = 0;
+#pragma unroll
+      for (int k = 7; k >= 0; --k) first = v[k] == gm ? k : first;  // registers, not a stack
+      best = gm;
+      at = j0 + first;
+    }
+    if (smooth) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) xsum += v[k];
+    }
+  }
 };
 
 // Per row of `c` logits: its max and 1 / sum(exp(x - max)) into stats (the backward recomputes
@@ -208,11 +242,17 @@ __global__ void cross_entropy_rows_kernel(const In* __restrict__ logits,
     const In* xr = logits + row * c;
     RowScan scan;
     if (vec) {
-      for (std::int64_t j = 8 * static_cast<std::int64_t>(team.rank); j < c; j += 8 * team.size) {
-        float v[8];
-        load8(xr + j, v);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) scan.add(v[k], j + k, predict, smooth);
+      // A thread's groups of eight in pairs, both read before either is scanned: two 16-byte
+      // reads in flight a thread, in the order one at a time would take them.
+      const std::int64_t groups = c / 8;
+      for (std::int64_t q = team.rank; q < groups; q += 2 * team.size) {
+        const std::int64_t q2 = q + team.size;
+        const bool second = q2 < groups;
+        float v[2][8];
+        load8(xr + 8 * q, v[0]);
+        if (second) load8(xr + 8 * q2, v[1]);
+        scan.add8(v[0], 8 * q, predict, smooth);
+        if (second) scan.add8(v[1], 8 * q2, predict, smooth);
       }
     } else {
       for (std::int64_t j = team.rank; j < c; j += team.size)
