@@ -120,6 +120,8 @@ const char* op_name(Op op) {
       "squared_norm",
       "dropout_mask",
       "to_bf16_many",
+      "cross_entropy_with_gradient_",
+      "scale_by_",
   };
   return names[static_cast<int>(op)];
 }
@@ -385,6 +387,19 @@ void scale_(Tensor& y, float alpha) {
   scope.backend().scale_(y, alpha);
 }
 
+void scale_by_(Tensor& y, const Tensor& s) {
+  if (s.numel() != 1 || s.dtype() != DType::F32 ||
+      (y.dtype() != DType::F32 && y.dtype() != DType::BF16)) {
+    throw std::invalid_argument(
+        "scale_by_: expected an F32 or BF16 tensor and a one-element F32 "
+        "scale, got " +
+        y.shape().str() + " " + dtype_name(y.dtype()) + " and " + s.shape().str() + " " +
+        dtype_name(s.dtype()));
+  }
+  OpScope scope(Op::kScaleBy, {&y, &s});
+  scope.backend().scale_by_(y, s);
+}
+
 Tensor unary(UnaryOp op, const Tensor& x) {
   OpScope scope(Op::kUnary, {&x});
   scope.set_detail(unary_name(op));
@@ -508,6 +523,13 @@ Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, co
   OpScope scope(Op::kCrossEntropyBackwardBf16, {&logits, &stats, &labels, &grad});
   return scope.backend().cross_entropy_backward_bf16(logits, stats, labels, label_smoothing, grad,
                                                      ignore_index, overwrite_logits);
+}
+
+Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
+                                    std::int64_t ignore_index, Tensor* predicted) {
+  OpScope scope(Op::kCrossEntropyWithGradient, {&logits, &labels});
+  return scope.backend().cross_entropy_with_gradient_(logits, labels, label_smoothing, ignore_index,
+                                                      predicted);
 }
 
 Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

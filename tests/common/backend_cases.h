@@ -822,6 +822,42 @@ inline std::vector<Case> cases() {
            return Outputs{kernels::argmax_last(to(kernels::to_bf16(randn(g, {37, classes}))))};
          }});
   }
+  // The forward with the gradient for 1 written over the logits: F32 and BF16 logits, a warp's
+  // rows (65, 256: eight a read) and a block's (5003, and 4104: 513 groups of eight), smoothed
+  // and not, an ignored row; the loss, the gradient in the logits' place, the prediction.
+  for (const std::int64_t classes :
+       {std::int64_t{65}, std::int64_t{256}, std::int64_t{5003}, std::int64_t{4104}}) {
+    for (const bool bf16 : {false, true}) {
+      for (const float smoothing : {0.0f, 0.1f}) {
+        c.push_back({"cross_entropy_with_gradient_ " + std::string(bf16 ? "bf16 " : "f32 ") +
+                         std::to_string(classes) + (smoothing != 0.0f ? " smoothed" : ""),
+                     Op::kCrossEntropyWithGradient,
+                     [classes, bf16, smoothing](Generator& g, const To& to) {
+                       Tensor y = labels(g, 37, classes);
+                       y.data<std::int64_t>()[3] = -100;
+                       const Tensor x = randn(g, {37, classes});
+                       Tensor logits = to(bf16 ? kernels::to_bf16(x) : x);
+                       Tensor predicted;
+                       const Tensor loss = kernels::cross_entropy_with_gradient_(
+                           logits, to(y), smoothing, -100, &predicted);
+                       return Outputs{loss, logits, predicted};
+                     },
+                     bf16 ? bf16_tolerance : 1e-4f});
+      }
+    }
+  }
+  // A gradient scaled by a device scalar: by 1 (nothing written), by -2.5; F32 and BF16.
+  for (const bool bf16 : {false, true}) {
+    c.push_back({std::string("scale_by_ ") + (bf16 ? "bf16" : "f32"), Op::kScaleBy,
+                 [bf16](Generator& g, const To& to) {
+                   const Tensor x = randn(g, {7, 301});
+                   Tensor once = to(bf16 ? kernels::to_bf16(x) : x), twice = once.clone();
+                   kernels::scale_by_(once, to(Tensor::scalar(1.0f)));
+                   kernels::scale_by_(twice, to(Tensor::scalar(-2.5f)));
+                   return Outputs{once, twice};
+                 },
+                 bf16 ? bf16_tolerance : 1e-6f});
+  }
   for (bool bf16 : {false, true}) {
     const auto q_of = [bf16](const Tensor& t) { return bf16 ? kernels::to_bf16(t) : t; };
     c.push_back(

@@ -77,6 +77,61 @@ Inputs make_inputs(const Case& k) {
   return {k.bf16 ? kernels::to_bf16(x) : x, labels};
 }
 
+// cross_entropy_with_gradient_kernel, launched as cross_entropy_with_gradient_ launches it,
+// against the CPU's op of that name: the loss, the prediction, and the gradient for 1 over the
+// logits (F32: within 1e-5 of the largest; BF16: one rounding apart).
+template <typename In>
+void check_with_gradient(const Case& k, const Inputs& in, const std::vector<std::int64_t>& labels,
+                         float count) {
+  Tensor want_logits = in.logits.clone(), want_predicted;
+  const float want = kernels::cross_entropy_with_gradient_(want_logits, in.labels, k.smoothing,
+                                                           kIgnore, &want_predicted)
+                         .item();
+  std::vector<In> logits = copy_of<In>(in.logits);
+  const auto n = static_cast<std::size_t>(k.n);
+  std::vector<double> row_loss(n, -1.0);
+  std::vector<std::int64_t> predicted(n, -1);
+  unsigned long long error = cuda::kNoError;
+  if (k.c <= cuda::kWarpRowMax) {
+    simt::launch(
+        cuda::grid_for((k.n + cuda::kBlock / 32 - 1) / (cuda::kBlock / 32)), cuda::kBlock, 0, [&] {
+          cuda::cross_entropy_with_gradient_kernel<true>(logits.data(), labels.data(), &count,
+                                                         row_loss.data(), &error, k.n, k.c,
+                                                         k.smoothing, kIgnore, predicted.data());
+        });
+  } else {
+    // A block of kBlock threads, not the launcher's kFusedRowThreads: the kernel takes any
+    // multiple of 32, and 1024 emulated threads a block cost the sanitizers' runs minutes.
+    simt::launch(cuda::grid_for(k.n), cuda::kBlock, 0, [&] {
+      cuda::cross_entropy_with_gradient_kernel<false>(logits.data(), labels.data(), &count,
+                                                      row_loss.data(), &error, k.n, k.c,
+                                                      k.smoothing, kIgnore, predicted.data());
+    });
+  }
+  float loss = -1.0f;
+  simt::launch(1, 1024, 0, [&] {
+    cuda::cross_entropy_mean_kernel(row_loss.data(), labels.data(), k.n, kIgnore, &loss);
+  });
+  EXPECT_EQ(error, cuda::kNoError);
+  if (std::isinf(want)) {
+    EXPECT_EQ(loss, want) << "fused loss";
+  } else {
+    EXPECT_NEAR(loss, want, 1e-5f * std::max(1.0f, std::abs(want))) << "fused loss";
+  }
+  EXPECT_EQ(predicted, copy_of<std::int64_t>(want_predicted)) << "fused predicted";
+  const std::vector<In> gw = copy_of<In>(want_logits);
+  float size = 0.0f;
+  for (const In x : gw) size = std::max(size, std::abs(widened(x)));
+  for (std::size_t i = 0; i < gw.size(); ++i) {
+    const float got = widened(logits[i]), w = widened(gw[i]);
+    if constexpr (std::is_same_v<In, float>) {
+      ASSERT_NEAR(got, w, 1e-5f * size) << "fused f32 gradient [" << i << "]";
+    } else {
+      ASSERT_NEAR(got, w, std::abs(w) / 128.0f + 1e-30f) << "fused bf16 gradient [" << i << "]";
+    }
+  }
+}
+
 template <typename In>
 void check_case(const Case& k) {
   SCOPED_TRACE(name(k));
@@ -174,6 +229,7 @@ void check_case(const Case& k) {
     ASSERT_NEAR(widened(gx16[i]), widened(g16w[i]), std::abs(widened(g16w[i])) / 128.0f + 1e-30f)
         << "bf16 gradient [" << i << "]";
   }
+  check_with_gradient<In>(k, in, labels, count);
 }
 
 TEST(CrossEntropyEmulated, WarpRowsMatchTheCpu) {

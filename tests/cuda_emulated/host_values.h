@@ -22,5 +22,6 @@ inline float widened(std::uint16_t bf16_bits) {
   std::memcpy(&f, &bits, sizeof f);
   return f;
 }
+inline float widened(float f) { return f; }  // for code over either element type
 
 }  // namespace hpm::emulated

@@ -78,6 +78,7 @@ inline thread_local Index thread_index, block_index, block_dim, grid_dim;
 inline thread_local Block* current_block = nullptr;
 
 inline void sync_threads() { current_block->sync_threads(); }
+inline void sync_warp() { current_block->sync_warp(thread_index.x); }
 inline unsigned char* shared_memory() { return current_block->shared(); }
 
 // Every lane gets the value lane `source(lane)` of its warp passed.
@@ -285,6 +286,7 @@ void launch(unsigned grid, unsigned threads, std::size_t shared_bytes, Kernel&& 
 #define blockDim (::hpm::simt::block_dim)
 #define gridDim (::hpm::simt::grid_dim)
 #define __syncthreads() ::hpm::simt::sync_threads()
+#define __syncwarp(...) ::hpm::simt::sync_warp()
 #define __shfl_xor_sync(mask, v, lane_mask) ::hpm::simt::shfl_xor((v), (lane_mask))
 #define __shfl_down_sync(mask, v, delta) ::hpm::simt::shfl_down((v), (delta))
 #define __float_as_uint(x) ::hpm::simt::bit_cast<unsigned>(static_cast<float>(x))

@@ -102,8 +102,10 @@ enum class Op : int {
   kSquaredNorm,
   kDropoutMask,
   kToBf16Many,
+  kCrossEntropyWithGradient,
+  kScaleBy,
 };
-inline constexpr int kOps = 78;
+inline constexpr int kOps = 80;
 const char* op_name(Op op);
 
 class Backend {
@@ -157,6 +159,7 @@ class Backend {
   virtual Tensor mul_scalar(const Tensor& a, float s) = 0;
   virtual void axpy_(Tensor& y, float alpha, const Tensor& x) = 0;
   virtual void scale_(Tensor& y, float alpha) = 0;
+  virtual void scale_by_(Tensor& y, const Tensor& s) = 0;
   virtual Tensor unary(UnaryOp op, const Tensor& x) = 0;
   virtual Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                                 const Tensor& y) = 0;
@@ -186,6 +189,9 @@ class Backend {
                                              const Tensor& labels, float label_smoothing,
                                              const Tensor& grad, std::int64_t ignore_index,
                                              bool overwrite_logits) = 0;
+  virtual Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels,
+                                              float label_smoothing, std::int64_t ignore_index,
+                                              Tensor* predicted) = 0;
   virtual Tensor attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                    float scale, Tensor& lse) = 0;
   virtual void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k,

@@ -64,6 +64,10 @@ Tensor add_scalar(const Tensor& a, float s);
 Tensor mul_scalar(const Tensor& a, float s);
 void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x (same numel)
 void scale_(Tensor& y, float alpha);                  // y *= alpha
+// y *= s, s a one-element F32 tensor on y's device, y F32 or BF16 (rounded back to it). Where s is
+// exactly 1 nothing is written, and a device decides that itself: no host wait for s (a loss's
+// gradient, 1 as a rule, scaling a gradient that assumed it).
+void scale_by_(Tensor& y, const Tensor& s);
 Tensor unary(UnaryOp op, const Tensor& x);
 // dL/dx for a unary op given dL/dy, the input x and the output y; x may be BF16 (a copy autocast
 // kept), read widened.
@@ -128,6 +132,14 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
 Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                                    float label_smoothing, const Tensor& grad,
                                    std::int64_t ignore_index = -100, bool overwrite_logits = false);
+// cross_entropy_forward and cross_entropy_backward (or its bf16 form, for BF16 logits) for an
+// upstream gradient of 1 in one pass over the logits, which receive the gradient: returns the loss
+// (0-d) and overwrites `logits` with d loss / d logits in their dtype, the values those two give
+// (stats are not kept). For a training step whose logits nothing reads after its loss: GPT-2's
+// (16 x 1024, 50304) logits are then read once and written once, not read twice and written once.
+// A later upstream gradient g other than 1 is scale_by_(logits, g).
+Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
+                                    std::int64_t ignore_index = -100, Tensor* predicted = nullptr);
 // Its gradients, scaled by grad (0-d); fills whichever pointer is non-null.
 void kl_div_backward(const Tensor& grad, const Tensor& input_log_probs, const Tensor& target_probs,
                      Tensor* grad_input, Tensor* grad_target);

@@ -75,6 +75,7 @@ Tensor add_scalar(const Tensor& a, float s);
 Tensor mul_scalar(const Tensor& a, float s);
 void axpy_(Tensor& y, float alpha, const Tensor& x);  // y += alpha * x (same numel)
 void scale_(Tensor& y, float alpha);                  // y *= alpha
+void scale_by_(Tensor& y, float s);  // y *= s, F32 or BF16 y; nothing done where s is 1
 
 Tensor unary(UnaryOp op, const Tensor& x);
 // to_bf16(unary(op, x)) (and *x_bf16 = to_bf16(x)) in one pass: block by block, no f32 output;
@@ -108,6 +109,9 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim);
 float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
                             Tensor& stats, std::int64_t ignore_index = -100,
                             Tensor* predicted = nullptr);
+// The forward, and over the logits (F32 or BF16) their gradient for an upstream 1 (kernels.h).
+float cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
+                                   std::int64_t ignore_index = -100, Tensor* predicted = nullptr);
 // Mean of -log_probs(N,C) at labels(N); its gradient, -grad / N at the labels.
 float nll_loss_forward(const Tensor& log_probs, const Tensor& labels);
 Tensor nll_loss_backward(float grad, const Tensor& labels, const Shape& shape);

@@ -214,6 +214,11 @@ class CpuBackend final : public Backend {
     return cpu::cross_entropy_backward(logits, stats, labels, label_smoothing, grad.item(),
                                        ignore_index, overwrite_logits);
   }
+  Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
+                                      std::int64_t ignore_index, Tensor* predicted) override {
+    return Tensor::scalar(cpu::cross_entropy_with_gradient_(logits, labels, label_smoothing,
+                                                            ignore_index, predicted));
+  }
   Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats,
                                      const Tensor& labels, float label_smoothing,
                                      const Tensor& grad, std::int64_t ignore_index,
@@ -331,6 +336,7 @@ class CpuBackend final : public Backend {
   Tensor mul_scalar(const Tensor& a, float s) override { return cpu::mul_scalar(a, s); }
   void axpy_(Tensor& y, float alpha, const Tensor& x) override { cpu::axpy_(y, alpha, x); }
   void scale_(Tensor& y, float alpha) override { cpu::scale_(y, alpha); }
+  void scale_by_(Tensor& y, const Tensor& s) override { cpu::scale_by_(y, s.item()); }
   Tensor unary(UnaryOp op, const Tensor& x) override { return cpu::unary(op, x); }
   Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                              const Tensor& y) override {

@@ -251,6 +251,21 @@ Tensor unary(UnaryOp op, const Tensor& x) {
   return y;
 }
 
+void scale_by_(Tensor& y, float s) {
+  if (s == 1.0f) return;
+  if (y.dtype() == DType::F32) {
+    scale_(y, s);
+    return;
+  }
+  auto* py = y.data<std::uint16_t>();
+  for_blocks(y.numel(), [&](std::int64_t lo, std::int64_t n) {
+    float block[kFusedBlock];
+    bf16_to_f32(py + lo, block, n);
+    for (std::int64_t i = 0; i < n; ++i) block[i] *= s;
+    f32_to_bf16(block, py + lo, n);
+  });
+}
+
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16) {
   Tensor y = Tensor::empty(x.shape(), DType::BF16, x.device());
   const bool widen = x.dtype() == DType::BF16;

@@ -204,6 +204,70 @@ std::int64_t row_grain(std::int64_t c) {
 
 }  // namespace
 
+namespace {
+
+// Row i's forward: its max and 1 / sum(exp(x - max)) into st, its argmax_last into *pred (when
+// given), and its loss term (0 for an ignored row):
+//   (1 - eps) * (lse - x[y]) + eps * (lse - mean_c(x))
+double cross_entropy_row(const float* row, std::int64_t c, std::int64_t y,
+                         std::int64_t ignore_index, float label_smoothing, float* st,
+                         std::int64_t* pred) {
+  const float mx = row_max(row, c);
+  if (pred != nullptr) {
+    // argmax_last's choice: the first largest value, unless the first is NaN (which no
+    // comparison beats there).
+    const std::int64_t best = c == 0 || std::isnan(row[0]) ? 0 : first_equal(row, c, mx);
+    *pred = best == c ? 0 : best;
+  }
+  const double sum = exp_sum(row, c, mx);
+  const double lse = mx + std::log(sum);
+  st[0] = mx;
+  st[1] = static_cast<float>(1.0 / sum);
+  if (y == ignore_index) return 0.0;
+  const double nll = lse - row[y];
+  // Without smoothing the mean term is left out, not multiplied by 0: a -inf logit (a masked
+  // class) makes it infinite, and 0 * inf would be NaN.
+  return label_smoothing != 0.0f
+             ? (1.0 - label_smoothing) * nll +
+                   label_smoothing * (lse - row_sum(row, c) / static_cast<double>(c))
+             : nll;
+}
+
+// The mean of the row terms over the rows not ignored (NaN when none is, as PyTorch), summed in
+// row order.
+float mean_of_counted(const std::vector<double>& row_loss, const std::int64_t* y, std::int64_t n,
+                      std::int64_t ignore_index) {
+  double total = 0.0;
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (y[i] == ignore_index) continue;
+    ++counted;
+    total += row_loss[static_cast<std::size_t>(i)];
+  }
+  return static_cast<float>(total / static_cast<double>(counted));
+}
+
+// Row i's gradient into g (c floats; it may be x): softmax from the row's stats less the smoothed
+// one-hot, times scale; zeros on an ignored row.
+void cross_entropy_gradient_row(const float* x, float* g, std::int64_t c, std::int64_t y,
+                                std::int64_t ignore_index, const float* st, float label_smoothing,
+                                float scale) {
+  if (y == ignore_index) {
+    std::fill(g, g + c, 0.0f);
+    return;
+  }
+  softmax_gradient_row(x, g, c, st[0], st[1], label_smoothing / static_cast<float>(c), scale);
+  g[y] -= (1.0f - label_smoothing) * scale;
+}
+
+std::int64_t count_counted(const std::int64_t* y, std::int64_t n, std::int64_t ignore_index) {
+  std::int64_t counted = 0;
+  for (std::int64_t i = 0; i < n; ++i) counted += y[i] != ignore_index;
+  return counted;
+}
+
+}  // namespace
+
 // loss_i = (1 - eps) * -log p[i, y_i] + eps * mean_c(-log p[i, c]), averaged over the rows i
 // whose label is not ignore_index (NaN when every row is ignored, as PyTorch). Rows in parallel,
 // their losses summed in row order.
@@ -223,36 +287,41 @@ float cross_entropy_forward(const Tensor& logits, const Tensor& labels, float la
     std::vector<float> widened(logits.dtype() == DType::BF16 ? static_cast<std::size_t>(c) : 0);
     for (std::int64_t i = first; i < last; ++i) {
       const float* row = f32_block(logits, i * c, c, widened.data());
-      const float mx = row_max(row, c);
-      if (pred != nullptr) {
-        // argmax_last's choice: the first largest value, unless the first is NaN (which no
-        // comparison beats there).
-        const std::int64_t best = c == 0 || std::isnan(row[0]) ? 0 : first_equal(row, c, mx);
-        pred[i] = best == c ? 0 : best;
-      }
-      const bool smoothed = label_smoothing != 0.0f;
-      const double sum = exp_sum(row, c, mx);
-      const double lse = mx + std::log(sum);
-      ps[2 * i] = mx;
-      ps[2 * i + 1] = static_cast<float>(1.0 / sum);
-      if (y[i] == ignore_index) continue;
-      const double nll = lse - row[y[i]];
-      // Without smoothing the mean term is left out, not multiplied by 0: a -inf logit (a
-      // masked class) makes it infinite, and 0 * inf would be NaN.
-      row_loss[static_cast<std::size_t>(i)] =
-          smoothed ? (1.0 - label_smoothing) * nll +
-                         label_smoothing * (lse - row_sum(row, c) / static_cast<double>(c))
-                   : nll;
+      row_loss[static_cast<std::size_t>(i)] = cross_entropy_row(
+          row, c, y[i], ignore_index, label_smoothing, ps + 2 * i, pred ? pred + i : nullptr);
     }
   });
-  double total = 0.0;
-  std::int64_t counted = 0;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (y[i] == ignore_index) continue;
-    ++counted;
-    total += row_loss[static_cast<std::size_t>(i)];
+  return mean_of_counted(row_loss, y, n, ignore_index);
+}
+
+// Each row's forward, then its gradient (for an upstream 1) over it while the row is at hand.
+float cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
+                                   std::int64_t ignore_index, Tensor* predicted) {
+  const std::int64_t n = check_labels(logits, labels, ignore_index), c = logits.size(-1);
+  std::int64_t* pred = nullptr;
+  if (predicted != nullptr) {
+    *predicted = Tensor::empty(labels.shape(), DType::I64, logits.device());
+    pred = predicted->data<std::int64_t>();
   }
-  return static_cast<float>(total / static_cast<double>(counted));
+  const auto* y = labels.data<std::int64_t>();
+  // cross_entropy_backward's scale for a gradient of 1: the same bits.
+  const float scale = 1.0f / static_cast<float>(count_counted(y, n, ignore_index));
+  const bool bf16 = logits.dtype() == DType::BF16;
+  std::vector<double> row_loss(static_cast<std::size_t>(n), 0.0);
+  parallel_for(n, row_grain(c), [&](std::int64_t first, std::int64_t last) {
+    // A BF16 row is widened whole before its gradient is rounded back over it.
+    std::vector<float> widened(bf16 ? static_cast<std::size_t>(c) : 0);
+    for (std::int64_t i = first; i < last; ++i) {
+      const float* row = f32_block(logits, i * c, c, widened.data());
+      float st[2];
+      row_loss[static_cast<std::size_t>(i)] = cross_entropy_row(
+          row, c, y[i], ignore_index, label_smoothing, st, pred ? pred + i : nullptr);
+      float* g = bf16 ? widened.data() : logits.data<float>() + i * c;
+      cross_entropy_gradient_row(row, g, c, y[i], ignore_index, st, label_smoothing, scale);
+      if (bf16) f32_to_bf16(g, logits.data<std::uint16_t>() + i * c, c);
+    }
+  });
+  return mean_of_counted(row_loss, y, n, ignore_index);
 }
 
 Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const Tensor& labels,
@@ -265,10 +334,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
                   : Tensor::empty(logits.shape(), out, logits.device());
   const float* ps = stats.data<float>();
   const auto* y = labels.data<std::int64_t>();
-  std::int64_t counted = 0;
-  for (std::int64_t i = 0; i < n; ++i) counted += y[i] != ignore_index;
-  const float scale = grad / static_cast<float>(counted);
-  const float smooth = label_smoothing / static_cast<float>(c);
+  const float scale = grad / static_cast<float>(count_counted(y, n, ignore_index));
   parallel_for(n, row_grain(c), [&](std::int64_t first, std::int64_t last) {
     std::vector<float> widened(logits.dtype() == DType::BF16 ? static_cast<std::size_t>(c) : 0);
     // A BF16 gradient row is computed in f32, then rounded as it is stored.
@@ -276,12 +342,7 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
     for (std::int64_t i = first; i < last; ++i) {
       const float* px = f32_block(logits, i * c, c, widened.data());
       float* pg = out == DType::BF16 ? row_f32.data() : gx.data<float>() + i * c;
-      if (y[i] == ignore_index) {
-        std::fill(pg, pg + c, 0.0f);
-      } else {
-        softmax_gradient_row(px, pg, c, ps[2 * i], ps[2 * i + 1], smooth, scale);
-        pg[y[i]] -= (1.0f - label_smoothing) * scale;
-      }
+      cross_entropy_gradient_row(px, pg, c, y[i], ignore_index, ps + 2 * i, label_smoothing, scale);
       if (out == DType::BF16) f32_to_bf16(pg, gx.data<std::uint16_t>() + i * c, c);
     }
   });

@@ -26,6 +26,8 @@ Tensor add_scalar(const Tensor& a, float s);
 Tensor mul_scalar(const Tensor& a, float s);
 void axpy_(Tensor& y, float alpha, const Tensor& x);
 void scale_(Tensor& y, float alpha);
+// y *= s (a one-element F32 tensor on the device), F32 or BF16 y; no pass where s is 1.
+void scale_by_(Tensor& y, const Tensor& s);
 Tensor unary(UnaryOp op, const Tensor& x);
 Tensor unary_backward(UnaryOp op, const Tensor& grad_y, const Tensor& x, const Tensor& y);
 Tensor unary_bf16(UnaryOp op, const Tensor& x, Tensor* x_bf16);

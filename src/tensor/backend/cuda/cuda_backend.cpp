@@ -77,6 +77,7 @@ class CudaBackend final : public Backend {
   Tensor mul_scalar(const Tensor& a, float s) override { return cuda::mul_scalar(a, s); }
   void axpy_(Tensor& y, float alpha, const Tensor& x) override { cuda::axpy_(y, alpha, x); }
   void scale_(Tensor& y, float alpha) override { cuda::scale_(y, alpha); }
+  void scale_by_(Tensor& y, const Tensor& s) override { cuda::scale_by_(y, s); }
   Tensor unary_backward_bf16(UnaryOp op, const Tensor& grad_y, const Tensor& x,
                              const Tensor& y) override {
     return cuda::unary_backward_bf16(op, grad_y, x, y);
@@ -166,6 +167,11 @@ class CudaBackend final : public Backend {
                                 std::int64_t ignore_index, bool overwrite_logits) override {
     return cuda::cross_entropy_backward(logits, stats, labels, label_smoothing, grad, ignore_index,
                                         overwrite_logits);
+  }
+  Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
+                                      std::int64_t ignore_index, Tensor* predicted) override {
+    return cuda::cross_entropy_with_gradient_(logits, labels, label_smoothing, ignore_index,
+                                              predicted);
   }
   Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats,
                                      const Tensor& labels, float label_smoothing,

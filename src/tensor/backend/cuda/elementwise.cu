@@ -7,6 +7,7 @@
 // including its exp and erf approximations (cpu/vec.h), so that both backends agree to float
 // rounding and at the edges (exp's flush to 0 below -86.6, the NaN bits of a rounding). The
 // activations' kernels are unary_kernels.cuh's.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -272,6 +273,28 @@ __global__ void axpy_kernel(float* y, float alpha, const float* x, std::int64_t 
 __global__ void scale_kernel(float* y, float alpha, std::int64_t n) {
   for (std::int64_t i = first_index(); i < n; i += grid_stride()) y[i] *= alpha;
 }
+// y *= *s for F32 y or BF16 y (T its bits, rounded back as f32_to_bf16_kernel rounds); nothing
+// at all where *s is exactly 1, which every thread reads first: the host never waits for s.
+template <typename T>
+__global__ void scale_by_kernel(T* y, const float* s, std::int64_t n) {
+  const float a = *s;
+  if (a == 1.0f) return;
+  const std::int64_t groups = aligned16(y) ? n / 8 : 0;
+  for (std::int64_t g = first_index(); g < groups; g += grid_stride()) {
+    float v[8];
+    load8(y + 8 * g, v);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] *= a;
+    store8(y + 8 * g, v);
+  }
+  for (std::int64_t i = 8 * groups + first_index(); i < n; i += grid_stride()) {
+    if constexpr (std::is_same_v<T, float>) {
+      y[i] *= a;
+    } else {
+      y[i] = f32_to_bf16_bits(as_f32(y[i]) * a);
+    }
+  }
+}
 
 template <typename F>
 void with_binary_op(BinaryOp op, F&& f) {
@@ -524,6 +547,29 @@ void axpy_(Tensor& y, float alpha, const Tensor& x) {
 void scale_(Tensor& y, float alpha) {
   require_dtype(y, DType::F32);
   launch("scale_", y.numel(), scale_kernel, ptr<float>(y), alpha, y.numel());
+}
+
+void scale_by_(Tensor& y, const Tensor& s) {
+  if (s.numel() != 1) {
+    throw std::invalid_argument("scale_by_: expected a one-element scale, got " + s.shape().str());
+  }
+  require_dtype(s, DType::F32);
+  const std::int64_t n = y.numel();
+  if (n == 0) return;
+  // A grid of at most a few blocks an SM, striding over y: where s is 1 (a loss's gradient, as a
+  // rule) the launch costs the blocks' one read of it, not a block per 2,048 elements.
+  constexpr std::int64_t kMostBlocks = 1024;
+  const unsigned blocks =
+      grid_for(std::min<std::int64_t>(kMostBlocks, (n + 8 * kThreads - 1) / (8 * kThreads)));
+  if (y.dtype() == DType::BF16) {
+    scale_by_kernel<<<blocks, kThreads, 0, current_stream()>>>(ptr<std::uint16_t>(y),
+                                                               ptr<const float>(s), n);
+  } else {
+    require_dtype(y, DType::F32);
+    scale_by_kernel<<<blocks, kThreads, 0, current_stream()>>>(ptr<float>(y), ptr<const float>(s),
+                                                               n);
+  }
+  HPM_CUDA_LAUNCH_CHECK("scale_by_");
 }
 
 Tensor unary(UnaryOp op, const Tensor& x) {

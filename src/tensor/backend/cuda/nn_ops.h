@@ -28,6 +28,9 @@ Tensor cross_entropy_backward(const Tensor& logits, const Tensor& stats, const T
 Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, const Tensor& labels,
                                    float label_smoothing, const Tensor& grad,
                                    std::int64_t ignore_index, bool overwrite_logits);
+// The forward with its gradient for an upstream 1 written over the logits (kernels.h).
+Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
+                                    std::int64_t ignore_index, Tensor* predicted);
 
 // ---- attention (attention.cu) -----------------------------------------------------------------
 // F32 or BF16 q, k, v (the BF16 path rounds as attention_bf16.cpp); head size up to 256.

@@ -78,6 +78,14 @@ struct Team {
     }
   }
   __device__ double sum(double v) const { return reduce(v, SumOp{}, 0.0); }
+  // A barrier of the team's threads, their memory accesses before it ordered before those after.
+  __device__ void sync() const {
+    if constexpr (kWarp) {
+      __syncwarp();
+    } else {
+      __syncthreads();
+    }
+  }
 };
 
 }  // namespace

@@ -180,6 +180,64 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
   return loss;
 }
 
+Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
+                                    std::int64_t ignore_index, Tensor* predicted) {
+  const std::int64_t n = check_labels(logits, labels), c = logits.size(-1);
+  std::int64_t* pp = nullptr;
+  if (predicted != nullptr) {
+    if (c > std::int64_t{0xffffffff}) {  // argmax_key's index field
+      throw std::invalid_argument("cross_entropy: " + std::to_string(c) +
+                                  " classes are too many to predict in the same pass");
+    }
+    *predicted = Tensor::empty(labels.shape(), DType::I64);
+    pp = ptr<std::int64_t>(*predicted);
+  }
+  Tensor loss = Tensor::empty(Shape{}, DType::F32);
+  cudaStream_t stream = current_stream();
+  if (n == 0) {
+    cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(nullptr, nullptr, 0, ignore_index,
+                                                      ptr<float>(loss));
+    HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
+    return loss;
+  }
+  Tensor row_loss = Tensor::empty({n}, DType::F64);
+  Tensor count = Tensor::empty({1}, DType::F32);
+  const IndexCheck check =
+      defer_index_check(current_context(), labels, [c](std::int64_t row, std::int64_t label) {
+        return "cross_entropy: label " + std::to_string(label) + " at row " + std::to_string(row) +
+               " is not a class index in [0, " + std::to_string(c) + ")";
+      });
+  unsigned long long* perr = check.word();
+  const auto* py = ptr<std::int64_t>(labels);
+  count_labels_kernel<<<1, 1024, 0, stream>>>(py, n, ignore_index, ptr<float>(count));
+  HPM_CUDA_LAUNCH_CHECK("count_labels_kernel");
+  const auto rows = [&](auto* px) {
+    if (c <= kWarpRowMax) {
+      cross_entropy_with_gradient_kernel<true>
+          <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+              px, py, ptr<float>(count), ptr<double>(row_loss), perr, n, c, label_smoothing,
+              ignore_index, pp);
+      HPM_CUDA_LAUNCH_CHECK("cross_entropy_with_gradient_kernel (warp)");
+    } else {
+      // 1024 threads a row: two blocks an SM hold 2 x 132 rows in flight (26 MB of GPT-2's bf16
+      // rows), so that the second read of each finds it in the 50 MB L2.
+      cross_entropy_with_gradient_kernel<false><<<grid_for(n), kFusedRowThreads, 0, stream>>>(
+          px, py, ptr<float>(count), ptr<double>(row_loss), perr, n, c, label_smoothing,
+          ignore_index, pp);
+      HPM_CUDA_LAUNCH_CHECK("cross_entropy_with_gradient_kernel (block)");
+    }
+  };
+  if (logits.dtype() == DType::BF16) {
+    rows(ptr<std::uint16_t>(logits));
+  } else {
+    rows(ptr<float>(logits));
+  }
+  cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(ptr<double>(row_loss), py, n, ignore_index,
+                                                    ptr<float>(loss));
+  HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
+  return loss;
+}
+
 namespace {
 
 // cross_entropy_backward's checks and launches into gx (F32, or BF16 bits when Out is
