@@ -24,7 +24,8 @@ HPM_CUDA_ATTENTION=mma16, those with one 16-row query tile a warp in the forward
 HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones, or
 HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues, HPM_CUDA_LT_BIAS_GRAD=0,
 without its bias-gradient epilogue only, HPM_CUDA_UNARY_PAIRS=0, the activations' kernels with one
-8-element group a thread instead of two) and prints its rate beside
+8-element group a thread instead of two, HPM_FUSED_CROSS_ENTROPY=0, the loss's forward and backward
+passes over the logits apart instead of the gradient written in the forward) and prints its rate beside
 the first; repeatable, one run per variable.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off

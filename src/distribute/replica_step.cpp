@@ -68,7 +68,11 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
     const auto replicas = static_cast<double>(o.replicas_in_sync);
     const double part_weight = whole ? -1.0 : objective.weight(part);
     const double scale = whole ? replicas : replicas * part_weight / step_weight;
-    WeightedLoss w = weighted_loss(objective, outputs, part, scale, !read_at_end);
+    WeightedLoss w = [&] {
+      // This handle on the outputs, the only one, goes once the objective has their loss.
+      const OutputsSpentScope spent(objective.spends_outputs());
+      return weighted_loss(objective, outputs, part, scale, !read_at_end);
+    }();
     outputs = Tensor();  // its memory is the loss's to reuse in backward (a classifier's logits)
     // A part with nothing to count (every target ignored) adds nothing to the step: its mean loss
     // is 0/0, NaN, as torch's over no tokens, but its gradients are zeros and its weight is 0.

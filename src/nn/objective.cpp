@@ -153,7 +153,8 @@ void add_accuracy(Metrics& m, const Tensor& hits, double rows) {
 ObjectiveResult Classification::compute(const Tensor& outputs, const Batch& batch) const {
   ObjectiveResult r;
   Tensor predicted;  // top1_hits' argmax, from the loss's pass over the logits
-  r.loss = cross_entropy(outputs, batch.targets, smoothing_, -100, &predicted);
+  // Nothing here reads the outputs after the loss (spends_outputs).
+  r.loss = cross_entropy(outputs, batch.targets, smoothing_, -100, &predicted, outputs_spent());
   const auto rows = static_cast<double>(batch.rows());
   add_loss(r.metrics, r.loss, rows);
   add_accuracy(r.metrics, kernels::count_matches(predicted, batch.targets, kNoIgnore), rows);
@@ -173,7 +174,8 @@ ObjectiveResult LanguageModelling::compute(const Tensor& outputs, const Batch& b
   }
   ObjectiveResult r;
   Tensor predicted;  // top1_hits' argmax, from the loss's pass over the logits
-  r.loss = cross_entropy(outputs, batch.targets, smoothing_, ignore_, &predicted);
+  // Nothing here reads the outputs after the loss (spends_outputs).
+  r.loss = cross_entropy(outputs, batch.targets, smoothing_, ignore_, &predicted, outputs_spent());
   // The loss is a mean over the counted tokens; both sums wait on the device with the counts.
   const Tensor counts = kernels::count_matches(predicted, batch.targets, ignore_);
   Metrics::Pending loss;

@@ -8,6 +8,7 @@
 #include "hpm/autograd/autocast.h"
 #include "hpm/nn/gpt.h"
 #include "hpm/nn/objective.h"
+#include "hpm/tensor/backend.h"
 #include "hpm/tensor/kernels.h"
 #include "hpm/tensor/random.h"
 
@@ -26,6 +27,7 @@ class RecordingObjective : public nn::LanguageModelling {
     return LanguageModelling::compute(outputs, batch);
   }
   bool reads_bf16_outputs() const override { return reads_bf16_; }
+  bool spends_outputs() const override { return true; }  // it reads nothing after its base
   mutable DType seen = DType::I64;
 
  private:
@@ -97,6 +99,83 @@ TEST(ReplicaStep, AMicroBatchWithNothingCountedAddsNothing) {
   ASSERT_EQ(halves_grads.size(), whole_grads.size());
   for (std::size_t i = 0; i < whole_grads.size(); ++i)
     EXPECT_NEAR(halves_grads[i], whole_grads[i], 1e-5f + 1e-4f * std::abs(whole_grads[i])) << i;
+}
+
+// A language modelling objective that keeps a handle on the outputs it gets: its cross-entropy
+// must leave them as they are (the separate forward and backward passes).
+class KeepingObjective : public nn::LanguageModelling {
+ public:
+  nn::ObjectiveResult compute(const Tensor& outputs, const nn::Batch& batch) const override {
+    kept = outputs;
+    return LanguageModelling::compute(outputs, batch);
+  }
+  bool reads_bf16_outputs() const override { return true; }
+  bool spends_outputs() const override { return true; }  // wrongly: its handle must protect them
+  mutable Tensor kept;
+};
+
+// A training step's outputs are spent once its objective has the loss: a GPT's cross-entropy
+// writes the logits' gradient in its forward (one kernel over them, none in backward), with the
+// gradients of the separate passes, bit for bit, in f32 and in bf16.
+TEST(ReplicaStep, SpendsTheLogitsOnTheirLossWithTheSameGradients) {
+  nn::GPTConfig c = testing::tiny_gpt_config();
+  const nn::Batch batch = testing::token_batch(4, 8, c.vocab_size, 7);
+  const bool fusions = autograd::bf16_fusions();
+  autograd::set_bf16_fusions(true);
+  for (const Precision p : {Precision::F32, Precision::BF16}) {
+    if (p == Precision::BF16 && !kernels::native_bf16()) continue;
+    SCOPED_TRACE(p == Precision::BF16 ? "bf16" : "f32");
+    std::vector<float> grads[2];
+    for (const bool keep : {false, true}) {
+      manual_seed(14);
+      nn::GPT model(c);
+      const nn::LanguageModelling spends;
+      const KeepingObjective keeps;
+      ReplicaStepOptions o;
+      o.precision = p;
+      const auto fused0 = dispatch_count(DeviceType::kCpu, Op::kCrossEntropyWithGradient);
+      const ReplicaStepResult r =
+          replica_step(model, keep ? static_cast<const nn::Objective&>(keeps) : spends, batch, o);
+      EXPECT_TRUE(r.finite);
+      EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kCrossEntropyWithGradient) - fused0,
+                keep ? 0u : 1u);
+      for (const auto& [name, param] : model.named_parameters()) {
+        const std::vector<float> g = param.grad().to_vector();
+        grads[keep].insert(grads[keep].end(), g.begin(), g.end());
+      }
+    }
+    ASSERT_EQ(grads[0].size(), grads[1].size());
+    for (std::size_t i = 0; i < grads[0].size(); ++i) ASSERT_EQ(grads[0][i], grads[1][i]) << i;
+  }
+  autograd::set_bf16_fusions(fusions);
+}
+
+// A subclass of a spending objective that reads the outputs after its base's loss (a term of its
+// own on the logits) finds them as they were: it spends nothing unless it says so.
+class ReadingAfterObjective : public nn::LanguageModelling {
+ public:
+  nn::ObjectiveResult compute(const Tensor& outputs, const nn::Batch& batch) const override {
+    before = outputs.to(Device::cpu()).to_vector();
+    nn::ObjectiveResult r = LanguageModelling::compute(outputs, batch);
+    after = outputs.to(Device::cpu()).to_vector();
+    return r;
+  }
+  mutable std::vector<float> before, after;
+};
+
+TEST(ReplicaStep, LeavesTheOutputsToASubclassThatReadsThemAfterItsBase) {
+  nn::GPTConfig c = testing::tiny_gpt_config();
+  manual_seed(14);
+  nn::GPT model(c);
+  const ReadingAfterObjective objective;
+  EXPECT_FALSE(objective.spends_outputs());
+  EXPECT_TRUE(nn::LanguageModelling().spends_outputs());
+  const auto fused0 = dispatch_count(DeviceType::kCpu, Op::kCrossEntropyWithGradient);
+  EXPECT_TRUE(
+      replica_step(model, objective, testing::token_batch(4, 8, c.vocab_size, 7), {}).finite);
+  EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kCrossEntropyWithGradient) - fused0, 0u);
+  ASSERT_FALSE(objective.before.empty());
+  EXPECT_EQ(objective.after, objective.before);
 }
 
 }  // namespace

@@ -119,8 +119,31 @@ Tensor masked_softmax(const Tensor& x, const Tensor& mask, int dim = -1);
 // Mean over the rows of logits (..., C) whose label (...) is not ignore_index: (N, C) for a
 // classifier, (B, T, V) for a language model. With `predicted`, also each row's argmax (I64, the
 // labels' shape; kernels::argmax_last's) from the same pass over the logits.
+//
+// logits_spent is the caller's word that nothing reads the logits after this op (a training
+// step's objective passes outputs_spent()). Where the logits' gradient will then be wanted (grad
+// mode on, logits requiring it, the gradient in their dtype) and no other tensor holds their
+// memory, the forward writes that gradient over them for an upstream gradient of 1
+// (kernels::cross_entropy_with_gradient_: GPT-2's 1.6 GB of logits read once, not twice), and the
+// backward scales it by the one it gets (no pass where that is 1). The values are those of the
+// separate passes. HPM_FUSED_CROSS_ENTROPY=0 at start keeps the separate passes (an A/B).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing = 0.0f,
-                     std::int64_t ignore_index = -100, Tensor* predicted = nullptr);
+                     std::int64_t ignore_index = -100, Tensor* predicted = nullptr,
+                     bool logits_spent = false);
+// Whether this thread is inside an OutputsSpentScope(true): the caller of an objective drops the
+// model's outputs once the objective has its loss (distribute::replica_step), so an objective
+// whose cross_entropy reads them last may tell it so (its logits_spent).
+bool outputs_spent();
+class OutputsSpentScope {
+ public:
+  explicit OutputsSpentScope(bool spent);
+  ~OutputsSpentScope();
+  OutputsSpentScope(const OutputsSpentScope&) = delete;
+  OutputsSpentScope& operator=(const OutputsSpentScope&) = delete;
+
+ private:
+  bool previous_;
+};
 Tensor nll_loss(const Tensor& log_probs, const Tensor& labels);
 Tensor mse_loss(const Tensor& input, const Tensor& target);
 // KL(target || exp(input)) summed over classes and divided by the batch size, as PyTorch's

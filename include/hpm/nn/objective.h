@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <typeinfo>
 #include <vector>
 
 #include "hpm/autograd/ops.h"
@@ -96,6 +97,12 @@ class Objective {
   // Whether compute() reads bf16 outputs as they are (autograd::bf16_outputs): its every use of
   // them accepts BF16 (cross-entropy, top-1 hits).
   virtual bool reads_bf16_outputs() const { return false; }
+  // Whether compute() reads the outputs last through its cross_entropy: a training step, which
+  // drops them once it has the loss, then opens an autograd::OutputsSpentScope around compute(),
+  // and compute() passes outputs_spent() as cross_entropy's logits_spent (their gradient written
+  // over them in the forward). An objective that reads them after its loss, or wraps one that
+  // spends them (a distillation's), must answer false: its base then sees no scope.
+  virtual bool spends_outputs() const { return false; }
   virtual std::string name() const = 0;
 };
 
@@ -108,6 +115,9 @@ class Classification : public Objective {
     return {"loss", "accuracy"};
   }
   bool reads_bf16_outputs() const override { return true; }
+  // This class itself; a subclass may read the outputs after this compute(): it spends them only
+  // where it says so.
+  bool spends_outputs() const override { return typeid(*this) == typeid(Classification); }
   std::string name() const override { return "classification"; }
 
  private:
@@ -129,6 +139,8 @@ class LanguageModelling : public Objective {
   void derive(Metrics& m) const override;
   const Objective* evaluation() const override { return plain_ ? plain_.get() : this; }
   bool reads_bf16_outputs() const override { return true; }
+  // As Classification's.
+  bool spends_outputs() const override { return typeid(*this) == typeid(LanguageModelling); }
   std::string name() const override { return "language_modelling"; }
 
  private:

@@ -3,12 +3,16 @@
 // reference cycle).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <stdexcept>
+#include <string>
 
 #include "autograd/ops/common.h"
 #include "hpm/autograd/deferred.h"
+#include "hpm/autograd/grad_mode.h"
 
 namespace hpm {
 
@@ -34,19 +38,69 @@ Tensor masked_softmax(const Tensor& x, const Tensor& mask, int dim) {
   return softmax(masked_fill(x, mask, -std::numeric_limits<float>::infinity()), dim);
 }
 
+namespace {
+
+thread_local bool spent_outputs = false;
+
+// Whether cross_entropy may write the logits' gradient in its forward (HPM_FUSED_CROSS_ENTROPY=0
+// at start: never, the A/B of the pass it saves).
+bool fused_cross_entropy() {
+  static const bool on = [] {
+    const char* v = std::getenv("HPM_FUSED_CROSS_ENTROPY");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+// Whether the gradient of spent logits can be written over them in the forward: wanted, of their
+// dtype (a bf16 product's rule takes it in bf16), and their memory held by this tensor alone (a
+// view of it, or another handle, may still be read).
+bool gradient_over_logits(const Tensor& logits, bool bf16_grad) {
+  return fused_cross_entropy() && autograd::grad_enabled() && logits.requires_grad() &&
+         (logits.dtype() == DType::BF16) == bf16_grad && logits.impl_ptr().use_count() == 1 &&
+         logits.impl()->storage.use_count() == 1;
+}
+
+}  // namespace
+
+bool outputs_spent() { return spent_outputs; }
+OutputsSpentScope::OutputsSpentScope(bool spent) : previous_(spent_outputs) {
+  spent_outputs = spent;
+}
+OutputsSpentScope::~OutputsSpentScope() { spent_outputs = previous_; }
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                     std::int64_t ignore_index, Tensor* predicted) {
+                     std::int64_t ignore_index, Tensor* predicted, bool logits_spent) {
   if (label_smoothing < 0.0f || label_smoothing > 1.0f) {
     throw std::invalid_argument("label_smoothing must be in [0, 1]");
+  }
+  // The logits' gradient in bf16 when it goes to a bf16 product's rule (a classifier under bf16
+  // autocast), which would round it first thing: half the bytes written, no rounding pass there.
+  const bool bf16_grad = bf16_gradient_taken(logits);
+  if (logits_spent && gradient_over_logits(logits, bf16_grad)) {
+    Tensor gradient = logits.detach();  // their memory, which nothing reads after this
+    const Tensor loss = kernels::cross_entropy_with_gradient_(gradient, labels, label_smoothing,
+                                                              ignore_index, predicted);
+    auto taken = std::make_shared<bool>(false);
+    return record("CrossEntropy", {logits}, loss, [gradient, taken](const Tensor& g, const Needs&) {
+      // Scaled in place: a second backward would find it scaled, and no logits
+      // to recompute it from.
+      if (*taken) {
+        throw std::logic_error(
+            "cross_entropy: its gradient was written over the spent logits and is "
+            "taken already; a second backward through it needs logits_spent off");
+      }
+      *taken = true;
+      Tensor gx = gradient;
+      kernels::scale_by_(gx, g);
+      return Tensors{gx};
+    });
   }
   // The backward keeps the logits and two numbers a row, not a (rows, C) tensor of probabilities.
   Tensor stats;
   Tensor loss = kernels::cross_entropy_forward(logits, labels, label_smoothing, stats, ignore_index,
                                                predicted);
   const Tensor kept = logits.detach();
-  // The logits' gradient in bf16 when it goes to a bf16 product's rule (a classifier under bf16
-  // autocast), which would round it first thing: half the bytes written, no rounding pass there.
-  const bool bf16_grad = bf16_gradient_taken(logits);
   return record("CrossEntropy", {logits}, loss,
                 [kept, stats, labels, label_smoothing, ignore_index, bf16_grad](const Tensor& g,
                                                                                 const Needs&) {
