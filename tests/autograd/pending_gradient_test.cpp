@@ -4,6 +4,7 @@
 // gradient shares the pending one.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -44,6 +45,35 @@ TEST(PendingGradient, LayerNormBackwardAddsIntoItAsTheEnginesSumWould) {
       expect_same_bits(gw_into, gw_fresh, "dw");
     }
   }
+}
+
+// A tied embedding (a GPT's token table, its classifier's weight too): the embedding's rule adds
+// its rows into the classifier's gradient waiting for the table, no sum of the two dispatched;
+// the values those of the two gradients summed (to the order of the additions).
+TEST(PendingGradient, ATiedEmbeddingAddsItsRowsIntoTheClassifiersGradient) {
+  Generator gen(9);
+  const Tensor w0 = Tensor::randn({12, 6}, gen);
+  const std::vector<std::int64_t> picks{3, 0, 3, 7, 11, 3, 5, 0}, targets{1, 2, 3, 4, 5, 6, 7, 8};
+  const Tensor idx = Tensor::from_i64(picks, Shape{8}),
+               labels = Tensor::from_i64(targets, Shape{8});
+  // The loss with the table's two uses, each of them optionally cut off from the gradient.
+  const auto grad = [&](bool embedding_grad, bool classifier_grad) {
+    Tensor w = w0.clone();
+    w.set_requires_grad(true);
+    const Tensor h = embedding(embedding_grad ? w : w.detach(), idx);
+    const Tensor loss =
+        cross_entropy(linear(h, classifier_grad ? w : w.detach(), Tensor()), labels);
+    const auto sums = dispatch_count(DeviceType::kCpu, Op::kBinary);
+    loss.backward();
+    EXPECT_EQ(dispatch_count(DeviceType::kCpu, Op::kBinary) - sums, 0u);
+    return w.grad();
+  };
+  const std::vector<float> both = grad(true, true).to_vector();
+  const std::vector<float> rows = grad(true, false).to_vector(),
+                           cls = grad(false, true).to_vector();
+  ASSERT_EQ(both.size(), rows.size());
+  for (std::size_t i = 0; i < both.size(); ++i)
+    EXPECT_NEAR(both[i], rows[i] + cls[i], 1e-6f * (1.0f + std::abs(cls[i]))) << i;
 }
 
 TEST(PendingGradient, TheGradientAddedIntoMustBeAnF32TensorOfXsShape) {

@@ -165,7 +165,7 @@ TEST(SpentLogits, AreLeftAsTheyAreWhereAnythingElseCouldReadThem) {
 }
 
 // The gradient is scaled in place and no logits remain to recompute it from: a second backward
-// through the loss is an error, not a twice-scaled gradient.
+// through the loss is the engine's error, not a twice-scaled gradient.
 TEST(SpentLogits, RefuseASecondBackward) {
   const Classifier c;
   Tensor w = c.w.clone();

@@ -81,16 +81,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smo
     Tensor gradient = logits.detach();  // their memory, which nothing reads after this
     const Tensor loss = kernels::cross_entropy_with_gradient_(gradient, labels, label_smoothing,
                                                               ignore_index, predicted);
-    auto taken = std::make_shared<bool>(false);
-    return record("CrossEntropy", {logits}, loss, [gradient, taken](const Tensor& g, const Needs&) {
-      // Scaled in place: a second backward would find it scaled, and no logits
-      // to recompute it from.
-      if (*taken) {
-        throw std::logic_error(
-            "cross_entropy: its gradient was written over the spent logits and is "
-            "taken already; a second backward through it needs logits_spent off");
-      }
-      *taken = true;
+    // Scaled in place, once: the engine runs a rule once (a second backward is its error).
+    return record("CrossEntropy", {logits}, loss, [gradient](const Tensor& g, const Needs&) {
       Tensor gx = gradient;
       kernels::scale_by_(gx, g);
       return Tensors{gx};
