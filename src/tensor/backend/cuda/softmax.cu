@@ -219,8 +219,9 @@ Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float 
               ignore_index, pp);
       HPM_CUDA_LAUNCH_CHECK("cross_entropy_with_gradient_kernel (warp)");
     } else {
-      // 1024 threads a row: two blocks an SM hold 2 x 132 rows in flight (26 MB of GPT-2's bf16
-      // rows), so that the second read of each finds it in the 50 MB L2.
+      // 512 threads a row, two blocks an SM (the kernel's launch bounds hold it to 64 registers
+      // a thread): 2 x 132 rows in flight (26 MB of GPT-2's bf16 rows), so that the second read
+      // of each finds it in the 50 MB L2, and one block's reads overlap the other's reductions.
       cross_entropy_with_gradient_kernel<false><<<grid_for(n), kFusedRowThreads, 0, stream>>>(
           px, py, ptr<float>(count), ptr<double>(row_loss), perr, n, c, label_smoothing,
           ignore_index, pp);
