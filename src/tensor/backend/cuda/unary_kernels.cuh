@@ -177,7 +177,7 @@ __device__ inline float apply_unary_backward(float g, float u, float v) {
 
 // The gradient of a bf16 result: apply_unary_backward's, but on the card the exact GELU's as
 // PyTorch's kernel computes it, g (Phi(u) + u phi(u)) with Phi(u) = (1 + erf(u / sqrt 2)) / 2 and
-// phi(u) = exp(-u^2 / 2) / sqrt(2 pi) by the card's fast exp: 40 instructions an element where
+// phi(u) = exp(-u^2 / 2) / sqrt(2 pi) by the card's fast exp: 42 instructions an element where
 // normal_cdf_pdf's two branches, IEEE division and Cephes exp took 82, and that kernel was
 // issue-bound (run 12: 1.96 ms a GPT-2 small step, at 55% of the bandwidth). Within a few f32 ulp
 // of the exact gradient but where 1 + erf cancels, beyond u = -4, where the gradient is under
