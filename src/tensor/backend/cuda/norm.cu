@@ -77,8 +77,9 @@ Tensor run_layer_norm_forward(const Tensor& x, std::int64_t normalized, const Te
   cudaStream_t stream = current_stream();
   if (normalized <= kWarpRowMax) {
     with_row_slots(normalized, [&](auto slots, auto full) {
+      constexpr std::int64_t kWarps = kForwardRowsBlock / 32;
       layer_norm_forward_rows_kernel<Out, decltype(slots)::value, decltype(full)::value>
-          <<<grid_for((rows + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+          <<<grid_for((rows + kWarps - 1) / kWarps), kForwardRowsBlock, 0, stream>>>(
               ptr<float>(x), px2, psum, pw, pb, ptr<Out>(y), xb, ptr<float>(save_mean),
               ptr<float>(save_rstd), rows, normalized, eps);
     });
