@@ -191,6 +191,12 @@ class OpScope {
   void set_detail(const char* detail) {
     if (profile_) profile_->set_detail(detail);
   }
+  // A product's M x N x K, for the op profile (made only while it records): each shape of a
+  // step's products its own row.
+  void set_product_detail(std::int64_t m, std::int64_t n, std::int64_t k) {
+    if (!profile_ || !profile_->active()) return;
+    profile_->set_detail(std::to_string(m) + "x" + std::to_string(n) + "x" + std::to_string(k));
+  }
 
  private:
   void see(const Tensor& t, int at) {
@@ -317,6 +323,10 @@ void check_product_out(const char* op, const Tensor& a, const Tensor& b, DType o
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType out) {
   OpScope scope(Op::kMatmul, {&a, &b});
   check_product_out("matmul", a, b, out);
+  if (a.dim() == 2 && b.dim() == 2) {
+    scope.set_product_detail(a.size(trans_a ? 1 : 0), b.size(trans_b ? 0 : 1),
+                             a.size(trans_a ? 0 : 1));
+  }
   return scope.backend().matmul(a, b, trans_a, trans_b, out);
 }
 
@@ -343,6 +353,9 @@ Tensor linear(const Tensor& x, const Tensor& w, const Tensor& bias, DType out,
                                   " " + residual.shape().str());
     }
   }
+  if (x.dim() >= 1 && w.dim() == 2 && x.size(-1) > 0) {
+    scope.set_product_detail(x.numel() / x.size(-1), w.size(0), w.size(1));
+  }
   return scope.backend().linear(x, w, bias, out, residual);
 }
 
@@ -358,6 +371,7 @@ Tensor linear_param_grads_(Tensor& dw, const Tensor& g, const Tensor& x, bool ac
                                 dtype_name(dw.dtype()) + " " + dw.shape().str());
   }
   OpScope scope(Op::kLinearParamGrads, {&dw, &g, &x});
+  scope.set_product_detail(g.size(1), x.size(1), g.size(0));
   return scope.backend().linear_param_grads_(dw, g, x, accumulate);
 }
 

@@ -93,14 +93,14 @@ std::string table(const std::vector<Row>& rows, double wall_seconds, std::int64_
   const double wall = wall_seconds > 0 ? wall_seconds : 1.0;
   std::string out;
   char line[256];
-  std::snprintf(line, sizeof line, "%-22s %-12s %-5s %-7s %10s %10s %10s %7s\n", "op", "detail",
+  std::snprintf(line, sizeof line, "%-22s %-16s %-5s %-7s %10s %10s %10s %7s\n", "op", "detail",
                 "dtype", "device", "ms/step", "host ms", "calls/step", "share");
   out += line;
   double sum = 0, host = 0;
   for (const Row& r : rows) {
     sum += r.seconds;
     host += r.host_seconds;
-    std::snprintf(line, sizeof line, "%-22s %-12s %-5s %-7s %10.3f %10.3f %10.1f %6.1f%%\n",
+    std::snprintf(line, sizeof line, "%-22s %-16s %-5s %-7s %10.3f %10.3f %10.1f %6.1f%%\n",
                   r.name.c_str(), r.detail.empty() ? "-" : r.detail.c_str(), r.dtype.c_str(),
                   r.device.c_str(), r.seconds * per * 1e3, r.host_seconds * per * 1e3,
                   static_cast<double>(r.calls) * per, 100.0 * r.seconds / wall);

@@ -44,7 +44,7 @@ TEST(OpProfile, CountsEachOpByFunctionAndDtypeWhileOn) {
     kernels::matmul(a, b, false, false);  // after stop: not recorded
     rows = op_profile::rows();
   }
-  const auto* mm = find(rows, "matmul");
+  const auto* mm = find(rows, "matmul", "8x8x8");  // a product's detail: its M x N x K
   ASSERT_NE(mm, nullptr);
   EXPECT_EQ(mm->calls, 3);
   EXPECT_EQ(mm->dtype, "F32");
@@ -83,11 +83,36 @@ TEST(OpProfile, TimesOpsAndCopiesOnAnotherDeviceType) {
   const Tensor on_twin = a.to(twin);
   kernels::matmul(on_twin, on_twin, false, true);
   const auto rows = op_profile::rows();
-  const auto* mm = find(rows, "matmul");
+  const auto* mm = find(rows, "matmul", "4x4x4");
   ASSERT_NE(mm, nullptr);
   EXPECT_EQ(mm->device, "private");
   // The twin is host memory to the CPU backend, so a copy to it is a host copy: not an op.
   EXPECT_EQ(find(rows, "copy to device"), nullptr);
+}
+
+// A product's row names its M x N x K: each shape of a step's products its own row.
+TEST(OpProfile, ProductsAreRecordedByShape) {
+  op_profile::reset();
+  op_profile::start();
+  Generator gen(3);
+  const Tensor a = Tensor::randn({6, 4}, gen), b = Tensor::randn({5, 4}, gen);
+  kernels::matmul(a, b, false, true);
+  kernels::matmul(a, b, false, true);
+  kernels::linear(a, b, Tensor());
+  Tensor dw = Tensor::zeros({5, 4});
+  kernels::linear_param_grads_(dw, Tensor::randn({6, 5}, gen), a, false);
+  op_profile::stop();
+  const auto rows = op_profile::rows();
+  const auto row = [&](const char* name) {
+    for (const auto& r : rows)
+      if (r.name == name) return r;
+    return op_profile::Row{};
+  };
+  EXPECT_EQ(row("matmul").detail, "6x5x4");
+  EXPECT_EQ(row("matmul").calls, 2);
+  EXPECT_EQ(row("linear").detail, "6x5x4");
+  EXPECT_EQ(row("linear_param_grads_").detail, "5x4x6");
+  op_profile::reset();
 }
 
 TEST(OpProfile, TableGivesPerStepTimesSharesAndTheRest) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "hpm/tensor/dtype.h"
@@ -66,6 +67,12 @@ class Scope {
   Scope& operator=(const Scope&) = delete;
   // The function of a binary or unary op ("mul"); a literal, kept by pointer.
   void set_detail(const char* detail) { detail_ = detail; }
+  // A detail made for this op (a product's M x N x K), kept by the scope.
+  void set_detail(std::string detail) {
+    owned_detail_ = std::move(detail);
+    detail_ = owned_detail_.c_str();
+  }
+  bool active() const { return active_; }
 
  private:
   void begin(const char* name, DType dtype, Device& device);
@@ -74,6 +81,7 @@ class Scope {
 
   const char* name_ = nullptr;
   const char* detail_ = nullptr;
+  std::string owned_detail_;
   DType dtype_ = DType::F32;
   Device* device_ = nullptr;
   bool active_ = false;
