@@ -124,10 +124,17 @@ Tensor log_softmax_backward(const Tensor& grad_y, const Tensor& y, int dim) {
   return softmax_backward_impl<true>(grad_y, y, dim);
 }
 
-Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
-                             Tensor& stats, std::int64_t ignore_index, Tensor* predicted) {
-  const std::int64_t n = check_labels(logits, labels), c = logits.size(-1);
-  stats = Tensor::empty(Shape{n, 2}, DType::F32);
+namespace {
+
+// What both cross-entropy launchers share: the checks, the prediction's tensor, the deferred label
+// check, each row's loss term by rows(px, labels, row_loss, error word, predicted) (px the
+// logits' elements: float, or bf16 bits), and their mean into the 0-d loss (NaN for no rows, the
+// CPU's 0 / 0). A bad label is reported at the host's next read from the device
+// (deferred_checks.h).
+template <typename Rows>
+Tensor cross_entropy_loss(const Tensor& logits, const Tensor& labels, std::int64_t ignore_index,
+                          Tensor* predicted, Rows&& rows) {
+  const std::int64_t n = labels.numel(), c = logits.size(-1);
   std::int64_t* pp = nullptr;
   if (predicted != nullptr) {
     if (c > std::int64_t{0xffffffff}) {  // argmax_key's index field
@@ -140,7 +147,6 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
   Tensor loss = Tensor::empty(Shape{}, DType::F32);
   cudaStream_t stream = current_stream();
   if (n == 0) {
-    // No rows: the mean kernel's 0 / 0 is NaN, as the CPU's.
     cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(nullptr, nullptr, 0, ignore_index,
                                                       ptr<float>(loss));
     HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
@@ -152,91 +158,70 @@ Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float l
         return "cross_entropy: label " + std::to_string(label) + " at row " + std::to_string(row) +
                " is not a class index in [0, " + std::to_string(c) + ")";
       });
-  unsigned long long* perr = check.word();
   const auto* py = ptr<std::int64_t>(labels);
-  const auto rows = [&](const auto* px) {
-    if (c <= kWarpRowMax) {
-      cross_entropy_rows_kernel<true>
-          <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-              px, py, ptr<float>(stats), ptr<double>(row_loss), perr, n, c, label_smoothing,
-              ignore_index, pp);
-      HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (warp)");
-    } else {
-      cross_entropy_rows_kernel<false>
-          <<<grid_for(n), kBlock, 0, stream>>>(px, py, ptr<float>(stats), ptr<double>(row_loss),
-                                               perr, n, c, label_smoothing, ignore_index, pp);
-      HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (block)");
-    }
-  };
   if (logits.dtype() == DType::BF16) {
-    rows(ptr<std::uint16_t>(logits));
+    rows(ptr<std::uint16_t>(logits), py, ptr<double>(row_loss), check.word(), pp);
   } else {
-    rows(ptr<float>(logits));
+    rows(ptr<float>(logits), py, ptr<double>(row_loss), check.word(), pp);
   }
   cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(ptr<double>(row_loss), py, n, ignore_index,
                                                     ptr<float>(loss));
   HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
-  // A bad label is reported at the host's next read from the device (deferred_checks.h).
   return loss;
+}
+
+}  // namespace
+
+Tensor cross_entropy_forward(const Tensor& logits, const Tensor& labels, float label_smoothing,
+                             Tensor& stats, std::int64_t ignore_index, Tensor* predicted) {
+  const std::int64_t n = check_labels(logits, labels), c = logits.size(-1);
+  stats = Tensor::empty(Shape{n, 2}, DType::F32);
+  float* ps = ptr<float>(stats);
+  return cross_entropy_loss(
+      logits, labels, ignore_index, predicted,
+      [&](const auto* px, const std::int64_t* py, double* row_loss, unsigned long long* error,
+          std::int64_t* pp) {
+        cudaStream_t stream = current_stream();
+        if (c <= kWarpRowMax) {
+          cross_entropy_rows_kernel<true>
+              <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+                  px, py, ps, row_loss, error, n, c, label_smoothing, ignore_index, pp);
+          HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (warp)");
+        } else {
+          cross_entropy_rows_kernel<false><<<grid_for(n), kBlock, 0, stream>>>(
+              px, py, ps, row_loss, error, n, c, label_smoothing, ignore_index, pp);
+          HPM_CUDA_LAUNCH_CHECK("cross_entropy_rows_kernel (block)");
+        }
+      });
 }
 
 Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
                                     std::int64_t ignore_index, Tensor* predicted) {
   const std::int64_t n = check_labels(logits, labels), c = logits.size(-1);
-  std::int64_t* pp = nullptr;
-  if (predicted != nullptr) {
-    if (c > std::int64_t{0xffffffff}) {  // argmax_key's index field
-      throw std::invalid_argument("cross_entropy: " + std::to_string(c) +
-                                  " classes are too many to predict in the same pass");
-    }
-    *predicted = Tensor::empty(labels.shape(), DType::I64);
-    pp = ptr<std::int64_t>(*predicted);
-  }
-  Tensor loss = Tensor::empty(Shape{}, DType::F32);
-  cudaStream_t stream = current_stream();
-  if (n == 0) {
-    cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(nullptr, nullptr, 0, ignore_index,
-                                                      ptr<float>(loss));
-    HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
-    return loss;
-  }
-  Tensor row_loss = Tensor::empty({n}, DType::F64);
-  Tensor count = Tensor::empty({1}, DType::F32);
-  const IndexCheck check =
-      defer_index_check(current_context(), labels, [c](std::int64_t row, std::int64_t label) {
-        return "cross_entropy: label " + std::to_string(label) + " at row " + std::to_string(row) +
-               " is not a class index in [0, " + std::to_string(c) + ")";
+  return cross_entropy_loss(
+      logits, labels, ignore_index, predicted,
+      [&](auto* px, const std::int64_t* py, double* row_loss, unsigned long long* error,
+          std::int64_t* pp) {
+        cudaStream_t stream = current_stream();
+        Tensor count = Tensor::empty({1}, DType::F32);
+        count_labels_kernel<<<1, 1024, 0, stream>>>(py, n, ignore_index, ptr<float>(count));
+        HPM_CUDA_LAUNCH_CHECK("count_labels_kernel");
+        if (c <= kWarpRowMax) {
+          cross_entropy_with_gradient_kernel<true>
+              <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
+                  px, py, ptr<float>(count), row_loss, error, n, c, label_smoothing, ignore_index,
+                  pp);
+          HPM_CUDA_LAUNCH_CHECK("cross_entropy_with_gradient_kernel (warp)");
+        } else {
+          // 512 threads a row, two blocks an SM (the kernel's launch bounds hold it to 64
+          // registers a thread): 2 x 132 rows in flight (26 MB of GPT-2's bf16 rows), so that
+          // the second read of each finds it in the 50 MB L2, and one block's reads overlap the
+          // other's reductions.
+          cross_entropy_with_gradient_kernel<false><<<grid_for(n), kFusedRowThreads, 0, stream>>>(
+              px, py, ptr<float>(count), row_loss, error, n, c, label_smoothing, ignore_index, pp);
+          HPM_CUDA_LAUNCH_CHECK("cross_entropy_with_gradient_kernel (block)");
+        }
       });
-  unsigned long long* perr = check.word();
-  const auto* py = ptr<std::int64_t>(labels);
-  count_labels_kernel<<<1, 1024, 0, stream>>>(py, n, ignore_index, ptr<float>(count));
-  HPM_CUDA_LAUNCH_CHECK("count_labels_kernel");
-  const auto rows = [&](auto* px) {
-    if (c <= kWarpRowMax) {
-      cross_entropy_with_gradient_kernel<true>
-          <<<grid_for((n + kBlock / 32 - 1) / (kBlock / 32)), kBlock, 0, stream>>>(
-              px, py, ptr<float>(count), ptr<double>(row_loss), perr, n, c, label_smoothing,
-              ignore_index, pp);
-      HPM_CUDA_LAUNCH_CHECK("cross_entropy_with_gradient_kernel (warp)");
-    } else {
-      // 512 threads a row, two blocks an SM (the kernel's launch bounds hold it to 64 registers
-      // a thread): 2 x 132 rows in flight (26 MB of GPT-2's bf16 rows), so that the second read
-      // of each finds it in the 50 MB L2, and one block's reads overlap the other's reductions.
-      cross_entropy_with_gradient_kernel<false><<<grid_for(n), kFusedRowThreads, 0, stream>>>(
-          px, py, ptr<float>(count), ptr<double>(row_loss), perr, n, c, label_smoothing,
-          ignore_index, pp);
-      HPM_CUDA_LAUNCH_CHECK("cross_entropy_with_gradient_kernel (block)");
-    }
-  };
-  if (logits.dtype() == DType::BF16) {
-    rows(ptr<std::uint16_t>(logits));
-  } else {
-    rows(ptr<float>(logits));
-  }
-  cross_entropy_mean_kernel<<<1, 1024, 0, stream>>>(ptr<double>(row_loss), py, n, ignore_index,
-                                                    ptr<float>(loss));
-  HPM_CUDA_LAUNCH_CHECK("cross_entropy_mean_kernel");
-  return loss;
 }
 
 namespace {

@@ -317,6 +317,49 @@ __global__ void cross_entropy_rows_kernel(const In* __restrict__ logits,
   }
 }
 
+// A row's d loss / d logits: (p - eps / C) * scale, less (1 - eps) * scale at the label y, 0 on
+// an ignored row; p = softmax as the forward's row had it (its max and 1 / sum), rounded before
+// the subtraction (no FMA), as the CPU's.
+struct RowGradient {
+  float mx, inv, share, eps, scale;
+  std::int64_t y;
+  bool counted;
+  __device__ float at(float x, std::int64_t j) const {
+    if (!counted) return 0.0f;
+    const float p = __fmul_rn(expf(x - mx), inv);
+    float v = (p - share) * scale;
+    if (j == y) v -= (1.0f - eps) * scale;
+    return v;
+  }
+};
+
+// Writes row lr's gradient into gr (which may be lr: each element is read, then written, by one
+// thread), the threads rank, rank + size, ... of a row's team; eight a 16-byte access where vec.
+// In and Out float, or std::uint16_t for bf16 (widened as read, rounded as written).
+template <typename In, typename Out>
+__device__ void write_row_gradient(const In* lr, Out* gr, std::int64_t c, bool vec, int rank,
+                                   int size, const RowGradient& rg) {
+  if (vec) {
+    for (std::int64_t j = 8 * static_cast<std::int64_t>(rank); j < c;
+         j += 8 * static_cast<std::int64_t>(size)) {
+      float v[8];
+      load8(lr + j, v);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) v[k] = rg.at(v[k], j + k);
+      store8(gr + j, v);
+    }
+    return;
+  }
+  for (std::int64_t j = rank; j < c; j += size) {
+    const float v = rg.at(as_f32(lr[j]), j);
+    if constexpr (std::is_same_v<Out, float>) {
+      gr[j] = v;
+    } else {
+      gr[j] = f32_to_bf16_bits(v);
+    }
+  }
+}
+
 // cross_entropy_rows_kernel's forward and cross_entropy_backward_kernel's gradient for an
 // upstream gradient of 1 in one kernel, the gradient written over the logits (T float, or
 // std::uint16_t for bf16 logits and gradient): a team reads its row once to scan it and again,
@@ -356,35 +399,9 @@ __global__ void __launch_bounds__(kFusedRowThreads, 2)
       if (predict) predicted[row] = c == 0 ? 0 : argmax_of_key(f.best, x_first);
       row_loss[row] = row_loss_term(f, row, y, x_label, c, smoothing, ignore_index, error);
     }
-    // softmax as the backward recomputes it from the forward's stats, rounded before the
-    // subtraction (no FMA), as the CPU's.
-    const float mx = f.mx, inv = static_cast<float>(1.0 / f.sum);
-    const auto grad_at = [&](float x, std::int64_t j) {
-      if (!counted) return 0.0f;
-      const float p = __fmul_rn(expf(x - mx), inv);
-      float v = (p - share) * scale;
-      if (j == y) v -= (1.0f - eps) * scale;
-      return v;
-    };
-    if (vec) {
-      for (std::int64_t j = 8 * static_cast<std::int64_t>(team.rank); j < c;
-           j += 8 * static_cast<std::int64_t>(team.size)) {
-        float v[8];
-        load8(xr + j, v);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = grad_at(v[k], j + k);
-        store8(xr + j, v);
-      }
-    } else {
-      for (std::int64_t j = team.rank; j < c; j += team.size) {
-        const float v = grad_at(as_f32(xr[j]), j);
-        if constexpr (std::is_same_v<T, float>) {
-          xr[j] = v;
-        } else {
-          xr[j] = f32_to_bf16_bits(v);
-        }
-      }
-    }
+    write_row_gradient(
+        xr, xr, c, vec, team.rank, team.size,
+        RowGradient{f.mx, static_cast<float>(1.0 / f.sum), share, eps, scale, y, counted});
   }
 }
 
@@ -435,37 +452,10 @@ __global__ void cross_entropy_backward_kernel(const In* logits, const float* __r
   const bool vec = c % 8 == 0 && aligned16(logits) && aligned16(gx);
   for (std::int64_t row = blockIdx.x; row < n; row += gridDim.x) {
     const std::int64_t y = labels[row];
-    const bool counted = y != ignore_index;
-    const float max = stats[2 * row], inv_sum = stats[2 * row + 1];
-    const In* lr = logits + row * c;
-    Out* gr = gx + row * c;
-    // softmax as the forward's row had it, rounded before the subtraction (no FMA), as the CPU's.
-    const auto grad_at = [&](float x, std::int64_t j) {
-      if (!counted) return 0.0f;
-      const float p = __fmul_rn(expf(x - max), inv_sum);
-      float v = (p - smooth) * scale;
-      if (j == y) v -= (1.0f - smoothing) * scale;
-      return v;
-    };
-    if (vec) {
-      for (std::int64_t j = 8 * static_cast<std::int64_t>(threadIdx.x); j < c;
-           j += 8 * static_cast<std::int64_t>(blockDim.x)) {
-        float v[8];
-        load8(lr + j, v);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) v[k] = grad_at(v[k], j + k);
-        store8(gr + j, v);
-      }
-      continue;
-    }
-    for (std::int64_t j = threadIdx.x; j < c; j += blockDim.x) {
-      const float v = grad_at(as_f32(lr[j]), j);
-      if constexpr (std::is_same_v<Out, float>) {
-        gr[j] = v;
-      } else {
-        gr[j] = f32_to_bf16_bits(v);
-      }
-    }
+    write_row_gradient(logits + row * c, gx + row * c, c, vec, static_cast<int>(threadIdx.x),
+                       static_cast<int>(blockDim.x),
+                       RowGradient{stats[2 * row], stats[2 * row + 1], smooth, smoothing, scale, y,
+                                   y != ignore_index});
   }
 }
 
