@@ -254,12 +254,40 @@ def main():
             prof = r["hpm_profile"]
             print(f"\nop profile, {r['size']}, {args.precision}, steps 2..{args.profile_steps}:")
             print(prof.get("profile") or prof.get("error"))
+            products = product_rates(prof.get("profile") or "")
+            if products:
+                print(f"hpm's products by shape (M x N x K), {r['size']}: TFLOP/s")
+                for line in products:
+                    print(line)
     for r in rows:  # every run's figures, last (the summary takes the table above)
         print(json.dumps({k: v for k, v in r.items() if k != "hpm_profile"})[:2000], flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"gemm_tflops": peak, "precision": args.precision, "steps": args.steps,
                        "rows": rows}, f, indent=1)
+
+
+def product_rates(profile):
+    """Lines of TFLOP/s for the op profile's product rows (hpm names each shape M x N x K: matmul,
+    linear, linear_param_grads_), 2 M N K flops a call, to set beside gpu_torch_ops.py's."""
+    out = []
+    for line in profile.splitlines():
+        parts = line.split()
+        if len(parts) < 7 or parts[0] not in ("matmul", "linear", "linear_param_grads_"):
+            continue
+        dims = parts[1].split("x")
+        if len(dims) != 3 or not all(d.isdigit() for d in dims):
+            continue
+        try:
+            ms, calls = float(parts[4]), float(parts[6])
+        except ValueError:
+            continue
+        m, n, k = (int(d) for d in dims)
+        if ms > 0 and calls > 0:
+            rate = 2 * m * n * k * calls / (ms * 1e-3) / 1e12
+            out.append(f"  {parts[0]:20} {parts[1]:18} {calls:5.1f} calls {ms / calls:8.4f} ms/call"
+                       f" {rate:7.1f} TFLOP/s")
+    return out
 
 
 if __name__ == "__main__":

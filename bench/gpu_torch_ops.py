@@ -50,9 +50,11 @@ def ops(s):
         b = rnd(n) if bias else None
         calls = 1 if name == "classifier" else s["layers"]
         fl = 2 * rows * k * n
-        out.append((f"linear {name}", calls, fl, lambda x=x, w=w, b=b: F.linear(x, w, b)))
-        out.append((f"matmul dx {name}", calls, fl, lambda dy=dy, w=w: dy @ w))
-        out.append((f"param grad {name}", calls, fl,
+        # Each named with its M x N x K as hpm's op profile names its products' rows.
+        out.append((f"linear {name} {rows}x{n}x{k}", calls, fl,
+                    lambda x=x, w=w, b=b: F.linear(x, w, b)))
+        out.append((f"matmul dx {name} {rows}x{k}x{n}", calls, fl, lambda dy=dy, w=w: dy @ w))
+        out.append((f"param grad {name} {n}x{k}x{rows}", calls, fl,
                     lambda dy=dy, x=x, b=b: (dy.t() @ x, dy.sum(0) if b is not None else None)))
     q, k_, v = (rnd(s["batch"], h, s["block"], c // h).requires_grad_() for _ in range(3))
     t = s["block"]
@@ -99,14 +101,14 @@ def main():
     for size in args.sizes.split(","):
         s = SIZES[size]
         print(f"\n{size}: PyTorch eager's time an op, and a step's worth (calls a step x median)")
-        print(f"{'op':24} {'calls':>5} {'ms/call':>9} {'ms/step':>9} {'TFLOP/s':>8}")
+        print(f"{'op':40} {'calls':>5} {'ms/call':>9} {'ms/step':>9} {'TFLOP/s':>8}")
         total = 0.0
         for name, calls, fl, fn in ops(s):
             ms = timed(fn, args.iters)
             total += calls * ms
             rate = f"{fl / ms / 1e9:8.0f}" if fl else f"{'':8}"
-            print(f"{name:24} {calls:5d} {ms:9.4f} {calls * ms:9.3f} {rate}", flush=True)
-        print(f"{'sum':24} {'':5} {'':9} {total:9.3f}")
+            print(f"{name:40} {calls:5d} {ms:9.4f} {calls * ms:9.3f} {rate}", flush=True)
+        print(f"{'sum':40} {'':5} {'':9} {total:9.3f}")
         torch.cuda.empty_cache()
 
 
