@@ -66,6 +66,22 @@ TEST(BackendOps, InputsOnTwoDevicesAreAnErrorNamingBoth) {
             (std::vector<float>{2, 2, 2, 2}));
 }
 
+// scale_by_'s operands are checked once, for every backend: a one-element F32 scale, an F32 or
+// BF16 tensor; anything else is an error naming what it got.
+TEST(BackendOps, ScaleByRefusesWhatItCannotScale) {
+  Tensor y = Tensor::ones({3});
+  EXPECT_THROW(kernels::scale_by_(y, Tensor::ones({2})), std::invalid_argument);
+  Tensor ints = Tensor::zeros({3}, DType::I64);
+  try {
+    kernels::scale_by_(ints, Tensor::scalar(2.0f));
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("I64"), std::string::npos) << e.what();
+  }
+  kernels::scale_by_(y, Tensor::scalar(2.0f));
+  EXPECT_EQ(y.to_vector(), (std::vector<float>{2, 2, 2}));
+}
+
 TEST(BackendOps, OutputsAreAllocatedOnTheInputsDevice) {
   // The current device is the CPU; the inputs' device wins, and its allocator counts the output.
   const Tensor x = Tensor::ones({64, 64}).to(twin());

@@ -124,7 +124,7 @@ Tensor masked_softmax(const Tensor& x, const Tensor& mask, int dim = -1);
 // step's objective passes outputs_spent()). Where the logits' gradient will then be wanted (grad
 // mode on, logits requiring it, the gradient in their dtype) and no other tensor holds their
 // memory, the forward writes that gradient over them for an upstream gradient of 1
-// (kernels::cross_entropy_with_gradient_: GPT-2's 1.6 GB of logits read once, not twice), and the
+// (kernels::cross_entropy_with_gradient_: one pass over GPT-2's 1.6 GB of logits, not two), and the
 // backward scales it by the one it gets (no pass where that is 1). The values are those of the
 // separate passes. HPM_FUSED_CROSS_ENTROPY=0 at start keeps the separate passes (an A/B).
 Tensor cross_entropy(const Tensor& logits, const Tensor& labels, float label_smoothing = 0.0f,

@@ -135,8 +135,9 @@ Tensor cross_entropy_backward_bf16(const Tensor& logits, const Tensor& stats, co
 // cross_entropy_forward and cross_entropy_backward (or its bf16 form, for BF16 logits) for an
 // upstream gradient of 1 in one pass over the logits, which receive the gradient: returns the loss
 // (0-d) and overwrites `logits` with d loss / d logits in their dtype, the values those two give
-// (stats are not kept). For a training step whose logits nothing reads after its loss: GPT-2's
-// (16 x 1024, 50304) logits are then read once and written once, not read twice and written once.
+// (stats are not kept). For a training step whose logits nothing reads after its loss: one pass
+// over GPT-2's (16 x 1024, 50304) logits where the forward and backward made two (on a GPU, each
+// row's second read is meant to come from L2: not yet measured).
 // A later upstream gradient g other than 1 is scale_by_(logits, g).
 Tensor cross_entropy_with_gradient_(Tensor& logits, const Tensor& labels, float label_smoothing,
                                     std::int64_t ignore_index = -100, Tensor* predicted = nullptr);

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
-#include <memory>
 #include <stdexcept>
 #include <string>
 

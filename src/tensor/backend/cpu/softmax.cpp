@@ -202,10 +202,6 @@ std::int64_t row_grain(std::int64_t c) {
   return std::max<std::int64_t>(1, kElementwiseGrain / std::max<std::int64_t>(c, 1));
 }
 
-}  // namespace
-
-namespace {
-
 // Row i's forward: its max and 1 / sum(exp(x - max)) into st, its argmax_last into *pred (when
 // given), and its loss term (0 for an ignored row):
 //   (1 - eps) * (lse - x[y]) + eps * (lse - mean_c(x))

@@ -549,11 +549,7 @@ void scale_(Tensor& y, float alpha) {
   launch("scale_", y.numel(), scale_kernel, ptr<float>(y), alpha, y.numel());
 }
 
-void scale_by_(Tensor& y, const Tensor& s) {
-  if (s.numel() != 1) {
-    throw std::invalid_argument("scale_by_: expected a one-element scale, got " + s.shape().str());
-  }
-  require_dtype(s, DType::F32);
+void scale_by_(Tensor& y, const Tensor& s) {  // operands checked by the dispatch
   const std::int64_t n = y.numel();
   if (n == 0) return;
   // A grid of at most a few blocks an SM, striding over y: where s is 1 (a loss's gradient, as a
@@ -565,7 +561,6 @@ void scale_by_(Tensor& y, const Tensor& s) {
     scale_by_kernel<<<blocks, kThreads, 0, current_stream()>>>(ptr<std::uint16_t>(y),
                                                                ptr<const float>(s), n);
   } else {
-    require_dtype(y, DType::F32);
     scale_by_kernel<<<blocks, kThreads, 0, current_stream()>>>(ptr<float>(y), ptr<const float>(s),
                                                                n);
   }

@@ -363,9 +363,10 @@ __device__ void write_row_gradient(const In* lr, Out* gr, std::int64_t c, bool v
 // cross_entropy_rows_kernel's forward and cross_entropy_backward_kernel's gradient for an
 // upstream gradient of 1 in one kernel, the gradient written over the logits (T float, or
 // std::uint16_t for bf16 logits and gradient): a team reads its row once to scan it and again,
-// from cache, to write it (run 12: the forward's and the backward's passes over GPT-2 small's
-// 1.6 GB of bf16 logits took 2.3 ms a step, the backward's at 2.9 TB/s). `count` is the number of
-// rows counted (count_labels_kernel); no stats are kept (nothing recomputes from them).
+// meant to be from L2 (not yet measured on a card), to write it (run 12: the forward's and the
+// backward's passes over GPT-2 small's 1.6 GB of bf16 logits took 2.3 ms a step, the backward's
+// at 2.9 TB/s). `count` is the number of rows counted (count_labels_kernel); no stats are kept
+// (nothing recomputes from them).
 template <bool kWarp, typename T>
 __global__ void __launch_bounds__(kFusedRowThreads, 2)
     cross_entropy_with_gradient_kernel(T* __restrict__ logits,
