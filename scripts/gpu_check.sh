@@ -63,7 +63,9 @@ text=(--set "data.files=$W/data/fortunes/*")
 step tests 120 tests.log test_cuda --gtest_brief=1
 # A hang is the one failure that would cost the whole call (every later step waiting out its
 # limit). If the suite ran out of time, the attention cases alone on the default (mma.sync)
-# kernels say whether those are it; if they hang too, everything after runs on the WMMA ones.
+# kernels say whether those are it; if they hang too, the same without the backward's one pass
+# (its blocks wait for each other's turns: ordered_turns.cuh), and everything after runs so if
+# that passes, else on the WMMA kernels.
 # (Run 6 measured the WMMA kernels at 0.6x of the mma.sync ones on the two larger sizes and mma16
 # even with them: the bench no longer A/Bs either unless asked, GPU_CHECK_AB_ATTENTION=1.)
 ab_attention=()
@@ -73,9 +75,16 @@ if grep -qE '^tests rc=(124|137) ' "$S"; then  # timeout's codes: its signal, or
   if ! HPM_BACKEND_CASES=attention step attention_probe 40 tests.log test_cuda \
     --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1 &&
     grep -qE '^attention_probe rc=(124|137) ' "$S"; then
-    export HPM_CUDA_ATTENTION=wmma
-    ab_attention=(--ab-env HPM_CUDA_ATTENTION=rowwise)
-    echo "the mma.sync attention hangs: every later step runs HPM_CUDA_ATTENTION=wmma" | tee -a "$S"
+    if HPM_CUDA_ATTENTION_ONE_PASS=0 HPM_BACKEND_CASES=attention step attention_probe_two_pass \
+      40 tests.log test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1; then
+      export HPM_CUDA_ATTENTION_ONE_PASS=0
+      echo "the one-pass attention backward hangs: every later step runs" \
+        "HPM_CUDA_ATTENTION_ONE_PASS=0" | tee -a "$S"
+    else
+      export HPM_CUDA_ATTENTION=wmma
+      ab_attention=(--ab-env HPM_CUDA_ATTENTION=rowwise)
+      echo "the mma.sync attention hangs: every later step runs HPM_CUDA_ATTENTION=wmma" | tee -a "$S"
+    fi
   fi
 fi
 # The attention cases again on the WMMA kernels (the register-tiled mma.sync ones are the default).
@@ -126,19 +135,21 @@ done
 # Speed against PyTorch 2 eager and torch.compile on the same card (bench/gpu_gpt.py), bf16, the
 # three sizes of issue 32 (GPT-2 small on random tokens, first: a bench cut at its limit keeps the
 # rows it finished, and issue 32's bars are GPT-2's and shakespeare's), each side's median of three runs
-# (torch.compile's rate moved 30% between runs 6 and 7); hpm again without cuBLASLt's
-# bias-gradient epilogue (HPM_CUDA_LT_BIAS_GRAD=0: the plain product and bias_grad.h's column
-# sums), and with the activations' kernels taking one 8-element group a thread, not two
+# (torch.compile's rate moved 30% between runs 6 and 7); hpm again with the attention backward in
+# two kernels (HPM_CUDA_ATTENTION_ONE_PASS=0, as before run 13: dq by its own kernel, seven
+# products a tile for five), and with the activations' kernels taking one 8-element group a thread, not two
 # (HPM_CUDA_UNARY_PAIRS=0, as before run 13), and with the loss's passes over the logits apart
 # (HPM_FUSED_CROSS_ENTROPY=0, as before run 13) (runs 11 and 12 measured GELU into bf16 by erf,
 # HPM_CUDA_GELU=erf, 0-7% faster a step than by normcdff: now the default, no longer A/B'd); and a 30-step
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts
 # from. (Runs 6 and 7 measured all the bias epilogues off, HPM_CUDA_LT_EPILOGUES=0, at 1.28-1.51x
-# slower: no longer A/B'd.)
+# slower: no longer A/B'd; HPM_CUDA_LT_BIAS_GRAD=0 lost 0-1% in runs 9, 11 and 12: no longer
+# A/B'd, its conformance and memcheck steps above kept.)
 step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-gpt2,shakespeare,fortunes}" --steps 100 \
-  --repeats "${GPU_BENCH_REPEATS:-3}" ${GPU_BENCH_HPM_ONLY:+--hpm-only} "${ab_attention[@]}" --ab-env HPM_CUDA_LT_BIAS_GRAD=0 \
-  --ab-env HPM_CUDA_UNARY_PAIRS=0 --ab-env HPM_FUSED_CROSS_ENTROPY=0 --profile-steps 30 \
+  --repeats "${GPU_BENCH_REPEATS:-3}" ${GPU_BENCH_HPM_ONLY:+--hpm-only} "${ab_attention[@]}" \
+  --ab-env HPM_CUDA_ATTENTION_ONE_PASS=0 --ab-env HPM_CUDA_UNARY_PAIRS=0 \
+  --ab-env HPM_FUSED_CROSS_ENTROPY=0 --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 # PyTorch eager's time for each op of the same steps (the op profile's rows), GPT-2 small's and

@@ -952,6 +952,22 @@ inline std::vector<Case> cases() {
                    2e-2f});
     }
   }
+  // Nine key blocks, the last cut short: the CUDA backward's one pass adds each query tile's dq
+  // shares in turns over up to nine blocks (ordered_turns.cuh), in both maskings.
+  for (const bool causal : {true, false}) {
+    c.push_back({std::string("packed_attention_backward d64 t520") + (causal ? " causal" : ""),
+                 Op::kPackedAttentionBackward,
+                 [=](Generator& g, const To& to) {
+                   const Tensor qkv = kernels::to_bf16(randn(g, {1, 520, 3 * 128}));
+                   const Tensor gy = randn(g, {1, 520, 128});
+                   Tensor lse;
+                   const Tensor y =
+                       kernels::packed_attention_forward_bf16(qkv, 2, causal, 0.125f, lse);
+                   return Outputs{kernels::packed_attention_backward(
+                       to(gy), to(qkv), to(y), to(lse), 2, causal, 0.125f, DType::F32)};
+                 },
+                 2e-2f});
+  }
   // out as the bf16 copy autocast keeps of the attention's output.
   c.push_back({"attention_backward bf16 out", Op::kAttentionBackward,
                [](Generator& g, const To& to) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cuda_emulated/host_values.h"
@@ -140,13 +141,40 @@ void check_forward_and_backward(const Problem& p, float scale = kScale) {
                                        delta.data(), gq.data(), p.t, p.s, p.causal, scale, layout);
   });
   simt::launch(key_grid, 128, cuda::kGradKvSmem<kD>, [&] {
-    cuda::mma_grad_kv_kernel<kD, float>(qb.data(), kb.data(), vb.data(), g16.data(), lse_in.data(),
-                                        delta.data(), gk.data(), gv.data(), p.t, p.s, p.causal,
-                                        scale, layout);
+    cuda::mma_grad_kv_kernel<kD, float, false>(qb.data(), kb.data(), vb.data(), g16.data(),
+                                               lse_in.data(), delta.data(), gk.data(), gv.data(),
+                                               p.t, p.s, p.causal, scale, layout, nullptr, {});
   });
   EXPECT_LE(relative_error(gq, gq_want), kGradTolerance) << "gq";
   EXPECT_LE(relative_error(gk, gk_want), kGradTolerance) << "gk";
   EXPECT_LE(relative_error(gv, gv_want), kGradTolerance) << "gv";
+
+  // The one pass: the same dk and dv bit for bit (the same code, the key blocks in another
+  // order), and dq from the key blocks' shares added in their turns. The sums start as garbage
+  // (the first share is stored, not added); the emulation stops the test if a block waits for a
+  // turn that a block launched after it holds.
+  std::vector<float> sums(static_cast<std::size_t>(p.batch * p.t * kD), 1e30f);
+  std::vector<int> turns(static_cast<std::size_t>(p.batch * cuda::dq_tiles<kD>(p.t)), 0);
+  std::vector<float> gq1(gq.size(), -1.0f), gk1(gk.size(), -1.0f), gv1(gv.size(), -1.0f);
+  simt::launch(key_grid, 128, (cuda::kGradKvSmem<kD, true>), [&] {
+    cuda::mma_grad_kv_kernel<kD, float, true>(
+        qb.data(), kb.data(), vb.data(), g16.data(), lse_in.data(), delta.data(), gk1.data(),
+        gv1.data(), p.t, p.s, p.causal, scale, layout, gq1.data(), {sums.data(), turns.data()});
+  });
+  EXPECT_EQ(gk1, gk) << "gk (one pass)";
+  EXPECT_EQ(gv1, gv) << "gv (one pass)";
+  EXPECT_LE(relative_error(gq1, gq_want), kGradTolerance) << "gq (one pass)";
+  // Every query tile's counter ends at the count of key blocks that see it, less block 0 (the
+  // last, which passes no turn on).
+  const std::int64_t key_blocks = (p.s + 63) / 64, tiles = cuda::dq_tiles<kD>(p.t);
+  for (std::int64_t b = 0; b < p.batch; ++b) {
+    for (std::int64_t i = 0; i < tiles; ++i) {
+      const std::int64_t last_row = (i + 1) * cuda::kBackwardCols<kD> - 1;
+      const std::int64_t seeing = p.causal ? std::min(key_blocks, last_row / 64 + 1) : key_blocks;
+      ASSERT_EQ(turns[static_cast<std::size_t>(b * tiles + i)], seeing - 1)
+          << "turns " << b << " " << i;
+    }
+  }
 }
 
 // Partial tiles at both ends, more queries than keys and the other way, with and without the
@@ -282,19 +310,46 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
                                   lse_in.data(), delta.data(), out, t, t, causal, kScale, layout);
     });
     simt::launch(grid, 128, cuda::kGradKvSmem<kD>, [&] {
-      cuda::mma_grad_kv_kernel<kD>(x.data(), x.data() + e, x.data() + 2 * e, g16.data(),
-                                   lse_in.data(), delta.data(), out + e, out + 2 * e, t, t, causal,
-                                   kScale, layout);
+      cuda::mma_grad_kv_kernel<kD, std::remove_pointer_t<decltype(out)>, false>(
+          x.data(), x.data() + e, x.data() + 2 * e, g16.data(), lse_in.data(), delta.data(),
+          out + e, out + 2 * e, t, t, causal, kScale, layout, nullptr, {});
     });
+  };
+  // The one pass, its sums garbage and its counters zero at the launch as the launcher leaves them.
+  const auto one_pass = [&](auto* out) {
+    std::vector<float> sums(static_cast<std::size_t>(problems * t * kD), -1e30f);
+    std::vector<int> turns(static_cast<std::size_t>(problems * cuda::dq_tiles<kD>(t)), 0);
+    simt::launch(grid, 128, (cuda::kGradKvSmem<kD, true>), [&] {
+      cuda::mma_grad_kv_kernel<kD, std::remove_pointer_t<decltype(out)>, true>(
+          x.data(), x.data() + e, x.data() + 2 * e, g16.data(), lse_in.data(), delta.data(),
+          out + e, out + 2 * e, t, t, causal, kScale, layout, out, {sums.data(), turns.data()});
+    });
+  };
+  const auto check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    EXPECT_LE(relative_error(gqkv, gqkv_want), kGradTolerance) << "f32 gradient";
+    // The bf16 gradient is the f32 one rounded once as it is stored, bit for bit (a comparison
+    // with the CPU's rounded gradient would flip with the CPU's own last bits, which vary by CPU
+    // model).
+    ASSERT_EQ(gqkv16.size(), gqkv.size());
+    for (std::size_t i = 0; i < gqkv.size(); ++i) {
+      ASSERT_EQ(gqkv16[i], cuda::f32_to_bf16_bits(gqkv[i])) << "bf16 gradient [" << i << "]";
+    }
   };
   backward(gqkv16.data());
   backward(gqkv.data());
-  EXPECT_LE(relative_error(gqkv, gqkv_want), kGradTolerance) << "f32 gradient";
-  // The bf16 gradient is the f32 one rounded once as it is stored, bit for bit (a comparison with
-  // the CPU's rounded gradient would flip with the CPU's own last bits, which vary by CPU model).
-  ASSERT_EQ(gqkv16.size(), gqkv.size());
+  check("two kernels");
+  const std::vector<float> two_kernels = gqkv;
+  std::fill(gqkv.begin(), gqkv.end(), -1.0f);
+  std::fill(gqkv16.begin(), gqkv16.end(), 0xffffu);
+  one_pass(gqkv16.data());
+  one_pass(gqkv.data());
+  check("one pass");
+  // k's and v's columns as the two kernels wrote them, bit for bit.
   for (std::size_t i = 0; i < gqkv.size(); ++i) {
-    ASSERT_EQ(gqkv16[i], cuda::f32_to_bf16_bits(gqkv[i])) << "bf16 gradient [" << i << "]";
+    if ((i % (3 * e)) >= static_cast<std::size_t>(e)) {
+      ASSERT_EQ(gqkv[i], two_kernels[i]) << "k or v gradient [" << i << "]";
+    }
   }
 }
 

@@ -441,11 +441,15 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
       mma_attention_delta(ptr<float>(grad_out), device_ptr(out), out.dtype() == DType::BF16,
                           ptr<float>(delta), ptr<std::uint16_t>(grad_out_bf16), n.batch, n.t, d,
                           layout, stream);
+      Tensor scratch;
+      if (want_q && want_kv) {
+        scratch = Tensor::empty({mma_attention_scratch_elements(n.batch, n.t, d)}, DType::F32);
+      }
       mma_attention_backward(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<std::uint16_t>(grad_out_bf16),
                              ptr<float>(lse), ptr<float>(delta), want_q ? device_ptr(gq) : nullptr,
                              want_kv ? device_ptr(gk) : nullptr, want_kv ? device_ptr(gv) : nullptr,
                              /*grad_bf16=*/false, n.batch, n.t, n.s, d, causal, scale, layout,
-                             stream);
+                             stream, want_q && want_kv ? device_ptr(scratch) : nullptr);
       if (grad_q != nullptr) *grad_q = gq;
       if (grad_k != nullptr) *grad_k = gk;
       if (grad_v != nullptr) *grad_v = gv;

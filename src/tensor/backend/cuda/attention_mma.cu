@@ -26,10 +26,16 @@
 //
 // Backward, with P recomputed from lse and dS = P (dP - Delta), as attention_tiled.cu: first
 // Delta = rowsum(dO O), which also writes dO rounded to bf16 (the products' operand, rounded
-// once); then one kernel for dk and dv (a block per 64 keys, looping over the query tiles that
-// see them, double-buffered) and one for dq (a block per 64 queries), so every gradient row has
-// one owner and every sum a fixed order: bit-identical from run to run, at two products more than
-// one kernel with atomic dq.
+// once); then one kernel, a block per 64 keys looping over the query tiles that see them
+// (double-buffered), for dk and dv in its registers and, through dS^T staged in shared memory,
+// each tile's share of dq: FlashAttention-2's five products a tile. FlashAttention-2 adds the
+// shares by atomics in whatever order the blocks come; here the key blocks that see a query tile
+// add theirs in a fixed order, each waiting for its turn (ordered_turns.cuh), the last writing dq:
+// bit-identical from run to run. The order is the one the blocks reach the tile in under the
+// causal mask (the block on the diagonal first, key block 0 last), and blocks start last key
+// first, so that a block only ever waits for one started before it. Without scratch for the sums
+// (or under HPM_CUDA_ATTENTION_ONE_PASS=0, the A/B), dk and dv by that kernel and dq by one of its
+// own (a block per 64 queries, recomputing S and dP: seven products a tile).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -119,15 +125,38 @@ void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, 
   });
 }
 
+std::int64_t mma_attention_scratch_elements(std::int64_t problems, std::int64_t t, int d) {
+  std::int64_t tiles = 0;
+  with_tensor_core_head_size(d, [&](auto size) { tiles = dq_tiles<decltype(size)::value>(t); });
+  return problems * t * d + problems * tiles;
+}
+
 void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
                             const std::uint16_t* grad_out, const float* lse, const float* delta,
                             void* gq, void* gk, void* gv, bool grad_bf16, std::int64_t problems,
                             std::int64_t t, std::int64_t s, int d, bool causal, float scale,
-                            const AttentionLayout& layout, cudaStream_t stream) {
+                            const AttentionLayout& layout, cudaStream_t stream, void* scratch) {
+  static const bool one_pass_on = ab_switch_on("HPM_CUDA_ATTENTION_ONE_PASS");
+  const bool one_pass = one_pass_on && scratch != nullptr && gq != nullptr && gk != nullptr &&
+                        gv != nullptr && problems * t > 0 && problems * s > 0;
   with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
     with_element(grad_bf16, [&](auto element) {
       using Grad = decltype(element);
+      if (one_pass) {
+        // The turn counters after the sums, zeroed for this launch (the sums need no zeros: the
+        // first share of each is stored).
+        auto* sums = static_cast<float*>(scratch);
+        int* turns = reinterpret_cast<int*>(sums + problems * t * kD);
+        HPM_CUDA_CHECK(cudaMemsetAsync(turns, 0, sizeof(int) * problems * dq_tiles<kD>(t), stream));
+        auto* kernel = mma_grad_kv_kernel<kD, Grad, true>;
+        allow_dynamic_smem(kernel, kGradKvSmem<kD, true>);
+        kernel<<<row_blocks(problems, s, kRows), kThreads, kGradKvSmem<kD, true>, stream>>>(
+            q, k, v, grad_out, lse, delta, static_cast<Grad*>(gk), static_cast<Grad*>(gv), t, s,
+            causal, scale, layout, static_cast<Grad*>(gq), DqShares{sums, turns});
+        HPM_CUDA_LAUNCH_CHECK("mma_grad_kv_kernel (one pass)");
+        return;
+      }
       if (gq != nullptr && problems * t > 0) {
         auto* kernel = mma_grad_q_kernel<kD, Grad>;
         allow_dynamic_smem(kernel, kGradQSmem<kD>);
@@ -136,11 +165,11 @@ void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, cons
         HPM_CUDA_LAUNCH_CHECK("mma_grad_q_kernel");
       }
       if (gk != nullptr && gv != nullptr && problems * s > 0) {
-        auto* kernel = mma_grad_kv_kernel<kD, Grad>;
+        auto* kernel = mma_grad_kv_kernel<kD, Grad, false>;
         allow_dynamic_smem(kernel, kGradKvSmem<kD>);
         kernel<<<row_blocks(problems, s, kRows), kThreads, kGradKvSmem<kD>, stream>>>(
             q, k, v, grad_out, lse, delta, static_cast<Grad*>(gk), static_cast<Grad*>(gv), t, s,
-            causal, scale, layout);
+            causal, scale, layout, nullptr, DqShares{});
         HPM_CUDA_LAUNCH_CHECK("mma_grad_kv_kernel");
       }
     });

@@ -49,14 +49,22 @@ void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, 
                          std::uint16_t* grad_out_bf16, std::int64_t problems, std::int64_t t, int d,
                          const AttentionLayout& layout, cudaStream_t stream);
 
+// The 4-byte elements of scratch mma_attention_backward's one pass needs for these sizes (the
+// caller allocates it, at least 8-byte aligned): an f32 sum of q's gradient and a turn counter a
+// query tile.
+std::int64_t mma_attention_scratch_elements(std::int64_t problems, std::int64_t t, int d);
+
 // The gradients of the forward above from grad_out_bf16 (mma_attention_delta's), lse and delta;
 // gq, gk and gv F32, or BF16 bits when grad_bf16 (each rounded once). gq, or gk and gv, may be
-// null.
+// null. With all three wanted and `scratch` (mma_attention_scratch_elements' size) given, one
+// kernel computes them, each key block adding its share of gq in a fixed order (FlashAttention-2's
+// five products a tile, not the two-kernel path's seven; the same bits from run to run); else,
+// or under HPM_CUDA_ATTENTION_ONE_PASS=0, a kernel for gk and gv and one for gq.
 void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, const std::uint16_t* v,
                             const std::uint16_t* grad_out_bf16, const float* lse,
                             const float* delta, void* gq, void* gk, void* gv, bool grad_bf16,
                             std::int64_t problems, std::int64_t t, std::int64_t s, int d,
                             bool causal, float scale, const AttentionLayout& layout,
-                            cudaStream_t stream);
+                            cudaStream_t stream, void* scratch = nullptr);
 
 }  // namespace hpm::cuda

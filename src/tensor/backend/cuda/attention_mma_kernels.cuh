@@ -13,6 +13,7 @@
 #include "tensor/backend/cuda/attention_mma.h"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/mma_tiles.cuh"
+#include "tensor/backend/cuda/ordered_turns.cuh"
 
 namespace hpm::cuda {
 
@@ -52,11 +53,29 @@ constexpr std::size_t kForwardSmem = tile_bytes<kD>(kForwardRows<kM>) + 4 * tile
 template <int kD>
 constexpr std::size_t kGradQSmem = 2 * tile_bytes<kD>(kRows) +
                                    4 * tile_bytes<kD>(kBackwardCols<kD>);
-// dk, dv: K and V, and two buffers of a Q and a dO tile and the tile's lse and Delta.
+// dk, dv: K and V, and two buffers of a Q and a dO tile and the tile's lse and Delta; with dq,
+// also the tile's dS^T (kRows keys of kBackwardCols queries).
 template <int kD>
-constexpr std::size_t kGradKvSmem = 2 * tile_bytes<kD>(kRows) +
-                                    4 * tile_bytes<kD>(kBackwardCols<kD>) +
-                                    4 * sizeof(float) * kBackwardCols<kD>;
+constexpr int kLdS = kBackwardCols<kD> + kPad;
+template <int kD, bool kWithDq = false>
+constexpr std::size_t kGradKvSmem =
+    2 * tile_bytes<kD>(kRows) + 4 * tile_bytes<kD>(kBackwardCols<kD>) +
+    4 * sizeof(float) * kBackwardCols<kD> +
+    (kWithDq ? sizeof(bf16) * static_cast<std::size_t>(kRows) * kLdS<kD> : 0);
+
+// Where the one-pass backward's key blocks add their shares of dq: an f32 sum of each problem's t
+// rows of kD (row p t + i), and a turn counter a (problem, query tile of kBackwardCols rows), zero
+// at the launch (ordered_turns.cuh).
+struct DqShares {
+  float* sums;
+  int* turns;
+};
+
+// Query tiles of kBackwardCols rows in t rows: the one-pass backward's turn counters a problem.
+template <int kD>
+__host__ __device__ constexpr std::int64_t dq_tiles(std::int64_t t) {
+  return (t + kBackwardCols<kD> - 1) / kBackwardCols<kD>;
+}
 
 // Where problem p's rows start in a tensor whose rows are `stride` elements apart: problems are
 // the heads of each batch element in turn (AttentionLayout).
@@ -356,34 +375,162 @@ __global__ void __launch_bounds__(kThreads)
                  scale);
 }
 
+// This key block's share of dq for query tile i0 (kN rows), dS K over its kRows keys from dS^T in
+// ds_s and K in k_s, added in the turn ordered_turns.cuh keeps: the warps split the tile's kN x kD
+// into 16-row, kD / (4 kN / 16)-column parts. The key blocks that see a query tile add in the
+// order of their first keys, last to first (under the causal mask the one on the diagonal reaches
+// it first), so block 0 adds last: it takes the sum, adds its share and writes dq, times `scale`,
+// in Grad; the first to add stores its share, the others add theirs in L2.
+template <int kD, typename Grad>
+__device__ __forceinline__ void add_dq_share(const bf16* ds_s, const bf16* k_s, DqShares shares,
+                                             Grad* __restrict__ gq, std::int64_t b, std::int64_t i0,
+                                             std::int64_t key_block, std::int64_t key_blocks,
+                                             std::int64_t t, bool causal, float scale,
+                                             const AttentionLayout& layout) {
+  constexpr int kN = kBackwardCols<kD>;
+  constexpr int kRowTiles = kN / 16, kParts = kWarps / kRowTiles, kSpan = kD / kParts;
+  static_assert(kWarps % kRowTiles == 0 && kD % (16 * kParts) == 0, "whole parts a warp");
+  constexpr int kLdD = kLd<kD>;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int rt = warp % kRowTiles, c0 = (warp / kRowTiles) * kSpan;
+  float part[kSpan / 8][4];
+  zero(part);
+#pragma unroll
+  for (int kk = 0; kk < kRows / 16; ++kk) {
+    std::uint32_t a[4];
+    load_a_by_cols(a, ds_s, kLdS<kD>, 16 * kk, 16 * rt);
+#pragma unroll
+    for (int n = 0; n < kSpan / 8; n += 2) {
+      std::uint32_t b0[2], b1[2];
+      load_b_by_cols(b0, b1, k_s + 16 * kk * kLdD, kLdD, c0 + 8 * n);
+      mma(part[n], a, b0);
+      mma(part[n + 1], a, b1);
+    }
+  }
+  const std::int64_t tile = i0 / kN;
+  const std::int64_t last = causal ? min64(key_blocks - 1, (i0 + kN - 1) / kRows) : key_blocks - 1;
+  const int rank = static_cast<int>(last - key_block);
+  int* turn = shares.turns + b * dq_tiles<kD>(t) + tile;
+  if (rank > 0) wait_turn(turn, rank);
+  const std::int64_t r_lo = i0 + 16 * rt + (lane >> 2), r_hi = r_lo + 8;
+  float* sums = shares.sums + b * t * kD;
+  Grad* out = gq + first_row(layout, b, t, layout.grad_q, kD);
+#pragma unroll
+  for (int n = 0; n < kSpan / 8; ++n) {
+    const int c = c0 + 8 * n + 2 * (lane & 3);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const std::int64_t r = h == 0 ? r_lo : r_hi;
+      if (r >= t) continue;
+      float lo = part[n][2 * h], hi = part[n][2 * h + 1];
+      float* sum = sums + r * kD + c;
+      if (key_block == 0) {
+        if (rank > 0) {
+          const float2 before = load_pair(sum);
+          lo += before.x;
+          hi += before.y;
+        }
+        store_pair(out + r * layout.grad_q + c, lo * scale, hi * scale);
+      } else if (rank == 0) {
+        store_as(sum, make_float2(lo, hi));
+      } else {
+        add_pair(sum, lo, hi);
+      }
+    }
+  }
+  if (key_block != 0) pass_turn(turn);
+}
+
+// A warp's part of one query tile in the dk/dv kernel: its 16 keys (rows of k_w and v_w) against
+// the tile's kN queries (qt, gt, and their lse in log2 units and Delta), S^T = K_w Q^T and
+// dP^T = V_w dO^T, then P^T, the masks where the tile is at an edge, and dS^T over P^T; dV += P^T
+// dO, dK += dS^T Q (scaled by the caller). kWithDq: dS^T, rounded to bf16 as the dK product
+// rounds it, also to the warp's 16 rows of ds_s.
+template <int kD, bool kWithDq>
+__device__ __forceinline__ void tile_grads(float (&dk)[kD / 8][4], float (&dv)[kD / 8][4],
+                                           bf16* ds_s, const bf16* k_w, const bf16* v_w,
+                                           const bf16* qt, const bf16* gt, const float* lse_t,
+                                           const float* delta_t, std::int64_t i0, std::int64_t w0,
+                                           std::int64_t s, bool causal, float scale2) {
+  constexpr int kN = kBackwardCols<kD>;
+  constexpr int kLdD = kLd<kD>;
+  const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
+  const int g = lane >> 2, quad = lane & 3;
+  const std::int64_t j_lo = w0 + g, j_hi = j_lo + 8;
+  float p[kN / 8][4], dp[kN / 8][4];
+  rows_times_rows<kD, kN / 8>(p, k_w, qt, kLdD);
+  rows_times_rows<kD, kN / 8>(dp, v_w, gt, kLdD);
+  const bool edge = w0 + 15 >= s || (causal && w0 + 15 > i0);  // warp-uniform
+  // As in the dq kernel: every probability, the edge tiles' masks, then dS^T.
+#pragma unroll
+  for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      p[n][e] = exp2_fast(p[n][e] * scale2 - lse_t[8 * n + 2 * quad + (e & 1)]);
+    }
+  }
+  if (edge) {
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * n + 2 * quad + (e & 1);
+        if (masked(i0 + c, e < 2 ? j_lo : j_hi, s, causal)) p[n][e] = 0.0f;
+      }
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kN / 8; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      dp[n][e] = p[n][e] * (dp[n][e] - delta_t[8 * n + 2 * quad + (e & 1)]);  // dS^T
+    }
+  }
+  probs_times_tile<kN / 8, kD>(dv, p, gt, kLdD);   // dV += P^T dO
+  probs_times_tile<kN / 8, kD>(dk, dp, qt, kLdD);  // dK += dS^T Q
+  if constexpr (kWithDq) {
+#pragma unroll
+    for (int n = 0; n < kN / 8; ++n) {
+      store_as(ds_s + (16 * warp + g) * kLdS<kD> + 8 * n + 2 * quad, pack(dp[n][0], dp[n][1]));
+      store_as(ds_s + (16 * warp + g + 8) * kLdS<kD> + 8 * n + 2 * quad, pack(dp[n][2], dp[n][3]));
+    }
+  }
+}
+
 // dk and dv for 64 keys a block, over the query tiles that see them; the query tiles (Q, dO, lse
 // and Delta) double-buffered, the next one's copies in flight while this one's products run.
-template <int kD, typename Grad>
+// kWithDq: the one-pass backward, each tile's dS^T also staged for the block's share of dq
+// (add_dq_share), and the key blocks of a problem launched last to first, the order of their
+// turns.
+template <int kD, typename Grad, bool kWithDq = false>
 __global__ void __launch_bounds__(kThreads)
     mma_grad_kv_kernel(const std::uint16_t* __restrict__ q, const std::uint16_t* __restrict__ k,
                        const std::uint16_t* __restrict__ v,
                        const std::uint16_t* __restrict__ grad_out, const float* __restrict__ lse,
                        const float* __restrict__ delta, Grad* __restrict__ gk,
                        Grad* __restrict__ gv, std::int64_t t, std::int64_t s, bool causal,
-                       float scale, AttentionLayout layout) {
+                       float scale, AttentionLayout layout, Grad* __restrict__ gq,
+                       DqShares shares) {
   const float scale2 = scale * kLog2e;   // scores in log2 units
   constexpr int kN = kBackwardCols<kD>;  // queries a tile
   constexpr int kLdD = kLd<kD>;
   // K and V; then buffer c's Q tile at q_s + c kN rows, its dO tile at g_s + c kN rows, its lse
-  // and Delta at lse_s + c kN and delta_s + c kN.
+  // and Delta at lse_s + c kN and delta_s + c kN; with dq, dS^T (kRows rows of kLdS) last.
   bf16* const k_s = reinterpret_cast<bf16*>(dynamic_smem());
   bf16* const v_s = k_s + kRows * kLdD;
   bf16* const q_s = v_s + kRows * kLdD;
   bf16* const g_s = q_s + 2 * kN * kLdD;
   float* const lse_s = reinterpret_cast<float*>(g_s + 2 * kN * kLdD);
   float* const delta_s = lse_s + 2 * kN;
+  bf16* const ds_s = reinterpret_cast<bf16*>(delta_s + 2 * kN);
   const int warp = static_cast<int>(threadIdx.x) >> 5, lane = static_cast<int>(threadIdx.x) & 31;
   const int g = lane >> 2, quad = lane & 3;
 
   const std::int64_t key_blocks = (s + kRows - 1) / kRows;
-  const std::int64_t b = blockIdx.x / key_blocks, j0 = (blockIdx.x % key_blocks) * kRows;
+  const std::int64_t b = blockIdx.x / key_blocks, slot = blockIdx.x % key_blocks;
+  const std::int64_t key_block = kWithDq ? key_blocks - 1 - slot : slot;
+  const std::int64_t j0 = key_block * kRows;
   const std::int64_t w0 = j0 + 16 * warp;  // the warp's first key
-  const std::int64_t j_lo = w0 + g, j_hi = j_lo + 8;
   const std::int64_t kv = layout.kv;
   const std::uint16_t* qb = q + first_row(layout, b, t, layout.q, kD);
   const std::uint16_t* gb = grad_out + first_row(layout, b, t, layout.out, kD);
@@ -415,47 +562,30 @@ __global__ void __launch_bounds__(kThreads)
   for (int it = 0; it < tiles; ++it) {
     const std::int64_t i0 = first + static_cast<std::int64_t>(it) * kN;
     cp_async_wait<0>();
-    __syncthreads();  // tile it is in; every warp is done with tile it - 1's buffer
+    __syncthreads();  // tile it is in; every warp is done with tile it - 1's buffers and dS^T
     if (it + 1 < tiles) stage_queries(it + 1, (it + 1) & 1);
     cp_async_commit();
-    if (w0 >= s || (causal && w0 > i0 + kN - 1)) continue;  // warp-uniform
-    const int cb = it & 1;
-    const bf16* qt = q_s + cb * kN * kLdD;
-    const bf16* gt = g_s + cb * kN * kLdD;
-    const float* lse_t = lse_s + cb * kN;
-    const float* delta_t = delta_s + cb * kN;
-    // S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x kN queries); P^T, then dS^T over P^T.
-    float p[kN / 8][4], dp[kN / 8][4];
-    rows_times_rows<kD, kN / 8>(p, k_s + 16 * warp * kLdD, qt, kLdD);
-    rows_times_rows<kD, kN / 8>(dp, v_s + 16 * warp * kLdD, gt, kLdD);
-    const bool edge = w0 + 15 >= s || (causal && w0 + 15 > i0);  // warp-uniform
-    // As in the dq kernel: every probability, the edge tiles' masks, then dS^T.
+    // Warp-uniform: no key of the warp, or (causal) none that a query of the tile sees. With dq
+    // such a warp's dS^T rows are zeros, and the barriers below are the whole block's.
+    if (w0 >= s || (causal && w0 > i0 + kN - 1)) {
+      if constexpr (kWithDq) {
 #pragma unroll
-    for (int n = 0; n < kN / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        p[n][e] = exp2_fast(p[n][e] * scale2 - lse_t[8 * n + 2 * quad + (e & 1)]);
-      }
-    }
-    if (edge) {
-#pragma unroll
-      for (int n = 0; n < kN / 8; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int c = 8 * n + 2 * quad + (e & 1);
-          if (masked(i0 + c, e < 2 ? j_lo : j_hi, s, causal)) p[n][e] = 0.0f;
+        for (int n = 0; n < kN / 8; ++n) {
+          store_as(ds_s + (16 * warp + g) * kLdS<kD> + 8 * n + 2 * quad, std::uint32_t{0});
+          store_as(ds_s + (16 * warp + g + 8) * kLdS<kD> + 8 * n + 2 * quad, std::uint32_t{0});
         }
       }
+    } else {
+      tile_grads<kD, kWithDq>(dk, dv, ds_s, k_s + 16 * warp * kLdD, v_s + 16 * warp * kLdD,
+                              q_s + (it & 1) * kN * kLdD, g_s + (it & 1) * kN * kLdD,
+                              lse_s + (it & 1) * kN, delta_s + (it & 1) * kN, i0, w0, s, causal,
+                              scale2);
     }
-#pragma unroll
-    for (int n = 0; n < kN / 8; ++n) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        dp[n][e] = p[n][e] * (dp[n][e] - delta_t[8 * n + 2 * quad + (e & 1)]);  // dS^T
-      }
+    if constexpr (kWithDq) {
+      __syncthreads();  // dS^T complete
+      add_dq_share<kD, Grad>(ds_s, k_s, shares, gq, b, i0, key_block, key_blocks, t, causal, scale,
+                             layout);
     }
-    probs_times_tile<kN / 8, kD>(dv, p, gt, kLdD);   // dV += P^T dO
-    probs_times_tile<kN / 8, kD>(dk, dp, qt, kLdD);  // dK += dS^T Q (scaled at the end)
   }
   cp_async_wait<0>();  // a block whose loop never ran still has K and V in flight
   if (w0 >= s) return;

@@ -76,14 +76,17 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   Tensor grad_out_bf16 = Tensor::empty(grad_out.shape(), DType::BF16);
   mma_attention_delta(ptr<float>(grad_out), device_ptr(out), /*out_bf16=*/true, ptr<float>(delta),
                       ptr<std::uint16_t>(grad_out_bf16), problems, p.t, d, layout, stream);
-  // Every element is written: q's columns by the dq kernel, k's and v's by the dk/dv kernel.
+  // Every element is written: q's columns by the dq share sums (or the dq kernel), k's and v's
+  // by the dk/dv kernel.
   Tensor g = Tensor::empty(qkv.shape(), grad_dtype);
   const auto* x = ptr<std::uint16_t>(qkv);
   auto* base = static_cast<unsigned char*>(device_ptr(g));
   const std::int64_t part = p.e * (bf16 ? 2 : 4);  // bytes from q's columns to k's, k's to v's
+  Tensor scratch = Tensor::empty({mma_attention_scratch_elements(problems, p.t, d)}, DType::F32);
   mma_attention_backward(x, x + p.e, x + 2 * p.e, ptr<std::uint16_t>(grad_out_bf16),
                          ptr<float>(lse), ptr<float>(delta), base, base + part, base + 2 * part,
-                         bf16, problems, p.t, p.t, d, causal, scale, layout, stream);
+                         bf16, problems, p.t, p.t, d, causal, scale, layout, stream,
+                         device_ptr(scratch));
   return g;
 }
 

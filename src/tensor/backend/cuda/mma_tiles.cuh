@@ -113,6 +113,15 @@ __device__ __forceinline__ void load_a(std::uint32_t (&a)[4], const bf16* rows, 
   ldmatrix_x4<false>(a, rows + ((m & 1) * 8 + (lane & 7)) * ld + k0 + (m >> 1) * 8);
 }
 
+// The A fragment of a tile stored transposed (A[m][k] = tile[k][m]): m columns [m0, m0 + 16), k
+// rows [k0, k0 + 16), transposed as loaded. dS K's dS where the tile holds dS^T. Matrices (m 0-7,
+// k 0-7), (m 8-15, k 0-7), (m 0-7, k 8-15), (m 8-15, k 8-15).
+__device__ __forceinline__ void load_a_by_cols(std::uint32_t (&a)[4], const bf16* rows, int ld,
+                                               int k0, int m0) {
+  const int lane = static_cast<int>(threadIdx.x) & 31, m = lane >> 3;
+  ldmatrix_x4<true>(a, rows + (k0 + (m >> 1) * 8 + (lane & 7)) * ld + m0 + (m & 1) * 8);
+}
+
 // The B fragments of two n tiles where n runs along the tile's rows (B[k][n] = tile[n][k]): rows
 // [0, 16) from `rows` (b0 the first 8, b1 the next), k columns [k0, k0 + 16). Q K^T's K, dO V^T's
 // V. Matrices (rows 0-7, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 0-7), (rows 8-15, k 8-15).
