@@ -660,13 +660,14 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   }
   check_packed_heads(qkv, 3, heads, what, /*bf16_ok=*/true);
   const Shape merged({qkv.size(0), qkv.size(1), qkv.size(2) / 3});
-  const bool ok = grad_out.dtype() == DType::F32 && grad_out.shape() == merged &&
-                  out.dtype() == DType::BF16 && out.shape() == merged &&
-                  lse.dtype() == DType::F32 && lse.numel() == qkv.size(0) * heads * qkv.size(1) &&
+  const bool ok = (grad_out.dtype() == DType::F32 || grad_out.dtype() == DType::BF16) &&
+                  grad_out.shape() == merged && out.dtype() == DType::BF16 &&
+                  out.shape() == merged && lse.dtype() == DType::F32 &&
+                  lse.numel() == qkv.size(0) * heads * qkv.size(1) &&
                   (grad_dtype == DType::F32 || grad_dtype == DType::BF16);
   if (!ok) {
     throw std::invalid_argument(
-        std::string(what) + ": expected grad_out F32 and out BF16 of " + merged.str() +
+        std::string(what) + ": expected grad_out F32 or BF16 and out BF16 of " + merged.str() +
         ", lse F32 of " + std::to_string(qkv.size(0) * heads * qkv.size(1)) +
         " and an F32 or BF16 gradient; got " + dtype_name(grad_out.dtype()) + " " +
         grad_out.shape().str() + ", " + dtype_name(out.dtype()) + " " + out.shape().str() + ", " +

@@ -952,6 +952,22 @@ inline std::vector<Case> cases() {
                    2e-2f});
     }
   }
+  // The output gradient in bf16 (a bf16 product's input gradient, autocast's
+  // packed_self_attention_linear): the products' dO as it is, Delta from its values.
+  for (const DType grad : {DType::BF16, DType::F32}) {
+    c.push_back({std::string("packed_attention_backward bf16 grad_out ") + dtype_name(grad),
+                 Op::kPackedAttentionBackward,
+                 [=](Generator& g, const To& to) {
+                   const Tensor qkv = kernels::to_bf16(randn(g, {2, 150, 3 * 128}));
+                   const Tensor gy = kernels::to_bf16(randn(g, {2, 150, 128}));
+                   Tensor lse;
+                   const Tensor y =
+                       kernels::packed_attention_forward_bf16(qkv, 2, true, 0.125f, lse);
+                   return Outputs{kernels::packed_attention_backward(
+                       to(gy), to(qkv), to(y), to(lse), 2, true, 0.125f, grad)};
+                 },
+                 2e-2f});
+  }
   // Nine key blocks, the last cut short: the CUDA backward's one pass adds each query tile's dq
   // shares in turns over up to nine blocks (ordered_turns.cuh), in both maskings.
   for (const bool causal : {true, false}) {
@@ -1014,6 +1030,26 @@ inline std::vector<Case> cases() {
                                                 to(sm), to(sr), &gx, &gw, &gb);
                    return Outputs{gx, gw, gb};
                  }});
+  }
+  // From a bf16 gradient (a bf16 product's input gradient, autocast's layer_norm_linear) beside
+  // the bf16 x, added into a pending gradient, and beside an f32 x (widened first on a GPU); widths
+  // on both sides of the CUDA kernel's warp/block switch, GPT-2's 768 among them.
+  for (const std::int64_t width : {std::int64_t{64}, std::int64_t{768}, std::int64_t{1100}}) {
+    for (const bool bf16_x : {true, false}) {
+      c.push_back({"layer_norm_backward bf16 gradient " + std::to_string(width) +
+                       (bf16_x ? " bf16 x" : " f32 x"),
+                   Op::kLayerNormBackward, [width, bf16_x](Generator& g, const To& to) {
+                     const Tensor xf = randn(g, {19, width}), w = randn(g, {width});
+                     const Tensor x = bf16_x ? kernels::to_bf16(xf) : xf;
+                     Tensor sm, sr;
+                     kernels::layer_norm_forward(xf, width, w, randn(g, {width}), 1e-5f, sm, sr);
+                     Tensor gx = to(randn(g, {19, width})), gw, gb;
+                     const Tensor gy = to(kernels::to_bf16(randn(g, {19, width})));
+                     kernels::layer_norm_backward(gy, to(x), width, to(w), to(sm), to(sr), &gx, &gw,
+                                                  &gb);
+                     return Outputs{gx, gw, gb};
+                   }});
+    }
   }
   // dx added into a pending gradient (autograd::take_pending_gradient), x f32 and bf16, widths on
   // both sides of the CUDA kernel's warp/block switch; without dw and db.

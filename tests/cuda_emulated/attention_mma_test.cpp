@@ -299,6 +299,32 @@ void check_packed(std::int64_t batch, std::int64_t heads, std::int64_t t, bool c
   for (std::size_t r = 0; r < delta.size(); ++r)
     ASSERT_NEAR(delta16[r], delta[r], 1e-5 * (1.0 + std::abs(delta[r]))) << "delta (rows) " << r;
   EXPECT_EQ(g16_rows, g16) << "dO rounded (rows)";
+  // From a BF16 grad_out (a bf16 product's input gradient: g16 here), by both kernels: Delta of
+  // its values, and no copy written (a null g_bf16 would fault if it were).
+  for (const bool rows16 : {false, true}) {
+    std::vector<float> delta_b(delta.size(), -1.0f);
+    const auto body = [&] {
+      if (rows16) {
+        cuda::attention_delta_rows_kernel<kD, std::uint16_t, std::uint16_t>(
+            g16.data(), o.data(), delta_b.data(), nullptr, problems, t, layout);
+      } else {
+        cuda::attention_delta_kernel<kD, std::uint16_t, std::uint16_t>(
+            g16.data(), o.data(), delta_b.data(), nullptr, problems, t, layout);
+      }
+    };
+    simt::launch(cuda::blocks_for(problems * t, rows16 ? cuda::kDeltaRowsPerBlock<kD> : 4), 128, 0,
+                 body);
+    for (std::int64_t p = 0; p < problems; ++p) {
+      for (std::int64_t i = 0; i < t; ++i) {
+        const std::int64_t at = ((p / heads) * t + i) * e + (p % heads) * kD;
+        double want = 0.0;
+        for (int c = 0; c < kD; ++c)
+          want += static_cast<double>(widened(g16[at + c])) * widened(o[at + c]);
+        ASSERT_NEAR(delta_b[p * t + i], want, 1e-4 * (1.0 + std::abs(want)))
+            << "delta from bf16 dO " << (rows16 ? "(rows) " : "") << p << " " << i;
+      }
+    }
+  }
 
   // The gradients from the CPU's lse (delta as above), packed, in bf16 and in f32.
   const std::vector<float> lse_in = copy_of<float>(lse_want);

@@ -98,8 +98,8 @@ std::int64_t span_rows_of(std::int64_t rows, std::int64_t n) {
 
 // dx (null: none) and, with dw (then db too), the weight and bias gradients, as norm.cu launches
 // them: the fused warp-rows kernel, or the block kernel and the column partials; then the sums.
-template <typename X>
-void backward(std::int64_t rows, std::int64_t n, const float* g, const X* x, const float* w,
+template <typename X, typename G = float>
+void backward(std::int64_t rows, std::int64_t n, const G* g, const X* x, const float* w,
               const float* mean, const float* rstd, float* dx, bool accumulate, float* dw = nullptr,
               float* db = nullptr, unsigned grid_cap = kBlocksCap, std::int64_t span_rows = 0) {
   if (span_rows == 0) span_rows = span_rows_of(rows, n);
@@ -112,18 +112,18 @@ void backward(std::int64_t rows, std::int64_t n, const float* g, const X* x, con
   launch_rows(rows, n, grid, [&](auto slots, [[maybe_unused]] auto full) {
     constexpr int kSlots = decltype(slots)::value;
     if constexpr (kSlots > 0) {
-      cuda::layer_norm_backward_rows_kernel<X, kSlots, decltype(full)::value>(
+      cuda::layer_norm_backward_rows_kernel<X, G, kSlots, decltype(full)::value>(
           g, x, w, mean, rstd, dx, accumulate, pw, pb, rows, n, span_rows);
     } else if (dx != nullptr) {
-      cuda::layer_norm_backward_kernel<false, X>(g, x, w, mean, rstd, dx, accumulate, rows, n);
+      cuda::layer_norm_backward_kernel<false, X, G>(g, x, w, mean, rstd, dx, accumulate, rows, n);
     }
   });
   if (dw == nullptr) return;
   if (n > cuda::kWarpRowMax) {
     simt::launch(static_cast<unsigned>((n + cuda::kBlock - 1) / cuda::kBlock),
                  static_cast<unsigned>(spans), cuda::kBlock, 0, [&] {
-                   cuda::layer_norm_column_partials_kernel<X>(g, x, mean, rstd, pw, pb, rows, n,
-                                                              span_rows);
+                   cuda::layer_norm_column_partials_kernel<X, G>(g, x, mean, rstd, pw, pb, rows, n,
+                                                                 span_rows);
                  });
   }
   simt::launch(std::min(kBlocksCap, cuda::grid_for((n + 31) / 32)), cuda::kSpanSumThreads, 0,
@@ -203,6 +203,18 @@ void check_shape(std::int64_t rows, std::int64_t n) {
   backward<std::uint16_t>(rows, n, gv.data(), xb16v.data(), wv.data(), mv.data(), rv.data(),
                           acc.data(), true);
   expect_close(acc, into, 1e-5f, "dx added into a gradient, bf16 x");
+  // And from a bf16 gradient (a bf16 product's input gradient) beside the bf16 x, with the weight
+  // and bias gradients: the CPU's from the same bf16 gradient.
+  const Tensor gy16 = kernels::to_bf16(gy);
+  const std::vector<std::uint16_t> gy16v = copy_of<std::uint16_t>(gy16);
+  into = x2.clone();
+  kernels::layer_norm_backward(gy16, xb16, n, w, m32, r32, &into, &dw_want, &db_want);
+  acc = x2v;
+  backward<std::uint16_t, std::uint16_t>(rows, n, gy16v.data(), xb16v.data(), wv.data(), mv.data(),
+                                         rv.data(), acc.data(), true, dw.data(), db.data());
+  expect_close(acc, into, 1e-5f, "dx added into a gradient, bf16 x and gradient");
+  expect_close(dw, dw_want, 1e-5f, "dw, bf16 x and gradient");
+  expect_close(db, db_want, 1e-5f, "db, bf16 x and gradient");
 }
 
 // Each slot count norm.cu picks, the last slot partly used or not; spans of 8 to 64 rows.

@@ -100,8 +100,12 @@ TEST(Bf16, TheCpusFusedRoundingsEqualTheirCompositionsBitForBit) {
   }
 }
 
-// The CPU's products writing bf16 work a block of rows at a time (no F32 matrix of the whole):
-// equal to the rounded F32 product bit for bit, across blocks (1000 rows: 128, then 872).
+// The CPU's products writing bf16 (linear's a block of rows at a time, no F32 matrix of the whole;
+// matmul's of bf16 rows by oneDNN's bf16 destination): equal to the rounded F32 product bit for
+// bit, across blocks (1000 rows: 128, then 872); at a GPT's input-gradient shapes (a Linear's
+// dx = g W, over 768 and 3072) oneDNN's bf16-destination kernel may sum an element's 3072 terms in
+// another order than its F32 one: the rounded values then differ by about a bf16 step, rarely
+// (at most one in 10,000 asserted).
 TEST(Bf16, TheCpusBf16ProductOutputsEqualTheRoundedF32ProductsBitForBit) {
   Generator gen(12);
   const Tensor x = cpu::to_bf16(Tensor::randn({1000, 96}, gen));
@@ -115,6 +119,25 @@ TEST(Bf16, TheCpusBf16ProductOutputsEqualTheRoundedF32ProductsBitForBit) {
   const Tensor xt = cpu::to_bf16(Tensor::randn({96, 1000}, gen));
   expect_same_bits(kernels::matmul(xt, w, true, true, DType::BF16),
                    cpu::to_bf16(kernels::matmul(xt, w, true, true)), "matmul of a^T");
+  for (const std::int64_t inner : {768, 3072}) {
+    SCOPED_TRACE("dx = g W over " + std::to_string(inner));
+    const Tensor g = cpu::to_bf16(Tensor::randn({1000, inner}, gen));
+    const Tensor weight = cpu::to_bf16(Tensor::randn({inner, 768}, gen));
+    const std::vector<float> got =
+        cpu::to_f32(kernels::matmul(g, weight, false, false, DType::BF16)).to_vector();
+    const std::vector<float> want =
+        cpu::to_f32(cpu::to_bf16(kernels::matmul(g, weight))).to_vector();
+    ASSERT_EQ(got.size(), want.size());
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (got[i] == want[i]) continue;
+      ++differ;
+      // A bf16 step, or (an element that cancels to near 0 from terms of about sqrt(inner)) the
+      // f32 sums' own difference.
+      ASSERT_LE(std::abs(got[i] - want[i]), std::abs(want[i]) / 128.0f + 1e-4f) << "element " << i;
+    }
+    EXPECT_LE(differ, got.size() / 10000) << differ << " of " << got.size() << " differ";
+  }
 }
 
 // A language model's bf16 logits: cross-entropy (loss, statistics, both gradients), and argmax,

@@ -10,6 +10,9 @@
 // The rule under BF16:
 //   - products (linear, 2-D matmul) take bf16 operands and accumulate in f32, through oneDNN;
 //     they keep their inputs for backward in bf16 (half the bytes of the activations they save);
+//     a Linear's input gradient is rounded to bf16 as its product writes it, as torch.autocast's
+//     is (its product's output is bf16, and so that gradient): the norm, attention or GELU
+//     before it reads half the bytes (its weight's and bias's gradients stay f32);
 //   - convolutions take bf16 operands and accumulate in f32 (oneDNN), keeping f32 inputs and
 //     rounding their output to bf16 (as torch.autocast), where each output sums at least 32
 //     products (C_in x KH x KW; a 3x3 over one channel stays f32: bf16 saves it nothing and the

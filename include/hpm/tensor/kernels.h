@@ -36,7 +36,8 @@ bool native_bf16();
 // ---- products ------------------------------------------------------------------------------
 // 2-D matrix product of op(a) and op(b), op(X) = X or X^T: F32 operands, or BF16 ones with f32
 // accumulation and an F32 result, or (out BF16, BF16 operands) the f32 result rounded to bf16 as
-// the product writes it: to_bf16 of the F32 product's values, without its F32 tensor.
+// the product writes it, without an F32 tensor: to_bf16 of the F32 product's values, but for the
+// order in which a kernel writing bf16 may sum an element's terms (a bf16 step apart, rarely).
 Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
               DType out = DType::F32);
 // c (F32, M x N) += op(a) op(b), accumulated by the product itself (a weight's gradient).
@@ -174,8 +175,9 @@ void attention_backward(const Tensor& grad_out, const Tensor& q, const Tensor& k
 Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
                                      float scale, Tensor& lse);
 // Its gradient with respect to qkv, (B, T, 3E) in grad_dtype (F32, or BF16 rounded once), from
-// grad_out F32 (B, T, E), the forward's output and lse: attention_backward's on the split heads
-// (out widened), merged as merge_qkv_heads (or merge_qkv_heads_bf16) would.
+// grad_out (B, T, E), F32 or BF16 (a bf16 product's input gradient, read widened), the forward's
+// output and lse: attention_backward's on the split heads (grad_out and out widened), merged as
+// merge_qkv_heads (or merge_qkv_heads_bf16) would.
 Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, const Tensor& out,
                                  const Tensor& lse, std::int64_t heads, bool causal, float scale,
                                  DType grad_dtype);
@@ -263,10 +265,11 @@ Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_
                                    const Tensor& weight, const Tensor& bias, float eps, Tensor& sum,
                                    Tensor& save_mean, Tensor& save_rstd,
                                    Tensor* sum_bf16 = nullptr);
-// x F32 or BF16 (a copy autocast kept, read widened). When *grad_x is defined on entry (F32, x's
-// shape, x's device: the gradient summed so far for x, as autograd::take_pending_gradient hands
-// it), dx is added into it, as the sum *grad_x + dx would be, without a pass of its own; otherwise
-// *grad_x is a new tensor.
+// x F32 or BF16 (a copy autocast kept, read widened); grad_y F32 or BF16 (a bf16 product's input
+// gradient, read widened). When *grad_x is defined on entry (F32, x's shape, x's device: the
+// gradient summed so far for x, as autograd::take_pending_gradient hands it), dx is added into
+// it, as the sum *grad_x + dx would be, without a pass of its own; otherwise *grad_x is a new
+// tensor.
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);

@@ -55,14 +55,12 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const bool bf16_dx = bf16_gradient_taken(x);
   return record(
       "GeluLinearBF16", {x, weight, bias, residual}, y,
-      [xb, ab, weight, bias, bf16_dx, bf16_x](const Tensor& g, const Needs& n) {
+      [xb, ab, weight, bias, bf16_dx](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
         Tensor dx;
         if (n[0]) {
-          // GELU's output gradient in bf16 where its input came in bf16 (autocast's rounding
-          // there), else in f32 as the composition's.
-          const Tensor da = kernels::matmul(gb, bf16_parameter(weight), false, false,
-                                            bf16_x ? DType::BF16 : DType::F32);
+          // GELU's output gradient rounded to bf16 as the product writes it (linear_bf16's dx).
+          const Tensor da = kernels::matmul(gb, bf16_parameter(weight), false, false, DType::BF16);
           dx = bf16_dx ? kernels::unary_backward_bf16(UnaryOp::Gelu, da, xb, Tensor())
                        : kernels::unary_backward(UnaryOp::Gelu, da, xb, Tensor());
         }
@@ -93,9 +91,12 @@ Tensor record_layer_norm_linear(const Tensor& x, const Tensor& xb, const Tensor&
         Tensor gx = n[0] ? take_pending_gradient(0, xb.shape()) : Tensor();
         Tensor gw, gbias;
         if (n[0] || n[1] || n[2]) {
-          kernels::layer_norm_backward(kernels::matmul(gb, bf16_parameter(weight)), xb, normalized,
-                                       ln_weight, mean, rstd, n[0] ? &gx : nullptr,
-                                       n[1] ? &gw : nullptr, n[2] ? &gbias : nullptr);
+          // The norm's output gradient rounded to bf16 as the product writes it (linear_bf16's
+          // dx), read by the norm's backward as it is: half the bytes each way.
+          kernels::layer_norm_backward(
+              kernels::matmul(gb, bf16_parameter(weight), false, false, DType::BF16), xb,
+              normalized, ln_weight, mean, rstd, n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+              n[2] ? &gbias : nullptr);
         }
         Tensors product =
             linear_gradients(g, gb, yb, Needs{false, n[3], n[4]}, Tensor(), weight, bias);
@@ -177,8 +178,11 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
         const Tensor gb = kernels::to_bf16(g2);
         Tensor gqkv;
         if (n[0]) {
+          // The attention's output gradient rounded to bf16 as the product writes it
+          // (linear_bf16's dx): the operand of its backward's products as it is.
           const Tensor d_merged =
-              kernels::matmul(gb, bf16_parameter(weight)).reshape(merged.shape());
+              kernels::matmul(gb, bf16_parameter(weight), false, false, DType::BF16)
+                  .reshape(merged.shape());
           gqkv = kernels::packed_attention_backward(d_merged, qkv_bf16, merged, lse, heads, causal,
                                                     scale, bf16_dqkv ? DType::BF16 : DType::F32);
         }

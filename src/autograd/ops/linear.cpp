@@ -101,8 +101,10 @@ namespace {
 
 // A Linear under bf16 autocast (autocast.h): x and W rounded to bf16 for the product, x kept so
 // for backward, which rounds g too and W again (a weight is not an activation: rounding it twice
-// costs less than keeping a copy per use); bias, outputs and gradients f32, db summed from the
-// rounded g when the same product computes dW. It takes a BF16 gradient as it is (Bf16Grad).
+// costs less than keeping a copy per use); bias and outputs f32, dW and db f32 (db summed from the
+// rounded g when the same product computes dW), dx rounded to bf16 as the product writes it
+// (torch.autocast's: its product's output is bf16, and so its input's gradient; the engine widens
+// it for a rule that does not take it). It takes a BF16 gradient as it is (Bf16Grad).
 Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor xb = kernels::to_bf16(x);
   Tensor y = kernels::linear(xb, bf16_parameter(weight), bias);
@@ -110,9 +112,11 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
       "LinearBF16", {x, weight, bias}, y,
       [xb, weight, bias](const Tensor& g, const Needs& n) {
         const Tensor gb = kernels::to_bf16(g);
-        return linear_gradients(g, gb, xb, n,
-                                n[0] ? kernels::matmul(gb, bf16_parameter(weight)) : Tensor(),
-                                weight, bias);
+        return linear_gradients(
+            g, gb, xb, n,
+            n[0] ? kernels::matmul(gb, bf16_parameter(weight), false, false, DType::BF16)
+                 : Tensor(),
+            weight, bias);
       },
       Bf16Grad::kTaken);
 }

@@ -54,8 +54,10 @@ Tensor to_f16(const Tensor& x);
 void gemm_bf16(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
                float alpha, const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b,
                std::int64_t ldb, float beta, float* c, std::int64_t ldc);
-// 2-D BF16 operands, F32 result; linear_bf16's bias is F32 (may be undefined).
-Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false);
+// 2-D BF16 operands, F32 result (or BF16, out_bf16: the f32 result rounded to nearest even as
+// oneDNN writes it, with no f32 result in memory); linear_bf16's bias is F32 (may be undefined).
+Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a = false, bool trans_b = false,
+                   bool out_bf16 = false);
 Tensor linear_bf16(const Tensor& x, const Tensor& w, const Tensor& bias);
 // oneDNN's name for the implementation gemm_bf16 runs for an (m, k) x (k, n) product, e.g.
 // "brg:avx512_core_bf16" (native) or one naming an emulation.

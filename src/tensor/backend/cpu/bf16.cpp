@@ -178,7 +178,7 @@ std::string gemm_bf16_implementation(std::int64_t m, std::int64_t n, std::int64_
   return batched_gemm_implementation(single(false, false, m, n, k, 1.0f, k, n, 0.0f, n));
 }
 
-Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b) {
+Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, bool out_bf16) {
   check_bf16(a, "matmul_bf16");
   check_bf16(b, "matmul_bf16");
   const std::int64_t m = trans_a ? a.size(1) : a.size(0), k = trans_a ? a.size(0) : a.size(1);
@@ -188,9 +188,11 @@ Tensor matmul_bf16(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b)
                                 (trans_a ? "^T" : "") + " x " + b.shape().str() +
                                 (trans_b ? "^T" : ""));
   }
-  Tensor c = Tensor::empty({m, n}, DType::F32, a.device());
-  gemm_bf16(trans_a, trans_b, m, n, k, 1.0f, a.data<std::uint16_t>(), a.size(1),
-            b.data<std::uint16_t>(), b.size(1), 0.0f, c.data<float>(), n);
+  Tensor c = Tensor::empty({m, n}, out_bf16 ? DType::BF16 : DType::F32, a.device());
+  if (m == 0 || n == 0) return c;
+  BatchedGemm g = single(trans_a, trans_b, m, n, k, 1.0f, a.size(1), b.size(1), 0.0f, n);
+  g.c_bf16 = out_bf16;
+  run_batched_gemm(g, a.data<std::uint16_t>(), b.data<std::uint16_t>(), c.raw_data());
   return c;
 }
 

@@ -113,15 +113,20 @@ class CpuBackend final : public Backend {
     }
   }
 
-  // A BF16 output is the F32 product rounded (the CPU's products write F32), a block of rows at
-  // a time where the rows are a's: the F32 product never exists whole (the step's peak holds one
-  // block of it, as a GPU's holds none).
+  // A BF16 output of BF16 operands whose rows are a's is rounded by the product as it writes it
+  // (oneDNN's bf16 destination: the same kernels and values as the F32 one's, rounded, where a
+  // transposed a can take another summation order for some elements); else the F32 product
+  // rounded, a block of rows at a time where the rows are a's: the F32 product never exists whole
+  // (the step's peak holds one block of it, as a GPU's holds none).
   Tensor matmul(const Tensor& a, const Tensor& b, bool trans_a, bool trans_b, DType out) override {
     const auto product = [&](const Tensor& rows) {
       return both_bf16(rows, b) ? cpu::matmul_bf16(rows, b, trans_a, trans_b)
                                 : cpu::matmul(rows, b, trans_a, trans_b);
     };
     if (out != DType::BF16) return product(a);
+    if (both_bf16(a, b) && !trans_a && a.dim() == 2 && b.dim() == 2) {
+      return cpu::matmul_bf16(a, b, trans_a, trans_b, /*out_bf16=*/true);
+    }
     if (trans_a || a.dim() != 2) return cpu::to_bf16(product(a));
     return rounded_by_rows(a, product);
   }
@@ -260,7 +265,9 @@ class CpuBackend final : public Backend {
                                    DType grad_dtype) override {
     Tensor q, k, v, gq, gk, gv;
     cpu::split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
-    cpu::attention_backward_bf16(cpu::split_heads(grad_out, heads), q, k, v,
+    // A BF16 grad_out (a bf16 product's input gradient) widened: its values exactly.
+    const Tensor g32 = grad_out.dtype() == DType::BF16 ? cpu::to_f32(grad_out) : grad_out;
+    cpu::attention_backward_bf16(cpu::split_heads(g32, heads), q, k, v,
                                  cpu::split_heads(cpu::to_f32(out), heads), lse, causal, scale, &gq,
                                  &gk, &gv);
     const Tensor g = cpu::merge_qkv_heads(gq, gk, gv);

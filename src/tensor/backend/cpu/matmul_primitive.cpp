@@ -37,7 +37,8 @@ std::shared_ptr<const Plan> create_plan(const BatchedGemm& g) {
   const memory::desc b(
       {g.batch, g.k, g.n}, in,
       g.trans_b ? memory::dims{g.stride_b, 1, g.ldb} : memory::dims{g.stride_b, g.ldb, 1});
-  const memory::desc c({g.batch, g.m, g.n}, memory::data_type::f32,
+  const memory::desc c({g.batch, g.m, g.n},
+                       g.c_bf16 ? memory::data_type::bf16 : memory::data_type::f32,
                        memory::dims{g.stride_c, g.ldc, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -74,7 +75,7 @@ void* scratchpad(std::size_t bytes) {
 
 }  // namespace
 
-void run_batched_gemm(const BatchedGemm& g, const void* a, const void* b, float* c) {
+void run_batched_gemm(const BatchedGemm& g, const void* a, const void* b, void* c) {
   if (g.batch == 0 || g.m == 0 || g.n == 0) return;
   const auto plan = plan_for(g);
   dnnl::engine& engine = cpu_engine();

@@ -304,10 +304,10 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
                          Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
   const std::int64_t rows = x.numel() / normalized;
-  const float* pg = grad_y.data<float>();
-  // A bf16 copy kept for backward is widened span by span into a cache-sized block (exactly: the
-  // values are those of to_f32(x), without its f32 tensor).
-  const bool widen = x.dtype() == DType::BF16;
+  // A bf16 copy kept for backward, and a bf16 gradient (a bf16 product's input gradient), are
+  // widened span by span into cache-sized blocks (exactly: the values are those of to_f32, without
+  // its f32 tensor).
+  const bool widen = x.dtype() == DType::BF16, widen_g = grad_y.dtype() == DType::BF16;
   const float* pw = weight.defined() ? weight.data<float>() : nullptr;
   const float* pm = save_mean.data<float>();
   const float* pr = save_rstd.data<float>();
@@ -325,13 +325,15 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   std::vector<double> sums(static_cast<std::size_t>(2 * spans * normalized), 0.0);
   parallel_for(spans, 1, [&](std::int64_t s0, std::int64_t s1) {
     std::vector<float> widened(widen ? static_cast<std::size_t>(chunk * normalized) : 0);
+    std::vector<float> widened_g(widen_g ? static_cast<std::size_t>(chunk * normalized) : 0);
     std::vector<float> row(accumulate ? static_cast<std::size_t>(normalized) : 0);
     for (std::int64_t s = s0; s < s1; ++s) {
       double* dw = sums.data() + 2 * s * normalized;
       const std::int64_t r0 = s * chunk, len = std::min(rows, r0 + chunk) - r0,
                          at = r0 * normalized;
       const float* xs = f32_block(x, at, len * normalized, widened.data());
-      layer_norm_backward_rows(pg + at, xs, pw, pm + r0, pr + r0, pdx ? pdx + at : nullptr,
+      const float* gs = f32_block(grad_y, at, len * normalized, widened_g.data());
+      layer_norm_backward_rows(gs, xs, pw, pm + r0, pr + r0, pdx ? pdx + at : nullptr,
                                accumulate ? row.data() : nullptr, dw, dw + normalized, 0, len,
                                normalized);
     }

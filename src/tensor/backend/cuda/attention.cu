@@ -438,9 +438,9 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
     if (mma_attention_applies(n.d, ptr<In>(q), ptr<In>(k), ptr<In>(v))) {
       const AttentionLayout layout = contiguous_attention(d);
       Tensor grad_out_bf16 = Tensor::empty(grad_out.shape(), DType::BF16);
-      mma_attention_delta(ptr<float>(grad_out), device_ptr(out), out.dtype() == DType::BF16,
-                          ptr<float>(delta), ptr<std::uint16_t>(grad_out_bf16), n.batch, n.t, d,
-                          layout, stream);
+      mma_attention_delta(ptr<float>(grad_out), /*grad_bf16=*/false, device_ptr(out),
+                          out.dtype() == DType::BF16, ptr<float>(delta),
+                          ptr<std::uint16_t>(grad_out_bf16), n.batch, n.t, d, layout, stream);
       Tensor scratch;
       if (want_q && want_kv) {
         scratch = Tensor::empty({mma_attention_scratch_elements(n.batch, n.t, d)}, DType::F32);

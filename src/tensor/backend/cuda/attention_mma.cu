@@ -99,28 +99,34 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
   });
 }
 
-void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, float* delta,
-                         std::uint16_t* grad_out_bf16, std::int64_t problems, std::int64_t t, int d,
-                         const AttentionLayout& layout, cudaStream_t stream) {
+void mma_attention_delta(const void* grad_out, bool grad_bf16, const void* out, bool out_bf16,
+                         float* delta, std::uint16_t* grad_out_bf16, std::int64_t problems,
+                         std::int64_t t, int d, const AttentionLayout& layout,
+                         cudaStream_t stream) {
   if (problems * t == 0) return;
   with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;
-    with_element(out_bf16, [&](auto element) {
-      using O = decltype(element);
-      // 16-byte rows: every row start (a head's offset, a multiple of d, plus rows of layout.out
-      // elements) 8 elements in, from 16-byte aligned tensors.
-      const bool rows16 = kD % 8 == 0 && layout.out % 8 == 0 && aligned16(grad_out) &&
-                          aligned16(out) && aligned16(grad_out_bf16);
-      if (rows16) {
-        attention_delta_rows_kernel<kD, O>
-            <<<blocks_for(problems * t, kDeltaRowsPerBlock<kD>), kThreads, 0, stream>>>(
-                grad_out, static_cast<const O*>(out), delta, grad_out_bf16, problems, t, layout);
-        HPM_CUDA_LAUNCH_CHECK("attention_delta_rows_kernel");
-        return;
-      }
-      attention_delta_kernel<kD, O><<<blocks_for(problems * t, kWarps), kThreads, 0, stream>>>(
-          grad_out, static_cast<const O*>(out), delta, grad_out_bf16, problems, t, layout);
-      HPM_CUDA_LAUNCH_CHECK("attention_delta_kernel");
+    with_element(out_bf16, [&](auto out_element) {
+      with_element(grad_bf16, [&](auto grad_element) {
+        using O = decltype(out_element);
+        using G = decltype(grad_element);
+        const auto* g = static_cast<const G*>(grad_out);
+        const auto* o = static_cast<const O*>(out);
+        // 16-byte rows: every row start (a head's offset, a multiple of d, plus rows of
+        // layout.out elements) 8 elements in, from 16-byte aligned tensors.
+        const bool rows16 = kD % 8 == 0 && layout.out % 8 == 0 && aligned16(grad_out) &&
+                            aligned16(out) && (grad_bf16 || aligned16(grad_out_bf16));
+        if (rows16) {
+          attention_delta_rows_kernel<kD, O, G>
+              <<<blocks_for(problems * t, kDeltaRowsPerBlock<kD>), kThreads, 0, stream>>>(
+                  g, o, delta, grad_out_bf16, problems, t, layout);
+          HPM_CUDA_LAUNCH_CHECK("attention_delta_rows_kernel");
+          return;
+        }
+        attention_delta_kernel<kD, O, G><<<blocks_for(problems * t, kWarps), kThreads, 0, stream>>>(
+            g, o, delta, grad_out_bf16, problems, t, layout);
+        HPM_CUDA_LAUNCH_CHECK("attention_delta_kernel");
+      });
     });
   });
 }

@@ -42,12 +42,14 @@ void mma_attention_forward(const std::uint16_t* q, const std::uint16_t* k, const
                            std::int64_t t, std::int64_t s, int d, bool causal, float scale,
                            const AttentionLayout& layout, cudaStream_t stream);
 
-// delta (problems, t) = rowsum(grad_out * out), grad_out F32 and out F32 or BF16 bits, both laid
-// out as layout.out says; and grad_out rounded to bf16 into grad_out_bf16 (the same layout, and
-// the operand mma_attention_backward reads, rounded once as the CPU's bf16 path rounds it).
-void mma_attention_delta(const float* grad_out, const void* out, bool out_bf16, float* delta,
-                         std::uint16_t* grad_out_bf16, std::int64_t problems, std::int64_t t, int d,
-                         const AttentionLayout& layout, cudaStream_t stream);
+// delta (problems, t) = rowsum(grad_out * out), grad_out F32 or BF16 bits (grad_bf16) and out F32
+// or BF16 bits (out_bf16), both laid out as layout.out says; and an F32 grad_out rounded to bf16
+// into grad_out_bf16 (the same layout, and the operand mma_attention_backward reads, rounded once
+// as the CPU's bf16 path rounds it). A BF16 grad_out is that operand itself: grad_out_bf16 is
+// then not written (it may be null).
+void mma_attention_delta(const void* grad_out, bool grad_bf16, const void* out, bool out_bf16,
+                         float* delta, std::uint16_t* grad_out_bf16, std::int64_t problems,
+                         std::int64_t t, int d, const AttentionLayout& layout, cudaStream_t stream);
 
 // The 4-byte elements of scratch mma_attention_backward's one pass needs for these sizes (the
 // caller allocates it, at least 8-byte aligned): an f32 sum of q's gradient and a turn counter a

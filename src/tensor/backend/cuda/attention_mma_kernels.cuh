@@ -599,11 +599,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // Delta = rowsum(grad_out * out) for each problem's t rows, in (problem, row) order as lse, from
 // rows laid out as `layout.out` says; out F32 or BF16 (its bits). A warp a row: the f32 sums of
-// attention.cu's row_dots_kernel, in its order. From the same read, grad_out rounded to bf16 into
-// g_bf16 (laid out as grad_out), the operand both backward kernels stage: rounded once here
-// rather than on each of the dk/dv kernel's passes over it.
-template <int kD, typename O>
-__global__ void attention_delta_kernel(const float* __restrict__ g, const O* __restrict__ o,
+// attention.cu's row_dots_kernel, in its order. From the same read, an F32 grad_out (G float)
+// rounded to bf16 into g_bf16 (laid out as grad_out), the operand both backward kernels stage:
+// rounded once here rather than on each of the dk/dv kernel's passes over it. A BF16 grad_out (G
+// its bits: a bf16 product's input gradient) is that operand already: g_bf16 is not written.
+template <int kD, typename O, typename G = float>
+__global__ void attention_delta_kernel(const G* __restrict__ g, const O* __restrict__ o,
                                        float* __restrict__ delta,
                                        std::uint16_t* __restrict__ g_bf16, std::int64_t problems,
                                        std::int64_t t, AttentionLayout layout) {
@@ -614,8 +615,8 @@ __global__ void attention_delta_kernel(const float* __restrict__ g, const O* __r
     const std::int64_t at = first_row(layout, r / t, t, layout.out, kD) + (r % t) * layout.out;
     float acc = 0.0f;
     for (int c = lane; c < kD; c += 32) {
-      acc = fmaf(g[at + c], as_f32(o[at + c]), acc);
-      g_bf16[at + c] = f32_to_bf16_bits(g[at + c]);
+      acc = fmaf(as_f32(g[at + c]), as_f32(o[at + c]), acc);
+      if constexpr (std::is_same_v<G, float>) g_bf16[at + c] = f32_to_bf16_bits(g[at + c]);
     }
     acc = static_cast<float>(warp_sum(acc));
     if (lane == 0) delta[r] = acc;
@@ -634,8 +635,8 @@ constexpr int kDeltaLanes = kD / 8;  // lanes a row
 template <int kD>
 constexpr int kDeltaRowsPerBlock = kWarps*(32 / kDeltaLanes<kD>);
 
-template <int kD, typename O>
-__global__ void attention_delta_rows_kernel(const float* __restrict__ g, const O* __restrict__ o,
+template <int kD, typename O, typename G = float>
+__global__ void attention_delta_rows_kernel(const G* __restrict__ g, const O* __restrict__ o,
                                             float* __restrict__ delta,
                                             std::uint16_t* __restrict__ g_bf16,
                                             std::int64_t problems, std::int64_t t,
@@ -657,7 +658,7 @@ __global__ void attention_delta_rows_kernel(const float* __restrict__ g, const O
       load8(o + at, ov);
 #pragma unroll
       for (int k = 0; k < 8; ++k) acc = fmaf(gv[k], ov[k], acc);
-      store8(g_bf16 + at, gv);
+      if constexpr (std::is_same_v<G, float>) store8(g_bf16 + at, gv);
     }
 #pragma unroll
     for (int offset = kLanes / 2; offset > 0; offset >>= 1)

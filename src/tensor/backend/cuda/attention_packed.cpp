@@ -56,7 +56,9 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
                                  const Tensor& lse, std::int64_t heads, bool causal, float scale,
                                  DType grad_dtype) {
   const Packed p = packed_dims(qkv, heads);
-  require_dtype(grad_out, DType::F32);
+  // grad_out F32, or BF16 (a bf16 product's input gradient: the kernels' operand as it is).
+  const bool grad_out_bf16 = grad_out.dtype() == DType::BF16;
+  if (!grad_out_bf16) require_dtype(grad_out, DType::F32);
   require_dtype(out, DType::BF16);
   require_dtype(lse, DType::F32);
   const bool bf16 = grad_dtype == DType::BF16;
@@ -64,8 +66,8 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   if (!mma_attention_applies(p.d, x0, x0, x0)) {
     Tensor q, k, v, gq, gk, gv;
     split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
-    attention_backward(split_heads(grad_out, heads), q, k, v, split_heads(to_f32(out), heads), lse,
-                       causal, scale, &gq, &gk, &gv);
+    attention_backward(split_heads(grad_out_bf16 ? to_f32(grad_out) : grad_out, heads), q, k, v,
+                       split_heads(to_f32(out), heads), lse, causal, scale, &gq, &gk, &gv);
     return bf16 ? merge_qkv_heads_bf16(gq, gk, gv) : merge_qkv_heads(gq, gk, gv);
   }
   const std::int64_t problems = p.batch * heads;
@@ -73,9 +75,12 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   const int d = static_cast<int>(p.d);
   cudaStream_t stream = current_stream();
   Tensor delta = Tensor::empty({problems * p.t > 0 ? problems * p.t : 1}, DType::F32);
-  Tensor grad_out_bf16 = Tensor::empty(grad_out.shape(), DType::BF16);
-  mma_attention_delta(ptr<float>(grad_out), device_ptr(out), /*out_bf16=*/true, ptr<float>(delta),
-                      ptr<std::uint16_t>(grad_out_bf16), problems, p.t, d, layout, stream);
+  // The products' dO: grad_out itself when BF16, else rounded by the Delta kernel into a copy.
+  const Tensor dout = grad_out_bf16 ? grad_out : Tensor::empty(grad_out.shape(), DType::BF16);
+  mma_attention_delta(device_ptr(grad_out), grad_out_bf16, device_ptr(out), /*out_bf16=*/true,
+                      ptr<float>(delta),
+                      grad_out_bf16 ? nullptr : static_cast<std::uint16_t*>(device_ptr(dout)),
+                      problems, p.t, d, layout, stream);
   // Every element is written: q's columns by the dq share sums (or the dq kernel), k's and v's
   // by the dk/dv kernel.
   Tensor g = Tensor::empty(qkv.shape(), grad_dtype);
@@ -83,10 +88,9 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   auto* base = static_cast<unsigned char*>(device_ptr(g));
   const std::int64_t part = p.e * (bf16 ? 2 : 4);  // bytes from q's columns to k's, k's to v's
   Tensor scratch = Tensor::empty({mma_attention_scratch_elements(problems, p.t, d)}, DType::F32);
-  mma_attention_backward(x, x + p.e, x + 2 * p.e, ptr<std::uint16_t>(grad_out_bf16),
-                         ptr<float>(lse), ptr<float>(delta), base, base + part, base + 2 * part,
-                         bf16, problems, p.t, p.t, d, causal, scale, layout, stream,
-                         device_ptr(scratch));
+  mma_attention_backward(x, x + p.e, x + 2 * p.e, ptr<std::uint16_t>(dout), ptr<float>(lse),
+                         ptr<float>(delta), base, base + part, base + 2 * part, bf16, problems, p.t,
+                         p.t, d, causal, scale, layout, stream, device_ptr(scratch));
   return g;
 }
 

@@ -15,6 +15,7 @@
 #include <string>
 #include <type_traits>
 
+#include "tensor/backend/cuda/basic_ops.h"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/norm_kernels.cuh"
@@ -117,15 +118,16 @@ Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_
 
 namespace {
 
-// layer_norm_backward's launches, x's elements X (float, or bf16 bits): rows of up to
-// kWarpRowMax by layer_norm_backward_rows_kernel, dx and the column partials in one pass; longer
-// rows by a block a row, then the column partials' own kernel. Then the partials' sums.
-template <typename X>
+// layer_norm_backward's launches, x's and grad_y's elements X and G (float, or bf16 bits): rows
+// of up to kWarpRowMax by layer_norm_backward_rows_kernel, dx and the column partials in one
+// pass; longer rows by a block a row, then the column partials' own kernel. Then the partials'
+// sums.
+template <typename X, typename G>
 void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                              const float* pw, const Tensor& save_mean, const Tensor& save_rstd,
                              Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
   const std::int64_t rows = x.numel() / normalized;
-  const float* pg = ptr<float>(grad_y);
+  const G* pg = ptr<G>(grad_y);
   const X* px = ptr<X>(x);
   const float* pm = ptr<float>(save_mean);
   const float* pr = ptr<float>(save_rstd);
@@ -164,21 +166,21 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
   double* pdb_part = sums ? ptr<double>(db_part) : nullptr;
   if (rows > 0 && warp_rows) {
     with_row_slots(normalized, [&](auto slots, auto full) {
-      layer_norm_backward_rows_kernel<X, decltype(slots)::value, decltype(full)::value>
+      layer_norm_backward_rows_kernel<X, G, decltype(slots)::value, decltype(full)::value>
           <<<grid_for(spans), kBlock, 0, stream>>>(pg, px, pw, pm, pr, pdx, accumulate, pdw_part,
                                                    pdb_part, rows, normalized, span_rows);
     });
     HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_rows_kernel");
   } else if (rows > 0) {
     if (pdx != nullptr) {
-      layer_norm_backward_kernel<false, X><<<grid_for(rows), kBlock, 0, stream>>>(
+      layer_norm_backward_kernel<false, X, G><<<grid_for(rows), kBlock, 0, stream>>>(
           pg, px, pw, pm, pr, pdx, accumulate, rows, normalized);
       HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (block)");
     }
     if (sums) {
       const dim3 grid(static_cast<unsigned>((normalized + kBlock - 1) / kBlock),
                       static_cast<unsigned>(spans));
-      layer_norm_column_partials_kernel<X><<<grid, kBlock, 0, stream>>>(
+      layer_norm_column_partials_kernel<X, G><<<grid, kBlock, 0, stream>>>(
           pg, px, pm, pr, pdw_part, pdb_part, rows, normalized, span_rows);
       HPM_CUDA_LAUNCH_CHECK("layer_norm_column_partials_kernel");
     }
@@ -199,7 +201,7 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
                                 std::to_string(normalized) + " trailing elements");
   }
   const std::int64_t rows = x.numel() / normalized;
-  require_dtype(grad_y, DType::F32);
+  if (grad_y.dtype() != DType::BF16) require_dtype(grad_y, DType::F32);
   if (x.dtype() != DType::BF16) require_dtype(x, DType::F32);
   require_dtype(save_mean, DType::F32);
   require_dtype(save_rstd, DType::F32);
@@ -210,12 +212,18 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
                                 " for " + std::to_string(rows) + " rows");
   }
   const float* pw = affine(weight, normalized, "weight");
-  if (x.dtype() == DType::BF16) {
-    run_layer_norm_backward<std::uint16_t>(grad_y, x, normalized, pw, save_mean, save_rstd, grad_x,
-                                           grad_weight, grad_bias);
+  // A BF16 grad_y (a bf16 product's input gradient) is read as it is beside the BF16 copy of x
+  // autocast keeps; beside an F32 x (no such pairing in autocast) it is widened first.
+  if (x.dtype() == DType::BF16 && grad_y.dtype() == DType::BF16) {
+    run_layer_norm_backward<std::uint16_t, std::uint16_t>(
+        grad_y, x, normalized, pw, save_mean, save_rstd, grad_x, grad_weight, grad_bias);
+  } else if (x.dtype() == DType::BF16) {
+    run_layer_norm_backward<std::uint16_t, float>(grad_y, x, normalized, pw, save_mean, save_rstd,
+                                                  grad_x, grad_weight, grad_bias);
   } else {
-    run_layer_norm_backward<float>(grad_y, x, normalized, pw, save_mean, save_rstd, grad_x,
-                                   grad_weight, grad_bias);
+    run_layer_norm_backward<float, float>(grad_y.dtype() == DType::BF16 ? to_f32(grad_y) : grad_y,
+                                          x, normalized, pw, save_mean, save_rstd, grad_x,
+                                          grad_weight, grad_bias);
   }
 }
 

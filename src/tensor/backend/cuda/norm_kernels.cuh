@@ -209,10 +209,10 @@ __global__ void layer_norm_forward_rows_kernel(const float* __restrict__ x,
 // rows in f32, and the block adds its warps' sums in warp order, in double, into the span's slot
 // of dw_part and db_part (null: no weight gradients). One read of g and x for dx, dw and db, where
 // the three-pass kernels and the separate column partials read them three times. dx null: the
-// weight gradients only.
-template <typename X, int kPer, bool kFull>
+// weight gradients only. g F32 or BF16 (G float or its bits: a bf16 product's input gradient).
+template <typename X, typename G, int kPer, bool kFull>
 __global__ void layer_norm_backward_rows_kernel(
-    const float* __restrict__ g, const X* __restrict__ x, const float* __restrict__ w,
+    const G* __restrict__ g, const X* __restrict__ x, const float* __restrict__ w,
     const float* __restrict__ mean, const float* __restrict__ rstd, float* __restrict__ dx,
     bool accumulate, double* __restrict__ dw_part, double* __restrict__ db_part, std::int64_t rows,
     std::int64_t n, std::int64_t span_rows) {
@@ -227,14 +227,14 @@ __global__ void layer_norm_backward_rows_kernel(
     const std::int64_t r1 = r0 + span_rows < rows ? r0 + span_rows : rows;
     float dw[kPer] = {}, db[kPer] = {};
     for (std::int64_t r = r0 + warp; r < r1; r += warps) {
-      const float* gr = g + r * n;
+      const G* gr = g + r * n;
       const X* xr = x + r * n;
       const float mu = mean[r], rs = rstd[r];
       float xhat[kPer], dxhat[kPer];
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
         xhat[i] = (as_f32(xr[slots.col(i)]) - mu) * rs;
-        dxhat[i] = gr[slots.col(i)];
+        dxhat[i] = as_f32(gr[slots.col(i)]);
       }
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {  // a slot past the row adds column 0's, never written
@@ -289,9 +289,9 @@ __global__ void layer_norm_backward_rows_kernel(
 }
 
 // dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)) per row, written or (accumulate) added
-// into dx; x F32 or BF16 (X float or its bits), as in the column sums below.
-template <bool kWarp, typename X>
-__global__ void layer_norm_backward_kernel(const float* __restrict__ g, const X* __restrict__ x,
+// into dx; x and g F32 or BF16 (X and G float or its bits), as in the column sums below.
+template <bool kWarp, typename X, typename G>
+__global__ void layer_norm_backward_kernel(const G* __restrict__ g, const X* __restrict__ x,
                                            const float* __restrict__ w,
                                            const float* __restrict__ mean,
                                            const float* __restrict__ rstd, float* __restrict__ dx,
@@ -299,13 +299,13 @@ __global__ void layer_norm_backward_kernel(const float* __restrict__ g, const X*
   const Team<kWarp> team;
   const double inv_n = 1.0 / static_cast<double>(n);
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
-    const float* gr = g + r * n;
+    const G* gr = g + r * n;
     const X* xr = x + r * n;
     const float mu = mean[r], rs = rstd[r];
     double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
     for (std::int64_t k = team.rank; k < n; k += team.size) {
       const float xhat = (as_f32(xr[k]) - mu) * rs;
-      const float dxhat = gr[k] * (w ? w[k] : 1.0f);
+      const float dxhat = as_f32(gr[k]) * (w ? w[k] : 1.0f);
       sum_dxhat += dxhat;
       sum_dxhat_xhat += static_cast<double>(dxhat) * xhat;
     }
@@ -316,7 +316,7 @@ __global__ void layer_norm_backward_kernel(const float* __restrict__ g, const X*
     float* dr = dx + r * n;
     for (std::int64_t k = team.rank; k < n; k += team.size) {
       const float xhat = (as_f32(xr[k]) - mu) * rs;
-      const float d = rs * (gr[k] * (w ? w[k] : 1.0f) - a - xhat * c);
+      const float d = rs * (as_f32(gr[k]) * (w ? w[k] : 1.0f) - a - xhat * c);
       // __fadd_rn: never contracted with the product above, so the sum is the one a separate
       // addition of dx would make (the CPU's, within its own rounding of d).
       dr[k] = accumulate ? __fadd_rn(dr[k], d) : d;
@@ -326,18 +326,20 @@ __global__ void layer_norm_backward_kernel(const float* __restrict__ g, const X*
 
 // Stage 1 of dw = sum_r g xhat and db = sum_r g: block (x, span) sums rows
 // [span * span_rows, ...) of columns x * blockDim.x + threadIdx.x into its slot.
-template <typename X>
-__global__ void layer_norm_column_partials_kernel(
-    const float* __restrict__ g, const X* __restrict__ x, const float* __restrict__ mean,
-    const float* __restrict__ rstd, double* __restrict__ dw_part, double* __restrict__ db_part,
-    std::int64_t rows, std::int64_t n, std::int64_t span_rows) {
+template <typename X, typename G>
+__global__ void layer_norm_column_partials_kernel(const G* __restrict__ g, const X* __restrict__ x,
+                                                  const float* __restrict__ mean,
+                                                  const float* __restrict__ rstd,
+                                                  double* __restrict__ dw_part,
+                                                  double* __restrict__ db_part, std::int64_t rows,
+                                                  std::int64_t n, std::int64_t span_rows) {
   const std::int64_t k = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (k >= n) return;
   const std::int64_t span = blockIdx.y;
   const std::int64_t r0 = span * span_rows, r1 = r0 + span_rows < rows ? r0 + span_rows : rows;
   double dw = 0.0, db = 0.0;
   for (std::int64_t r = r0; r < r1; ++r) {
-    const float gv = g[r * n + k];
+    const float gv = as_f32(g[r * n + k]);
     const float xhat = (as_f32(x[r * n + k]) - mean[r]) * rstd[r];
     dw += static_cast<double>(gv) * xhat;
     db += gv;
