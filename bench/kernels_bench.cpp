@@ -192,6 +192,43 @@ void BM_LayerNormBackwardBf16(benchmark::State& st, bool fused) {
 BENCHMARK_CAPTURE(BM_LayerNormBackwardBf16, fused, true)->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_LayerNormBackwardBf16, composed, false)->Unit(benchmark::kMillisecond);
 
+// A Linear's input gradient under bf16 autocast on the shakespeare GPT's shapes (16384 rows,
+// dx = g W over the fc's 1536 and the projections' 384): /bf16 is the product rounding as it
+// writes (oneDNN's bf16 destination), /f32 what it replaced (an F32 result). And the layer norm's
+// backward reading that gradient in bf16 (/bf16, widened a block at a time) or in f32: the A/B of
+// issue 32's bf16 input gradients on the CPU: --benchmark_filter='InputGradient|NormBackwardFrom'.
+void BM_InputGradient(benchmark::State& st, DType out) {
+  Generator gen(1);
+  const std::int64_t inner = st.range(0);
+  const Tensor g = to_bf16(Tensor::randn({16384, inner}, gen));
+  const Tensor w = to_bf16(Tensor::randn({inner, 384}, gen));
+  for (auto _ : st) benchmark::DoNotOptimize(matmul_bf16(g, w, false, false, out == DType::BF16));
+}
+BENCHMARK_CAPTURE(BM_InputGradient, bf16, DType::BF16)
+    ->Arg(384)
+    ->Arg(1536)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_InputGradient, f32, DType::F32)
+    ->Arg(384)
+    ->Arg(1536)
+    ->Unit(benchmark::kMillisecond);
+
+void BM_NormBackwardFromGradient(benchmark::State& st, DType grad) {
+  Generator gen(1);
+  const Tensor x = Tensor::randn({16384, 384}, gen), w = Tensor::randn({384}, gen);
+  const Tensor g32 = Tensor::randn({16384, 384}, gen), xb = to_bf16(x);
+  const Tensor g = grad == DType::BF16 ? to_bf16(g32) : g32;
+  Tensor m, r;
+  layer_norm_forward(x, 384, w, Tensor(), 1e-5f, m, r);
+  for (auto _ : st) {
+    Tensor gx, gw, gb;
+    layer_norm_backward(g, xb, 384, w, m, r, &gx, &gw, &gb);
+    benchmark::DoNotOptimize(gx);
+  }
+}
+BENCHMARK_CAPTURE(BM_NormBackwardFromGradient, bf16, DType::BF16)->Unit(benchmark::kMillisecond);
+BENCHMARK_CAPTURE(BM_NormBackwardFromGradient, f32, DType::F32)->Unit(benchmark::kMillisecond);
+
 // Cross-entropy on a GPT's classifier with GPT-2's vocabulary (768 rows of 50304 logits, the
 // default fortunes model's batch): the forward in f32 and bf16, with the prediction token
 // accuracy reads, and the bf16 gradient.
