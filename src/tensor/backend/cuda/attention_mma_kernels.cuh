@@ -381,8 +381,14 @@ __global__ void __launch_bounds__(kThreads)
 // order of their first keys, last to first (under the causal mask the one on the diagonal reaches
 // it first), so block 0 adds last: it takes the sum, adds its share and writes dq, times `scale`,
 // in Grad; the first to add stores its share, the others add theirs in L2.
+//
+// The turn a block passes on is returned (null for block 0's, which no block waits for), for the
+// caller to release: under the causal mask the next block in the order reaches the tile an
+// iteration later than this one, so the caller releases it in the middle of its next iteration,
+// when the fence's wait for the shares to be done in L2 has nothing left to wait for; without the
+// mask every block reaches the tile at once, and the caller releases it at once.
 template <int kD, typename Grad>
-__device__ __forceinline__ void add_dq_share(const bf16* ds_s, const bf16* k_s, DqShares shares,
+__device__ __forceinline__ int* add_dq_share(const bf16* ds_s, const bf16* k_s, DqShares shares,
                                              Grad* __restrict__ gq, std::int64_t b, std::int64_t i0,
                                              std::int64_t key_block, std::int64_t key_blocks,
                                              std::int64_t t, bool causal, float scale,
@@ -438,7 +444,7 @@ __device__ __forceinline__ void add_dq_share(const bf16* ds_s, const bf16* k_s, 
       }
     }
   }
-  if (key_block != 0) pass_turn(turn);
+  return key_block != 0 ? turn : nullptr;
 }
 
 // A warp's part of one query tile in the dk/dv kernel: its 16 keys (rows of k_w and v_w) against
@@ -559,6 +565,7 @@ __global__ void __launch_bounds__(kThreads)
   float dk[kD / 8][4], dv[kD / 8][4];
   zero(dk);
   zero(dv);
+  int* turn_to_pass = nullptr;  // with dq: the last tile's turn, not yet passed on (block-uniform)
   for (int it = 0; it < tiles; ++it) {
     const std::int64_t i0 = first + static_cast<std::int64_t>(it) * kN;
     cp_async_wait<0>();
@@ -582,10 +589,20 @@ __global__ void __launch_bounds__(kThreads)
                               scale2);
     }
     if constexpr (kWithDq) {
+      // The last tile's shares were written before this iteration's first barrier: its turn goes
+      // on now, an iteration's products after them (add_dq_share says why).
+      if (turn_to_pass != nullptr) release_turn(turn_to_pass);
       __syncthreads();  // dS^T complete
-      add_dq_share<kD, Grad>(ds_s, k_s, shares, gq, b, i0, key_block, key_blocks, t, causal, scale,
-                             layout);
+      turn_to_pass = add_dq_share<kD, Grad>(ds_s, k_s, shares, gq, b, i0, key_block, key_blocks, t,
+                                            causal, scale, layout);
+      if (turn_to_pass != nullptr && !causal) {
+        pass_turn(turn_to_pass);
+        turn_to_pass = nullptr;
+      }
     }
+  }
+  if constexpr (kWithDq) {
+    if (turn_to_pass != nullptr) pass_turn(turn_to_pass);
   }
   cp_async_wait<0>();  // a block whose loop never ran still has K and V in flight
   if (w0 >= s) return;

@@ -7,8 +7,8 @@
 // The counter's progress needs the blocks ranked earlier to be running or done, never waiting for
 // a slot behind the waiting block: a launcher gives them lower block indices (blocks start in
 // index order). In the CPU's emulation (tests/cuda_emulated/simt.h) blocks run one after another
-// in index order, so a turn that has not come when a block asks is a broken ranking, reported as
-// such instead of spinning forever.
+// in index order, so a turn that has not come when a block asks (a broken ranking, or a turn never
+// passed on) is reported as such instead of spinning forever.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -33,7 +33,8 @@ __device__ __forceinline__ void wait_turn(const int* turn, int rank) {
     }
 #elif defined(HPM_SIMT_EMULATION)
     if (::hpm::simt::atomic_add(const_cast<int*>(turn), 0) != rank) {
-      ::hpm::simt::contract_broken("a block waits for a turn that a block launched after it holds");
+      ::hpm::simt::contract_broken(
+          "a block waits for a turn that no block launched before it passed on");
     }
 #else
     __trap();
@@ -42,10 +43,11 @@ __device__ __forceinline__ void wait_turn(const int* turn, int rank) {
   __syncthreads();
 }
 
-// Passes the turn on once every thread of the block has written its share: every thread must call
-// it. The release orders the block's writes (seen by thread 0 through the barrier) before it.
-__device__ __forceinline__ void pass_turn(int* turn) {
-  __syncthreads();
+// Passes the turn on, as thread 0 (other threads: nothing), where every thread of the block has
+// written its share before a barrier that thread 0 has passed since: the release orders those
+// writes (seen by thread 0 through the barrier) before it. Its fence waits until they are done in
+// L2, so a caller may pass a turn some work after the writes, when they are done already.
+__device__ __forceinline__ void release_turn(int* turn) {
   if (threadIdx.x == 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
@@ -55,6 +57,13 @@ __device__ __forceinline__ void pass_turn(int* turn) {
     __trap();
 #endif
   }
+}
+
+// Passes the turn on now that every thread of the block has written its share: every thread must
+// call it.
+__device__ __forceinline__ void pass_turn(int* turn) {
+  __syncthreads();
+  release_turn(turn);
 }
 
 // Two adjacent f32 of a sum (8-byte aligned) += (lo, hi), performed in L2: one vector reduction
