@@ -1031,46 +1031,31 @@ inline std::vector<Case> cases() {
                    return Outputs{gx, gw, gb};
                  }});
   }
-  // From a bf16 gradient (a bf16 product's input gradient, autocast's layer_norm_linear) beside
-  // the bf16 x, added into a pending gradient, and beside an f32 x (widened first on a GPU); widths
-  // on both sides of the CUDA kernel's warp/block switch, GPT-2's 768 among them.
-  for (const std::int64_t width : {std::int64_t{64}, std::int64_t{768}, std::int64_t{1100}}) {
-    for (const bool bf16_x : {true, false}) {
-      c.push_back({"layer_norm_backward bf16 gradient " + std::to_string(width) +
-                       (bf16_x ? " bf16 x" : " f32 x"),
-                   Op::kLayerNormBackward, [width, bf16_x](Generator& g, const To& to) {
-                     const Tensor xf = randn(g, {19, width}), w = randn(g, {width});
-                     const Tensor x = bf16_x ? kernels::to_bf16(xf) : xf;
-                     Tensor sm, sr;
-                     kernels::layer_norm_forward(xf, width, w, randn(g, {width}), 1e-5f, sm, sr);
-                     Tensor gx = to(randn(g, {19, width})), gw, gb;
-                     const Tensor gy = to(kernels::to_bf16(randn(g, {19, width})));
-                     kernels::layer_norm_backward(gy, to(x), width, to(w), to(sm), to(sr), &gx, &gw,
-                                                  &gb);
-                     return Outputs{gx, gw, gb};
-                   }});
-    }
-  }
   // dx added into a pending gradient (autograd::take_pending_gradient), x f32 and bf16, widths on
-  // both sides of the CUDA kernel's warp/block switch; without dw and db.
-  for (const std::int64_t width : {std::int64_t{64}, std::int64_t{1100}}) {
+  // both sides of the CUDA kernel's warp/block switch (GPT-2's 768 among them); without dw and db;
+  // and from a bf16 gradient (a bf16 product's input gradient, autocast's layer_norm_linear),
+  // beside the bf16 x and beside an f32 one (which a GPU widens it for).
+  for (const std::int64_t width : {std::int64_t{64}, std::int64_t{768}, std::int64_t{1100}}) {
     for (const bool bf16_x : {false, true}) {
-      c.push_back({"layer_norm_backward into a gradient " + std::to_string(width) +
-                       (bf16_x ? " bf16 x" : ""),
-                   Op::kLayerNormBackward, [width, bf16_x](Generator& g, const To& to) {
-                     const Tensor xf = randn(g, {19, width}), w = randn(g, {width});
-                     const Tensor x = bf16_x ? kernels::to_bf16(xf) : xf;
-                     Tensor sm, sr;
-                     kernels::layer_norm_forward(xf, width, w, randn(g, {width}), 1e-5f, sm, sr);
-                     Tensor gx = to(randn(g, {19, width})), gx_only = to(randn(g, {19, width}));
-                     Tensor gw, gb;
-                     const Tensor gy = to(randn(g, {19, width}));
-                     kernels::layer_norm_backward(gy, to(x), width, to(w), to(sm), to(sr), &gx, &gw,
-                                                  &gb);
-                     kernels::layer_norm_backward(gy, to(x), width, Tensor(), to(sm), to(sr),
-                                                  &gx_only, nullptr, nullptr);
-                     return Outputs{gx, gw, gb, gx_only};
-                   }});
+      for (const bool bf16_g : {false, true}) {
+        c.push_back({"layer_norm_backward into a gradient " + std::to_string(width) +
+                         (bf16_x ? " bf16 x" : "") + (bf16_g ? " bf16 gradient" : ""),
+                     Op::kLayerNormBackward, [width, bf16_x, bf16_g](Generator& g, const To& to) {
+                       const Tensor xf = randn(g, {19, width}), w = randn(g, {width});
+                       const Tensor x = bf16_x ? kernels::to_bf16(xf) : xf;
+                       Tensor sm, sr;
+                       kernels::layer_norm_forward(xf, width, w, randn(g, {width}), 1e-5f, sm, sr);
+                       Tensor gx = to(randn(g, {19, width})), gx_only = to(randn(g, {19, width}));
+                       Tensor gw, gb;
+                       const Tensor gf = randn(g, {19, width});
+                       const Tensor gy = to(bf16_g ? kernels::to_bf16(gf) : gf);
+                       kernels::layer_norm_backward(gy, to(x), width, to(w), to(sm), to(sr), &gx,
+                                                    &gw, &gb);
+                       kernels::layer_norm_backward(gy, to(x), width, Tensor(), to(sm), to(sr),
+                                                    &gx_only, nullptr, nullptr);
+                       return Outputs{gx, gw, gb, gx_only};
+                     }});
+      }
     }
   }
   c.push_back({"unary_backward gelu bf16 x", Op::kUnaryBackward, [](Generator& g, const To& to) {
