@@ -421,6 +421,23 @@ __device__ __forceinline__ int* add_dq_share(const bf16* ds_s, const bf16* k_s, 
   const std::int64_t r_lo = i0 + 16 * rt + (lane >> 2), r_hi = r_lo + 8;
   float* sums = shares.sums + b * t * kD;
   Grad* out = gq + first_row(layout, b, t, layout.grad_q, kD);
+  if (key_block == 0 && rank > 0) {
+    // Every pair of the sum read before any is added or stored: one L2 round trip for the lot,
+    // where reads behind stores the compiler cannot tell apart (dq could alias the sums) would
+    // each wait for the one before.
+#pragma unroll
+    for (int n = 0; n < kSpan / 8; ++n) {
+      const int c = c0 + 8 * n + 2 * (lane & 3);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const std::int64_t r = h == 0 ? r_lo : r_hi;
+        if (r >= t) continue;
+        const float2 before = load_pair(sums + r * kD + c);
+        part[n][2 * h] += before.x;
+        part[n][2 * h + 1] += before.y;
+      }
+    }
+  }
 #pragma unroll
   for (int n = 0; n < kSpan / 8; ++n) {
     const int c = c0 + 8 * n + 2 * (lane & 3);
@@ -428,14 +445,9 @@ __device__ __forceinline__ int* add_dq_share(const bf16* ds_s, const bf16* k_s, 
     for (int h = 0; h < 2; ++h) {
       const std::int64_t r = h == 0 ? r_lo : r_hi;
       if (r >= t) continue;
-      float lo = part[n][2 * h], hi = part[n][2 * h + 1];
+      const float lo = part[n][2 * h], hi = part[n][2 * h + 1];
       float* sum = sums + r * kD + c;
       if (key_block == 0) {
-        if (rank > 0) {
-          const float2 before = load_pair(sum);
-          lo += before.x;
-          hi += before.y;
-        }
         store_pair(out + r * layout.grad_q + c, lo * scale, hi * scale);
       } else if (rank == 0) {
         store_as(sum, make_float2(lo, hi));
@@ -543,23 +555,43 @@ __global__ void __launch_bounds__(kThreads)
   // Causal: query i sees key j when j <= i, so no query before j0 sees this block's keys.
   const std::int64_t first = causal ? j0 : 0;
   const int tiles = first < t ? static_cast<int>((t - first + kN - 1) / kN) : 0;
-  // Query tile `it` (at first + it kN) into buffer c: Q and dO by cp.async (the caller commits),
-  // lse (in log2 units) and Delta by plain stores, seen after the next barrier.
+  // Query tile `it` (at first + it kN) into buffer c: Q and dO by cp.async (the caller commits);
+  // its lse and Delta are read into a thread's registers (read_stats: thread r < kN takes row r)
+  // and stored into the buffer later (store_stats, lse in log2 units), seen after the next
+  // barrier: a store right behind its read would hold the warp for the read's whole latency, where
+  // the tile's products can run in between.
+  static_assert(kN <= kThreads, "a thread a row of the tile's statistics");
   const auto stage_queries = [&](int it, int c) {
     const std::int64_t i0 = first + static_cast<std::int64_t>(it) * kN;
     const std::int64_t rows = min64(kN, t - i0);
     stage_async<kD>(q_s + c * kN * kLdD, qb + i0 * layout.q, rows, kN, layout.q);
     stage_async<kD>(g_s + c * kN * kLdD, gb + i0 * layout.out, rows, kN, layout.out);
-    for (int r = static_cast<int>(threadIdx.x); r < kN; r += kThreads) {
-      lse_s[c * kN + r] = lse_log2(r < rows ? lse[b * t + i0 + r] : kNegInf, r < rows);
-      delta_s[c * kN + r] = r < rows ? delta[b * t + i0 + r] : 0.0f;
-    }
+  };
+  struct RowStats {
+    float lse = kNegInf, delta = 0.0f;
+    bool exists = false;
+  };
+  const auto read_stats = [&](int it) {
+    const std::int64_t i0 = first + static_cast<std::int64_t>(it) * kN;
+    const int r = static_cast<int>(threadIdx.x);
+    RowStats row;
+    if (r < kN && i0 + r < t) row = {lse[b * t + i0 + r], delta[b * t + i0 + r], true};
+    return row;
+  };
+  const auto store_stats = [&](int c, const RowStats& row) {
+    const int r = static_cast<int>(threadIdx.x);
+    if (r >= kN) return;
+    lse_s[c * kN + r] = lse_log2(row.lse, row.exists);
+    delta_s[c * kN + r] = row.delta;
   };
   stage_async<kD>(k_s, k + first_row(layout, b, s, kv, kD) + j0 * kv, min64(kRows, s - j0), kRows,
                   kv);
   stage_async<kD>(v_s, v + first_row(layout, b, s, kv, kD) + j0 * kv, min64(kRows, s - j0), kRows,
                   kv);
-  if (tiles > 0) stage_queries(0, 0);
+  if (tiles > 0) {
+    stage_queries(0, 0);
+    store_stats(0, read_stats(0));
+  }
   cp_async_commit();
 
   float dk[kD / 8][4], dv[kD / 8][4];
@@ -570,7 +602,11 @@ __global__ void __launch_bounds__(kThreads)
     const std::int64_t i0 = first + static_cast<std::int64_t>(it) * kN;
     cp_async_wait<0>();
     __syncthreads();  // tile it is in; every warp is done with tile it - 1's buffers and dS^T
-    if (it + 1 < tiles) stage_queries(it + 1, (it + 1) & 1);
+    RowStats next;
+    if (it + 1 < tiles) {
+      stage_queries(it + 1, (it + 1) & 1);
+      next = read_stats(it + 1);
+    }
     cp_async_commit();
     // Warp-uniform: no key of the warp, or (causal) none that a query of the tile sees. With dq
     // such a warp's dS^T rows are zeros, and the barriers below are the whole block's.
@@ -588,6 +624,7 @@ __global__ void __launch_bounds__(kThreads)
                               lse_s + (it & 1) * kN, delta_s + (it & 1) * kN, i0, w0, s, causal,
                               scale2);
     }
+    if (it + 1 < tiles) store_stats((it + 1) & 1, next);
     if constexpr (kWithDq) {
       // The last tile's shares were written before this iteration's first barrier: its turn goes
       // on now, an iteration's products after them (add_dq_share says why).
