@@ -421,41 +421,39 @@ __device__ __forceinline__ int* add_dq_share(const bf16* ds_s, const bf16* k_s, 
   const std::int64_t r_lo = i0 + 16 * rt + (lane >> 2), r_hi = r_lo + 8;
   float* sums = shares.sums + b * t * kD;
   Grad* out = gq + first_row(layout, b, t, layout.grad_q, kD);
-  if (key_block == 0 && rank > 0) {
-    // Every pair of the sum read before any is added or stored: one L2 round trip for the lot,
-    // where reads behind stores the compiler cannot tell apart (dq could alias the sums) would
-    // each wait for the one before.
+  // f(lo, hi, r, c) for each of this lane's pairs of the share (lo, hi at row r, columns c and
+  // c + 1), the rows before t.
+  const auto each_pair = [&](auto&& f) {
 #pragma unroll
     for (int n = 0; n < kSpan / 8; ++n) {
       const int c = c0 + 8 * n + 2 * (lane & 3);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const std::int64_t r = h == 0 ? r_lo : r_hi;
-        if (r >= t) continue;
-        const float2 before = load_pair(sums + r * kD + c);
-        part[n][2 * h] += before.x;
-        part[n][2 * h + 1] += before.y;
+        if (r < t) f(part[n][2 * h], part[n][2 * h + 1], r, c);
       }
     }
+  };
+  if (key_block == 0 && rank > 0) {
+    // Every pair of the sum read before any is added or stored: one L2 round trip for the lot,
+    // where reads behind stores the compiler cannot tell apart (dq could alias the sums) would
+    // each wait for the one before.
+    each_pair([&](float& lo, float& hi, std::int64_t r, int c) {
+      const float2 before = load_pair(sums + r * kD + c);
+      lo += before.x;
+      hi += before.y;
+    });
   }
-#pragma unroll
-  for (int n = 0; n < kSpan / 8; ++n) {
-    const int c = c0 + 8 * n + 2 * (lane & 3);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const std::int64_t r = h == 0 ? r_lo : r_hi;
-      if (r >= t) continue;
-      const float lo = part[n][2 * h], hi = part[n][2 * h + 1];
-      float* sum = sums + r * kD + c;
-      if (key_block == 0) {
-        store_pair(out + r * layout.grad_q + c, lo * scale, hi * scale);
-      } else if (rank == 0) {
-        store_as(sum, make_float2(lo, hi));
-      } else {
-        add_pair(sum, lo, hi);
-      }
+  each_pair([&](float lo, float hi, std::int64_t r, int c) {
+    float* sum = sums + r * kD + c;
+    if (key_block == 0) {
+      store_pair(out + r * layout.grad_q + c, lo * scale, hi * scale);
+    } else if (rank == 0) {
+      store_as(sum, make_float2(lo, hi));
+    } else {
+      add_pair(sum, lo, hi);
     }
-  }
+  });
   return key_block != 0 ? turn : nullptr;
 }
 
