@@ -441,15 +441,16 @@ void backward(const Dims& n, const Tensor& grad_out, const Tensor& q, const Tens
       mma_attention_delta(ptr<float>(grad_out), /*grad_bf16=*/false, device_ptr(out),
                           out.dtype() == DType::BF16, ptr<float>(delta),
                           ptr<std::uint16_t>(grad_out_bf16), n.batch, n.t, d, layout, stream);
-      Tensor scratch;
-      if (want_q && want_kv) {
-        scratch = Tensor::empty({mma_attention_scratch_elements(n.batch, n.t, d)}, DType::F32);
-      }
+      // The one pass's scratch, where it runs (all three gradients wanted, not switched off).
+      const std::int64_t scratch_elements =
+          want_q && want_kv ? mma_attention_scratch_elements(n.batch, n.t, d) : 0;
+      const Tensor scratch =
+          scratch_elements > 0 ? Tensor::empty({scratch_elements}, DType::F32) : Tensor();
       mma_attention_backward(ptr<In>(q), ptr<In>(k), ptr<In>(v), ptr<std::uint16_t>(grad_out_bf16),
                              ptr<float>(lse), ptr<float>(delta), want_q ? device_ptr(gq) : nullptr,
                              want_kv ? device_ptr(gk) : nullptr, want_kv ? device_ptr(gv) : nullptr,
                              /*grad_bf16=*/false, n.batch, n.t, n.s, d, causal, scale, layout,
-                             stream, want_q && want_kv ? device_ptr(scratch) : nullptr);
+                             stream, scratch.defined() ? device_ptr(scratch) : nullptr);
       if (grad_q != nullptr) *grad_q = gq;
       if (grad_k != nullptr) *grad_k = gk;
       if (grad_v != nullptr) *grad_v = gv;

@@ -51,6 +51,12 @@ namespace hpm::cuda {
 
 namespace {
 
+// HPM_CUDA_ATTENTION_ONE_PASS=0: the backward's dq by a kernel of its own (the device's A/B).
+bool one_pass_on() {
+  static const bool on = ab_switch_on("HPM_CUDA_ATTENTION_ONE_PASS");
+  return on;
+}
+
 // Runs f(Out{}) with Out float, or std::uint16_t (bf16 bits) when bf16.
 template <typename F>
 void with_element(bool bf16, F&& f) {
@@ -132,6 +138,7 @@ void mma_attention_delta(const void* grad_out, bool grad_bf16, const void* out, 
 }
 
 std::int64_t mma_attention_scratch_elements(std::int64_t problems, std::int64_t t, int d) {
+  if (!one_pass_on()) return 0;
   std::int64_t tiles = 0;
   with_tensor_core_head_size(d, [&](auto size) { tiles = dq_tiles<decltype(size)::value>(t); });
   return problems * t * d + problems * tiles;
@@ -142,8 +149,7 @@ void mma_attention_backward(const std::uint16_t* q, const std::uint16_t* k, cons
                             void* gq, void* gk, void* gv, bool grad_bf16, std::int64_t problems,
                             std::int64_t t, std::int64_t s, int d, bool causal, float scale,
                             const AttentionLayout& layout, cudaStream_t stream, void* scratch) {
-  static const bool one_pass_on = ab_switch_on("HPM_CUDA_ATTENTION_ONE_PASS");
-  const bool one_pass = one_pass_on && scratch != nullptr && gq != nullptr && gk != nullptr &&
+  const bool one_pass = one_pass_on() && scratch != nullptr && gq != nullptr && gk != nullptr &&
                         gv != nullptr && problems * t > 0 && problems * s > 0;
   with_tensor_core_head_size(d, [&](auto size) {
     constexpr int kD = decltype(size)::value;

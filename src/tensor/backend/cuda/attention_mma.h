@@ -53,7 +53,7 @@ void mma_attention_delta(const void* grad_out, bool grad_bf16, const void* out, 
 
 // The 4-byte elements of scratch mma_attention_backward's one pass needs for these sizes (the
 // caller allocates it, at least 8-byte aligned): an f32 sum of q's gradient and a turn counter a
-// query tile.
+// query tile. 0 under HPM_CUDA_ATTENTION_ONE_PASS=0, which runs no one pass: nothing to allocate.
 std::int64_t mma_attention_scratch_elements(std::int64_t problems, std::int64_t t, int d);
 
 // The gradients of the forward above from grad_out_bf16 (mma_attention_delta's), lse and delta;

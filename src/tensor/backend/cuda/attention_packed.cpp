@@ -87,10 +87,13 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   const auto* x = ptr<std::uint16_t>(qkv);
   auto* base = static_cast<unsigned char*>(device_ptr(g));
   const std::int64_t part = p.e * (bf16 ? 2 : 4);  // bytes from q's columns to k's, k's to v's
-  Tensor scratch = Tensor::empty({mma_attention_scratch_elements(problems, p.t, d)}, DType::F32);
+  const std::int64_t scratch_elements = mma_attention_scratch_elements(problems, p.t, d);
+  const Tensor scratch =
+      scratch_elements > 0 ? Tensor::empty({scratch_elements}, DType::F32) : Tensor();
   mma_attention_backward(x, x + p.e, x + 2 * p.e, ptr<std::uint16_t>(dout), ptr<float>(lse),
                          ptr<float>(delta), base, base + part, base + 2 * part, bf16, problems, p.t,
-                         p.t, d, causal, scale, layout, stream, device_ptr(scratch));
+                         p.t, d, causal, scale, layout, stream,
+                         scratch.defined() ? device_ptr(scratch) : nullptr);
   return g;
 }
 
