@@ -25,13 +25,14 @@ HPM_CUDA_ATTENTION=rowwise, the attention kernels before the tensor-core ones, o
 HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues, HPM_CUDA_LT_BIAS_GRAD=0,
 without its bias-gradient epilogue only, HPM_CUDA_UNARY_PAIRS=0, the activations' kernels with one
 8-element group a thread instead of two, HPM_FUSED_CROSS_ENTROPY=0, the loss's forward and backward
-passes over the logits apart instead of the gradient written in the forward) and prints its rate beside
+passes over the logits apart instead of the gradient written in the forward, HPM_LOSS_READ_AFTER_UPDATE=0,
+the step's loss read at its backward's end instead of after its update is issued) and prints its rate beside
 the first; repeatable, one run per variable.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off
 (FALLBACK below: the plain cuBLAS products, the unfused bf16 compositions, the warp-per-row
-attention) and the table marks that row's figures with '*': one device call still brings back a
-rate, and the log says which path failed.
+attention, the loss read before the update) and the table marks that row's figures with '*': one
+device call still brings back a rate, and the log says which path failed.
 
 --profile-steps N (N > 1) runs hpm once more per size for N steps with --op-profile and prints each
 table last: the step's time by op on the device (every step but the first; hpm train --op-profile).
@@ -46,7 +47,8 @@ SIZES = {
 
 
 # The paths hpm had before issue 32's unmeasured work, each behind its own switch.
-FALLBACK = {"HPM_CUDA_LT_EPILOGUES": "0", "HPM_BF16_FUSIONS": "0", "HPM_CUDA_ATTENTION": "rowwise"}
+FALLBACK = {"HPM_CUDA_LT_EPILOGUES": "0", "HPM_BF16_FUSIONS": "0", "HPM_CUDA_ATTENTION": "rowwise",
+            "HPM_LOSS_READ_AFTER_UPDATE": "0"}
 
 
 def run(cmd, timeout, env=None):

@@ -139,7 +139,9 @@ done
 # two kernels (HPM_CUDA_ATTENTION_ONE_PASS=0, as before run 13: dq by its own kernel, seven
 # products a tile for five), and with the activations' kernels taking one 8-element group a thread, not two
 # (HPM_CUDA_UNARY_PAIRS=0, as before run 13), and with the loss's passes over the logits apart
-# (HPM_FUSED_CROSS_ENTROPY=0, as before run 13) (runs 11 and 12 measured GELU into bf16 by erf,
+# (HPM_FUSED_CROSS_ENTROPY=0, as before run 13), and with the loss read at the backward's end,
+# before the update is issued (HPM_LOSS_READ_AFTER_UPDATE=0, as before run 13: the device idles
+# from the update's end until the next step's first kernel arrives) (runs 11 and 12 measured GELU into bf16 by erf,
 # HPM_CUDA_GELU=erf, 0-7% faster a step than by normcdff: now the default, no longer A/B'd); and a 30-step
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts
 # from. (Runs 6 and 7 measured all the bias epilogues off, HPM_CUDA_LT_EPILOGUES=0, at 1.28-1.51x
@@ -149,7 +151,7 @@ step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-gpt2,shakespeare,fortunes}" --steps 100 \
   --repeats "${GPU_BENCH_REPEATS:-3}" ${GPU_BENCH_HPM_ONLY:+--hpm-only} "${ab_attention[@]}" \
   --ab-env HPM_CUDA_ATTENTION_ONE_PASS=0 --ab-env HPM_CUDA_UNARY_PAIRS=0 \
-  --ab-env HPM_FUSED_CROSS_ENTROPY=0 --profile-steps 30 \
+  --ab-env HPM_FUSED_CROSS_ENTROPY=0 --ab-env HPM_LOSS_READ_AFTER_UPDATE=0 --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 # PyTorch eager's time for each op of the same steps (the op profile's rows), GPT-2 small's and

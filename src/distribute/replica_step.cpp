@@ -38,10 +38,25 @@ WeightedLoss weighted_loss(const nn::Objective& objective, const Tensor& outputs
   return w;
 }
 
+void ReplicaStepResult::settle() {
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    const auto value = static_cast<float>(reads[i]->value(0));  // the loss, first
+    if (!std::isfinite(value) && finite) {
+      finite = false;
+      bad_value = value;
+    }
+    if (i > 0) continue;
+    for (std::size_t k = 1; k <= read_with_count; ++k) read_with.push_back(reads[i]->value(k));
+  }
+  reads.clear();
+  metrics.settle();  // their values are in the reads just waited for
+}
+
 ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective,
                                const nn::Batch& batch, const ReplicaStepOptions& o) {
   ReplicaStepResult out;
   out.rows = batch.rows();
+  out.read_with_count = o.read_later ? o.read_with.size() : 0;
   const autograd::AutocastScope precision(o.precision);
   const autograd::Bf16OutputsScope outputs_as_read(objective.reads_bf16_outputs());
   const autograd::WeightCastScope weights_once;  // no parameter changes until the optimizer's
@@ -53,6 +68,11 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
                              : o.step_weight > 0 ? o.step_weight
                                                  : objective.weight(batch);
   Reducer* reducer = o.reducer;
+  if (o.read_later && (reducer != nullptr || o.on_loss)) {
+    throw std::invalid_argument(
+        "replica_step: read_later leaves the verdict to the caller; a reducer or on_loss needs "
+        "it before the backward");
+  }
   const bool read_at_end = reducer == nullptr && !o.on_loss;
   std::vector<Tensor> losses;  // read at the end
   for (std::size_t m = 0; m < micro.size(); ++m) {
@@ -78,8 +98,16 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
     // is 0/0, NaN, as torch's over no tokens, but its gradients are zeros and its weight is 0.
     // It stopped the run as a NaN loss, though the whole batch's loss was finite.
     const bool nothing_counted = part_weight == 0.0;
-    if (!nothing_counted) out.metrics.merge(w.metrics);
-    if (read_at_end) {
+    if (!nothing_counted && !o.read_later) out.metrics.merge(w.metrics);
+    if (o.read_later) {
+      if (!nothing_counted) {
+        std::vector<Tensor> with{w.unscaled};
+        if (out.reads.empty()) with.insert(with.end(), o.read_with.begin(), o.read_with.end());
+        out.reads.push_back(w.metrics.begin_read(with));
+        out.losses.push_back(w.unscaled);
+        out.metrics.merge(w.metrics);  // the pending values, with their read
+      }
+    } else if (read_at_end) {
       if (!nothing_counted) losses.push_back(w.unscaled);
     } else {
       if (o.on_loss) o.on_loss(nothing_counted || w.finite);
@@ -95,7 +123,7 @@ ReplicaStepResult replica_step(nn::Module& model, const nn::Objective& objective
   // A replica without rows still takes part: its gradients count as zeros.
   if (reducer && micro.empty()) reducer->prepare_for_backward();
   if (reducer) reducer->finalize();
-  if (read_at_end) {
+  if (read_at_end && !o.read_later) {
     out.metrics.settle();  // the one wait: every later read finds its value done
     for (const Tensor& loss : losses) {
       const float value = loss.item();

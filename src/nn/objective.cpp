@@ -42,6 +42,27 @@ void Metrics::merge(const Metrics& other) {
   pending_.insert(pending_.end(), other.pending_.begin(), other.pending_.end());
 }
 
+std::shared_ptr<HostRead> Metrics::begin_read(const std::vector<Tensor>& with) {
+  std::vector<Tensor> values = with;
+  const auto place = [&](const Tensor& t) {
+    for (std::size_t i = 0; i < values.size(); ++i)
+      if (values[i].impl() == t.impl()) return i;
+    values.push_back(t);
+    return values.size() - 1;
+  };
+  std::vector<Pending*> reading;
+  for (auto& [name, p] : pending_) {
+    if (p.read) continue;
+    p.sum_read = place(p.sum_of);
+    if (p.count_of.defined()) p.count_read = place(p.count_of);
+    reading.push_back(&p);
+  }
+  if (values.empty()) return nullptr;
+  auto read = std::make_shared<HostRead>(values);
+  for (Pending* p : reading) p->read = read;
+  return read;
+}
+
 void Metrics::settle() const {
   if (pending_.empty()) return;
   // Each distinct tensor read once: the first read waits for the device, the rest are copies.
@@ -66,8 +87,15 @@ void Metrics::settle() const {
   auto pending = std::move(pending_);
   pending_.clear();
   for (const auto& [name, p] : pending) {
-    const double count = p.count_of.defined() ? value(p.count_of, p.count_at) : p.count_value;
-    const double sum = p.scale * value(p.sum_of, p.sum_at) * (p.sum_times_count ? count : 1.0);
+    double count = p.count_value, sum_value = 0;
+    if (p.read) {  // begun earlier: its wait covers only the work before it
+      if (p.count_of.defined()) count = p.read->value(p.count_read, p.count_at);
+      sum_value = p.read->value(p.sum_read, p.sum_at);
+    } else {
+      if (p.count_of.defined()) count = value(p.count_of, p.count_at);
+      sum_value = value(p.sum_of, p.sum_at);
+    }
+    const double sum = p.scale * sum_value * (p.sum_times_count ? count : 1.0);
     for (auto& e : entries_) {
       if (e.name == name) {
         e.sum += sum;

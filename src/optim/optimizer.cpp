@@ -22,9 +22,28 @@ Optimizer::Optimizer(NamedTensors params, float lr)
 }
 
 void Optimizer::clip_and_step(float max_norm) {
+  last_step_counted_ = false;
   if (halted_on_host_) return;  // not even counted (a halt on the device is, unseen here)
   begin_step();
+  last_step_counted_ = true;
   update_all(max_norm);
+}
+
+void Optimizer::gate_on(const Tensor& loss) {
+  if (!gates_on_device()) {
+    if (!std::isfinite(loss.item())) halted_on_host_ = true;
+    return;
+  }
+  if (!halted_on_device_.defined()) {
+    halted_on_device_ = Tensor::zeros(Shape{}, DType::I32, device_beside(params_.front().second));
+  }
+  kernels::halt_unless_finite_(halted_on_device_, loss);
+}
+
+void Optimizer::retract_skipped_step() {
+  if (last_step_counted_) --steps_;
+  last_step_counted_ = false;
+  resume_updates();
 }
 
 namespace {
@@ -234,6 +253,13 @@ void Adam::update(std::size_t i, Tensor& p, const Tensor& g) {
   Tensor v = buffer(i, "exp_avg_sq");
   Tensor vmax = o_.amsgrad ? buffer(i, "max_exp_avg_sq") : Tensor();
   kernels::adam_step_(step_for(i), p, g, m, v, vmax);
+}
+
+bool Adam::gates_on_device() const {
+  if (params_.empty()) return false;
+  const DeviceId first = params_.front().second.device().id();
+  return std::all_of(params_.begin(), params_.end(),
+                     [&](const auto& p) { return p.second.device().id() == first; });
 }
 
 void Adam::update_all(float max_norm) {

@@ -122,6 +122,7 @@ const char* op_name(Op op) {
       "to_bf16_many",
       "cross_entropy_with_gradient_",
       "scale_by_",
+      "halt_unless_finite_",
   };
   return names[static_cast<int>(op)];
 }
@@ -845,6 +846,18 @@ void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
   OpScope scope(Op::kAdamStepMulti, all);
   scope.backend().adam_step_multi_(s, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq,
                                    grad_norm_sq, max_norm, halted);
+}
+
+void halt_unless_finite_(Tensor& halted, const Tensor& value) {
+  if (halted.numel() != 1 || halted.dtype() != DType::I32 || value.numel() != 1 ||
+      value.dtype() != DType::F32) {
+    throw std::invalid_argument(
+        "halt_unless_finite_: expected a one-element I32 flag and a one-element F32 value, got " +
+        halted.shape().str() + " " + dtype_name(halted.dtype()) + " and " + value.shape().str() +
+        " " + dtype_name(value.dtype()));
+  }
+  OpScope scope(Op::kHaltUnlessFinite, {&halted, &value});
+  scope.backend().halt_unless_finite_(halted, value);
 }
 
 void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) {

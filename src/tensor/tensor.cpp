@@ -133,11 +133,22 @@ namespace {
 thread_local bool work_issued = false;
 thread_local int op_depth = 0;
 thread_local std::uint64_t host_waits = 0;
+thread_local std::uint64_t ops_begun = 0;
 }  // namespace
 
 void detail::note_op_begin() {
   work_issued = true;
   ++op_depth;
+  ++ops_begun;
+}
+
+std::uint64_t detail::ops_begun_on_this_thread() { return ops_begun; }
+
+void detail::note_host_read() {
+  if (work_issued && op_depth == 0) {
+    ++host_waits;
+    work_issued = false;
+  }
 }
 
 void detail::note_op_end() { --op_depth; }
@@ -145,10 +156,7 @@ void detail::note_op_end() { --op_depth; }
 std::uint64_t host_waits_on_this_thread() { return host_waits; }
 
 Tensor Tensor::on_host() const {
-  if (work_issued && op_depth == 0) {
-    ++host_waits;
-    work_issued = false;
-  }
+  detail::note_host_read();
   return device().is_host() ? *this : to(Device::cpu());
 }
 

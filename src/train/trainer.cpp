@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <limits>
@@ -118,6 +119,21 @@ void Trainer::set_input_loss(InputLossFn loss) {
       "input_loss");
 }
 
+namespace {
+
+// Whether a step gated on the device reads its loss after issuing its update
+// (HPM_LOSS_READ_AFTER_UPDATE=0 at start: at the backward's end, before it, the A/B of the wait
+// this saves a GPU).
+bool read_after_update() {
+  static const bool on = [] {
+    const char* v = std::getenv("HPM_LOSS_READ_AFTER_UPDATE");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
+}
+
+}  // namespace
+
 double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* correct) {
   trace::Span span("train step", "train");
   const nn::Classification by_default(options_.label_smoothing);
@@ -148,10 +164,40 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
   distribute::ReplicaStepOptions o;
   o.micro_batches = options_.accumulation_steps;
   o.precision = options_.precision;
-  const distribute::ReplicaStepResult r = distribute::replica_step(*model_, objective, batch, o);
-  check_last_update();  // the step before: its update is done now that this step's loss is read
-  if (!r.finite) stopped(std::isnan(r.bad_value) ? "NaN" : "Inf");
-  optimizer_->clip_and_step(options_.clip_grad_norm);
+  // Where the optimizer gates its update on the device, the update is issued before the loss is
+  // read, and the read, begun after the forward, waits for the forward alone: a GPU runs the
+  // backward and the update while the host takes the verdict and issues the next step, instead of
+  // idling from the end of the update until the next step's first kernel arrives.
+  o.read_later = optimizer_->gates_on_device() && read_after_update();
+  if (o.read_later && optimizer_->halted_flag().defined()) {
+    o.read_with = {optimizer_->halted_flag()};  // the last update's verdict, read with the loss
+  }
+  distribute::ReplicaStepResult r = distribute::replica_step(*model_, objective, batch, o);
+  if (!o.read_later) {
+    check_last_update();  // the step before: its update is done now that this step's loss is read
+    if (!r.finite) stopped(std::isnan(r.bad_value) ? "NaN" : "Inf");
+    optimizer_->clip_and_step(options_.clip_grad_norm);
+  } else {
+    for (const Tensor& loss : r.losses) optimizer_->gate_on(loss);
+    optimizer_->clip_and_step(options_.clip_grad_norm);
+    try {
+      r.settle();
+    } catch (const std::out_of_range&) {  // a bad index in this step: its update was skipped
+      optimizer_->retract_skipped_step();
+      throw;
+    }
+    // The step before's update: its verdict as this step's forward found it (a halt there skipped
+    // this step's update too).
+    if (!r.read_with.empty()) {
+      check_last_update(r.read_with.front() != 0.0);
+    } else {
+      check_last_update();
+    }
+    if (!r.finite) {
+      optimizer_->retract_skipped_step();  // the gate skipped it: nothing changed
+      stopped(std::isnan(r.bad_value) ? "NaN" : "Inf");
+    }
+  }
   unverified_update_ = StepPosition{state_.epoch, state_.step_in_epoch, state_.global_step};
   last_metrics_ = r.metrics;
   *correct += std::llround(r.metrics.sum("accuracy"));
@@ -281,11 +327,11 @@ bool Trainer::stop_signalled() const {
 
 bool Trainer::is_chief() const { return !strategy_ || strategy_->worker_rank() == 0; }
 
-void Trainer::check_last_update() {
+void Trainer::check_last_update(std::optional<bool> halted) {
   if (!unverified_update_) return;
   const StepPosition at = *unverified_update_;
   unverified_update_.reset();
-  if (!optimizer_->updates_halted()) return;
+  if (!(halted ? *halted : optimizer_->updates_halted())) return;
   std::ostringstream os;
   os << "the gradients are not finite (NaN or Inf; their norm, for clipping, is not) at epoch "
      << at.epoch + 1 << ", step " << at.step_in_epoch + 1 << " (global step " << at.global_step + 1

@@ -858,6 +858,20 @@ inline std::vector<Case> cases() {
                  },
                  bf16 ? bf16_tolerance : 1e-6f});
   }
+  // A step's gate: a finite loss leaves the flag as it was (0, or 1 from an earlier skip); NaN and
+  // either infinity set it.
+  c.push_back({"halt_unless_finite_", Op::kHaltUnlessFinite, [](Generator&, const To& to) {
+                 const float inf = std::numeric_limits<float>::infinity();
+                 Outputs flags;
+                 for (const auto& [before, value] : std::vector<std::pair<int, float>>{
+                          {0, 2.5f}, {1, 2.5f}, {0, std::nanf("")}, {0, inf}, {0, -inf}}) {
+                   Tensor halted = to(Tensor::zeros(Shape{}, DType::I32));
+                   if (before != 0) kernels::halt_unless_finite_(halted, to(Tensor::scalar(inf)));
+                   kernels::halt_unless_finite_(halted, to(Tensor::scalar(value)));
+                   flags.push_back(halted);
+                 }
+                 return flags;
+               }});
   for (bool bf16 : {false, true}) {
     const auto q_of = [bf16](const Tensor& t) { return bf16 ? kernels::to_bf16(t) : t; };
     c.push_back(

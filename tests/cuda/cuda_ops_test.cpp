@@ -14,6 +14,7 @@
 #include "common/backend_cases.h"
 #include "common/cuda_device.h"
 #include "hpm/tensor/backend.h"
+#include "hpm/tensor/host_read.h"
 #include "hpm/tensor/kernels.h"
 
 namespace hpm {
@@ -134,6 +135,51 @@ TEST(CudaOps, ABadIndexOrLabelIsAnErrorAtTheNextReadNamingIt) {
   const Tensor good = Tensor::from_i64(std::vector<std::int64_t>{0, 6}, {2}, gpu);
   for (int i = 0; i < 200; ++i) kernels::embedding_forward(table, good);
   EXPECT_EQ(kernels::embedding_forward(table, good).to_vector().size(), 8u);
+}
+
+// A read begun on the GPU (HostRead: a pinned slot and an event) holds the values as they were when
+// it began, while work issued after it still runs; it judges the index checks issued before it
+// (and only those: a later check is the next read's). More reads at once than the device has
+// slots are copied on the spot, with the same values.
+TEST(CudaOps, AReadBegunBeforeLaterWorkHoldsItsValuesAndJudgesTheChecksBeforeIt) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  Generator g(5);
+  Tensor loss = Tensor::scalar(2.5f).to(gpu);
+  const Tensor counts = Tensor::from_i64(std::vector<std::int64_t>{3, 4}, {2}, gpu);
+  HostRead read({loss, counts});
+  const Tensor big = Tensor::randn({4096, 4096}, g).to(gpu);
+  for (int i = 0; i < 4; ++i) kernels::matmul(big, big);  // later work, still queued
+  kernels::scale_(loss, 10.0f);
+  const std::vector<Tensor>& host = read.wait();
+  EXPECT_EQ(*host[0].data<float>(), 2.5f);
+  EXPECT_EQ(*host[1].data<std::int64_t>(), 3);
+  EXPECT_EQ(host[1].data<std::int64_t>()[1], 4);
+  EXPECT_EQ(loss.item(), 25.0f);
+
+  const Tensor table = Tensor::randn({7, 4}, g).to(gpu);
+  const Tensor bad = Tensor::from_i64(std::vector<std::int64_t>{1, 9}, {2}, gpu);
+  const Tensor good = Tensor::from_i64(std::vector<std::int64_t>{1, 2}, {2}, gpu);
+  kernels::embedding_forward(table, bad);
+  HostRead judged({loss});
+  kernels::embedding_forward(table, bad);  // after the read began: not its to judge
+  try {
+    judged.wait();
+    FAIL() << "no error";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "embedding: index 9 at position 1 out of range for 7 rows");
+  }
+  EXPECT_THROW(judged.wait(), std::out_of_range) << "said again";
+  EXPECT_THROW(loss.item(), std::out_of_range) << "the second check, read by the next copy";
+  kernels::embedding_forward(table, good);
+  EXPECT_EQ(HostRead({loss}).wait().size(), 1u);
+
+  std::vector<HostRead> many;
+  for (int i = 0; i < 20; ++i)
+    many.emplace_back(std::vector<Tensor>{kernels::add_scalar(loss, static_cast<float>(i))});
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(*many[static_cast<std::size_t>(i)].wait()[0].data<float>(),
+              25.0f + static_cast<float>(i))
+        << i;
 }
 
 // GPT-2 small's attention in a training step (16 x 12 heads of 1024 x 64, causal): the backward's

@@ -12,6 +12,7 @@
 #include "common/temp_dir.h"
 #include "common/waits_per_step.h"
 #include "hpm/nn/layers.h"
+#include "hpm/optim/optimizer.h"
 #include "hpm/tensor/random.h"
 #include "hpm/train/trainer.h"
 
@@ -67,9 +68,10 @@ TEST(CudaTraining, FitAndEvaluateOnTheGpuMatchTheCpu) {
   for (const Tensor& p : on_gpu.model->parameters()) EXPECT_EQ(p.device().id(), gpu.id());
 }
 
-// A GPT step on the GPU, with clipping, reads from the device once: its loss and metrics
-// together at its end (the index checks, the accuracy counts and the clipping norm stay there).
-TEST(CudaTraining, AGptStepWaitsForTheDeviceOnce) {
+// A GPT step on the GPU, with clipping, never waits for the device's queue: its loss and metrics
+// are read by a read begun after its forward and waited for after its update is issued (the index
+// checks, the accuracy counts and the clipping norm stay on the device, the update gated there).
+TEST(CudaTraining, AGptStepNeverWaitsForTheDevicesQueue) {
   HPM_CUDA_DEVICE_OR_SKIP(gpu);
   manual_seed(5);
   auto model = hpm::testing::tiny_gpt();
@@ -84,7 +86,67 @@ TEST(CudaTraining, AGptStepWaitsForTheDeviceOnce) {
   o.clip_grad_norm = 1.0f;
   trainer.fit(data::LabelledData{data.inputs, data.targets}, nullptr, o);
   ASSERT_EQ(waits->per_step.size(), 3u);
-  for (std::uint64_t w : waits->per_step) EXPECT_EQ(w, 1u);
+  for (std::uint64_t w : waits->per_step) EXPECT_EQ(w, 0u);
+}
+
+std::vector<float> flat_state(const optim::Optimizer& opt) {
+  std::vector<float> out;
+  for (const auto& [name, t] : opt.state()) {
+    if (t.dtype() != DType::F32) continue;
+    const std::vector<float> v = t.to_vector();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// AdamW's update gated on the GPU, issued before the loss is read: the losses as on the CPU, and a
+// bad label at step 3 (judged on the device, read with that step's loss) stops the run with the
+// parameters, moments and step count as step 2 left them.
+TEST(CudaTraining, AGatedUpdateTrainsAsOnTheCpuAndABadLabelChangesNothing) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  const auto train = hpm::testing::blobs(120, 3);
+  const auto run = [&](Device* device, bool bad_label, FitResult* result) {
+    Rig r = make(3, device);
+    optim::AdamOptions ao;
+    ao.lr = 1e-2f;
+    auto opt = std::make_shared<optim::AdamW>(r.model->named_parameters(), ao);
+    r.trainer = std::make_unique<Trainer>(r.model, opt);
+    if (device != nullptr) r.trainer->set_device(*device);
+    int calls = 0;
+    std::vector<float> params_after_2, state_after_2;
+    r.trainer->set_loss([&](const Tensor& logits, const Tensor& y) {
+      if (++calls == 3 && bad_label) {
+        params_after_2 = flat_params(*r.model);
+        state_after_2 = flat_state(*opt);
+        Tensor labels = y.to(Device::cpu()).clone();
+        labels.data<std::int64_t>()[1] = 7;  // 3 classes
+        return cross_entropy(logits, labels.to(y.device()));
+      }
+      return cross_entropy(logits, y);
+    });
+    FitOptions o;
+    o.epochs = 2;
+    o.batch_size = 12;
+    o.clip_grad_norm = 1.0f;
+    o.shuffle = false;
+    if (!bad_label) {
+      *result = r.trainer->fit(train, nullptr, o);
+      return;
+    }
+    EXPECT_THROW(r.trainer->fit(train, nullptr, o), std::out_of_range);
+    EXPECT_EQ(calls, 3);
+    EXPECT_EQ(flat_params(*r.model), params_after_2);
+    EXPECT_EQ(flat_state(*opt), state_after_2);
+    EXPECT_EQ(opt->steps(), 2);
+    EXPECT_FALSE(opt->updates_halted());
+  };
+  FitResult on_gpu, on_cpu;
+  run(&gpu, false, &on_gpu);
+  run(nullptr, false, &on_cpu);
+  ASSERT_EQ(on_gpu.history.size(), 2u);
+  for (std::size_t e = 0; e < 2; ++e)
+    EXPECT_NEAR(on_gpu.history[e].train_loss, on_cpu.history[e].train_loss, 1e-4) << e;
+  run(&gpu, true, nullptr);
 }
 
 TEST(CudaTraining, ACheckpointSavedOnTheGpuResumesOnTheCpuAndBack) {

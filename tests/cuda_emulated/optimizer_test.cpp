@@ -190,3 +190,40 @@ TEST(AdamMultiEmulated, AGatedUpdateChangesNothingAfterANonFiniteNorm) {
 
 }  // namespace
 }  // namespace hpm
+
+namespace hpm {
+namespace {
+
+// A step's gate (halt_unless_finite_kernel): the flag is set by a loss that is not finite or by any
+// of the given checks' words that holds a bad position, not by a bad word the step did not issue;
+// once set it stays set.
+TEST(GateEmulated, AStepsGateHaltsOnItsLossOrItsOwnFailedChecks) {
+  unsigned long long words[64];
+  for (auto& w : words) w = cuda::kNoError;
+  words[5] = 3;  // a failed check of this step
+  words[9] = 0;  // another thread's, not given
+  struct Case {
+    const char* name;
+    float loss;
+    std::vector<int> checks;
+    int before, after;
+  };
+  const Case cases[] = {{"finite, clear checks", 2.5f, {1, 2}, 0, 0},
+                        {"NaN", std::nanf(""), {}, 0, 1},
+                        {"Inf", HUGE_VALF, {1}, 0, 1},
+                        {"a failed check", 2.5f, {1, 5}, 0, 1},
+                        {"another's failed check", 2.5f, {1, 2}, 0, 0},
+                        {"set before", 2.5f, {}, 1, 1}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    cuda::GateChecks checks{};
+    for (int w : c.checks) checks.word[checks.count++] = w;
+    int halted = c.before;
+    simt::launch(1, 1, 0,
+                 [&] { cuda::halt_unless_finite_kernel(&halted, &c.loss, words, checks); });
+    EXPECT_EQ(halted, c.after);
+  }
+}
+
+}  // namespace
+}  // namespace hpm

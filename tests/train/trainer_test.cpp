@@ -296,6 +296,67 @@ class SnapshotEachStep : public Callback {
   std::vector<std::vector<float>> after;
 };
 
+std::vector<float> flat_state(const optim::Optimizer& opt) {
+  std::vector<float> out;
+  for (const auto& [name, t] : opt.state()) {
+    if (t.dtype() != DType::F32) continue;
+    const std::vector<float> v = t.to_vector();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+// AdamW gates its update on the device, so the Trainer issues a step's update before it reads the
+// step's loss (the read, begun after the forward, then waits for the forward alone). A NaN loss,
+// or a bad label, at step 3 still stops the run there with the model, the moments and the step
+// count as step 2 left them, and the optimizer not left halted: the gate skipped the update and
+// the Trainer took its count back.
+// Without clipping, no norm would skip the NaN gradients: the gate alone stops them.
+TEST(Trainer, AStepWhoseUpdateIsIssuedBeforeItsLossIsReadStopsWithNothingChanged) {
+  for (const int variant : {0, 1, 2}) {
+    const bool bad_label = variant == 2, clip = variant == 1;
+    SCOPED_TRACE(bad_label ? "a label out of range" : clip ? "a NaN loss, clipping" : "a NaN loss");
+    auto train = blobs(100, 4);
+    Rig s = make();
+    optim::AdamOptions ao;
+    ao.lr = 1e-2f;
+    auto opt = std::make_shared<optim::AdamW>(s.model->named_parameters(), ao);
+    ASSERT_TRUE(opt->gates_on_device());
+    s.trainer = std::make_unique<Trainer>(s.model, opt);
+    int calls = 0;
+    std::vector<float> params_after_2, state_after_2;
+    s.trainer->set_loss([&](const Tensor& logits, const Tensor& y) {
+      if (++calls == 3) {
+        params_after_2 = flat_params(*s.model);
+        state_after_2 = flat_state(*opt);
+        if (!bad_label) return mul(cross_entropy(logits, y), std::nanf(""));
+        Tensor labels = y.clone();
+        labels.data<std::int64_t>()[1] = 7;  // 3 classes
+        return cross_entropy(logits, labels);
+      }
+      return cross_entropy(logits, y);
+    });
+    FitOptions o;
+    o.batch_size = 10;
+    o.clip_grad_norm = clip ? 1.0f : 0.0f;
+    try {
+      s.trainer->fit(train, nullptr, o);
+      FAIL() << "trained on";
+    } catch (const TrainingError& e) {
+      EXPECT_FALSE(bad_label);
+      EXPECT_NE(std::string(e.what()).find("loss is NaN at epoch 1, step 3"), std::string::npos)
+          << e.what();
+    } catch (const std::out_of_range& e) {
+      EXPECT_TRUE(bad_label) << e.what();
+    }
+    EXPECT_EQ(calls, 3);
+    EXPECT_EQ(flat_params(*s.model), params_after_2);
+    EXPECT_EQ(flat_state(*opt), state_after_2);
+    EXPECT_EQ(opt->steps(), 2);
+    EXPECT_FALSE(opt->updates_halted());
+  }
+}
+
 // A finite loss whose gradients are NaN at one step (sqrt's backward at 0, a classic of distance
 // losses): with clipping, the norm says so and the update is skipped on the device (Adam's fused
 // step) or the host (SGD's); the run stops naming that step (at its backup, or after the next

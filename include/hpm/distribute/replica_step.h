@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -50,6 +51,15 @@ struct ReplicaStepOptions {
   // Called with each micro-batch's verdict before its backward (and so before this replica joins
   // an all-reduce): replicas in one process learn of a NaN before anyone updates.
   std::function<void(bool finite)> on_loss;
+  // Leaves the verdict to the caller, who issues its update first, gated on the device by the
+  // returned `losses` (Optimizer::gate_on), and then calls ReplicaStepResult::settle(): nothing is
+  // read here; each micro-batch's loss and metrics start their read right after its forward, so
+  // that settle() waits for the forwards' work only and a GPU stays busy with the backward and the
+  // update meanwhile. `read_with` (values on the model's device) joins the first micro-batch's
+  // read, as they are after its forward: the verdict of the update before it. Not with a reducer
+  // or on_loss, which read before the backward.
+  bool read_later = false;
+  std::vector<Tensor> read_with;
 };
 
 struct ReplicaStepResult {
@@ -57,6 +67,17 @@ struct ReplicaStepResult {
   std::int64_t rows = 0;
   bool finite = true;
   float bad_value = 0;  // the first non-finite loss
+  // With read_later: the counted micro-batches' mean losses (unscaled, unread), for the gate.
+  std::vector<Tensor> losses;
+  // With read_later, after settle(): read_with's values (their first elements).
+  std::vector<double> read_with;
+  // With read_later: waits for the reads begun after the forwards and sets finite, bad_value,
+  // read_with and the metrics' values; throws what the device owes the host for that work (a
+  // GPU's failed index check: std::out_of_range). Nothing to do otherwise.
+  void settle();
+  // The losses' reads, each loss first in its own (with read_with behind the first's).
+  std::vector<std::shared_ptr<HostRead>> reads;
+  std::size_t read_with_count = 0;
 };
 
 // Forward and backward of `model` on `batch` (gradients accumulate into the parameters' .grad:

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "hpm/autograd/ops.h"
+#include "hpm/tensor/host_read.h"
 
 namespace hpm::nn {
 
@@ -33,7 +34,9 @@ struct Batch {
 // A sum or count may still be on a device (add_pending): the objective leaves its loss and
 // accuracy counts there, and they are read only when a value of these metrics is first asked for
 // (every pending one then, after a single wait for the device), so that a GPU's training step
-// synchronizes with the host once, at its end, rather than at each metric.
+// synchronizes with the host once, at its end, rather than at each metric. begin_read() starts
+// that read early (after the forward that made them), so that the wait at the end covers the
+// forward only.
 class Metrics {
  public:
   Metrics() = default;
@@ -56,8 +59,15 @@ class Metrics {
     Tensor count_of;
     std::int64_t count_at = 0;
     double count_value = 0;
+    // Set by begin_read: the read that holds sum_of's and count_of's values, and their places.
+    std::shared_ptr<HostRead> read;
+    std::size_t sum_read = 0, count_read = 0;
   };
   void add_pending(const std::string& name, const Pending& pending);
+  // Begins reading `with` and every pending tensor that no read holds yet, in one HostRead
+  // (`with` first, in order): later reads of these metrics wait only for the work issued before
+  // this call. Returns the read (empty when there was nothing to read).
+  std::shared_ptr<HostRead> begin_read(const std::vector<Tensor>& with = {});
   void merge(const Metrics& other);  // adds every entry, by name
   bool has(const std::string& name) const;
   double mean(const std::string& name) const;  // 0 when absent or empty

@@ -41,6 +41,22 @@ class Optimizer {
   // stage) and found it not finite.
   void halt_updates() { halted_on_host_ = true; }
   void resume_updates();
+  // Gates the next clip_and_step on `loss` (a one-element F32 tensor beside the parameters, not
+  // read here), for a caller that issues the update before it reads the loss. Where the update is
+  // gated on the device (gates_on_device()), it is skipped there, as for a non-finite norm, unless
+  // the loss is finite and (on a GPU) every index check issued so far passed; elsewhere the loss is
+  // read now and a non-finite one halts on the host. A caller that then finds the loss not finite
+  // takes the skipped update back with retract_skipped_step().
+  void gate_on(const Tensor& loss);
+  // Whether clip_and_step keeps its verdict on the device (Adam's fused update, its parameters on
+  // one device): gate_on costs no wait there.
+  virtual bool gates_on_device() const { return false; }
+  // The device's verdict (an I32 scalar, 1 once an update was skipped), undefined until a gate or
+  // clipping made it: a caller may read it with its own reads instead of updates_halted()'s wait.
+  const Tensor& halted_flag() const { return halted_on_device_; }
+  // After a gated clip_and_step that the caller knows was skipped: clears the halt and takes the
+  // step's count back, so that the optimizer is as it was before that clip_and_step.
+  void retract_skipped_step();
   // step() in parts, for callers that update disjoint sets of parameters from several threads at
   // once (pipeline stages, each on its own): begin_step() once, then step_params() per part,
   // the parts together naming each parameter once. Indices are into params().
@@ -83,6 +99,7 @@ class Optimizer {
   // parameters that adam_step_multi_ sets, made on first use.
   bool halted_on_host_ = false;
   Tensor halted_on_device_;
+  bool last_step_counted_ = false;  // the last clip_and_step counted a step (retract_skipped_step)
 
  private:
   void update_one(std::size_t i);
@@ -128,6 +145,9 @@ class Adam : public Optimizer {
   void update(std::size_t i, Tensor& p, const Tensor& g) override;
   // Parameters grouped by device and weight decay, one adam_step_multi_ per group.
   void update_all(float max_norm) override;
+
+ public:
+  bool gates_on_device() const override;
 
  private:
   kernels::AdamStep step_for(std::size_t i) const;

@@ -104,9 +104,19 @@ enum class Op : int {
   kToBf16Many,
   kCrossEntropyWithGradient,
   kScaleBy,
+  kHaltUnlessFinite,
 };
-inline constexpr int kOps = 80;
+inline constexpr int kOps = 81;
 const char* op_name(Op op);
+
+// A read of device values to the host under way (Backend::begin_read).
+class PendingRead {
+ public:
+  virtual ~PendingRead() = default;
+  // The values as host (CPU) tensors, in order, once the device has run the work issued before
+  // the read began; called once.
+  virtual std::vector<Tensor> wait() = 0;
+};
 
 class Backend {
  public:
@@ -130,6 +140,10 @@ class Backend {
   // host memory.
   virtual void copy_bytes(void* dst, const Device& dst_device, const void* src,
                           const Device& src_device, std::size_t bytes) = 0;
+  // Begins copying `values` (tensors on one device of this type) to the host in the device's order
+  // of work and returns at once: the read's wait() waits for the work issued before it, not for
+  // what is issued after (host_read.h). By default the copies are made now.
+  virtual std::unique_ptr<PendingRead> begin_read(const std::vector<Tensor>& values);
   // Whether bf16 products run natively (faster than f32); autocast to bf16 requires it.
   virtual bool native_bf16() const = 0;
 
@@ -272,6 +286,7 @@ class Backend {
                                 const std::vector<Tensor>& max_exp_avg_sq,
                                 const Tensor& grad_norm_sq, float max_norm,
                                 const Tensor& halted) = 0;
+  virtual void halt_unless_finite_(Tensor& halted, const Tensor& value) = 0;
   virtual void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) = 0;
   virtual Tensor nll_loss_forward(const Tensor& log_probs, const Tensor& labels) = 0;
   virtual Tensor nll_loss_backward(const Tensor& grad, const Tensor& labels,

@@ -300,6 +300,11 @@ void adam_step_multi_(const AdamStep& s, const std::vector<Tensor>& params,
                       const std::vector<Tensor>& exp_avg_sq,
                       const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
                       float max_norm, const Tensor& halted = Tensor());
+// The gate of a step's update whose verdict the host reads later: `halted` (the I32 scalar given
+// to adam_step_multi_) becomes 1 unless `value` (an F32 scalar: the step's loss) is finite and,
+// on a device that defers its index checks (a GPU's embedding indices and labels), every check
+// the calling thread issued on it so far passed. A flag already 1 stays 1.
+void halt_unless_finite_(Tensor& halted, const Tensor& value);
 // One SGD step (SgdStep says which) on p, in place; buf is the momentum buffer, or undefined
 // without momentum.
 void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf);

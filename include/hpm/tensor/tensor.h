@@ -215,6 +215,10 @@ std::uint64_t host_waits_on_this_thread();
 namespace detail {
 void note_op_begin();  // dispatch brackets every op with these
 void note_op_end();
+// How many ops the calling thread has begun; and the count of a host read that waited for every
+// op issued so far (HostRead's, when nothing followed it).
+std::uint64_t ops_begun_on_this_thread();
+void note_host_read();
 }  // namespace detail
 
 }  // namespace hpm

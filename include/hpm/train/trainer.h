@@ -263,8 +263,9 @@ class Trainer {
   // Throws TrainingError if the last step's update was skipped for gradients that are not finite
   // (Optimizer::updates_halted). A single-device step reads the verdict of the step before it
   // after its own wait for the device, so that the update is issued without one; before anything
-  // reads the model as trained (backups, the epoch's end) the verdict is read here.
-  void check_last_update();
+  // reads the model as trained (backups, the epoch's end) the verdict is read here. `halted`: the
+  // verdict as the caller already read it (with a step's loss).
+  void check_last_update(std::optional<bool> halted = std::nullopt);
   // Brings every worker's copy up to date (Strategy::synchronize) and records the replicas'
   // generators for what is saved next. Collective: at the epoch's end and before each backup.
   void synchronize_strategy();

@@ -314,6 +314,10 @@ class CpuBackend final : public Backend {
     }
   }
 
+  // The CPU's index checks throw at their op: only the value decides.
+  void halt_unless_finite_(Tensor& halted, const Tensor& value) override {
+    if (!std::isfinite(*value.data<float>())) *halted.data<std::int32_t>() = 1;
+  }
   void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) override {
     const std::int64_t n = p.numel();
     if (g.numel() != n || (buf.defined() && buf.numel() != n)) {

@@ -11,6 +11,7 @@
 #include "tensor/backend/cuda/convolution.h"
 #include "tensor/backend/cuda/device_memory.h"
 #include "tensor/backend/cuda/host_fallback.h"
+#include "tensor/backend/cuda/host_reads.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/runtime.h"
 #include "tensor/backend/cuda/vision_ops.h"
@@ -41,6 +42,9 @@ class CudaBackend final : public Backend {
   void copy_bytes(void* dst, const Device& dst_device, const void* src, const Device& src_device,
                   std::size_t bytes) override {
     cuda::copy_bytes(dst, dst_device, src, src_device, bytes);
+  }
+  std::unique_ptr<PendingRead> begin_read(const std::vector<Tensor>& values) override {
+    return cuda::begin_read(values);
   }
   bool native_bf16() const override { return true; }
 
@@ -243,6 +247,9 @@ class CudaBackend final : public Backend {
                         float max_norm, const Tensor& halted) override {
     cuda::adam_step_multi_(s, params, grads, exp_avg, exp_avg_sq, max_exp_avg_sq, grad_norm_sq,
                            max_norm, halted);
+  }
+  void halt_unless_finite_(Tensor& halted, const Tensor& value) override {
+    cuda::halt_unless_finite_(halted, value);
   }
   void sgd_step_(const SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf) override {
     cuda::sgd_step_(s, p, g, buf);

@@ -13,13 +13,10 @@ namespace hpm::cuda {
 
 namespace {
 
-// Reads the words of the pending checks that `mine` selects, whose kernels the stream has run,
-// frees them and throws for the first that failed. The caller holds checks_mu.
+// Frees the pending checks that `mine` selects, judged by `words` (the check words as copied
+// after their kernels ran), and throws for the first that failed. The caller holds checks_mu.
 template <typename Mine>
-void raise_locked(Context& c, Mine mine) {
-  if (std::none_of(c.checks.begin(), c.checks.end(), mine)) return;
-  unsigned long long words[Context::kMaxChecks];
-  HPM_CUDA_CHECK(cudaMemcpy(words, c.check_words, sizeof(words), cudaMemcpyDeviceToHost));
+void settle_locked(Context& c, Mine mine, const unsigned long long* words) {
   std::optional<PendingCheck> failed;
   std::vector<PendingCheck> kept;
   for (PendingCheck& check : c.checks) {
@@ -42,6 +39,16 @@ void raise_locked(Context& c, Mine mine) {
   HPM_CUDA_CHECK(cudaMemcpy(&value, ptr<std::int64_t>(failed->values) + position, sizeof(value),
                             cudaMemcpyDeviceToHost));
   throw std::out_of_range(failed->describe(position, value));
+}
+
+// Reads the words of the pending checks that `mine` selects, whose kernels the stream has run,
+// frees them and throws for the first that failed. The caller holds checks_mu.
+template <typename Mine>
+void raise_locked(Context& c, Mine mine) {
+  if (std::none_of(c.checks.begin(), c.checks.end(), mine)) return;
+  unsigned long long words[Context::kMaxChecks];
+  HPM_CUDA_CHECK(cudaMemcpy(words, c.check_words, sizeof(words), cudaMemcpyDeviceToHost));
+  settle_locked(c, mine, words);
 }
 
 }  // namespace
@@ -80,7 +87,7 @@ IndexCheck defer_index_check(
   }
   *free_word = true;
   const auto word = static_cast<int>(free_word - std::begin(c.check_word_used));
-  c.checks.push_back(PendingCheck{values, std::move(describe), word, me, false});
+  c.checks.push_back(PendingCheck{values, std::move(describe), word, me, false, c.next_check_id++});
   return IndexCheck(c, word);
 }
 
@@ -88,6 +95,32 @@ void raise_failed_checks(Context& c) {
   std::lock_guard lock(c.checks_mu);
   const std::thread::id me = std::this_thread::get_id();
   raise_locked(c, [me](const PendingCheck& check) { return check.thread == me; });
+}
+
+}  // namespace hpm::cuda
+
+namespace hpm::cuda {
+
+std::vector<CheckRef> checks_of_this_thread(Context& c) {
+  std::lock_guard lock(c.checks_mu);
+  const std::thread::id me = std::this_thread::get_id();
+  std::vector<CheckRef> refs;
+  for (const PendingCheck& check : c.checks)
+    if (check.thread == me) refs.push_back(CheckRef{check.id, check.word});
+  return refs;
+}
+
+void settle_checks(Context& c, const std::vector<CheckRef>& refs, const unsigned long long* words) {
+  if (refs.empty()) return;
+  std::lock_guard lock(c.checks_mu);
+  // Those a synchronous read settled meanwhile are gone (their words may hold newer checks).
+  settle_locked(
+      c,
+      [&](const PendingCheck& check) {
+        return std::any_of(refs.begin(), refs.end(),
+                           [&](const CheckRef& r) { return r.id == check.id; });
+      },
+      words);
 }
 
 }  // namespace hpm::cuda

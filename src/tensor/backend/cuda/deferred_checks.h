@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "tensor/backend/cuda/runtime.h"
 
@@ -46,5 +47,17 @@ IndexCheck defer_index_check(
 // the thread issued (after its synchronous copy to the host); throws std::out_of_range for the
 // first that failed.
 void raise_failed_checks(Context& c);
+
+// A pending check as a read begun for the host sees it (host_reads.cpp): the read copies every
+// check word behind the values it reads, and judges these checks when it is waited for.
+struct CheckRef {
+  std::uint64_t id;
+  int word;
+};
+// The checks the calling thread issued on `c` that no read has settled yet.
+std::vector<CheckRef> checks_of_this_thread(Context& c);
+// Frees those of `refs` still pending, judged by `words` (Context::kMaxChecks words copied after
+// their kernels ran); throws std::out_of_range for the first that failed, as raise_failed_checks.
+void settle_checks(Context& c, const std::vector<CheckRef>& refs, const unsigned long long* words);
 
 }  // namespace hpm::cuda

@@ -75,6 +75,7 @@ void adam_step_multi_(const kernels::AdamStep& s, const std::vector<Tensor>& par
                       const std::vector<Tensor>& exp_avg_sq,
                       const std::vector<Tensor>& max_exp_avg_sq, const Tensor& grad_norm_sq,
                       float max_norm, const Tensor& halted);
+void halt_unless_finite_(Tensor& halted, const Tensor& value);
 void sgd_step_(const kernels::SgdStep& s, Tensor& p, const Tensor& g, Tensor& buf);
 
 }  // namespace hpm::cuda

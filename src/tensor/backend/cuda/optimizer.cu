@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tensor/backend/cuda/deferred_checks.h"
 #include "tensor/backend/cuda/kernel_support.h"
 #include "tensor/backend/cuda/nn_ops.h"
 #include "tensor/backend/cuda/optimizer_kernels.cuh"
@@ -35,6 +36,16 @@ void adam_step_(const kernels::AdamStep& s, Tensor& p, const Tensor& g, Tensor& 
       s, ptr<float>(p), ptr<float>(g), ptr<float>(m), ptr<float>(v),
       vmax.defined() ? ptr<float>(vmax) : nullptr, n);
   HPM_CUDA_LAUNCH_CHECK("adam_kernel");
+}
+
+void halt_unless_finite_(Tensor& halted, const Tensor& value) {
+  Context& c = current_context();
+  GateChecks checks{};
+  static_assert(sizeof(checks.word) / sizeof(int) == Context::kMaxChecks);
+  for (const CheckRef& r : checks_of_this_thread(c)) checks.word[checks.count++] = r.word;
+  halt_unless_finite_kernel<<<1, 1, 0, c.compute>>>(ptr<int>(halted), ptr<float>(value),
+                                                    c.check_words, checks);
+  HPM_CUDA_LAUNCH_CHECK("halt_unless_finite_kernel");
 }
 
 void adam_step_multi_(const kernels::AdamStep& s, const std::vector<Tensor>& params,

@@ -145,6 +145,22 @@ class AdamPacker {
   TensorListPacker<AdamList, kListTensors, kChunk> packer_;
 };
 
+// The index checks a step's gate reads (halt_unless_finite_): their words' places in the device's
+// check words.
+struct GateChecks {
+  int count;
+  int word[64];  // Context::kMaxChecks
+};
+
+// halted = 1 unless *value is finite and every check word in `checks` is clear; one thread.
+__global__ void halt_unless_finite_kernel(int* halted, const float* value,
+                                          const unsigned long long* check_words,
+                                          GateChecks checks) {
+  bool bad = !isfinite(*value);
+  for (int i = 0; i < checks.count; ++i) bad = bad || check_words[checks.word[i]] != kNoError;
+  if (bad) *halted = 1;
+}
+
 }  // namespace
 
 }  // namespace hpm::cuda

@@ -101,6 +101,9 @@ std::unique_ptr<Context> make_context(int index) {
   HPM_CUDA_CHECK(cudaMallocHost(&c->small, Context::kSmallSlots * Context::kSmallBytes));
   for (cudaEvent_t& e : c->small_done)
     HPM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  HPM_CUDA_CHECK(cudaMallocHost(&c->reads, Context::kReadSlots * Context::kReadBytes));
+  for (cudaEvent_t& e : c->read_done)
+    HPM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   constexpr std::size_t kCheckBytes = Context::kMaxChecks * sizeof(unsigned long long);
   HPM_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&c->check_words), kCheckBytes));
   // On the compute stream, which the legacy default stream's cudaMemset would not be ordered

@@ -60,13 +60,14 @@ struct PendingCheck {
   int word;                // its index in Context::check_words
   std::thread::id thread;  // the thread that issued it, which reads it
   bool launched;           // its kernel issued (IndexCheck gone): another thread may read it
+  std::uint64_t id;        // unique on its device: a read that copied the word finds it by this
 };
 
 struct Context {
   int index = 0;
   // Every op of the device, and the copies to and from it. (A second stream for copies would
-  // overlap nothing while each step ends reading its loss on the host; it comes with steps that do
-  // not wait, and an input iterator that runs a batch ahead of its saved position.)
+  // overlap little: a step's one read, its loss, is begun after its forward and waited for after
+  // its update, the device busy meanwhile; the input's copies are small.)
   cudaStream_t compute = nullptr;
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
@@ -93,7 +94,16 @@ struct Context {
   unsigned long long* check_words = nullptr;
   bool check_word_used[kMaxChecks] = {};
   std::vector<PendingCheck> checks;  // in the order they were issued
+  std::uint64_t next_check_id = 1;
   std::mutex checks_mu;
+  // Reads begun for the host (host_read.h, host_reads.cpp): kReadSlots pinned slots of kReadBytes,
+  // each with the event its copies end with; a slot is free again once its read was waited for
+  // (under staging_mu).
+  static constexpr int kReadSlots = 8;
+  static constexpr std::size_t kReadBytes = 4096;
+  void* reads = nullptr;
+  cudaEvent_t read_done[kReadSlots] = {};
+  bool read_busy[kReadSlots] = {};
 };
 Context& context(int index);
 // The context of the calling thread's current device (Device::current(), which the dispatch makes
