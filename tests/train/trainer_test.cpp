@@ -417,6 +417,38 @@ TEST(Trainer, NonFiniteGradientsUnderAFiniteLossStopWithoutUpdating) {
   }
 }
 
+// Accumulated micro-batches under AdamW's gated update: each micro-batch's loss and metrics read
+// by its own read, begun after its forward, each loss gating the update; the step's loss and
+// accuracy and the trained parameters are those of one batch of the same rows (the dropout masks
+// too: drawn row after row from one generator, whatever the split).
+TEST(Trainer, AccumulatedMicroBatchesUnderAGatedUpdateTrainAsOneBatch) {
+  auto train = blobs(120, 4);
+  const auto fit_with = [&](int micro_batches) {
+    Rig s = make();
+    optim::AdamOptions ao;
+    ao.lr = 1e-2f;
+    s.trainer = std::make_unique<Trainer>(
+        s.model, std::make_shared<optim::AdamW>(s.model->named_parameters(), ao));
+    FitOptions o;
+    o.batch_size = 30;
+    o.shuffle = false;
+    o.epochs = 2;
+    o.accumulation_steps = micro_batches;
+    const FitResult r = s.trainer->fit(train, nullptr, o);
+    return std::make_pair(r, flat_params(*s.model));
+  };
+  const auto [one, one_params] = fit_with(1);
+  const auto [three, three_params] = fit_with(3);
+  ASSERT_EQ(three.history.size(), 2u);
+  for (std::size_t e = 0; e < 2; ++e) {
+    EXPECT_NEAR(three.history[e].train_loss, one.history[e].train_loss, 1e-5) << e;
+    EXPECT_NEAR(three.history[e].train_accuracy, one.history[e].train_accuracy, 1e-9) << e;
+  }
+  ASSERT_EQ(three_params.size(), one_params.size());
+  for (std::size_t i = 0; i < one_params.size(); ++i)
+    ASSERT_NEAR(three_params[i], one_params[i], 1e-5) << i;
+}
+
 // (inputs, labels) batches of `rows` from a generator: a dataset of unknown length.
 data::Dataset unknown_length(const data::LabelledData& d, std::int64_t rows) {
   return data::Dataset::from_generator([d, rows](std::int64_t i, data::Element& out) {
