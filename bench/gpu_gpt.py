@@ -31,8 +31,9 @@ the first; repeatable, one run per variable.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off
 (FALLBACK below: the plain cuBLAS products, the unfused bf16 compositions, the warp-per-row
-attention, the loss read before the update) and the table marks that row's figures with '*': one
-device call still brings back a rate, and the log says which path failed.
+attention, the loss read before the update, the norms' bf16 gradient copies) and the table marks
+that row's figures with '*': one device call still brings back a rate, and the log says which path
+failed.
 
 --profile-steps N (N > 1) runs hpm once more per size for N steps with --op-profile and prints each
 table last: the step's time by op on the device (every step but the first; hpm train --op-profile).
@@ -48,7 +49,7 @@ SIZES = {
 
 # The paths hpm had before issue 32's unmeasured work, each behind its own switch.
 FALLBACK = {"HPM_CUDA_LT_EPILOGUES": "0", "HPM_BF16_FUSIONS": "0", "HPM_CUDA_ATTENTION": "rowwise",
-            "HPM_LOSS_READ_AFTER_UPDATE": "0"}
+            "HPM_LOSS_READ_AFTER_UPDATE": "0", "HPM_BF16_GRADIENT_COPIES": "0"}
 
 
 def run(cmd, timeout, env=None):

@@ -23,6 +23,14 @@ std::atomic<bool>& fusions_flag() {
   return on;
 }
 
+std::atomic<bool>& copies_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("HPM_BF16_GRADIENT_COPIES");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }()};
+  return on;
+}
+
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
@@ -69,5 +77,9 @@ Bf16OutputsScope::~Bf16OutputsScope() { outputs_in_bf16 = previous_; }
 
 bool bf16_fusions() { return fusions_flag().load(std::memory_order_relaxed); }
 void set_bf16_fusions(bool on) { fusions_flag().store(on, std::memory_order_relaxed); }
+bool bf16_gradient_copies() {
+  return bf16_fusions() && copies_flag().load(std::memory_order_relaxed);
+}
+void set_bf16_gradient_copies(bool on) { copies_flag().store(on, std::memory_order_relaxed); }
 
 }  // namespace hpm::autograd

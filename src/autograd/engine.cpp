@@ -21,20 +21,25 @@ Tensor widened(const Tensor& g) {
 }
 
 using PendingGradients = std::unordered_map<autograd::Node*, autograd::Tensors>;
+using Dependencies = std::unordered_map<autograd::Node*, int>;
+// Gradients offered with their bf16 copies (offer_bf16_copy), until taken.
+using Bf16Copies = std::vector<std::pair<Tensor, Tensor>>;
 
-// The node the engine runs on this thread, and the gradients pending for every node: what
-// take_pending_gradient reads. Restored on exit (a rule may run a backward of its own).
+// The node the engine runs on this thread, the gradients pending for every node (what
+// take_pending_gradient reads), the edges each node still waits for, and the bf16 copies on
+// offer. Restored on exit (a rule may run a backward of its own).
 struct Running {
   autograd::Node* node = nullptr;
   PendingGradients* pending = nullptr;
+  Dependencies* deps = nullptr;
+  Bf16Copies* copies = nullptr;
 };
 thread_local Running running;
+thread_local std::size_t copies_left = 0;
 
 class RunningScope {
  public:
-  RunningScope(autograd::Node* node, PendingGradients* pending) : saved_(running) {
-    running = {node, pending};
-  }
+  explicit RunningScope(const Running& now) : saved_(running) { running = now; }
   ~RunningScope() { running = saved_; }
   RunningScope(const RunningScope&) = delete;
   RunningScope& operator=(const RunningScope&) = delete;
@@ -79,6 +84,45 @@ Tensor take_pending_gradient(std::size_t input, const Shape& shape) {
   return std::exchange(*slot, Tensor()).reshape(shape);
 }
 
+bool completes_gradient(std::size_t input) {
+  if (running.node == nullptr || running.deps == nullptr ||
+      input >= running.node->next_edges.size()) {
+    return false;
+  }
+  Edge e = running.node->next_edges[input];
+  while (e.valid()) {
+    const auto it = running.deps->find(e.fn.get());
+    if (it == running.deps->end() || it->second != 1) return false;  // others still to come
+    const bool view = e.fn->bf16_grad == Bf16Grad::kPassedOn && e.fn->next_edges.size() == 1;
+    if (!view) return true;
+    e = e.fn->next_edges[0];
+  }
+  return false;
+}
+
+void offer_bf16_copy(const Tensor& gradient, Tensor bf16) {
+  if (running.copies == nullptr || !gradient.defined() || !bf16.defined()) return;
+  running.copies->emplace_back(gradient, std::move(bf16));
+}
+
+Tensor bf16_gradient(const Tensor& g) {
+  if (running.copies != nullptr && g.defined() && g.dtype() == DType::F32) {
+    Bf16Copies& copies = *running.copies;
+    for (auto it = copies.begin(); it != copies.end(); ++it) {
+      const Tensor& offered = it->first;
+      if (offered.impl()->storage == g.impl()->storage &&
+          offered.impl()->offset == g.impl()->offset && offered.numel() == g.numel()) {
+        Tensor copy = it->second.reshape(g.shape());
+        copies.erase(it);  // and with it the hold on the gradient's memory
+        return copy;
+      }
+    }
+  }
+  return kernels::to_bf16(g);
+}
+
+std::size_t bf16_copies_left_by_last_backward() { return copies_left; }
+
 }  // namespace autograd
 
 void Tensor::backward(const Tensor& grad_output) const {
@@ -99,7 +143,8 @@ void Tensor::backward(const Tensor& grad_output) const {
   const Edge root = gradient_edge(*this);
   NoGradGuard no_grad;  // gradient rules compute plain tensors
 
-  std::unordered_map<Node*, int> deps;
+  Dependencies deps;
+  Bf16Copies copies;
   {
     std::vector<Node*> stack{root.fn.get()};
     deps[root.fn.get()] = 0;
@@ -134,7 +179,7 @@ void Tensor::backward(const Tensor& grad_output) const {
     }
     Tensors grads_out;
     {
-      RunningScope scope(node, &inputs);
+      RunningScope scope(Running{node, &inputs, &deps, &copies});
       grads_out = node->apply(std::move(grads_in));
     }
     for (std::size_t i = 0; i < node->next_edges.size(); ++i) {
@@ -154,6 +199,7 @@ void Tensor::backward(const Tensor& grad_output) const {
       if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
     }
   }
+  copies_left = copies.size();
 }
 
 }  // namespace hpm

@@ -116,4 +116,27 @@ bool bf16_gradient_taken(const Tensor& t) {
   return fn != nullptr && fn->bf16_grad == Bf16Grad::kTaken;
 }
 
+namespace {
+
+// Whether a gradient reaching `fn` unchanged reaches a taker of bf16 gradients: through views
+// (kPassedOn), and through nodes that hand it on as it is (a residual stream's sum), a few nodes
+// deep.
+bool reaches_taker(const Node* fn, int depth) {
+  if (fn == nullptr || depth > 8) return false;
+  if (fn->bf16_grad == Bf16Grad::kTaken) return true;
+  const bool view = fn->bf16_grad == Bf16Grad::kPassedOn && fn->next_edges.size() == 1;
+  if (!view && !fn->hands_gradient_on) return false;
+  for (const Edge& e : fn->next_edges) {
+    if (reaches_taker(e.fn.get(), depth + 1)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool bf16_copy_wanted(const Tensor& t) {
+  if (!bf16_gradient_copies() || !t.defined() || !t.impl()->autograd) return false;
+  return reaches_taker(t.impl()->autograd->grad_fn.get(), 0);
+}
+
 }  // namespace hpm::autograd

@@ -788,7 +788,11 @@ Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_
 
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                         Tensor* grad_x_bf16) {
+  if (grad_x_bf16 != nullptr && grad_x == nullptr) {
+    throw std::invalid_argument("layer_norm backward: a bf16 copy of dx without dx");
+  }
   const Tensor none;
   const Tensor& into = grad_x != nullptr ? *grad_x : none;  // defined: dx is added into it
   OpScope scope(Op::kLayerNormBackward, {&grad_y, &x, &weight, &into});
@@ -800,7 +804,7 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
     check_shape(into, x.shape(), "layer_norm backward: the gradient added into");
   }
   scope.backend().layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x,
-                                      grad_weight, grad_bias);
+                                      grad_weight, grad_bias, grad_x_bf16);
 }
 
 Tensor embedding_forward(const Tensor& table, const Tensor& indices) {

@@ -1072,6 +1072,26 @@ inline std::vector<Case> cases() {
       }
     }
   }
+  // dx's bf16 copy written by the same pass (the residual stream's gradient for the next bf16
+  // product), with dx written and with dx added into a gradient: the copy is the sum rounded.
+  for (const std::int64_t width : {std::int64_t{64}, std::int64_t{768}, std::int64_t{1100}}) {
+    c.push_back({"layer_norm_backward with dx's bf16 copy " + std::to_string(width),
+                 Op::kLayerNormBackward,
+                 [width](Generator& g, const To& to) {
+                   const Tensor xf = randn(g, {19, width}), w = randn(g, {width});
+                   Tensor sm, sr;
+                   kernels::layer_norm_forward(xf, width, w, randn(g, {width}), 1e-5f, sm, sr);
+                   const Tensor x = to(kernels::to_bf16(xf));
+                   const Tensor gy = to(kernels::to_bf16(randn(g, {19, width})));
+                   Tensor gx, gx_bf16, into = to(randn(g, {19, width})), into_bf16;
+                   kernels::layer_norm_backward(gy, x, width, to(w), to(sm), to(sr), &gx, nullptr,
+                                                nullptr, &gx_bf16);
+                   kernels::layer_norm_backward(gy, x, width, to(w), to(sm), to(sr), &into, nullptr,
+                                                nullptr, &into_bf16);
+                   return Outputs{gx, gx_bf16, into, into_bf16};
+                 },
+                 bf16_tolerance});
+  }
   c.push_back({"unary_backward gelu bf16 x", Op::kUnaryBackward, [](Generator& g, const To& to) {
                  const Tensor x = kernels::to_bf16(randn(g, {7, 301}));
                  return Outputs{kernels::unary_backward(UnaryOp::Gelu, to(randn(g, {7, 301})),

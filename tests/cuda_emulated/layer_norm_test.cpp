@@ -101,7 +101,8 @@ std::int64_t span_rows_of(std::int64_t rows, std::int64_t n) {
 template <typename X, typename G = float>
 void backward(std::int64_t rows, std::int64_t n, const G* g, const X* x, const float* w,
               const float* mean, const float* rstd, float* dx, bool accumulate, float* dw = nullptr,
-              float* db = nullptr, unsigned grid_cap = kBlocksCap, std::int64_t span_rows = 0) {
+              float* db = nullptr, unsigned grid_cap = kBlocksCap, std::int64_t span_rows = 0,
+              std::uint16_t* dxb = nullptr) {
   if (span_rows == 0) span_rows = span_rows_of(rows, n);
   const std::int64_t spans = (rows + span_rows - 1) / span_rows;
   std::vector<double> dw_part(dw ? static_cast<std::size_t>(spans * n) : 0),
@@ -113,9 +114,10 @@ void backward(std::int64_t rows, std::int64_t n, const G* g, const X* x, const f
     constexpr int kSlots = decltype(slots)::value;
     if constexpr (kSlots > 0) {
       cuda::layer_norm_backward_rows_kernel<X, G, kSlots, decltype(full)::value>(
-          g, x, w, mean, rstd, dx, accumulate, pw, pb, rows, n, span_rows);
+          g, x, w, mean, rstd, dx, accumulate, dxb, pw, pb, rows, n, span_rows);
     } else if (dx != nullptr) {
-      cuda::layer_norm_backward_kernel<false, X, G>(g, x, w, mean, rstd, dx, accumulate, rows, n);
+      cuda::layer_norm_backward_kernel<false, X, G>(g, x, w, mean, rstd, dx, accumulate, dxb, rows,
+                                                    n);
     }
   });
   if (dw == nullptr) return;
@@ -215,6 +217,20 @@ void check_shape(std::int64_t rows, std::int64_t n) {
   expect_close(acc, into, 1e-5f, "dx added into a gradient, bf16 x and gradient");
   expect_close(dw, dw_want, 1e-5f, "dw, bf16 x and gradient");
   expect_close(db, db_want, 1e-5f, "db, bf16 x and gradient");
+  // With dx's bf16 copy written by the same pass: the sum's own rounding, bit for bit; and the
+  // CPU's copy is the CPU's sum rounded.
+  into = x2.clone();
+  Tensor into_bf16;
+  kernels::layer_norm_backward(gy16, xb16, n, w, m32, r32, &into, nullptr, nullptr, &into_bf16);
+  EXPECT_EQ(copy_of<std::uint16_t>(into_bf16), copy_of<std::uint16_t>(kernels::to_bf16(into)));
+  acc = x2v;
+  std::vector<std::uint16_t> accb(count, 0xffffu);
+  backward<std::uint16_t, std::uint16_t>(rows, n, gy16v.data(), xb16v.data(), wv.data(), mv.data(),
+                                         rv.data(), acc.data(), true, nullptr, nullptr, kBlocksCap,
+                                         0, accb.data());
+  expect_close(acc, into, 1e-5f, "dx added into a gradient, with its bf16 copy");
+  EXPECT_EQ(accb, copy_of<std::uint16_t>(kernels::to_bf16(Tensor::from(acc, {rows, n}))))
+      << "the bf16 copy is the sum rounded";
 }
 
 // Each slot count norm.cu picks, the last slot partly used or not; spans of 8 to 64 rows.

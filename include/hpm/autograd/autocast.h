@@ -89,5 +89,10 @@ class Bf16OutputsScope {
 // at start turns them off).
 bool bf16_fusions();
 void set_bf16_fusions(bool on);
+// Whether a layer norm's backward writes the bf16 copy of the residual stream's gradient that the
+// bf16 product receiving it takes (node.h's offer_bf16_copy; every thread; on with the fusions,
+// HPM_BF16_GRADIENT_COPIES=0 at start turns it off: the A/B of the rounding pass it saves).
+bool bf16_gradient_copies();
+void set_bf16_gradient_copies(bool on);
 
 }  // namespace hpm::autograd

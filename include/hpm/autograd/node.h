@@ -50,6 +50,9 @@ class Node {
   // Creation order: the engine runs later nodes first, which keeps execution deterministic.
   std::uint64_t sequence_nr;
   Bf16Grad bf16_grad = Bf16Grad::kWidened;
+  // Its rule hands the gradient it receives to every input as it is (the same tensor: a residual
+  // stream's sum), which bf16_copy_wanted looks through.
+  bool hands_gradient_on = false;
 };
 
 // Sink of a leaf tensor: adds the incoming gradient into tensor.grad, then runs its hooks.
@@ -107,5 +110,28 @@ Tensor take_pending_gradient(std::size_t input, const Shape& shape);
 // Whether a BF16 gradient for t would reach, through kPassedOn nodes only, a node that takes it
 // (Bf16Grad::kTaken): false for a leaf or a tensor outside the graph.
 bool bf16_gradient_taken(const Tensor& t);
+
+// A residual stream's gradient rounded to bf16 by the kernel that wrote it, for the bf16 product
+// that rounds it next (in a GPT block, the norm's backward adds its dx into the stream's gradient,
+// and the product before it would round that sum in a pass of its own):
+//
+// Whether t's gradient, handed on unchanged (views, and the sum of a residual stream, "Add"),
+// reaches a node that takes bf16 gradients, and copies are on (bf16_gradient_copies): a rule
+// decides at its forward whether to make the copy.
+bool bf16_copy_wanted(const Tensor& t);
+// Inside a gradient rule that the engine runs: whether the gradient the rule returns for input
+// `input` completes that input's (no other consumer's is still to come, through views), so that a
+// copy of it is a copy of what the input's producer receives.
+bool completes_gradient(std::size_t input);
+// Offers `bf16`, the rounding of `gradient`, to the rule that rounds `gradient` next. Held, with
+// `gradient`'s memory (which no rule may then take to add into in place: take_pending_gradient
+// refuses a tensor another holds), until taken or until the backward ends.
+void offer_bf16_copy(const Tensor& gradient, Tensor bf16);
+// to_bf16(g) for a bf16 product's rule: the copy offered for g's elements (the same memory, offset
+// and size), taken, or a rounding now.
+Tensor bf16_gradient(const Tensor& g);
+// How many offered copies the calling thread's last backward ended with, untaken (each held its
+// gradient's memory to the end: a rule offered one that no product took).
+std::size_t bf16_copies_left_by_last_backward();
 
 }  // namespace hpm::autograd

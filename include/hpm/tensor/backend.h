@@ -273,7 +273,7 @@ class Backend {
   virtual void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                                    const Tensor& weight, const Tensor& save_mean,
                                    const Tensor& save_rstd, Tensor* grad_x, Tensor* grad_weight,
-                                   Tensor* grad_bias) = 0;
+                                   Tensor* grad_bias, Tensor* grad_x_bf16) = 0;
   virtual Tensor embedding_forward(const Tensor& table, const Tensor& indices) = 0;
   virtual void embedding_backward(const Tensor& grad_y, const Tensor& indices,
                                   Tensor& grad_table) = 0;

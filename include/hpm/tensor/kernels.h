@@ -269,10 +269,13 @@ Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_
 // gradient, read widened). When *grad_x is defined on entry (F32, x's shape, x's device: the
 // gradient summed so far for x, as autograd::take_pending_gradient hands it), dx is added into
 // it, as the sum *grad_x + dx would be, without a pass of its own; otherwise *grad_x is a new
-// tensor.
+// tensor. With grad_x_bf16 (and grad_x), *grad_x_bf16 becomes to_bf16(*grad_x) as it ends, written
+// by the same pass: the copy a bf16 product's rule takes next (a residual stream's gradient, in
+// GPT's blocks), which then reads no f32 gradient to round it.
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                         Tensor* grad_x_bf16 = nullptr);
 
 // ---- embedding -----------------------------------------------------------------------------
 // table(V,E), indices(...) I64 -> (..., E). Throws std::out_of_range naming a bad index: at the op

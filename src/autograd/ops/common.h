@@ -42,9 +42,13 @@ Tensors linear_gradients(const Tensor& g, const Tensor& gp, const Tensor& xp, co
 namespace hpm {
 using autograd::accumulate_into;
 using autograd::autocast_precision;
+using autograd::bf16_copy_wanted;
+using autograd::bf16_gradient;
 using autograd::bf16_gradient_taken;
 using autograd::bf16_parameter;
 using autograd::Bf16Grad;
+using autograd::completes_gradient;
+using autograd::offer_bf16_copy;
 using autograd::Precision;
 using autograd::record;
 using autograd::take_pending_gradient;

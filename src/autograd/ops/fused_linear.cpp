@@ -56,7 +56,7 @@ Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias,
   return record(
       "GeluLinearBF16", {x, weight, bias, residual}, y,
       [xb, ab, weight, bias, bf16_dx](const Tensor& g, const Needs& n) {
-        const Tensor gb = kernels::to_bf16(g);
+        const Tensor gb = bf16_gradient(g);
         Tensor dx;
         if (n[0]) {
           // GELU's output gradient rounded to bf16 as the product writes it (linear_bf16's dx).
@@ -83,21 +83,27 @@ Tensor record_layer_norm_linear(const Tensor& x, const Tensor& xb, const Tensor&
                                 DType out) {
   const std::int64_t normalized = x.size(1);
   Tensor y = kernels::linear(yb, bf16_parameter(weight), bias, out);
+  // x's gradient (a residual stream's) goes on to a bf16 product that would round it: the norm's
+  // backward writes that rounding as it writes the gradient.
+  const bool copy_wanted = bf16_copy_wanted(x);
   return record(
       "LayerNormLinearBF16", {x, ln_weight, ln_bias, weight, bias}, y,
-      [xb, yb, mean, rstd, normalized, ln_weight, weight, bias](const Tensor& g, const Needs& n) {
-        const Tensor gb = kernels::to_bf16(g);
+      [xb, yb, mean, rstd, normalized, ln_weight, weight, bias, copy_wanted](const Tensor& g,
+                                                                             const Needs& n) {
+        const Tensor gb = bf16_gradient(g);
         // Added into x's pending gradient, as layer_norm's rule does.
         Tensor gx = n[0] ? take_pending_gradient(0, xb.shape()) : Tensor();
-        Tensor gw, gbias;
+        Tensor gw, gbias, gx_bf16;
+        const bool copy = copy_wanted && n[0] && completes_gradient(0);
         if (n[0] || n[1] || n[2]) {
           // The norm's output gradient rounded to bf16 as the product writes it (linear_bf16's
           // dx), read by the norm's backward as it is: half the bytes each way.
           kernels::layer_norm_backward(
               kernels::matmul(gb, bf16_parameter(weight), false, false, DType::BF16), xb,
               normalized, ln_weight, mean, rstd, n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
-              n[2] ? &gbias : nullptr);
+              n[2] ? &gbias : nullptr, copy ? &gx_bf16 : nullptr);
         }
+        if (copy) offer_bf16_copy(gx, gx_bf16);
         Tensors product =
             linear_gradients(g, gb, yb, Needs{false, n[3], n[4]}, Tensor(), weight, bias);
         return Tensors{std::move(gx), gw.defined() ? gw.reshape(ln_weight.shape()) : gw,
@@ -139,6 +145,7 @@ Tensor residual_layer_norm_linear(const Tensor& a, const Tensor& b, Tensor& sum,
   sum = record("Add", {a, b}, s, [](const Tensor& g, const Needs& n) {
     return Tensors{n[0] ? g : Tensor(), n[1] ? g : Tensor()};
   });
+  if (sum.grad_fn()) sum.grad_fn()->hands_gradient_on = true;
   return record_layer_norm_linear(sum, sb, yb, mean, rstd, ln_weight, ln_bias, weight, bias, out);
 }
 
@@ -175,7 +182,7 @@ Tensor packed_self_attention_linear(const Tensor& qkv, std::int64_t heads, bool 
       [qkv_bf16, merged, lse, rows, causal, scale, heads, weight, bias, bf16_dqkv](const Tensor& g,
                                                                                    const Needs& n) {
         const Tensor g2 = g.reshape({rows.size(0), weight.size(0)});
-        const Tensor gb = kernels::to_bf16(g2);
+        const Tensor gb = bf16_gradient(g2);
         Tensor gqkv;
         if (n[0]) {
           // The attention's output gradient rounded to bf16 as the product writes it

@@ -32,7 +32,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     const Tensor ab = kernels::to_bf16(a), bb = kernels::to_bf16(b);
     return record("MatMulBF16", {a, b}, kernels::matmul(ab, bb),
                   [ab, bb](const Tensor& g, const Needs& n) {
-                    const Tensor gb = kernels::to_bf16(g);
+                    const Tensor gb = bf16_gradient(g);
                     return Tensors{n[0] ? kernels::matmul(gb, bb, false, true) : Tensor(),
                                    n[1] ? kernels::matmul(ab, gb, true, false) : Tensor()};
                   });
@@ -111,7 +111,7 @@ Tensor linear_bf16(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return record(
       "LinearBF16", {x, weight, bias}, y,
       [xb, weight, bias](const Tensor& g, const Needs& n) {
-        const Tensor gb = kernels::to_bf16(g);
+        const Tensor gb = bf16_gradient(g);
         return linear_gradients(
             g, gb, xb, n,
             n[0] ? kernels::matmul(gb, bf16_parameter(weight), false, false, DType::BF16)

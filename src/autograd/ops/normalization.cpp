@@ -33,19 +33,23 @@ Tensor layer_norm(const Tensor& x, std::int64_t normalized, const Tensor& weight
                   const Tensor& bias, float eps) {
   Tensor mean, rstd;
   Tensor y = kernels::layer_norm_forward(x, normalized, weight, bias, eps, mean, rstd);
-  return record(
-      "LayerNorm", {x, weight, bias}, y,
-      [xs = SavedActivation(x), normalized, weight, mean, rstd](const Tensor& g, const Needs& n) {
-        // x's gradient added into what its other consumers summed (a residual stream's skip
-        // path): no pass of the engine's to add the two.
-        Tensor gx = n[0] ? take_pending_gradient(0, xs.kept().shape()) : Tensor();
-        Tensor gw, gb;
-        kernels::layer_norm_backward(g, xs.kept(), normalized, weight, mean, rstd,
-                                     n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
-                                     n[2] ? &gb : nullptr);
-        return Tensors{gx, gw.defined() ? gw.reshape(weight.shape()) : gw,
-                       gb.defined() ? gb.reshape(weight.shape()) : gb};
-      });
+  // x's gradient rounded by the same pass where a bf16 product takes it next (node.h).
+  const bool copy_wanted = bf16_copy_wanted(x);
+  return record("LayerNorm", {x, weight, bias}, y,
+                [xs = SavedActivation(x), normalized, weight, mean, rstd, copy_wanted](
+                    const Tensor& g, const Needs& n) {
+                  // x's gradient added into what its other consumers summed (a residual stream's
+                  // skip path): no pass of the engine's to add the two.
+                  Tensor gx = n[0] ? take_pending_gradient(0, xs.kept().shape()) : Tensor();
+                  Tensor gw, gb, gx_bf16;
+                  const bool copy = copy_wanted && n[0] && completes_gradient(0);
+                  kernels::layer_norm_backward(g, xs.kept(), normalized, weight, mean, rstd,
+                                               n[0] ? &gx : nullptr, n[1] ? &gw : nullptr,
+                                               n[2] ? &gb : nullptr, copy ? &gx_bf16 : nullptr);
+                  if (copy) offer_bf16_copy(gx, gx_bf16);
+                  return Tensors{gx, gw.defined() ? gw.reshape(weight.shape()) : gw,
+                                 gb.defined() ? gb.reshape(weight.shape()) : gb};
+                });
 }
 
 Tensor embedding(const Tensor& table, const Tensor& indices) {

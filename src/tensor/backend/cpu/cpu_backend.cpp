@@ -495,9 +495,11 @@ class CpuBackend final : public Backend {
   }
   void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                            const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                           Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {
+                           Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                           Tensor* grad_x_bf16) override {
     cpu::layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x,
                              grad_weight, grad_bias);
+    if (grad_x_bf16 != nullptr) *grad_x_bf16 = to_bf16(*grad_x);  // a pass here: no gain sought
   }
   Tensor embedding_forward(const Tensor& table, const Tensor& indices) override {
     return cpu::embedding_forward(table, indices);

@@ -225,9 +225,10 @@ class CudaBackend final : public Backend {
   }
   void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                            const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                           Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) override {
+                           Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                           Tensor* grad_x_bf16) override {
     cuda::layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x,
-                              grad_weight, grad_bias);
+                              grad_weight, grad_bias, grad_x_bf16);
   }
   Tensor embedding_forward(const Tensor& table, const Tensor& indices) override {
     return cuda::embedding_forward(table, indices);

@@ -59,7 +59,8 @@ Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_
                                    Tensor& save_mean, Tensor& save_rstd, Tensor* sum_bf16);
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                         Tensor* grad_x_bf16);
 
 // ---- embedding (embedding.cu) -----------------------------------------------------------------
 // The forward checks the indices on the device; a bad one is the CPU's std::out_of_range, thrown at

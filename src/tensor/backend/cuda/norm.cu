@@ -125,7 +125,8 @@ namespace {
 template <typename X, typename G>
 void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                              const float* pw, const Tensor& save_mean, const Tensor& save_rstd,
-                             Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+                             Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                             Tensor* grad_x_bf16) {
   const std::int64_t rows = x.numel() / normalized;
   const G* pg = ptr<G>(grad_y);
   const X* px = ptr<X>(x);
@@ -137,6 +138,11 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
   if (grad_x != nullptr) {
     if (!accumulate) *grad_x = Tensor::empty(x.shape(), DType::F32);
     pdx = ptr<float>(*grad_x);
+  }
+  std::uint16_t* pdxb = nullptr;
+  if (grad_x_bf16 != nullptr && pdx != nullptr) {
+    *grad_x_bf16 = Tensor::empty(x.shape(), DType::BF16);
+    pdxb = ptr<std::uint16_t>(*grad_x_bf16);
   }
   const bool sums = grad_weight != nullptr || grad_bias != nullptr;
   if (pdx == nullptr && !sums) return;
@@ -167,14 +173,14 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
   if (rows > 0 && warp_rows) {
     with_row_slots(normalized, [&](auto slots, auto full) {
       layer_norm_backward_rows_kernel<X, G, decltype(slots)::value, decltype(full)::value>
-          <<<grid_for(spans), kBlock, 0, stream>>>(pg, px, pw, pm, pr, pdx, accumulate, pdw_part,
-                                                   pdb_part, rows, normalized, span_rows);
+          <<<grid_for(spans), kBlock, 0, stream>>>(pg, px, pw, pm, pr, pdx, accumulate, pdxb,
+                                                   pdw_part, pdb_part, rows, normalized, span_rows);
     });
     HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_rows_kernel");
   } else if (rows > 0) {
     if (pdx != nullptr) {
       layer_norm_backward_kernel<false, X, G><<<grid_for(rows), kBlock, 0, stream>>>(
-          pg, px, pw, pm, pr, pdx, accumulate, rows, normalized);
+          pg, px, pw, pm, pr, pdx, accumulate, pdxb, rows, normalized);
       HPM_CUDA_LAUNCH_CHECK("layer_norm_backward_kernel (block)");
     }
     if (sums) {
@@ -195,7 +201,8 @@ void run_layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t
 
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                         Tensor* grad_x_bf16) {
   if (normalized <= 0 || x.numel() % normalized != 0) {
     throw std::invalid_argument("layer_norm: cannot normalize " + x.shape().str() + " over " +
                                 std::to_string(normalized) + " trailing elements");
@@ -215,15 +222,16 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   // A BF16 grad_y (a bf16 product's input gradient) is read as it is beside the BF16 copy of x
   // autocast keeps; beside an F32 x (no such pairing in autocast) it is widened first.
   if (x.dtype() == DType::BF16 && grad_y.dtype() == DType::BF16) {
-    run_layer_norm_backward<std::uint16_t, std::uint16_t>(
-        grad_y, x, normalized, pw, save_mean, save_rstd, grad_x, grad_weight, grad_bias);
+    run_layer_norm_backward<std::uint16_t, std::uint16_t>(grad_y, x, normalized, pw, save_mean,
+                                                          save_rstd, grad_x, grad_weight, grad_bias,
+                                                          grad_x_bf16);
   } else if (x.dtype() == DType::BF16) {
     run_layer_norm_backward<std::uint16_t, float>(grad_y, x, normalized, pw, save_mean, save_rstd,
-                                                  grad_x, grad_weight, grad_bias);
+                                                  grad_x, grad_weight, grad_bias, grad_x_bf16);
   } else {
     run_layer_norm_backward<float, float>(grad_y.dtype() == DType::BF16 ? to_f32(grad_y) : grad_y,
                                           x, normalized, pw, save_mean, save_rstd, grad_x,
-                                          grad_weight, grad_bias);
+                                          grad_weight, grad_bias, grad_x_bf16);
   }
 }
 

@@ -214,8 +214,8 @@ template <typename X, typename G, int kPer, bool kFull>
 __global__ void layer_norm_backward_rows_kernel(
     const G* __restrict__ g, const X* __restrict__ x, const float* __restrict__ w,
     const float* __restrict__ mean, const float* __restrict__ rstd, float* __restrict__ dx,
-    bool accumulate, double* __restrict__ dw_part, double* __restrict__ db_part, std::int64_t rows,
-    std::int64_t n, std::int64_t span_rows) {
+    bool accumulate, std::uint16_t* __restrict__ dxb, double* __restrict__ dw_part,
+    double* __restrict__ db_part, std::int64_t rows, std::int64_t n, std::int64_t span_rows) {
   __shared__ double span_w[kWarpRowMax], span_b[kWarpRowMax];
   const int lane = static_cast<int>(threadIdx.x) & 31, warp = static_cast<int>(threadIdx.x) >> 5;
   const int warps = static_cast<int>(blockDim.x) >> 5;
@@ -264,7 +264,9 @@ __global__ void layer_norm_backward_rows_kernel(
         const int k = lane + 32 * i;
         const float d = rs * (dxhat[i] - a - xhat[i] * c);
         // __fadd_rn: never contracted with the product above (layer_norm_backward_kernel's).
-        dr[k] = accumulate ? __fadd_rn(dr[k], d) : d;
+        const float v = accumulate ? __fadd_rn(dr[k], d) : d;
+        dr[k] = v;
+        if (dxb != nullptr) dxb[r * n + k] = f32_to_bf16_bits(v);
       }
     }
     if (dw_part == nullptr) continue;  // the same for every thread of the block
@@ -289,13 +291,15 @@ __global__ void layer_norm_backward_rows_kernel(
 }
 
 // dx = rstd * (g w - mean(g w) - xhat * mean(g w xhat)) per row, written or (accumulate) added
-// into dx; x and g F32 or BF16 (X and G float or its bits), as in the column sums below.
+// into dx, and (dxb given) the result rounded to bf16 into dxb; x and g F32 or BF16 (X and G float
+// or its bits), as in the column sums below.
 template <bool kWarp, typename X, typename G>
 __global__ void layer_norm_backward_kernel(const G* __restrict__ g, const X* __restrict__ x,
                                            const float* __restrict__ w,
                                            const float* __restrict__ mean,
                                            const float* __restrict__ rstd, float* __restrict__ dx,
-                                           bool accumulate, std::int64_t rows, std::int64_t n) {
+                                           bool accumulate, std::uint16_t* __restrict__ dxb,
+                                           std::int64_t rows, std::int64_t n) {
   const Team<kWarp> team;
   const double inv_n = 1.0 / static_cast<double>(n);
   for (std::int64_t r = team.first_row; r < rows; r += team.row_stride) {
@@ -319,7 +323,9 @@ __global__ void layer_norm_backward_kernel(const G* __restrict__ g, const X* __r
       const float d = rs * (as_f32(gr[k]) * (w ? w[k] : 1.0f) - a - xhat * c);
       // __fadd_rn: never contracted with the product above, so the sum is the one a separate
       // addition of dx would make (the CPU's, within its own rounding of d).
-      dr[k] = accumulate ? __fadd_rn(dr[k], d) : d;
+      const float v = accumulate ? __fadd_rn(dr[k], d) : d;
+      dr[k] = v;
+      if (dxb != nullptr) dxb[r * n + k] = f32_to_bf16_bits(v);
     }
   }
 }
