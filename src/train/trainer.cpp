@@ -187,8 +187,12 @@ double Trainer::train_step(const Tensor& x, const Tensor& y, std::int64_t* corre
       throw;
     }
     // The step before's update: its verdict as this step's forward found it (a halt there skipped
-    // this step's update too).
-    if (!r.read_with.empty()) {
+    // this step's update too). Without a flag at the step's start no update was gated on the
+    // device (reading the flag now would see this step's gate); a step that counted nothing read
+    // nothing, and asks the optimizer.
+    if (o.read_with.empty()) {
+      check_last_update(false);
+    } else if (!r.read_with.empty()) {
       check_last_update(r.read_with.front() != 0.0);
     } else {
       check_last_update();

@@ -63,6 +63,17 @@ inline std::vector<float> flat_parameters(const nn::Module& m) {
   return out;
 }
 
+// An optimizer's F32 state (moments, momentum buffers) as one flat vector, in state()'s order.
+inline std::vector<float> flat_optimizer_state(const optim::Optimizer& opt) {
+  std::vector<float> out;
+  for (const auto& [name, t] : opt.state()) {
+    if (t.dtype() != DType::F32) continue;
+    const std::vector<float> v = t.to_vector();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
 inline std::vector<float> flat_grads(const nn::Module& m) {
   std::vector<float> out;
   for (const auto& p : m.parameters()) {

@@ -10,6 +10,7 @@
 #include "common/cuda_device.h"
 #include "common/models.h"
 #include "common/temp_dir.h"
+#include "common/training.h"
 #include "common/waits_per_step.h"
 #include "hpm/nn/layers.h"
 #include "hpm/optim/optimizer.h"
@@ -89,16 +90,6 @@ TEST(CudaTraining, AGptStepNeverWaitsForTheDevicesQueue) {
   for (std::uint64_t w : waits->per_step) EXPECT_EQ(w, 0u);
 }
 
-std::vector<float> flat_state(const optim::Optimizer& opt) {
-  std::vector<float> out;
-  for (const auto& [name, t] : opt.state()) {
-    if (t.dtype() != DType::F32) continue;
-    const std::vector<float> v = t.to_vector();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
 // AdamW's update gated on the GPU, issued before the loss is read: the losses as on the CPU, and a
 // bad label at step 3 (judged on the device, read with that step's loss) stops the run with the
 // parameters, moments and step count as step 2 left them.
@@ -117,7 +108,7 @@ TEST(CudaTraining, AGatedUpdateTrainsAsOnTheCpuAndABadLabelChangesNothing) {
     r.trainer->set_loss([&](const Tensor& logits, const Tensor& y) {
       if (++calls == 3 && bad_label) {
         params_after_2 = flat_params(*r.model);
-        state_after_2 = flat_state(*opt);
+        state_after_2 = hpm::testing::flat_optimizer_state(*opt);
         Tensor labels = y.to(Device::cpu()).clone();
         labels.data<std::int64_t>()[1] = 7;  // 3 classes
         return cross_entropy(logits, labels.to(y.device()));
@@ -136,7 +127,7 @@ TEST(CudaTraining, AGatedUpdateTrainsAsOnTheCpuAndABadLabelChangesNothing) {
     EXPECT_THROW(r.trainer->fit(train, nullptr, o), std::out_of_range);
     EXPECT_EQ(calls, 3);
     EXPECT_EQ(flat_params(*r.model), params_after_2);
-    EXPECT_EQ(flat_state(*opt), state_after_2);
+    EXPECT_EQ(hpm::testing::flat_optimizer_state(*opt), state_after_2);
     EXPECT_EQ(opt->steps(), 2);
     EXPECT_FALSE(opt->updates_halted());
   };

@@ -11,6 +11,7 @@
 
 #include "common/blobs.h"
 #include "common/temp_dir.h"
+#include "common/training.h"
 #include "hpm/io/error.h"
 #include "hpm/nn/gpt.h"
 #include "hpm/nn/layers.h"
@@ -296,16 +297,6 @@ class SnapshotEachStep : public Callback {
   std::vector<std::vector<float>> after;
 };
 
-std::vector<float> flat_state(const optim::Optimizer& opt) {
-  std::vector<float> out;
-  for (const auto& [name, t] : opt.state()) {
-    if (t.dtype() != DType::F32) continue;
-    const std::vector<float> v = t.to_vector();
-    out.insert(out.end(), v.begin(), v.end());
-  }
-  return out;
-}
-
 // AdamW gates its update on the device, so the Trainer issues a step's update before it reads the
 // step's loss (the read, begun after the forward, then waits for the forward alone). A NaN loss,
 // or a bad label, at step 3 still stops the run there with the model, the moments and the step
@@ -328,7 +319,7 @@ TEST(Trainer, AStepWhoseUpdateIsIssuedBeforeItsLossIsReadStopsWithNothingChanged
     s.trainer->set_loss([&](const Tensor& logits, const Tensor& y) {
       if (++calls == 3) {
         params_after_2 = flat_params(*s.model);
-        state_after_2 = flat_state(*opt);
+        state_after_2 = hpm::testing::flat_optimizer_state(*opt);
         if (!bad_label) return mul(cross_entropy(logits, y), std::nanf(""));
         Tensor labels = y.clone();
         labels.data<std::int64_t>()[1] = 7;  // 3 classes
@@ -351,7 +342,7 @@ TEST(Trainer, AStepWhoseUpdateIsIssuedBeforeItsLossIsReadStopsWithNothingChanged
     }
     EXPECT_EQ(calls, 3);
     EXPECT_EQ(flat_params(*s.model), params_after_2);
-    EXPECT_EQ(flat_state(*opt), state_after_2);
+    EXPECT_EQ(hpm::testing::flat_optimizer_state(*opt), state_after_2);
     EXPECT_EQ(opt->steps(), 2);
     EXPECT_FALSE(opt->updates_halted());
   }
