@@ -244,9 +244,11 @@ Tensor layer_norm_forward_bf16(const Tensor& x, std::int64_t normalized, const T
 Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_t normalized,
                                    const Tensor& weight, const Tensor& bias, float eps, Tensor& sum,
                                    Tensor& save_mean, Tensor& save_rstd, Tensor* sum_bf16);
+// With grad_x_bf16 (and grad_x), dx rounded to bf16 too, span by span while it is in cache.
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias);
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                         Tensor* grad_x_bf16 = nullptr);
 
 // ---- embedding -----------------------------------------------------------------------------
 // table(V,E), indices(...) I64 -> (..., E). Throws std::out_of_range naming a bad index.

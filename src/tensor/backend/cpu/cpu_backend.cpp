@@ -498,8 +498,7 @@ class CpuBackend final : public Backend {
                            Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
                            Tensor* grad_x_bf16) override {
     cpu::layer_norm_backward(grad_y, x, normalized, weight, save_mean, save_rstd, grad_x,
-                             grad_weight, grad_bias);
-    if (grad_x_bf16 != nullptr) *grad_x_bf16 = to_bf16(*grad_x);  // a pass here: no gain sought
+                             grad_weight, grad_bias, grad_x_bf16);
   }
   Tensor embedding_forward(const Tensor& table, const Tensor& indices) override {
     return cpu::embedding_forward(table, indices);

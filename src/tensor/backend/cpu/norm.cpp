@@ -302,7 +302,8 @@ Tensor add_layer_norm_forward_bf16(const Tensor& a, const Tensor& b, std::int64_
 
 void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t normalized,
                          const Tensor& weight, const Tensor& save_mean, const Tensor& save_rstd,
-                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias) {
+                         Tensor* grad_x, Tensor* grad_weight, Tensor* grad_bias,
+                         Tensor* grad_x_bf16) {
   const std::int64_t rows = x.numel() / normalized;
   // A bf16 copy kept for backward, and a bf16 gradient (a bf16 product's input gradient), are
   // widened span by span into cache-sized blocks (f32_block; exactly: the values are those of
@@ -315,6 +316,11 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
   if (grad_x) {
     if (!accumulate) *grad_x = Tensor::empty(x.shape(), DType::F32, x.device());
     pdx = grad_x->data<float>();
+  }
+  std::uint16_t* pdxb = nullptr;
+  if (grad_x_bf16 != nullptr && pdx != nullptr) {
+    *grad_x_bf16 = Tensor::empty(x.shape(), DType::BF16, x.device());
+    pdxb = grad_x_bf16->data<std::uint16_t>();
   }
   // Spans of a fixed number of rows each sum dw and db into their own slot, and the slots are
   // added in span order: the result does not depend on the thread count or on which thread
@@ -343,6 +349,7 @@ void layer_norm_backward(const Tensor& grad_y, const Tensor& x, std::int64_t nor
       const float* gs = f32_block(grad_y, at, len * normalized, widened_g);
       layer_norm_backward_rows(gs, xs, pw, pm + r0, pr + r0, pdx ? pdx + at : nullptr,
                                accumulate ? row : nullptr, dw, dw + normalized, 0, len, normalized);
+      if (pdxb != nullptr) f32_to_bf16(pdx + at, pdxb + at, len * normalized);  // still in cache
     }
   });
   for (std::int64_t s = 1; s < spans; ++s)
