@@ -10,24 +10,23 @@
 
 namespace hpm::autograd {
 
+bool env_switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
 namespace {
 
 thread_local Precision current = Precision::F32;
 thread_local bool outputs_in_bf16 = false;
 
 std::atomic<bool>& fusions_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("HPM_BF16_FUSIONS");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }()};
+  static std::atomic<bool> on{env_switch_on("HPM_BF16_FUSIONS")};
   return on;
 }
 
 std::atomic<bool>& copies_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("HPM_BF16_GRADIENT_COPIES");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }()};
+  static std::atomic<bool> on{env_switch_on("HPM_BF16_GRADIENT_COPIES")};
   return on;
 }
 

@@ -62,7 +62,6 @@ Tensor take_pending_gradient(std::size_t input, const Shape& shape) {
   // the views before it, then meets no sum there.
   Tensor* slot = nullptr;
   while (e.valid()) {
-    const bool view = e.fn->bf16_grad == Bf16Grad::kPassedOn && e.fn->next_edges.size() == 1;
     const auto it = running.pending->find(e.fn.get());
     if (it != running.pending->end()) {
       Tensor& here = it->second.at(static_cast<std::size_t>(e.input_nr));
@@ -71,7 +70,7 @@ Tensor take_pending_gradient(std::size_t input, const Shape& shape) {
         break;
       }
     }
-    if (!view) break;
+    if (!e.fn->is_view()) break;
     e = e.fn->next_edges[0];
   }
   if (slot == nullptr || slot->dtype() != DType::F32 || slot->numel() != shape.numel()) {
@@ -93,8 +92,7 @@ bool completes_gradient(std::size_t input) {
   while (e.valid()) {
     const auto it = running.deps->find(e.fn.get());
     if (it == running.deps->end() || it->second != 1) return false;  // others still to come
-    const bool view = e.fn->bf16_grad == Bf16Grad::kPassedOn && e.fn->next_edges.size() == 1;
-    if (!view) return true;
+    if (!e.fn->is_view()) return true;
     e = e.fn->next_edges[0];
   }
   return false;

@@ -110,7 +110,7 @@ Tensor record(const char* name, const Tensors& inputs, Tensor output, BackwardFn
 bool bf16_gradient_taken(const Tensor& t) {
   if (!bf16_fusions() || !t.defined() || !t.impl()->autograd) return false;
   const Node* fn = t.impl()->autograd->grad_fn.get();
-  while (fn != nullptr && fn->bf16_grad == Bf16Grad::kPassedOn && fn->next_edges.size() == 1) {
+  while (fn != nullptr && fn->is_view()) {
     fn = fn->next_edges[0].fn.get();
   }
   return fn != nullptr && fn->bf16_grad == Bf16Grad::kTaken;
@@ -124,8 +124,7 @@ namespace {
 bool reaches_taker(const Node* fn, int depth) {
   if (fn == nullptr || depth > 8) return false;
   if (fn->bf16_grad == Bf16Grad::kTaken) return true;
-  const bool view = fn->bf16_grad == Bf16Grad::kPassedOn && fn->next_edges.size() == 1;
-  if (!view && !fn->hands_gradient_on) return false;
+  if (!fn->is_view() && !fn->hands_gradient_on) return false;
   for (const Edge& e : fn->next_edges) {
     if (reaches_taker(e.fn.get(), depth + 1)) return true;
   }

@@ -2,7 +2,6 @@
 
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <limits>
@@ -10,6 +9,7 @@
 #include <optional>
 #include <sstream>
 
+#include "hpm/autograd/autocast.h"
 #include "hpm/autograd/grad_mode.h"
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/paths.h"
@@ -125,10 +125,7 @@ namespace {
 // (HPM_LOSS_READ_AFTER_UPDATE=0 at start: at the backward's end, before it, the A/B of the wait
 // this saves a GPU).
 bool read_after_update() {
-  static const bool on = [] {
-    const char* v = std::getenv("HPM_LOSS_READ_AFTER_UPDATE");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool on = autograd::env_switch_on("HPM_LOSS_READ_AFTER_UPDATE");
   return on;
 }
 

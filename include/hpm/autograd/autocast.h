@@ -94,5 +94,7 @@ void set_bf16_fusions(bool on);
 // HPM_BF16_GRADIENT_COPIES=0 at start turns it off: the A/B of the rounding pass it saves).
 bool bf16_gradient_copies();
 void set_bf16_gradient_copies(bool on);
+// An A/B switch of the environment (HPM_BF16_FUSIONS and the like): on unless `name` is "0".
+bool env_switch_on(const char* name);
 
 }  // namespace hpm::autograd

@@ -50,6 +50,8 @@ class Node {
   // Creation order: the engine runs later nodes first, which keeps execution deterministic.
   std::uint64_t sequence_nr;
   Bf16Grad bf16_grad = Bf16Grad::kWidened;
+  // A view's node: it hands its gradient on as it is to its one input (kPassedOn).
+  bool is_view() const { return bf16_grad == Bf16Grad::kPassedOn && next_edges.size() == 1; }
   // Its rule hands the gradient it receives to every input as it is (the same tensor: a residual
   // stream's sum), which bf16_copy_wanted looks through.
   bool hands_gradient_on = false;
@@ -113,8 +115,8 @@ bool bf16_gradient_taken(const Tensor& t);
 
 // A residual stream's gradient rounded to bf16 by the kernel that wrote it, for the bf16 product
 // that rounds it next (in a GPT block, the norm's backward adds its dx into the stream's gradient,
-// and the product before it would round that sum in a pass of its own):
-//
+// and the product before it would round that sum in a pass of its own). The four below:
+
 // Whether t's gradient, handed on unchanged (views, and the sum of a residual stream, "Add"),
 // reaches a node that takes bf16 gradients, and copies are on (bf16_gradient_copies): a rule
 // decides at its forward whether to make the copy.

@@ -140,14 +140,12 @@ class Adam : public Optimizer {
   Adam(NamedTensors params, const AdamOptions& o);
   std::string name() const override { return o_.decoupled_weight_decay ? "AdamW" : "Adam"; }
   std::vector<std::string> buffer_names(std::size_t i) const override;
+  bool gates_on_device() const override;
 
  protected:
   void update(std::size_t i, Tensor& p, const Tensor& g) override;
   // Parameters grouped by device and weight decay, one adam_step_multi_ per group.
   void update_all(float max_norm) override;
-
- public:
-  bool gates_on_device() const override;
 
  private:
   kernels::AdamStep step_for(std::size_t i) const;

@@ -3,7 +3,6 @@
 // reference cycle).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <stdexcept>
@@ -44,10 +43,7 @@ thread_local bool spent_outputs = false;
 // Whether cross_entropy may write the logits' gradient in its forward (HPM_FUSED_CROSS_ENTROPY=0
 // at start: never, the A/B of the pass it saves).
 bool fused_cross_entropy() {
-  static const bool on = [] {
-    const char* v = std::getenv("HPM_FUSED_CROSS_ENTROPY");
-    return v == nullptr || std::string(v) != "0";
-  }();
+  static const bool on = autograd::env_switch_on("HPM_FUSED_CROSS_ENTROPY");
   return on;
 }
 
