@@ -26,8 +26,10 @@ HPM_CUDA_LT_EPILOGUES=0, the products without cuBLASLt's bias epilogues, HPM_CUD
 without its bias-gradient epilogue only, HPM_CUDA_UNARY_PAIRS=0, the activations' kernels with one
 8-element group a thread instead of two, HPM_FUSED_CROSS_ENTROPY=0, the loss's forward and backward
 passes over the logits apart instead of the gradient written in the forward, HPM_LOSS_READ_AFTER_UPDATE=0,
-the step's loss read at its backward's end instead of after its update is issued) and prints its rate beside
-the first; repeatable, one run per variable.
+the step's loss read at its backward's end instead of after its update is issued,
+HPM_CUDA_LT_AUTOTUNE=1, every product's algorithm chosen by timing cuBLASLt's first eight at the
+shape's first call instead of taking its first; hpm's "hpm: cuBLASLt" lines are printed too) and
+prints its rate beside the first; repeatable, one run per variable.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off
 (FALLBACK below: the plain cuBLAS products, the unfused bf16 compositions, the warp-per-row

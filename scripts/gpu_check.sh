@@ -94,6 +94,11 @@ HPM_CUDA_ATTENTION=wmma HPM_BACKEND_CASES=attention step tests_wmma 60 tests.log
 # bench's A/B of HPM_CUDA_LT_BIAS_GRAD=0 runs that path: its conformance cases first).
 HPM_CUDA_LT_BIAS_GRAD=0 HPM_BACKEND_CASES=linear_param_grads step tests_bias_grad 30 tests.log \
   test_cuda --gtest_filter='CudaOps.EveryOp*' --gtest_brief=1
+# Every conformance case again with each product's algorithm chosen by timing (lt_autotune.h: the
+# bench A/Bs it), and the test that the tuning happens once a shape and its trials leave an
+# accumulated output alone.
+HPM_CUDA_LT_AUTOTUNE=1 step tests_autotune 60 tests.log test_cuda \
+  --gtest_filter='CudaOps.EveryOp*:CudaOps.UnderAutotune*' --gtest_brief=1
 # The fortunes GPT in f32 and bf16 on the GPU (its validation loss against the CPU's 2.0712);
 # the f32 run keeps a checkpoint that the CPU evaluates and the GPU samples from.
 step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
@@ -147,7 +152,10 @@ done
 # (HPM_CUDA_UNARY_PAIRS=0, as before run 13), and with the loss's passes over the logits apart
 # (HPM_FUSED_CROSS_ENTROPY=0, as before run 13), and with the loss read at the backward's end,
 # before the update is issued (HPM_LOSS_READ_AFTER_UPDATE=0, as before run 13: the device idles
-# from the update's end until the next step's first kernel arrives) (runs 11 and 12 measured GELU into bf16 by erf,
+# from the update's end until the next step's first kernel arrives), and with every product's
+# algorithm chosen by timing the heuristic's first eight at the shape's first call
+# (HPM_CUDA_LT_AUTOTUNE=1: its lines, "hpm: cuBLASLt autotune", say per shape how far the
+# heuristic's first is from the fastest) (runs 11 and 12 measured GELU into bf16 by erf,
 # HPM_CUDA_GELU=erf, 0-7% faster a step than by normcdff: now the default, no longer A/B'd); and a 30-step
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts
 # from. (Runs 6 and 7 measured all the bias epilogues off, HPM_CUDA_LT_EPILOGUES=0, at 1.28-1.51x
@@ -157,7 +165,8 @@ step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-gpt2,shakespeare,fortunes}" --steps 100 \
   --repeats "${GPU_BENCH_REPEATS:-3}" ${GPU_BENCH_HPM_ONLY:+--hpm-only} "${ab_attention[@]}" \
   --ab-env HPM_CUDA_ATTENTION_ONE_PASS=0 --ab-env HPM_CUDA_UNARY_PAIRS=0 \
-  --ab-env HPM_FUSED_CROSS_ENTROPY=0 --ab-env HPM_LOSS_READ_AFTER_UPDATE=0 --profile-steps 30 \
+  --ab-env HPM_FUSED_CROSS_ENTROPY=0 --ab-env HPM_LOSS_READ_AFTER_UPDATE=0 \
+  --ab-env HPM_CUDA_LT_AUTOTUNE=1 --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 # PyTorch eager's time for each op of the same steps (the op profile's rows), GPT-2 small's and
@@ -202,6 +211,7 @@ PY
 grep -A27 '^ncu: ' "$OUT/bench.log" >>"$S" || true
 grep -hE '^(val loss|test accuracy|hpm: error|[0-9]+ tokens in)' "$OUT/train.log" >>"$S"
 grep -ho '"val_loss": [0-9.]*' "$OUT/train.log" | sed 's/^/peer bf16 /' >>"$S"
-# Products that ran without their cuBLASLt epilogue (the card offered no algorithm for it).
+# Products that ran without their cuBLASLt epilogue (the card offered no algorithm for it), and
+# under the autotune A/B each shape's heuristic-first and fastest times.
 grep -h 'hpm: cuBLASLt' "$OUT/train.log" "$OUT/bench.log" 2>/dev/null | sort | uniq -c >>"$S"
 rm -rf "$W"

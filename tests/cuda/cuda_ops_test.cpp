@@ -182,6 +182,64 @@ TEST(CudaOps, AReadBegunBeforeLaterWorkHoldsItsValuesAndJudgesTheChecksBeforeIt)
         << i;
 }
 
+// Under HPM_CUDA_LT_AUTOTUNE=1 (gpu_check.sh's tests_autotune step, which runs every conformance
+// case so too): a product's shape is timed at its first call, once, and said on stderr. The trials
+// of a product that accumulates into its output write scratch, not the output: two accumulations
+// are two, not five. The bias epilogue's and the bias gradient's plans tuned alike.
+TEST(CudaOps, UnderAutotuneAShapeIsTimedOnceAndItsTrialsLeaveTheOutputAlone) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  const char* on = std::getenv("HPM_CUDA_LT_AUTOTUNE");
+  if (on == nullptr || std::string(on) != "1") GTEST_SKIP() << "under HPM_CUDA_LT_AUTOTUNE=1 only";
+  Generator g(11);
+  // Shapes no other test of this program uses: a plan is made once a shape.
+  const Tensor a = Tensor::randn({328, 200}, g), b = Tensor::randn({200, 136}, g);
+  const Tensor c0 = Tensor::randn({328, 136}, g), bias = Tensor::randn({136}, g);
+  Tensor want = c0.clone();
+  kernels::matmul_add_(want, a, b);
+  kernels::matmul_add_(want, a, b);
+  // The epilogues' products in bf16, as a GPT's (the CPU's reference from the same bf16 values).
+  const Tensor a16 = kernels::to_bf16(a), c16 = kernels::to_bf16(c0);
+  const Tensor w16 = kernels::to_bf16(kernels::transpose2d(b));
+  Tensor dw_want = Tensor::zeros({136, 200}, DType::F32, Device::cpu());
+  const Tensor db_want = kernels::linear_param_grads_(dw_want, c16, a16, false);
+  const Tensor y_want = kernels::linear(a16, w16, bias);
+
+  ::testing::internal::CaptureStderr();
+  Tensor got = c0.to(gpu);
+  const Tensor a_gpu = a.to(gpu), b_gpu = b.to(gpu);
+  kernels::matmul_add_(got, a_gpu, b_gpu);
+  kernels::matmul_add_(got, a_gpu, b_gpu);
+  Tensor dw = Tensor::zeros({136, 200}, DType::F32, gpu);
+  const Tensor a16_gpu = a16.to(gpu);
+  const Tensor db = kernels::linear_param_grads_(dw, c16.to(gpu), a16_gpu, false);
+  const Tensor y = kernels::linear(a16_gpu, w16.to(gpu), bias.to(gpu));
+  const std::vector<float> sums = got.to_vector();  // waits: every line said by now
+  const std::string said = ::testing::internal::GetCapturedStderr();
+
+  auto expect_close = [](const std::vector<float>& x, const std::vector<float>& ref,
+                         const char* what) {
+    ASSERT_EQ(x.size(), ref.size()) << what;
+    float worst = 0.0f;
+    for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, std::abs(x[i] - ref[i]));
+    EXPECT_LE(worst, 1e-2f) << what;  // f32 sums of 200 (or 328) terms, in another order
+  };
+  expect_close(sums, want.to_vector(), "two accumulations");
+  expect_close(dw.to_vector(), dw_want.to_vector(), "the weight gradient");
+  expect_close(db.to_vector(), db_want.to_vector(), "the bias gradient");
+  expect_close(y.to_vector(), y_want.to_vector(), "the product with its bias");
+  auto lines_with = [&said](const std::string& text) {
+    std::size_t n = 0;
+    for (std::size_t at = said.find(text); at != std::string::npos; at = said.find(text, at + 1))
+      ++n;
+    return n;
+  };
+  // Column-major terms (lt_matmul.h): the accumulation's m 136 n 328 k 200, once for two calls.
+  EXPECT_EQ(lines_with("hpm: cuBLASLt autotune"), 3u) << said;
+  EXPECT_EQ(lines_with("f32 product, no epilogue, m 136 n 328 k 200, accumulating"), 1u) << said;
+  EXPECT_EQ(lines_with("bias-gradient epilogue, m 200 n 136 k 328"), 1u) << said;
+  EXPECT_EQ(lines_with("bias epilogue, m 136 n 328 k 200"), 1u) << said;
+}
+
 // GPT-2 small's attention in a training step (16 x 12 heads of 1024 x 64, causal): the backward's
 // one pass runs 3,072 key blocks, more than the card holds at once, and the 16 that see a query
 // tile add their shares of its dq in turns (ordered_turns.cuh): no block may wait on one not yet

@@ -11,6 +11,7 @@
 #include "tensor/backend/cuda/basic_ops.h"
 #include "tensor/backend/cuda/bias_grad.h"
 #include "tensor/backend/cuda/bias_rows.h"
+#include "tensor/backend/cuda/lt_autotune.h"
 #include "tensor/backend/cuda/lt_matmul.h"
 #include "tensor/backend/cuda/runtime.h"
 
@@ -52,6 +53,24 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
       HPM_CUDA_CHECK(cudaMemsetAsync(
           c, 0, static_cast<std::size_t>(m * n * batches) * (c_bf16 ? 2 : 4), ctx.compute));
     }
+    return;
+  }
+  // Column-major, C^T (n x m) = op(B)^T op(A)^T: b is cuBLAS's first operand.
+  if (batches == 1 && lt_autotune_on() &&
+      lt_matmul(LtProduct{.op_a = op_b,
+                          .op_b = op_a,
+                          .m = n,
+                          .n = m,
+                          .k = k,
+                          .a = b,
+                          .lda = ldb,
+                          .b = a,
+                          .ldb = lda,
+                          .d = c,
+                          .ldd = n,
+                          .beta = beta,
+                          .bf16 = bf16,
+                          .d_bf16 = c_bf16})) {
     return;
   }
   if (batches == 1) {

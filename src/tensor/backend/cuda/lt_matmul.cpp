@@ -2,9 +2,11 @@
 // the three layouts and the algorithm cuBLASLt's heuristic picked) is made once per shape,
 // epilogue and alignment, per host thread (the bias pointer is an attribute of the descriptor,
 // set at each call: a thread's own plans need no lock), and reused: the heuristic query costs
-// more host time than the launch.
+// more host time than the launch. Under HPM_CUDA_LT_AUTOTUNE=1 a plan keeps the heuristic's first
+// few candidates and, at its first call, times them on the call's operands (lt_autotune.h).
 #include "tensor/backend/cuda/lt_matmul.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -14,7 +16,9 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <vector>
 
+#include "tensor/backend/cuda/lt_autotune.h"
 #include "tensor/backend/cuda/runtime.h"
 
 namespace hpm::cuda {
@@ -72,22 +76,61 @@ cublasLtMatrixLayout_t layout(cudaDataType_t type, std::int64_t rows, std::int64
   return l;
 }
 
+const char* epilogue_name(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_BIAS     ? "bias"
+         : e == CUBLASLT_EPILOGUE_BGRADB ? "bias-gradient"
+                                         : "no";
+}
+
+const char* input_name(const Key& key) { return key.bf16 ? "bf16" : (key.tf32 ? "tf32" : "f32"); }
+
 // Says once per epilogue (and output type), on stderr, that cuBLASLt offered no algorithm for a
 // product (the plain cuBLAS path runs it instead, correct but unfused): on a device run, whether
 // the fused epilogues run at all is the first thing to know about them.
 void note_no_algorithm(const Key& key) {
-  static std::atomic<bool> said[3] = {false, false, false};  // bias, bias to bf16, bias gradient
-  const int kind = key.epilogue != CUBLASLT_EPILOGUE_BIAS ? 2 : (key.d_bf16 ? 1 : 0);
+  // bias, bias to bf16, bias gradient, none (the plain products, under autotune)
+  static std::atomic<bool> said[4] = {false, false, false, false};
+  const int kind = key.epilogue == CUBLASLT_EPILOGUE_BIAS     ? (key.d_bf16 ? 1 : 0)
+                   : key.epilogue == CUBLASLT_EPILOGUE_BGRADB ? 2
+                                                              : 3;
   if (said[kind].exchange(true)) return;
   std::fprintf(stderr,
                "hpm: cuBLASLt has no algorithm for a %s product%s with the %s epilogue (m %lld, "
                "n %lld, k %lld, alignments %u/%u/%u/%u); the plain cuBLAS path runs it (said "
                "once)\n",
-               key.bf16 ? "bf16" : (key.tf32 ? "tf32" : "f32"), key.d_bf16 ? " to bf16" : "",
-               key.epilogue == CUBLASLT_EPILOGUE_BIAS ? "bias" : "bias-gradient",
+               input_name(key), key.d_bf16 ? " to bf16" : "", epilogue_name(key.epilogue),
                static_cast<long long>(key.m), static_cast<long long>(key.n),
                static_cast<long long>(key.k), key.align_a, key.align_b, key.align_d,
                key.align_bias);
+}
+
+// One line a tuned shape: the heuristic's first candidate against the fastest.
+void report_tuning(const Key& key, const std::vector<float>& ms, int best) {
+  const double flops =
+      2.0 * static_cast<double>(key.m) * static_cast<double>(key.n) * static_cast<double>(key.k);
+  auto timing = [&](std::size_t i) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.4f ms (%.0f TFLOP/s)", static_cast<double>(ms[i]),
+                  flops / (std::max(static_cast<double>(ms[i]), 1e-6) * 1e-3) / 1e12);
+    return std::string(text);
+  };
+  const std::string first = ms.empty() || ms[0] < 0.0f ? "refused the call" : timing(0);
+  std::string verdict;
+  if (best < 0) {
+    verdict = "no candidate ran: the first kept";
+  } else if (best == 0) {
+    verdict = "the fastest of the " + std::to_string(ms.size()) + " timed";
+  } else {
+    verdict = "candidate " + std::to_string(best + 1) + " of " + std::to_string(ms.size()) + " " +
+              timing(static_cast<std::size_t>(best)) + ", kept";
+  }
+  std::fprintf(stderr,
+               "hpm: cuBLASLt autotune: %s product%s, %s epilogue, m %lld n %lld k %lld%s: the "
+               "heuristic's first %s; %s\n",
+               input_name(key), key.d_bf16 ? " to bf16" : "", epilogue_name(key.epilogue),
+               static_cast<long long>(key.m), static_cast<long long>(key.n),
+               static_cast<long long>(key.k), key.accumulate ? ", accumulating" : "", first.c_str(),
+               verdict.c_str());
 }
 
 class Plan {
@@ -109,13 +152,10 @@ class Plan {
   bool usable() const { return usable_; }
 
   // False when cuBLASLt refuses the call after all (the plan is then marked unusable).
-  bool run(const LtProduct& p, const void* bias) {
+  bool run(const LtProduct& p, const void* bias, const Key& key) {
     set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-    Context& ctx = current_context();
-    const float alpha = 1.0f;
-    const cublasStatus_t st =
-        cublasLtMatmul(ctx.lt, desc_, &alpha, p.a, a_, p.b, b_, &p.beta, p.c ? p.c : p.d, d_, p.d,
-                       d_, &algo_, ctx.workspace, ctx.workspace_bytes, ctx.compute);
+    if (!candidates_.empty()) tune(p, key);
+    const cublasStatus_t st = launch(p, p.c ? p.c : p.d, p.d, algo_);
     if (st == CUBLAS_STATUS_NOT_SUPPORTED) {
       usable_ = false;
       return false;
@@ -125,6 +165,51 @@ class Plan {
   }
 
  private:
+  cublasStatus_t launch(const LtProduct& p, const void* c, void* d,
+                        const cublasLtMatmulAlgo_t& algo) {
+    Context& ctx = current_context();
+    const float alpha = 1.0f;
+    return cublasLtMatmul(ctx.lt, desc_, &alpha, p.a, a_, p.b, b_, &p.beta, c, d_, d, d_, &algo,
+                          ctx.workspace, ctx.workspace_bytes, ctx.compute);
+  }
+
+  // Times the candidates on this call's operands and keeps the fastest (lt_autotune.h). The
+  // trials write D (and a bias gradient) as the call itself is about to; a D that is also the
+  // call's C (accumulated into) is read by the trials and written to scratch instead, or, past
+  // kMaxScratchBytes, not tuned.
+  void tune(const LtProduct& p, const Key& key) {
+    std::vector<cublasLtMatmulAlgo_t> candidates;
+    candidates.swap(candidates_);  // tuned once, however it ends
+    const bool in_place = p.beta != 0.0f && p.c == nullptr;
+    const std::int64_t d_elements = p.ldd * p.n;
+    const DType d_type = p.d_bf16 ? DType::BF16 : DType::F32;
+    constexpr std::int64_t kMaxScratchBytes = std::int64_t{256} << 20;
+    const std::int64_t d_bytes = d_elements * static_cast<std::int64_t>(dtype_size(d_type));
+    if (in_place && d_bytes > kMaxScratchBytes) {
+      std::fprintf(stderr,
+                   "hpm: cuBLASLt autotune: %s product, %s epilogue, m %lld n %lld k %lld, "
+                   "accumulating: not tuned (its output is %lld MiB, the trials' scratch at most "
+                   "%lld)\n",
+                   input_name(key), epilogue_name(key.epilogue), static_cast<long long>(key.m),
+                   static_cast<long long>(key.n), static_cast<long long>(key.k),
+                   static_cast<long long>(d_bytes >> 20),
+                   static_cast<long long>(kMaxScratchBytes >> 20));
+      return;
+    }
+    const Tensor scratch =
+        in_place ? Tensor::empty({d_elements}, d_type, Device::current()) : Tensor();
+    void* d = in_place ? device_ptr(scratch) : p.d;
+    const void* c = p.c ? p.c : p.d;
+    const std::vector<float> ms = time_candidates(static_cast<int>(candidates.size()), [&](int i) {
+      const cublasStatus_t st = launch(p, c, d, candidates[static_cast<std::size_t>(i)]);
+      if (st != CUBLAS_STATUS_NOT_SUPPORTED) HPM_CUBLAS_CHECK(st);
+      return st == CUBLAS_STATUS_SUCCESS;
+    });
+    const int best = fastest(ms);
+    if (best >= 0) algo_ = candidates[static_cast<std::size_t>(best)];
+    report_tuning(key, ms, best);
+  }
+
   void build(const Key& key, const void* bias, std::size_t workspace_bytes) {
     const cudaDataType_t in = key.bf16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasComputeType_t compute =
@@ -163,8 +248,10 @@ class Plan {
     constexpr int kAsk = 8;
     cublasLtMatmulHeuristicResult_t results[kAsk] = {};
     int found = 0;
+    // Under autotune, the heuristic's first kAsk, to be timed at the first call.
+    const int wanted = lt_autotune_on() ? kAsk : 1;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(current_context().lt, desc_, a_, b_, d_, d_,
-                                                       pref.get(), 1, results, &found);
+                                                       pref.get(), wanted, results, &found);
     if (key.d_bf16 && (st != CUBLAS_STATUS_SUCCESS || found == 0)) {
       // Where the mask itself leaves no algorithm, the heuristic's own choices, filtered: one
       // without split-K, or reducing in f32.
@@ -181,6 +268,9 @@ class Plan {
     }
     usable_ = st == CUBLAS_STATUS_SUCCESS && found > 0 && results[0].state == CUBLAS_STATUS_SUCCESS;
     if (usable_) algo_ = results[0].algo;
+    for (int i = 0; usable_ && lt_autotune_on() && i < found; ++i) {
+      if (results[i].state == CUBLAS_STATUS_SUCCESS) candidates_.push_back(results[i].algo);
+    }
   }
 
   // Whether an algorithm writes D from f32 sums only: no split-K, or its parts reduced in the
@@ -214,6 +304,7 @@ class Plan {
   cublasLtMatmulDesc_t desc_ = nullptr;
   cublasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, d_ = nullptr;
   cublasLtMatmulAlgo_t algo_{};
+  std::vector<cublasLtMatmulAlgo_t> candidates_;  // to time at the first call (autotune), then none
   bool usable_ = false;
 };
 
@@ -243,10 +334,12 @@ bool run(const LtProduct& p, cublasLtEpilogue_t epilogue, const void* bias) {
   thread_local std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans;
   std::unique_ptr<Plan>& plan = plans[key];
   if (!plan) plan = std::make_unique<Plan>(key, bias, ctx.workspace_bytes);
-  return plan->usable() && plan->run(p, bias);
+  return plan->usable() && plan->run(p, bias, key);
 }
 
 }  // namespace
+
+bool lt_matmul(const LtProduct& p) { return run(p, CUBLASLT_EPILOGUE_DEFAULT, nullptr); }
 
 bool lt_matmul_bias(const LtProduct& p, const void* bias) {
   return run(p, CUBLASLT_EPILOGUE_BIAS, bias);

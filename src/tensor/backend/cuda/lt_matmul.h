@@ -30,6 +30,9 @@ struct LtProduct {
                             // bias BF16 too (below)
 };
 
+// D = op_a(A) op_b(B) + beta C (C: p.c, or D), no epilogue: the plain products' path under
+// HPM_CUDA_LT_AUTOTUNE=1 (lt_autotune.h), whose plans time their candidates.
+bool lt_matmul(const LtProduct& p);
 // D = op_a(A) op_b(B) + beta C (C: p.c, or D), plus bias (m) on every column
 // (CUBLASLT_EPILOGUE_BIAS): F32, or BF16 for a BF16 D. cuBLASLt documents a bias of D's type, and
 // on the H100 (CUDA 13.0, run 6) offered no algorithm for an F32 bias beside a BF16 D: the bias is
