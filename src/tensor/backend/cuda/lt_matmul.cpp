@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "hpm/tensor/allocator.h"
 #include "tensor/backend/cuda/lt_autotune.h"
 #include "tensor/backend/cuda/runtime.h"
 
@@ -196,8 +197,12 @@ class Plan {
                    static_cast<long long>(kMaxScratchBytes >> 20));
       return;
     }
-    const Tensor scratch =
-        in_place ? Tensor::empty({d_elements}, d_type, Device::current()) : Tensor();
+    Tensor scratch;
+    try {
+      if (in_place) scratch = Tensor::empty({d_elements}, d_type, Device::current());
+    } catch (const OutOfMemoryError&) {
+      return;  // tuning is a speed-up: no room for its scratch leaves the heuristic's first
+    }
     void* d = in_place ? device_ptr(scratch) : p.d;
     const void* c = p.c ? p.c : p.d;
     const std::vector<float> ms = time_candidates(static_cast<int>(candidates.size()), [&](int i) {
