@@ -49,8 +49,9 @@ if [ "${SKIP_SANITIZERS:-0}" != "1" ]; then
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir build-tsan --output-on-failure -L optim
   # Pipeline stages on threads exchanging activations by send/recv, stage Devices, the stage pool.
+  # (Not the schedules' projection: one thread's arithmetic, 70 s under TSan, 26 under ASan.)
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
-    ctest --test-dir build-tsan --output-on-failure -L pipeline
+    ctest --test-dir build-tsan --output-on-failure -L pipeline -E '^Projection\.'
   # Distillation under strategies: replicas running one shared teacher's forward at once (the
   # command tests need the hpm binary, which this build does not make).
   OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 \
