@@ -243,11 +243,14 @@ TEST(CrossEntropyEmulated, WarpRowsMatchTheCpu) {
 
 TEST(CrossEntropyEmulated, BlockRowsMatchTheCpu) {
   check_case<float>({6, 5003, false, 0.0f});
-  check_case<std::uint16_t>({6, 5003, true, 0.1f});
   check_case<float>({6, 4096, false, 0.1f});
-  check_case<std::uint16_t>({6, 4096, true, 0.0f});
   // 513 groups of eight for 256 threads: one thread's last pair has no second group.
   check_case<std::uint16_t>({6, 4104, true, 0.0f});
+  // Under a sanitizer, the three above: rows not a multiple of 8, smoothing, the short last pair
+  // (simt.h's kUnderSanitizer says why).
+  if (simt::kUnderSanitizer) return;
+  check_case<std::uint16_t>({6, 5003, true, 0.1f});
+  check_case<std::uint16_t>({6, 4096, true, 0.0f});
   check_case<float>({6, 4104, false, 0.1f});
 }
 
