@@ -105,6 +105,23 @@ void note_no_algorithm(const Key& key) {
                key.align_bias);
 }
 
+// "bf16 product to bf16, bias epilogue, m 2304 n 16384 k 768": how the autotune's lines name a
+// plan.
+std::string describe(const Key& key) {
+  char text[160];
+  std::snprintf(text, sizeof text, "%s product%s, %s epilogue, m %lld n %lld k %lld%s",
+                input_name(key), key.d_bf16 ? " to bf16" : "", epilogue_name(key.epilogue),
+                static_cast<long long>(key.m), static_cast<long long>(key.n),
+                static_cast<long long>(key.k), key.accumulate ? ", accumulating" : "");
+  return text;
+}
+
+// A shape the autotune left to the heuristic's first, and why.
+void report_not_tuned(const Key& key, const std::string& why) {
+  std::fprintf(stderr, "hpm: cuBLASLt autotune: %s: not tuned (%s)\n", describe(key).c_str(),
+               why.c_str());
+}
+
 // One line a tuned shape: the heuristic's first candidate against the fastest.
 void report_tuning(const Key& key, const std::vector<float>& ms, int best) {
   const double flops =
@@ -125,13 +142,8 @@ void report_tuning(const Key& key, const std::vector<float>& ms, int best) {
     verdict = "candidate " + std::to_string(best + 1) + " of " + std::to_string(ms.size()) + " " +
               timing(static_cast<std::size_t>(best)) + ", kept";
   }
-  std::fprintf(stderr,
-               "hpm: cuBLASLt autotune: %s product%s, %s epilogue, m %lld n %lld k %lld%s: the "
-               "heuristic's first %s; %s\n",
-               input_name(key), key.d_bf16 ? " to bf16" : "", epilogue_name(key.epilogue),
-               static_cast<long long>(key.m), static_cast<long long>(key.n),
-               static_cast<long long>(key.k), key.accumulate ? ", accumulating" : "", first.c_str(),
-               verdict.c_str());
+  std::fprintf(stderr, "hpm: cuBLASLt autotune: %s: the heuristic's first %s; %s\n",
+               describe(key).c_str(), first.c_str(), verdict.c_str());
 }
 
 class Plan {
@@ -187,21 +199,18 @@ class Plan {
     constexpr std::int64_t kMaxScratchBytes = std::int64_t{256} << 20;
     const std::int64_t d_bytes = d_elements * static_cast<std::int64_t>(dtype_size(d_type));
     if (in_place && d_bytes > kMaxScratchBytes) {
-      std::fprintf(stderr,
-                   "hpm: cuBLASLt autotune: %s product, %s epilogue, m %lld n %lld k %lld, "
-                   "accumulating: not tuned (its output is %lld MiB, the trials' scratch at most "
-                   "%lld)\n",
-                   input_name(key), epilogue_name(key.epilogue), static_cast<long long>(key.m),
-                   static_cast<long long>(key.n), static_cast<long long>(key.k),
-                   static_cast<long long>(d_bytes >> 20),
-                   static_cast<long long>(kMaxScratchBytes >> 20));
+      report_not_tuned(key, "its output is " + std::to_string(d_bytes >> 20) +
+                                " MiB, the trials' scratch at most " +
+                                std::to_string(kMaxScratchBytes >> 20));
       return;
     }
     Tensor scratch;
     try {
       if (in_place) scratch = Tensor::empty({d_elements}, d_type, Device::current());
     } catch (const OutOfMemoryError&) {
-      return;  // tuning is a speed-up: no room for its scratch leaves the heuristic's first
+      // Tuning is a speed-up: no room for its scratch leaves the heuristic's first.
+      report_not_tuned(key, "no device memory for the trials' scratch");
+      return;
     }
     void* d = in_place ? device_ptr(scratch) : p.d;
     const void* c = p.c ? p.c : p.d;
