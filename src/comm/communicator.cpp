@@ -43,13 +43,20 @@ Algorithm algorithm_from_name(const std::string& name) {
 
 void Work::wait(Milliseconds timeout) {
   timeout = std::min(timeout, limit_);
+  if (!wait_for(timeout)) {
+    throw CommError(what_ + ": not complete after " + std::to_string(timeout.count()) + " ms");
+  }
+}
+
+bool Work::wait_for(Milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
   if (timeout == Milliseconds::max()) {
     cv_.wait(lock, [&] { return done_; });
   } else if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
-    throw CommError(what_ + ": not complete after " + std::to_string(timeout.count()) + " ms");
+    return false;
   }
   if (failed_) throw CommError(error_);
+  return true;
 }
 
 bool Work::completed() const {

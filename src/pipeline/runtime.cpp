@@ -465,12 +465,7 @@ class Pipeline::Stage {
   void wait(comm::Work& work, const char* what) {
     const Clock::time_point deadline = Clock::now() + options_.timeout;
     for (;;) {
-      try {
-        work.wait(std::chrono::milliseconds(50));
-        return;
-      } catch (const comm::CommError&) {
-        if (work.completed()) throw;  // the operation itself failed
-      }
+      if (work.wait_for(std::chrono::milliseconds(50))) return;  // throws if the operation failed
       if (abort_->load())
         throw comm::CommError("pipeline stage " + std::to_string(index_) +
                               ": stopped, another stage failed");

@@ -289,6 +289,35 @@ TEST(LocalPointToPoint, ACancelledRecvLetsGoOfItsBufferAndMissesTheMessage) {
   EXPECT_EQ(got.to_vector(), std::vector<float>(4, 7.0f));
 }
 
+// wait_for() says "still running" with false and "failed" with the operation's own error. Polled
+// in short slices while another thread finishes the Work, it never reports a success as a
+// failure (catching wait()'s timeout and then asking completed() did, when the Work finished in
+// between: a pipeline stage failed a receive that had arrived).
+TEST(LocalWork, WaitForTellsRunningFromDoneFromFailed) {
+  Work running("recv of 1 float");
+  EXPECT_FALSE(running.wait_for(1ms));
+  running.finish();
+  EXPECT_TRUE(running.wait_for(0ms));
+  Work failed("recv of 2 floats");
+  failed.finish(std::make_exception_ptr(CommError("recv of 2 floats: peer left")));
+  try {
+    failed.wait_for(0ms);
+    FAIL() << "a failed Work reported success";
+  } catch (const CommError& e) {
+    EXPECT_STREQ(e.what(), "recv of 2 floats: peer left");
+  }
+  for (int i = 0; i < 200; ++i) {
+    Work racing("recv " + std::to_string(i));
+    std::thread finisher([&] { racing.finish(); });
+    EXPECT_NO_THROW({
+      while (!racing.wait_for(0ms)) {
+      }
+    }) << "Work "
+       << i;
+    finisher.join();
+  }
+}
+
 TEST(LocalFailures, ARankThatNeverArrivesIsNamedWithinTheTimeout) {
   auto comms = make_local_group(3, 400ms);
   std::vector<std::string> errors(3);

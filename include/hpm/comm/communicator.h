@@ -59,8 +59,12 @@ class Work {
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
-  virtual void wait(Milliseconds timeout);
+  void wait(Milliseconds timeout);
   void wait() { wait(Milliseconds::max()); }
+  // Waits at most `timeout`: true once the operation is done, false if it is still running then;
+  // throws the operation's CommError if it failed. Unlike catching wait()'s timeout and then
+  // asking completed(), this cannot mistake an operation that ends in between for a failed one.
+  bool wait_for(Milliseconds timeout);
   bool completed() const;
   const std::string& what() const { return what_; }
 
