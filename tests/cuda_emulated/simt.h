@@ -224,8 +224,10 @@ inline Fiber& fiber_now() { return *launch_now().running.load(std::memory_order_
 inline Block& block_now() { return *launch_now().block; }
 
 // From a fiber to the scheduler: `stalled` says it came back without progress (still waiting at
-// a barrier); `for_good`, that it has finished.
-inline void switch_to_scheduler(Launch& l, Fiber& f, bool stalled, bool for_good) {
+// a barrier); `for_good`, that it has finished. Out of line, as resume() and prepare() below: a
+// caller of swapcontext or getcontext (which return twice) keeps nothing in registers across it.
+[[gnu::noinline]] inline void switch_to_scheduler(Launch& l, Fiber& f, bool stalled,
+                                                  bool for_good) {
   f.stalled.store(stalled, std::memory_order_relaxed);
   if (for_good) f.finished.store(true, std::memory_order_relaxed);
 #if defined(__SANITIZE_THREAD__)
@@ -438,7 +440,22 @@ inline void fiber_main() {
   switch_to_scheduler(l, f, false, true);
 }
 
-inline void resume(Launch& l, Fiber& f) {
+// Sets a fiber to start fiber_main() as thread `tx` on its stack.
+[[gnu::noinline]] inline void prepare(Fiber& f, unsigned tx) {
+  f.thread = Index{tx, 0, 0};
+  f.finished.store(false, std::memory_order_relaxed);
+  getcontext(&f.context);
+  f.context.uc_stack.ss_sp = f.stack;
+  f.context.uc_stack.ss_size = f.stack_bytes;
+  f.context.uc_link = nullptr;
+  makecontext(&f.context, fiber_main, 0);
+  // ASan's swapcontext clears the shadow of a context's stack at every switch to it when the
+  // context names one: the stack is in the saved registers now, and the annotations tell ASan of
+  // each switch.
+  f.context.uc_stack = stack_t{};
+}
+
+[[gnu::noinline]] inline void resume(Launch& l, Fiber& f) {
   l.running.store(&f, std::memory_order_relaxed);
 #if defined(__SANITIZE_THREAD__)
   __tsan_switch_to_fiber(f.tsan_fiber, __tsan_switch_to_fiber_no_sync);
@@ -482,20 +499,7 @@ void launch(unsigned grid_x, unsigned grid_y, unsigned threads, std::size_t shar
       block_index = Index{bx, by, 0};
       block_dim = Index{threads, 1, 1};
       grid_dim = Index{grid_x, grid_y, 1};
-      for (unsigned tx = 0; tx < threads; ++tx) {
-        Fiber& f = l.fibers[tx];
-        f.thread = Index{tx, 0, 0};
-        f.finished.store(false, std::memory_order_relaxed);
-        getcontext(&f.context);
-        f.context.uc_stack.ss_sp = f.stack;
-        f.context.uc_stack.ss_size = f.stack_bytes;
-        f.context.uc_link = nullptr;
-        makecontext(&f.context, fiber_main, 0);
-        // ASan's swapcontext clears the shadow of a context's stack at every switch to it when
-        // the context names one: the stack is in the saved registers now, and the annotations
-        // tell ASan of each switch.
-        f.context.uc_stack = stack_t{};
-      }
+      for (unsigned tx = 0; tx < threads; ++tx) prepare(l.fibers[tx], tx);
       release(&l.started);
       for (;;) {
         unsigned running = 0, progressed = 0;
