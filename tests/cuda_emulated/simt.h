@@ -209,7 +209,9 @@ struct Launch {
   std::deque<Fiber> fibers;
   std::atomic<Fiber*> running{nullptr};
   ucontext_t scheduler{};
-  void* scheduler_tsan_fiber = nullptr;
+  // Read by a finishing fiber after its last release: an atomic, so that the next launch's Launch
+  // in the same stack slot does not look to TSan like a race with it.
+  std::atomic<void*> scheduler_tsan_fiber{nullptr};
   // The scheduler's stack, for ASan's view of a switch back to it.
   std::atomic<const void*> scheduler_stack{nullptr};
   std::atomic<std::size_t> scheduler_stack_bytes{0};
@@ -231,7 +233,8 @@ inline Block& block_now() { return *launch_now().block; }
   f.stalled.store(stalled, std::memory_order_relaxed);
   if (for_good) f.finished.store(true, std::memory_order_relaxed);
 #if defined(__SANITIZE_THREAD__)
-  __tsan_switch_to_fiber(l.scheduler_tsan_fiber, __tsan_switch_to_fiber_no_sync);
+  __tsan_switch_to_fiber(l.scheduler_tsan_fiber.load(std::memory_order_relaxed),
+                         __tsan_switch_to_fiber_no_sync);
 #endif
 #if defined(__SANITIZE_ADDRESS__)
   __sanitizer_start_switch_fiber(for_good ? nullptr : &f.asan_fake_stack,
@@ -489,7 +492,7 @@ void launch(unsigned grid_x, unsigned grid_y, unsigned threads, std::size_t shar
 #endif
   }
 #if defined(__SANITIZE_THREAD__)
-  l.scheduler_tsan_fiber = __tsan_get_current_fiber();
+  l.scheduler_tsan_fiber.store(__tsan_get_current_fiber(), std::memory_order_relaxed);
 #endif
   if (running_launch.exchange(&l) != nullptr) contract_broken("a launch inside a launch");
   for (unsigned by = 0; by < grid_y; ++by) {
