@@ -209,13 +209,11 @@ struct Launch {
   std::deque<Fiber> fibers;
   std::atomic<Fiber*> running{nullptr};
   ucontext_t scheduler{};
-  // Read by a finishing fiber after its last release: an atomic, so that the next launch's Launch
-  // in the same stack slot does not look to TSan like a race with it.
-  std::atomic<void*> scheduler_tsan_fiber{nullptr};
+  void* scheduler_tsan_fiber = nullptr;
   // The scheduler's stack, for ASan's view of a switch back to it.
   std::atomic<const void*> scheduler_stack{nullptr};
   std::atomic<std::size_t> scheduler_stack_bytes{0};
-  char started = 0, finished = 0;  // TSan: the scheduler's set-up before a block, its results after
+  char started = 0;  // TSan: the scheduler's set-up of a block happens before its fibers run
 };
 
 inline std::atomic<Launch*> running_launch{nullptr};
@@ -233,8 +231,9 @@ inline Block& block_now() { return *launch_now().block; }
   f.stalled.store(stalled, std::memory_order_relaxed);
   if (for_good) f.finished.store(true, std::memory_order_relaxed);
 #if defined(__SANITIZE_THREAD__)
-  __tsan_switch_to_fiber(l.scheduler_tsan_fiber.load(std::memory_order_relaxed),
-                         __tsan_switch_to_fiber_no_sync);
+  // The last switch synchronizes, as a join: everything the fiber did, to its last read of `l`,
+  // happens before what the scheduler does next (the next block, the caller's checks).
+  __tsan_switch_to_fiber(l.scheduler_tsan_fiber, for_good ? 0 : __tsan_switch_to_fiber_no_sync);
 #endif
 #if defined(__SANITIZE_ADDRESS__)
   __sanitizer_start_switch_fiber(for_good ? nullptr : &f.asan_fake_stack,
@@ -439,7 +438,6 @@ inline void fiber_main() {
     contract_broken("a thread ended with cp.async copies pending");
   }
   l.block->leave(f.thread.x);
-  release(&l.finished);
   switch_to_scheduler(l, f, false, true);
 }
 
@@ -492,7 +490,7 @@ void launch(unsigned grid_x, unsigned grid_y, unsigned threads, std::size_t shar
 #endif
   }
 #if defined(__SANITIZE_THREAD__)
-  l.scheduler_tsan_fiber.store(__tsan_get_current_fiber(), std::memory_order_relaxed);
+  l.scheduler_tsan_fiber = __tsan_get_current_fiber();
 #endif
   if (running_launch.exchange(&l) != nullptr) contract_broken("a launch inside a launch");
   for (unsigned by = 0; by < grid_y; ++by) {
@@ -519,7 +517,6 @@ void launch(unsigned grid_x, unsigned grid_y, unsigned threads, std::size_t shar
               "complete (a __syncthreads or warp exchange some threads skip)");
         }
       }
-      acquire(&l.finished);
     }
   }
   running_launch.store(nullptr);
