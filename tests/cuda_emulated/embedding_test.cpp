@@ -61,7 +61,7 @@ void check(std::int64_t v, std::int64_t e, const std::vector<std::int64_t>& idx)
 
   std::vector<std::int64_t> ends(static_cast<std::size_t>(v), -1);
   simt::launch(2, 64, 0, [&] { cuda::run_ends_kernel(sorted.data(), n, v, ends.data()); });
-  // A small grid: the kernel strides over the entries (256 threads a block are 256 std::threads).
+  // A small grid: the kernel strides over the entries (256 threads a block are 256 fibers).
   simt::launch(3, cuda::kRunThreads, 0, [&] {
     cuda::embedding_backward_kernel(gv.data(), sorted.data(), positions.data(), ends.data(),
                                     table.data(), n, v, e);

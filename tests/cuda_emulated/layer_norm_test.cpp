@@ -74,7 +74,7 @@ void launch_rows(std::int64_t rows, std::int64_t n, unsigned warp_grid, Body&& b
 template <typename Out>
 void forward(std::int64_t rows, std::int64_t n, const float* x, const float* x2, float* sum,
              const float* w, const float* b, Out* y, std::uint16_t* xb, float* mean, float* rstd) {
-  // At most kBlocksCap blocks (a block is 256 std::threads here): the rows loop round.
+  // At most kBlocksCap blocks (a block is 256 fibers here): the rows loop round.
   const unsigned grid =
       std::min(kBlocksCap, cuda::grid_for((rows + cuda::kBlock / 32 - 1) / (cuda::kBlock / 32)));
   launch_rows(rows, n, grid, [&](auto slots, [[maybe_unused]] auto full) {
