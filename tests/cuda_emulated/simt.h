@@ -408,7 +408,11 @@ class Stacks {
     base_ = static_cast<unsigned char*>(mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
                                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0));
     if (base_ == MAP_FAILED) contract_broken("no room for the fibers' stacks");
-    for (unsigned i = 0; i < count; ++i) mprotect(base_ + i * (kBytes + kGuard), kGuard, PROT_NONE);
+    for (unsigned i = 0; i < count; ++i) {
+      if (mprotect(base_ + i * (kBytes + kGuard), kGuard, PROT_NONE) != 0) {
+        contract_broken("cannot protect the pages between the fibers' stacks");
+      }
+    }
   }
   ~Stacks() { munmap(base_, bytes_); }
   Stacks(const Stacks&) = delete;
@@ -420,19 +424,27 @@ class Stacks {
   unsigned char* base_;
 };
 
-// A fiber's first frame. It never returns (the last switch leaves it), so it takes no local's
-// address: ASan would leave that frame's poisoned guards on the stack the next block's fiber
-// reuses.
-inline void fiber_main() {
-  Launch& l = launch_now();
-  Fiber& f = fiber_now();
+// A new fiber's first switch in: ASan learns that it arrived, and from which stack (the
+// scheduler's, for the switches back).
+[[gnu::noinline]] inline void entered(Launch& l) {
 #if defined(__SANITIZE_ADDRESS__)
   const void* from = nullptr;
   std::size_t from_bytes = 0;
   __sanitizer_finish_switch_fiber(nullptr, &from, &from_bytes);
   l.scheduler_stack.store(from, std::memory_order_relaxed);
   l.scheduler_stack_bytes.store(from_bytes, std::memory_order_relaxed);
+#else
+  (void)l;
 #endif
+}
+
+// A fiber's first frame. It never returns (the last switch leaves it), so it takes no local's
+// address: ASan would leave that frame's poisoned guards on the stack the next block's fiber
+// reuses (the frames it calls return, and clear theirs).
+inline void fiber_main() {
+  Launch& l = launch_now();
+  Fiber& f = fiber_now();
+  entered(l);
   acquire(&l.started);
   l.body(l.kernel);
   if (!f.uncommitted_copies.empty() || !f.committed_copies.empty()) {
