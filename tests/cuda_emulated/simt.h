@@ -11,8 +11,9 @@
 // (a __syncthreads some threads skip) stops the test, naming it, where the card would hang.
 //
 // Fibers rather than a std::thread per CUDA thread: a barrier of 128 OS threads on two cores is
-// a round of futex waits and wake-ups, thousands of times slower under TSan than a round of
-// context switches on one thread.
+// a round of futex waits and wake-ups, a round of fibers one of context switches on one thread
+// (the whole emulated suite under ASan, same machine: 336 s of tests with threads, 62 with
+// fibers; BENCHMARKS.md, issue 32's eighteenth session).
 //
 // Include the CUDA headers the kernels use first, then this, then the kernels with
 // HPM_SIMT_EMULATION defined. Dynamic shared memory is shared_memory(), reached through a helper
