@@ -26,6 +26,12 @@ PACKAGES=(
 )
 
 ./scripts/install_packages.sh "${PACKAGES[@]}"
+# The CUDA backend's fused attention on cuDNN needs NVIDIA's cuDNN frontend headers, which Debian
+# does not package: fetched once into .deps/ where CUDA's compiler is (the backend is built there).
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
+  ./scripts/fetch_cudnn_frontend.sh ||
+    echo "setup: no cuDNN frontend (above): the CUDA backend is built without cuDNN's attention" >&2
+fi
 
 BUILD_DIR=${BUILD_DIR:-build}
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${CMAKE_ARGS:-}

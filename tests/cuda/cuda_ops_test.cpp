@@ -22,6 +22,23 @@ namespace {
 
 using testing::backend_cases::Case;
 
+// How many times `text` occurs in `said` (a test's captured stderr).
+std::size_t lines_with(const std::string& said, const std::string& text) {
+  std::size_t n = 0;
+  for (std::size_t at = said.find(text); at != std::string::npos; at = said.find(text, at + 1)) ++n;
+  return n;
+}
+
+// The largest difference of x from ref over ref's largest magnitude (at least 1).
+float relative_error(const std::vector<float>& x, const std::vector<float>& ref) {
+  float worst = 0.0f, size = 1.0f;
+  for (std::size_t i = 0; i < ref.size() && i < x.size(); ++i) {
+    worst = std::max(worst, std::abs(x[i] - ref[i]));
+    size = std::max(size, std::abs(ref[i]));
+  }
+  return x.size() == ref.size() ? worst / size : INFINITY;
+}
+
 TEST(CudaOps, EveryOpMatchesTheCpu) {
   HPM_CUDA_DEVICE_OR_SKIP(gpu);
   std::set<int> ran;
@@ -227,17 +244,58 @@ TEST(CudaOps, UnderAutotuneAShapeIsTimedOnceAndItsTrialsLeaveTheOutputAlone) {
   expect_close(dw.to_vector(), dw_want.to_vector(), "the weight gradient");
   expect_close(db.to_vector(), db_want.to_vector(), "the bias gradient");
   expect_close(y.to_vector(), y_want.to_vector(), "the product with its bias");
-  auto lines_with = [&said](const std::string& text) {
-    std::size_t n = 0;
-    for (std::size_t at = said.find(text); at != std::string::npos; at = said.find(text, at + 1))
-      ++n;
-    return n;
-  };
   // Column-major terms (lt_matmul.h): the accumulation's m 136 n 328 k 200, once for two calls.
-  EXPECT_EQ(lines_with("hpm: cuBLASLt autotune"), 3u) << said;
-  EXPECT_EQ(lines_with("f32 product, no epilogue, m 136 n 328 k 200, accumulating"), 1u) << said;
-  EXPECT_EQ(lines_with("bias-gradient epilogue, m 200 n 136 k 328"), 1u) << said;
-  EXPECT_EQ(lines_with("bias epilogue, m 136 n 328 k 200"), 1u) << said;
+  EXPECT_EQ(lines_with(said, "hpm: cuBLASLt autotune"), 3u) << said;
+  EXPECT_EQ(lines_with(said, "f32 product, no epilogue, m 136 n 328 k 200, accumulating"), 1u)
+      << said;
+  EXPECT_EQ(lines_with(said, "bias-gradient epilogue, m 200 n 136 k 328"), 1u) << said;
+  EXPECT_EQ(lines_with(said, "bias epilogue, m 136 n 328 k 200"), 1u) << said;
+}
+
+// Under HPM_CUDA_ATTENTION_CUDNN=1 (gpu_check.sh's tests_cudnn_attention step, which runs the
+// attention's conformance cases so too): a GPT's packed attention in a bf16 step runs on cuDNN's
+// fused attention, forward and backward (each problem said once on stderr, none left to hpm's
+// kernels), its gradient the same bits on every run (cuDNN's deterministic algorithm), and the
+// output, lse and gradient within bf16's tolerance of the CPU's.
+TEST(CudaOps, UnderCudnnAttentionAGptsAttentionRunsOnCudnnTheSameBitsEachRun) {
+  HPM_CUDA_DEVICE_OR_SKIP(gpu);
+  const char* on = std::getenv("HPM_CUDA_ATTENTION_CUDNN");
+  if (on == nullptr || std::string(on) != "1") {
+    GTEST_SKIP() << "under HPM_CUDA_ATTENTION_CUDNN=1 only";
+  }
+  Generator g(17);
+  // The shakespeare model's heads (6 of 64) over 256 positions: a shape no other test of this
+  // program uses (a plan is made, and said, once a shape).
+  const std::int64_t batch = 4, heads = 6, t = 256, e = 384;
+  const Tensor qkv = kernels::to_bf16(Tensor::randn({batch, t, 3 * e}, g));
+  const Tensor gy = kernels::to_bf16(Tensor::randn({batch, t, e}, g));
+  Tensor lse_want;
+  const Tensor y_want = kernels::packed_attention_forward_bf16(qkv, heads, true, 0.125f, lse_want);
+  const Tensor dqkv_want = kernels::packed_attention_backward(gy, qkv, y_want, lse_want, heads,
+                                                              true, 0.125f, DType::BF16);
+
+  ::testing::internal::CaptureStderr();
+  const Tensor qkv_gpu = qkv.to(gpu), gy_gpu = gy.to(gpu);
+  Tensor lse;
+  const Tensor y = kernels::packed_attention_forward_bf16(qkv_gpu, heads, true, 0.125f, lse);
+  const auto backward = [&] {
+    return kernels::to_f32(kernels::packed_attention_backward(gy_gpu, qkv_gpu, y, lse, heads, true,
+                                                              0.125f, DType::BF16))
+        .to_vector();
+  };
+  const std::vector<float> first = backward(), second = backward();  // the second waits
+  const std::string said = ::testing::internal::GetCapturedStderr();
+
+  const std::string problem = "4 x 6 heads, t 256, d 64, causal on cuDNN's plan";
+  EXPECT_EQ(lines_with(said, "hpm: cuDNN attention: the forward of " + problem), 1u) << said;
+  EXPECT_EQ(lines_with(said, "hpm: cuDNN attention: the backward of " + problem), 1u) << said;
+  EXPECT_EQ(lines_with(said, "no plan"), 0u) << said;
+  EXPECT_TRUE(first == second) << "two runs differ";
+  EXPECT_LE(relative_error(kernels::to_f32(y).to_vector(), kernels::to_f32(y_want).to_vector()),
+            2e-2f)
+      << "output";
+  EXPECT_LE(relative_error(lse.to_vector(), lse_want.to_vector()), 1e-3f) << "lse";
+  EXPECT_LE(relative_error(first, kernels::to_f32(dqkv_want).to_vector()), 2e-2f) << "gradient";
 }
 
 // GPT-2 small's attention in a training step (16 x 12 heads of 1024 x 64, causal): the backward's
@@ -262,14 +320,7 @@ TEST(CudaOps, TheAttentionBackwardAtGpt2SizeIsTheSameBitsEachRun) {
   };
   const std::vector<float> first = backward(), second = backward();
   EXPECT_TRUE(first == second) << "two runs differ";
-  const std::vector<float> cpu = want.to_vector();
-  ASSERT_EQ(first.size(), cpu.size());
-  float worst = 0.0f, size = 1.0f;
-  for (std::size_t i = 0; i < cpu.size(); ++i) {
-    worst = std::max(worst, std::abs(first[i] - cpu[i]));
-    size = std::max(size, std::abs(cpu[i]));
-  }
-  EXPECT_LE(worst / size, 2e-2f) << "against the CPU";
+  EXPECT_LE(relative_error(first, want.to_vector()), 2e-2f) << "against the CPU";
 }
 
 TEST(CudaOps, ADeviceThatIsNotThereIsAnErrorSayingWhatIs) {

@@ -4,9 +4,11 @@
 // packed like qkv, so that no split or merge pass runs around them: per layer of GPT-2 small in
 // a training step, the 3 copies of split_qkv_heads, merge_heads_bf16's read of the f32 output,
 // split_heads of the output gradient and merge_qkv_heads_bf16's of the three gradients. Where the
-// kernels do not apply, the composition the CPU runs, from this backend's own ops.
+// kernels do not apply, the composition the CPU runs, from this backend's own ops. Under
+// HPM_CUDA_ATTENTION_CUDNN=1, cuDNN's fused attention where it has a plan (attention_cudnn.h).
 #include <cstdint>
 
+#include "tensor/backend/cuda/attention_cudnn.h"
 #include "tensor/backend/cuda/attention_mma.h"
 #include "tensor/backend/cuda/attention_tiled.h"
 #include "tensor/backend/cuda/basic_ops.h"
@@ -30,6 +32,16 @@ Packed packed_dims(const Tensor& qkv, std::int64_t heads) {
   return {qkv.size(0), qkv.size(1), e, e / heads};
 }
 
+// cuDNN reads whole 16-byte vectors: a tensor it takes starts on such a boundary (the caching
+// allocator's blocks do; a view at an offset may not).
+bool cudnn_takes(const Packed& p, const Tensor& t) {
+  return p.batch > 0 && p.t > 0 && reinterpret_cast<std::uintptr_t>(device_ptr(t)) % 16 == 0;
+}
+
+CudnnAttention cudnn_problem(const Packed& p, std::int64_t heads, bool causal, float scale) {
+  return {p.batch, heads, p.t, p.d, causal, scale};
+}
+
 }  // namespace
 
 Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool causal,
@@ -38,6 +50,15 @@ Tensor packed_attention_forward_bf16(const Tensor& qkv, std::int64_t heads, bool
   // Every row and head offset of a packed qkv is a multiple of 16 bytes at the kernels' head
   // sizes: its base decides the alignment.
   const void* x0 = device_ptr(qkv);
+  if (cudnn_attention_requested() && cudnn_takes(p, qkv)) {
+    Tensor out = Tensor::empty({p.batch, p.t, p.e}, DType::BF16);
+    Tensor stats = Tensor::empty({p.batch, heads, p.t}, DType::F32);
+    if (cudnn_attention_forward(cudnn_problem(p, heads, causal, scale), x0, device_ptr(out),
+                                ptr<float>(stats))) {
+      lse = stats;
+      return out;
+    }
+  }
   if (!mma_attention_applies(p.d, x0, x0, x0) || !mma_forward_takes(scale)) {
     Tensor q, k, v;
     split_qkv_heads(qkv, heads, DType::BF16, q, k, v);
@@ -63,6 +84,16 @@ Tensor packed_attention_backward(const Tensor& grad_out, const Tensor& qkv, cons
   require_dtype(lse, DType::F32);
   const bool bf16 = grad_dtype == DType::BF16;
   const void* x0 = device_ptr(qkv);
+  // cuDNN's gradients are BF16 from a BF16 output gradient: a GPT's under autocast (an F32 one
+  // is kept F32 by hpm's kernels, and either backward takes either forward's lse).
+  if (cudnn_attention_requested() && bf16 && grad_out_bf16 && cudnn_takes(p, qkv) &&
+      cudnn_takes(p, out) && cudnn_takes(p, grad_out)) {
+    Tensor g = Tensor::empty(qkv.shape(), DType::BF16);
+    if (cudnn_attention_backward(cudnn_problem(p, heads, causal, scale), x0, device_ptr(out),
+                                 device_ptr(grad_out), ptr<float>(lse), device_ptr(g))) {
+      return g;
+    }
+  }
   if (!mma_attention_applies(p.d, x0, x0, x0)) {
     Tensor q, k, v, gq, gk, gv;
     split_qkv_heads(qkv, heads, DType::BF16, q, k, v);

@@ -2,8 +2,6 @@
 // shape from cuDNN's heuristics (cached), the workspace from the device's caching allocator.
 #include "tensor/backend/cuda/convolution.h"
 
-#include <cudnn.h>
-
 #include <array>
 #include <map>
 #include <mutex>
@@ -11,30 +9,12 @@
 #include <string>
 #include <tuple>
 
+#include "tensor/backend/cuda/cudnn_handle.h"
 #include "tensor/backend/cuda/runtime.h"
 
 namespace hpm::cuda {
 
 namespace {
-
-void check_cudnn(cudnnStatus_t status, const char* call, const char* file, int line) {
-  if (status != CUDNN_STATUS_SUCCESS) fail(call, file, line, cudnnGetErrorString(status));
-}
-#define HPM_CUDNN_CHECK(call) check_cudnn((call), #call, __FILE__, __LINE__)
-
-// One cuDNN handle per device, on its compute stream; made on first use.
-cudnnHandle_t handle() {
-  static std::mutex mu;
-  static auto* handles = new std::map<int, cudnnHandle_t>();  // for the process
-  Context& c = current_context();
-  std::lock_guard lock(mu);
-  auto [it, fresh] = handles->try_emplace(c.index, nullptr);
-  if (fresh) {
-    HPM_CUDNN_CHECK(cudnnCreate(&it->second));
-    HPM_CUDNN_CHECK(cudnnSetStream(it->second, c.compute));
-  }
-  return it->second;
-}
 
 struct Geometry {
   int n, c, h, w, oc, kh, kw, oh, ow;
@@ -162,8 +142,8 @@ void relu_in_place(const Descriptors& d, const Tensor& y) {
   HPM_CUDNN_CHECK(
       cudnnSetActivationDescriptor(act, CUDNN_ACTIVATION_RELU, CUDNN_PROPAGATE_NAN, 0.0));
   const float one = 1.0f, zero = 0.0f;
-  const cudnnStatus_t s =
-      cudnnActivationForward(handle(), act, &one, d.y, device_ptr(y), &zero, d.y, device_ptr(y));
+  const cudnnStatus_t s = cudnnActivationForward(cudnn_handle(), act, &one, d.y, device_ptr(y),
+                                                 &zero, d.y, device_ptr(y));
   cudnnDestroyActivationDescriptor(act);
   HPM_CUDNN_CHECK(s);
 }
@@ -182,7 +162,7 @@ Tensor conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias,
   Tensor y = Tensor::empty({g.n, g.oc, g.oh, g.ow}, DType::F32, x.device());
   if (y.numel() == 0) return y;
   const Descriptors d(g, p);
-  cudnnHandle_t h = handle();
+  cudnnHandle_t h = cudnn_handle();
   const auto algo = choose<cudnnConvolutionFwdAlgo_t, cudnnConvolutionFwdAlgoPerf_t>(
       key_of(g, p, 0), [&](int want, int* found, cudnnConvolutionFwdAlgoPerf_t* perf) {
         HPM_CUDNN_CHECK(
@@ -214,7 +194,7 @@ void conv2d_backward(const Tensor& grad_y, const Tensor& x, const Tensor& w,
                                 " does not match " + Shape{g.n, g.oc, g.oh, g.ow}.str());
   }
   const Descriptors d(g, p);
-  cudnnHandle_t h = handle();
+  cudnnHandle_t h = cudnn_handle();
   const float one = 1.0f, zero = 0.0f;
   const bool empty = grad_y.numel() == 0;
   if (grad_bias != nullptr) {
