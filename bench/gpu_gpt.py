@@ -28,8 +28,10 @@ without its bias-gradient epilogue only, HPM_CUDA_UNARY_PAIRS=0, the activations
 passes over the logits apart instead of the gradient written in the forward, HPM_LOSS_READ_AFTER_UPDATE=0,
 the step's loss read at its backward's end instead of after its update is issued,
 HPM_CUDA_LT_AUTOTUNE=1, every product's algorithm chosen by timing cuBLASLt's first eight at the
-shape's first call instead of taking its first; hpm's "hpm: cuBLASLt" lines are printed too) and
-prints its rate beside the first; repeatable, one run per variable.
+shape's first call instead of taking its first, HPM_CUDA_ATTENTION_CUDNN=1, the attention on
+cuDNN's fused flash attention instead of hpm's kernels; hpm's "hpm: cuBLASLt" and "hpm: cuDNN
+attention" lines are printed too) and prints its rate beside the first; repeatable, one run per
+variable, for every size or those of --ab-sizes.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off
 (FALLBACK below: the plain cuBLAS products, the unfused bf16 compositions, the warp-per-row
@@ -135,7 +137,8 @@ def run_hpm(args, size, env=None, profile_steps=0):
             return {"error": (out.stderr or out.stdout)[-400:]}
         # hpm's one-time notes (a cuBLASLt epilogue with no algorithm on this card, say): what ran
         # instead of what was meant to.
-        for note in sorted({l for l in out.stderr.splitlines() if l.startswith("hpm: cuBLASLt")}):
+        for note in sorted({l for l in out.stderr.splitlines()
+                            if l.startswith(("hpm: cuBLASLt", "hpm: cuDNN attention"))}):
             print(f"{size} {' '.join(f'{k}={v}' for k, v in (env or {}).items())}: {note}",
                   flush=True)
         if profile_steps:
@@ -209,6 +212,8 @@ def main():
                         "move 30%% between calls)")
     p.add_argument("--hpm-only", action="store_true",
                    help="no peer runs (a quick profile of hpm alone: its rates, A/Bs, op tables)")
+    p.add_argument("--ab-sizes", default="",
+                   help="the sizes the --ab-env runs are made for (comma-separated; all if empty)")
     p.add_argument("--profile-steps", type=int, default=0,
                    help="N > 1: hpm once more for N steps with --op-profile; tables printed last")
     args = p.parse_args()
@@ -241,7 +246,8 @@ def main():
                 f"{k} " + " ".join(f"{v:.0f}" if v else "n/a" for v in r[k].get("rates", []))
                 for k in ("hpm", "eager", "compile")), flush=True)
         for spec, env in abs_:
-            r["hpm_ab " + spec] = run_hpm(args, size, env)
+            if not args.ab_sizes or size in args.ab_sizes.split(","):
+                r["hpm_ab " + spec] = run_hpm(args, size, env)
         if args.profile_steps > 1:
             r["hpm_profile"] = run_hpm(args, size, profile_steps=args.profile_steps)
         rows.append(r)

@@ -55,7 +55,7 @@ step() {
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   ldd "$W/bin/hpm" | grep -E 'not found|cublas|cudart' || true
   command -v compute-sanitizer
-  python3 -c 'import torch; print("torch", torch.__version__)'
+  python3 -c 'import torch; print("torch", torch.__version__, "cudnn", torch.backends.cudnn.version())'
 } >"$OUT/env.log" 2>&1
 
 fortunes=("$W"/data/fortunes/*)
@@ -99,6 +99,10 @@ HPM_CUDA_LT_BIAS_GRAD=0 HPM_BACKEND_CASES=linear_param_grads step tests_bias_gra
 # accumulated output alone.
 HPM_CUDA_LT_AUTOTUNE=1 step tests_autotune 60 tests.log test_cuda \
   --gtest_filter='CudaOps.EveryOp*:CudaOps.UnderAutotune*' --gtest_brief=1
+# The attention's conformance cases again on cuDNN's fused attention (attention_cudnn.h: the bench
+# A/Bs it), and the test that it runs there and not on hpm's kernels, the same bits each run.
+HPM_CUDA_ATTENTION_CUDNN=1 HPM_BACKEND_CASES=attention step tests_cudnn_attention 60 tests.log \
+  test_cuda --gtest_filter='CudaOps.EveryOp*:CudaOps.UnderCudnnAttention*' --gtest_brief=1
 # The fortunes GPT in f32 and bf16 on the GPU (its validation loss against the CPU's 2.0712);
 # the f32 run keeps a checkpoint that the CPU evaluates and the GPU samples from.
 step gpt 90 train.log hpm train examples/fortunes_gpt.toml --device cuda "${text[@]}" \
@@ -148,8 +152,9 @@ done
 # rows it finished, and issue 32's bars are GPT-2's and shakespeare's), each side's median of three runs
 # (torch.compile's rate moved 30% between runs 6 and 7); hpm again with the attention backward in
 # two kernels (HPM_CUDA_ATTENTION_ONE_PASS=0, as before run 13: dq by its own kernel, seven
-# products a tile for five), and with the activations' kernels taking one 8-element group a thread, not two
-# (HPM_CUDA_UNARY_PAIRS=0, as before run 13), and with the loss's passes over the logits apart
+# products a tile for five), and with the attention on cuDNN's fused flash attention
+# (HPM_CUDA_ATTENTION_CUDNN=1: its "hpm: cuDNN attention" lines say whether each problem had a
+# plan), and with the loss's passes over the logits apart
 # (HPM_FUSED_CROSS_ENTROPY=0, as before run 13), and with the loss read at the backward's end,
 # before the update is issued (HPM_LOSS_READ_AFTER_UPDATE=0, as before run 13: the device idles
 # from the update's end until the next step's first kernel arrives), and with every product's
@@ -158,15 +163,17 @@ done
 # heuristic's first is from the fastest) (runs 11 and 12 measured GELU into bf16 by erf,
 # HPM_CUDA_GELU=erf, 0-7% faster a step than by normcdff: now the default, no longer A/B'd); and a 30-step
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts
-# from. (Runs 6 and 7 measured all the bias epilogues off, HPM_CUDA_LT_EPILOGUES=0, at 1.28-1.51x
+# from. The A/Bs for GPT-2 small and the shakespeare model only (the fortunes model's step, 0.3 ms,
+# moves more between runs than any of them moves it). (The nineteenth session dropped the A/B of
+# HPM_CUDA_UNARY_PAIRS=0, the activations' kernels one 8-element group a thread, for room.) (Runs 6 and 7 measured all the bias epilogues off, HPM_CUDA_LT_EPILOGUES=0, at 1.28-1.51x
 # slower: no longer A/B'd; HPM_CUDA_LT_BIAS_GRAD=0 lost 0-1% in runs 9, 11 and 12: no longer
 # A/B'd, its conformance and memcheck steps above kept.)
 step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/peers/torch_gpt.py" \
   --text "${fortunes[@]}" --sizes "${GPU_BENCH_SIZES:-gpt2,shakespeare,fortunes}" --steps 100 \
   --repeats "${GPU_BENCH_REPEATS:-3}" ${GPU_BENCH_HPM_ONLY:+--hpm-only} "${ab_attention[@]}" \
-  --ab-env HPM_CUDA_ATTENTION_ONE_PASS=0 --ab-env HPM_CUDA_UNARY_PAIRS=0 \
+  --ab-env HPM_CUDA_ATTENTION_ONE_PASS=0 --ab-env HPM_CUDA_ATTENTION_CUDNN=1 \
   --ab-env HPM_FUSED_CROSS_ENTROPY=0 --ab-env HPM_LOSS_READ_AFTER_UPDATE=0 \
-  --ab-env HPM_CUDA_LT_AUTOTUNE=1 --profile-steps 30 \
+  --ab-env HPM_CUDA_LT_AUTOTUNE=1 --ab-sizes gpt2,shakespeare --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 # PyTorch eager's time for each op of the same steps (the op profile's rows), GPT-2 small's and
@@ -214,4 +221,6 @@ grep -ho '"val_loss": [0-9.]*' "$OUT/train.log" | sed 's/^/peer bf16 /' >>"$S"
 # Products that ran without their cuBLASLt epilogue (the card offered no algorithm for it), and
 # under the autotune A/B each shape's heuristic-first and fastest times.
 grep -h 'hpm: cuBLASLt' "$OUT/train.log" "$OUT/bench.log" 2>/dev/null | sort | uniq -c >>"$S"
+# Whether cuDNN had a plan for each attention problem it was asked for (tests and bench).
+grep -h 'hpm: cuDNN attention' "$OUT/tests.log" "$OUT/bench.log" 2>/dev/null | sort | uniq -c >>"$S"
 rm -rf "$W"
