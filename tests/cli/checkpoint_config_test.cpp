@@ -23,7 +23,7 @@ std::string corpus(const TempDir& dir) {
   return dir / "corpus/*.txt";
 }
 
-std::string gpt_config(const TempDir& dir, const std::string& files, int n_layer = 1) {
+std::string checkpoint_gpt_config(const TempDir& dir, const std::string& files, int n_layer = 1) {
   const std::string path = dir / ("gpt" + std::to_string(n_layer) + ".toml");
   std::ofstream(path) << "[model]\nkind = \"gpt\"\nn_layer = " << n_layer
                       << "\nn_head = 2\nn_embd = 16\nblock_size = 8\nvocab_size = 256\n"
@@ -45,7 +45,7 @@ struct Trained {
   TempDir dir;
   std::string config, ckpt, trained_loss;
   Trained() {
-    config = gpt_config(dir, corpus(dir));
+    config = checkpoint_gpt_config(dir, corpus(dir));
     ckpt = dir / "ckpt";
     const CommandResult r = run_hpm("train " + config + " --set model.n_embd=24");
     EXPECT_EQ(r.code, 0) << r.output;
@@ -93,7 +93,7 @@ TEST(SelfDescribingCheckpoint, TheCheckpointAloneAsTheArgument) {
 TEST(SelfDescribingCheckpoint, RelativeDataPathsResolveFromAnyDirectory) {
   TempDir dir;
   corpus(dir);
-  const std::string cfg = gpt_config(dir, "corpus/*.txt");
+  const std::string cfg = checkpoint_gpt_config(dir, "corpus/*.txt");
   const CommandResult r = run_shell("cd " + dir.path() + " && " + hpm_binary() + " train " + cfg);
   ASSERT_EQ(r.code, 0) << r.output;
   std::filesystem::create_directories(dir / "elsewhere");

@@ -16,8 +16,8 @@ namespace {
 
 using namespace hpm::testing;
 
-std::string gpt_config(const TempDir& dir, const std::string& name, const std::string& model,
-                       const std::string& rest) {
+std::string distill_gpt_config(const TempDir& dir, const std::string& name,
+                               const std::string& model, const std::string& rest) {
   const std::string path = dir / name;
   std::ofstream(path) << "[model]\nkind = \"gpt\"\nvocab_size = 256\ndropout = 0.0\n"
                       << model << "[data]\nsource = \"text\"\nfiles = \"" << dir.path()
@@ -37,10 +37,10 @@ nlohmann::json run_report(const std::string& command, const std::string& report)
 TEST(DistillLanguageModel, GptStudentUnderMirroredAndProcessesEqualsOneDevice) {
   TempDir dir;
   write_word_files(dir);
-  const std::string teacher =
-      gpt_config(dir, "teacher.toml", "n_layer = 2\nn_head = 2\nn_embd = 48\nblock_size = 16\n",
-                 "max_steps = 100\n");
-  const std::string student = gpt_config(
+  const std::string teacher = distill_gpt_config(
+      dir, "teacher.toml", "n_layer = 2\nn_head = 2\nn_embd = 48\nblock_size = 16\n",
+      "max_steps = 100\n");
+  const std::string student = distill_gpt_config(
       dir, "student.toml", "n_layer = 1\nn_head = 2\nn_embd = 32\nblock_size = 16\n",
       "max_steps = 100\nmetrics_csv = \"" + dir / "m.csv" + "\"\n[distill]\nteacher_config = \"" +
           teacher + "\"\nteacher_checkpoint = \"" + dir / "teacher_ckpt" +
@@ -120,19 +120,20 @@ TEST(DistillLanguageModel, TeachersThatCannotTeachTheStudentAreNamed) {
   TempDir dir;
   write_word_files(dir);
   const auto student_with = [&](const std::string& teacher) {
-    return gpt_config(dir, "student.toml",
-                      "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\n",
-                      "max_steps = 10\n[distill]\nteacher_config = \"" + teacher + "\"\n");
+    return distill_gpt_config(dir, "student.toml",
+                              "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\n",
+                              "max_steps = 10\n[distill]\nteacher_config = \"" + teacher + "\"\n");
   };
   struct Case {
     std::string teacher, expect;
   };
-  const std::string small_vocab =
-      gpt_config(dir, "t_vocab.toml", "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\n",
-                 "max_steps = 10\n");
+  const std::string small_vocab = distill_gpt_config(
+      dir, "t_vocab.toml", "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 16\n",
+      "max_steps = 10\n");
   const std::vector<Case> cases = {
-      {gpt_config(dir, "t_block.toml", "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\n",
-                  "max_steps = 10\n"),
+      {distill_gpt_config(dir, "t_block.toml",
+                          "n_layer = 1\nn_head = 2\nn_embd = 16\nblock_size = 8\n",
+                          "max_steps = 10\n"),
        "has block_size 8, shorter than the student's 16"},
       {small_mlp_config(dir, dir.path()), "a language model learns from language models"},
   };

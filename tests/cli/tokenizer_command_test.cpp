@@ -45,8 +45,8 @@ std::string train_tokenizer(const TempDir& dir, const std::string& corpus,
 }
 
 // A tiny GPT on `data` (the [data] lines), 20 steps, checkpoints in dir/ckpt.
-std::string gpt_config(const TempDir& dir, const std::string& data, std::int64_t vocab,
-                       const std::string& name = "gpt.toml") {
+std::string tokenizer_gpt_config(const TempDir& dir, const std::string& data, std::int64_t vocab,
+                                 const std::string& name = "gpt.toml") {
   const std::string path = dir / name;
   std::ofstream(path) << "[model]\nkind = \"gpt\"\nn_layer = 1\nn_head = 2\nn_embd = 16\n"
                       << "block_size = 16\nvocab_size = " << vocab << "\n"
@@ -134,7 +134,7 @@ TEST(HpmTokenizer, GptTrainsFromATokenizerAndFromShardsAndSamples) {
   TempDir dir;
   const std::string corpus = fortunes_subset(dir);
   const std::string model = train_tokenizer(dir, corpus);
-  const std::string text_cfg = gpt_config(
+  const std::string text_cfg = tokenizer_gpt_config(
       dir, "source = \"text\"\nfiles = \"" + corpus + "\"\ntokenizer = \"" + model + "\"\n", 800);
   const CommandResult r = run_hpm("train " + text_cfg + " --report " + dir / "text.json");
   ASSERT_EQ(r.code, 0) << r.output;
@@ -149,7 +149,7 @@ TEST(HpmTokenizer, GptTrainsFromATokenizerAndFromShardsAndSamples) {
                     dir / "shards")
                 .code,
             0);
-  const std::string shard_cfg = gpt_config(
+  const std::string shard_cfg = tokenizer_gpt_config(
       dir,
       "source = \"tokens\"\nfiles = \"" + dir / "shards/train-*.tokens" + "\"\ntest_files = \"" +
           dir / "shards/val-*.tokens" + "\"\ntokenizer = \"" + model + "\"\n",
@@ -201,7 +201,7 @@ TEST(HpmTokenizer, MismatchesAndBadInputAreNamed) {
   TempDir dir;
   const std::string corpus = fortunes_subset(dir);
   const std::string model = train_tokenizer(dir, corpus);
-  const std::string text_cfg = gpt_config(
+  const std::string text_cfg = tokenizer_gpt_config(
       dir, "source = \"text\"\nfiles = \"" + corpus + "\"\ntokenizer = \"" + model + "\"\n", 800);
   // A vocabulary that does not match the model: both numbers, and where.
   CommandResult r = run_hpm("train " + text_cfg + " --set model.vocab_size=256");
@@ -224,18 +224,18 @@ TEST(HpmTokenizer, MismatchesAndBadInputAreNamed) {
   const std::string shards = "source = \"tokens\"\nfiles = \"" + dir / "shards/train-*.tokens" +
                              "\"\ntest_files = \"" + dir / "shards/val-*.tokens" + "\"\n";
   const std::string train_shard = dir / "shards/train-00000.tokens";
-  r = run_hpm("train " + gpt_config(dir, shards, 256, "bytes.toml"));
+  r = run_hpm("train " + tokenizer_gpt_config(dir, shards, 256, "bytes.toml"));
   EXPECT_EQ(r.code, 1);
   expect_in(r.output, train_shard +
                           ": byte 16: the shard's vocabulary is 800 tokens, but [model] "
                           "vocab_size is 256");
-  r = run_hpm("train " + gpt_config(dir, shards, 800, "notok.toml"));
+  r = run_hpm("train " + tokenizer_gpt_config(dir, shards, 800, "notok.toml"));
   EXPECT_EQ(r.code, 1);
   expect_in(r.output, train_shard + ": byte 36: encoded by the tokenizer of fingerprint 0x");
   expect_in(r.output, "but [data] tokenizer (bytes) is 0x00000000");
   // A shard with a bad header, then one with a bad payload.
   const std::string shard_cfg =
-      gpt_config(dir, shards + "tokenizer = \"" + model + "\"\n", 800, "shards.toml");
+      tokenizer_gpt_config(dir, shards + "tokenizer = \"" + model + "\"\n", 800, "shards.toml");
   std::string file = read_text(train_shard);
   const std::string good = file;
   file[0] = 'X';
@@ -279,7 +279,7 @@ TEST(HpmTokenizer, ExportedWeightsRefuseAnotherTokenizer) {
   for (const char* name : {"art", "computers", "food"})
     std::filesystem::copy_file(kFortunes + "/" + name, dir / ("corpus2/" + std::string(name)));
   const std::string other = train_tokenizer(dir, dir / "corpus2/*", "other");
-  const std::string cfg = gpt_config(
+  const std::string cfg = tokenizer_gpt_config(
       dir, "source = \"text\"\nfiles = \"" + corpus + "\"\ntokenizer = \"" + model + "\"\n", 800);
   ASSERT_EQ(run_hpm("train " + cfg).code, 0);
   const std::string weights = dir / "w.safetensors";
@@ -297,7 +297,7 @@ TEST(HpmTokenizer, PromptOutsideTheVocabularyIsRefused) {
   const std::string corpus = fortunes_subset(dir);
   // Without byte fallback, characters the fortunes never use have no id.
   const std::string strict = train_tokenizer(dir, corpus, "strict", "--no-byte-fallback");
-  const std::string cfg = gpt_config(
+  const std::string cfg = tokenizer_gpt_config(
       dir, "source = \"text\"\nfiles = \"" + corpus + "\"\ntokenizer = \"" + strict + "\"\n", 800);
   ASSERT_EQ(run_hpm("train " + cfg).code, 0);
   CommandResult r = run_hpm("sample " + cfg + " --checkpoint " + dir / "ckpt" +
