@@ -33,9 +33,11 @@ Packed packed_dims(const Tensor& qkv, std::int64_t heads) {
 }
 
 // cuDNN reads whole 16-byte vectors: a tensor it takes starts on such a boundary (the caching
-// allocator's blocks do; a view at an offset may not).
+// allocator's blocks do; a view at an offset may not), and so do k's and v's columns and every
+// head's (a head size that is a multiple of 8).
 bool cudnn_takes(const Packed& p, const Tensor& t) {
-  return p.batch > 0 && p.t > 0 && reinterpret_cast<std::uintptr_t>(device_ptr(t)) % 16 == 0;
+  return p.batch > 0 && p.t > 0 && p.d % 8 == 0 &&
+         reinterpret_cast<std::uintptr_t>(device_ptr(t)) % 16 == 0;
 }
 
 CudnnAttention cudnn_problem(const Packed& p, std::int64_t heads, bool causal, float scale) {
