@@ -16,11 +16,15 @@ tar -C "$W" -xJf "$BUNDLE" || { echo "cannot unpack $BUNDLE" >"$OUT/summary.txt"
 S=$OUT/summary.txt
 : >"$S"
 
-# CUDA's libraries where this machine keeps them (the toolkit's, or PyTorch's wheels').
+# CUDA's libraries where this machine keeps them (the toolkit's, or PyTorch's wheels'); then
+# NVRTC's, which cuDNN opens at run time for the engines it compiles (its fused attention's),
+# after them so that no other copy of the libraries above comes first.
 cuda_dirs=$( (ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null
   find / -xdev \( -name 'libcublasLt.so.13*' -o -name 'libcudnn.so.9*' \) 2>/dev/null |
     xargs -r -n1 dirname) | sort -u | paste -sd: -)
-export LD_LIBRARY_PATH="$W/lib:$cuda_dirs"
+nvrtc_dirs=$(find / -xdev -name 'libnvrtc.so.13*' 2>/dev/null | xargs -r -n1 dirname | sort -u |
+  while read -r d; do [[ ":$cuda_dirs:" == *":$d:"* ]] || echo "$d"; done | paste -sd: -)
+export LD_LIBRARY_PATH="$W/lib:$cuda_dirs${nvrtc_dirs:+:$nvrtc_dirs}"
 export HPM_SENTENCEPIECE_LIBRARY="$W/lib/libhpm_sentencepiece.so"
 export PATH="$W/bin:$PATH:/usr/local/cuda/bin"
 export PYTHONUNBUFFERED=1  # a step cut at its limit keeps what its Python printed
@@ -101,7 +105,8 @@ HPM_CUDA_LT_AUTOTUNE=1 step tests_autotune 60 tests.log test_cuda \
   --gtest_filter='CudaOps.EveryOp*:CudaOps.UnderAutotune*' --gtest_brief=1
 # The attention's conformance cases again on cuDNN's fused attention (attention_cudnn.h: the bench
 # A/Bs it), and the test that it runs there and not on hpm's kernels, the same bits each run.
-HPM_CUDA_ATTENTION_CUDNN=1 HPM_BACKEND_CASES=attention step tests_cudnn_attention 60 tests.log \
+# (90 s: cuDNN builds two graphs a problem shape, and may compile their kernels at the first.)
+HPM_CUDA_ATTENTION_CUDNN=1 HPM_BACKEND_CASES=attention step tests_cudnn_attention 90 tests.log \
   test_cuda --gtest_filter='CudaOps.EveryOp*:CudaOps.UnderCudnnAttention*' --gtest_brief=1
 # The fortunes GPT in f32 and bf16 on the GPU (its validation loss against the CPU's 2.0712);
 # the f32 run keeps a checkpoint that the CPU evaluates and the GPU samples from.
