@@ -27,7 +27,10 @@ trap 'rm -rf "$tmp"' EXIT
 "$python" -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.11 \
   --platform manylinux_2_28_x86_64 "nvidia-cudnn-frontend==$VERSION" -d "$tmp" >&2
 wheel=("$tmp"/nvidia_cudnn_frontend-"$VERSION"-*.whl)
-echo "$SHA256  ${wheel[0]}" | sha256sum --check --quiet -
+echo "$SHA256  ${wheel[0]}" | sha256sum --check --quiet - || {
+  echo "fetch_cudnn_frontend: ${wheel[0]##*/} is not the file pinned by its sha256: not used" >&2
+  exit 1
+}
 "$python" - "${wheel[0]}" "$tmp/unpacked" <<'PY'
 import sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z:
