@@ -31,7 +31,9 @@ HPM_CUDA_LT_AUTOTUNE=1, every product's algorithm chosen by timing cuBLASLt's fi
 shape's first call instead of taking its first, HPM_CUDA_ATTENTION_CUDNN=1, the attention on
 cuDNN's fused flash attention instead of hpm's kernels; hpm's "hpm: cuBLASLt" and "hpm: cuDNN
 attention" lines are printed too) and prints its rate beside the first; repeatable, one run per
-variable, for every size or those of --ab-sizes.
+variable, for every size or those of --ab-sizes. KEY=VALUE,KEY2=VALUE2 sets several in one run.
+Each A/B line gives the first run's rate over the variant's, then the variant's over PyTorch eager's
+and torch.compile's.
 
 Where hpm fails on a size (an error, not a timeout), it runs once more with every new path off
 (FALLBACK below: the plain cuBLAS products, the unfused bf16 compositions, the warp-per-row
@@ -217,7 +219,7 @@ def main():
     p.add_argument("--profile-steps", type=int, default=0,
                    help="N > 1: hpm once more for N steps with --op-profile; tables printed last")
     args = p.parse_args()
-    abs_ = [(spec, dict([spec.split("=", 1)])) for spec in args.ab_env]
+    abs_ = [(spec, dict(kv.split("=", 1) for kv in spec.split(","))) for spec in args.ab_env]
     args.text_glob = os.path.join(os.path.dirname(args.text[0]), "*")
     peak = gemm_rate_tflops()
     print(f"bf16 GEMM 8192^3 on this card: {peak:.0f} TFLOP/s", flush=True)
@@ -258,8 +260,12 @@ def main():
         print(f"\nhpm with {spec}:")
         for r in rows:
             a, b = hpm_rate(r["hpm"]), hpm_rate(r.get("hpm_ab " + spec, {}))
+            # The variant against the peers too: what the bars would read were it the default.
+            e, c = peer_rate(r["eager"]), peer_rate(r["compile"])
+            bars = "".join(f", {b / p:.2f}x {name}" for name, p in (("eager", e), ("compile", c))
+                           if b and p)
             print(f"{r['size']:12} {b and round(b) or 'n/a':>11} tokens/s against {a and round(a) or 'n/a'}"
-                  f" ({a / b:.2f}x)" if a and b else f"{r['size']:12} n/a")
+                  f" ({a / b:.2f}x{bars})" if a and b else f"{r['size']:12} n/a")
     for r in rows:
         if "hpm_profile" in r:
             prof = r["hpm_profile"]

@@ -165,7 +165,9 @@ done
 # from the update's end until the next step's first kernel arrives), and with every product's
 # algorithm chosen by timing the heuristic's first eight at the shape's first call
 # (HPM_CUDA_LT_AUTOTUNE=1: its lines, "hpm: cuBLASLt autotune", say per shape how far the
-# heuristic's first is from the fastest) (runs 11 and 12 measured GELU into bf16 by erf,
+# heuristic's first is from the fastest), and with cuDNN's attention and the autotune at once
+# (the two paths that are off by default: what the bars would read with both made the default;
+# each A/B line gives the variant against PyTorch eager and torch.compile too) (runs 11 and 12 measured GELU into bf16 by erf,
 # HPM_CUDA_GELU=erf, 0-7% faster a step than by normcdff: now the default, no longer A/B'd); and a 30-step
 # run of each size under --op-profile: the step's time by op, the table issue 32's work starts
 # from. The A/Bs for GPT-2 small and the shakespeare model only (the fortunes model's step, 0.3 ms,
@@ -178,7 +180,8 @@ step bench 450 bench.log python3 bench/gpu_gpt.py --hpm "$W/bin/hpm" --peer "$W/
   --repeats "${GPU_BENCH_REPEATS:-3}" ${GPU_BENCH_HPM_ONLY:+--hpm-only} "${ab_attention[@]}" \
   --ab-env HPM_CUDA_ATTENTION_ONE_PASS=0 --ab-env HPM_CUDA_ATTENTION_CUDNN=1 \
   --ab-env HPM_FUSED_CROSS_ENTROPY=0 --ab-env HPM_LOSS_READ_AFTER_UPDATE=0 \
-  --ab-env HPM_CUDA_LT_AUTOTUNE=1 --ab-sizes gpt2,shakespeare --profile-steps 30 \
+  --ab-env HPM_CUDA_LT_AUTOTUNE=1 --ab-env HPM_CUDA_ATTENTION_CUDNN=1,HPM_CUDA_LT_AUTOTUNE=1 \
+  --ab-sizes gpt2,shakespeare --profile-steps 30 \
   --timeout 150
 sed -n '/^size /,/^op profile/p' "$OUT/bench.log" >>"$S"  # the table and the A/B lines after it
 # PyTorch eager's time for each op of the same steps (the op profile's rows), GPT-2 small's and
