@@ -3,9 +3,9 @@
 #include <atomic>
 #include <bit>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
+
+#include "tensor/backend/cuda/runtime.h"
 
 #if defined(HPM_HAVE_CUDNN_FRONTEND)
 #include <cudnn_frontend.h>
@@ -20,16 +20,12 @@
 
 #include "hpm/tensor/tensor.h"
 #include "tensor/backend/cuda/cudnn_handle.h"
-#include "tensor/backend/cuda/runtime.h"
 #endif
 
 namespace hpm::cuda {
 
 bool cudnn_attention_requested() {
-  static const bool on = [] {
-    const char* v = std::getenv("HPM_CUDA_ATTENTION_CUDNN");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = opt_in_switch_on("HPM_CUDA_ATTENTION_CUDNN");
   return on;
 }
 

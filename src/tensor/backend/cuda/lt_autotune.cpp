@@ -1,8 +1,6 @@
 #include "tensor/backend/cuda/lt_autotune.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "tensor/backend/cuda/runtime.h"
 
@@ -37,10 +35,7 @@ class Events {
 }  // namespace
 
 bool lt_autotune_on() {
-  static const bool on = [] {
-    const char* v = std::getenv("HPM_CUDA_LT_AUTOTUNE");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = opt_in_switch_on("HPM_CUDA_LT_AUTOTUNE");
   return on;
 }
 

@@ -34,16 +34,18 @@ void check_launch(const char* kernel, const char* file, int line) {
 }
 
 bool allow_tf32() {
-  static const bool on = [] {
-    const char* v = std::getenv("HPM_CUDA_ALLOW_TF32");
-    return v != nullptr && std::string(v) == "1";
-  }();
+  static const bool on = opt_in_switch_on("HPM_CUDA_ALLOW_TF32");
   return on;
 }
 
 bool ab_switch_on(const char* name) {
   const char* v = std::getenv(name);
   return v == nullptr || std::string(v) != "0";
+}
+
+bool opt_in_switch_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == "1";
 }
 
 int device_count() {

@@ -46,6 +46,9 @@ bool allow_tf32();
 // An A/B switch of the environment for the benchmark (bench/gpu_gpt.py --ab-env): on unless the
 // variable is "0".
 bool ab_switch_on(const char* name);
+// A path that is off by default (HPM_CUDA_LT_AUTOTUNE, HPM_CUDA_ATTENTION_CUDNN, ...): on only when
+// the variable is "1".
+bool opt_in_switch_on(const char* name);
 
 // How many devices the driver reports; throws std::runtime_error saying what was found (no
 // driver, no device) when there are none.
