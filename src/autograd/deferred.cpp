@@ -3,7 +3,7 @@
 namespace hpm::autograd {
 
 namespace {
-thread_local DeferredWeightGradients* current = nullptr;
+thread_local DeferredWeightGradients* active_deferral = nullptr;
 }  // namespace
 
 void DeferredWeightGradients::run() {
@@ -13,12 +13,13 @@ void DeferredWeightGradients::run() {
   for (auto& w : work) w();
 }
 
-DeferWeightGradients::DeferWeightGradients(DeferredWeightGradients& into) : previous_(current) {
-  current = &into;
+DeferWeightGradients::DeferWeightGradients(DeferredWeightGradients& into)
+    : previous_(active_deferral) {
+  active_deferral = &into;
 }
 
-DeferWeightGradients::~DeferWeightGradients() { current = previous_; }
+DeferWeightGradients::~DeferWeightGradients() { active_deferral = previous_; }
 
-DeferredWeightGradients* deferred_weight_gradients() { return current; }
+DeferredWeightGradients* deferred_weight_gradients() { return active_deferral; }
 
 }  // namespace hpm::autograd

@@ -11,16 +11,9 @@
 
 #include "hpm/io/atomic_file.h"
 #include "hpm/io/error.h"
+#include "train/host_name.h"
 
 namespace hpm::train {
-
-namespace {
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
-}  // namespace
 
 DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what)
     : dir_(dir), path_(dir + "/" + kFileName) {
@@ -47,7 +40,7 @@ DirectoryLock::DirectoryLock(const std::string& dir, const std::string& what)
                         (holder.empty() ? std::string("holder unknown") : holder) + ", lock " +
                         path_ + "): wait for it to finish, or choose another directory");
   }
-  const std::string me = "pid " + std::to_string(::getpid()) + " on " + host_name() + "\n";
+  const std::string me = "pid " + std::to_string(::getpid()) + " on " + host_name_or("?") + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, me.data(), me.size(), 0) < 0) {
     // The lock holds without its note; a refused run then says "holder unknown".
   }

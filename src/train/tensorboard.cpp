@@ -10,6 +10,7 @@
 
 #include "hpm/io/crc32c.h"
 #include "hpm/io/error.h"
+#include "train/host_name.h"
 
 namespace hpm::train {
 
@@ -53,12 +54,6 @@ std::string event_header(std::int64_t step) {
   return e;
 }
 
-std::string host_name() {
-  std::array<char, 256> h{};
-  if (gethostname(h.data(), h.size() - 1) != 0) return "localhost";
-  return h.data();
-}
-
 }  // namespace
 
 EventFileWriter::EventFileWriter(const std::string& dir) {
@@ -66,7 +61,7 @@ EventFileWriter::EventFileWriter(const std::string& dir) {
   std::filesystem::create_directories(dir, ec);
   if (ec) throw io::IoError("tensorboard: cannot create " + dir + ": " + ec.message());
   path_ = dir + "/events.out.tfevents." + std::to_string(static_cast<long long>(wall_time())) +
-          "." + host_name() + "." + std::to_string(getpid()) + ".v2";
+          "." + host_name_or("localhost") + "." + std::to_string(getpid()) + ".v2";
   out_.open(path_, std::ios::binary | std::ios::app);
   if (!out_) throw io::IoError("tensorboard: cannot create " + path_ + ": " + std::strerror(errno));
   std::string e = event_header(0);

@@ -26,7 +26,7 @@ void on_ranks(int size, Fn fn) {
 }
 
 // Rank r holds r + 1 + i/1000 at element i: sums, averages and maxima have closed forms.
-Tensor contribution(int rank, std::int64_t n) {
+Tensor local_contribution(int rank, std::int64_t n) {
   Tensor t = Tensor::empty({n});
   float* p = t.data<float>();
   for (std::int64_t i = 0; i < n; ++i)
@@ -49,7 +49,7 @@ TEST_P(AllreduceTest, MatchesClosedFormAndAgreesBitwise) {
     std::vector<Tensor> results(c.size);
     on_ranks(c.size, [&](int r) {
       comms[r]->set_algorithm(c.algorithm);
-      results[r] = contribution(r, c.n);
+      results[r] = local_contribution(r, c.n);
       comms[r]->allreduce(results[r], op)->wait();
     });
     const float n_ranks = static_cast<float>(c.size);
@@ -154,7 +154,7 @@ TEST(LocalCollectives, ReduceScatterAllgatherBroadcastBarrier) {
     const std::int64_t block = 1001;
     std::vector<Tensor> scattered(size), gathered(size), bcast(size);
     on_ranks(size, [&](int r) {
-      Tensor in = contribution(r, block * size);
+      Tensor in = local_contribution(r, block * size);
       scattered[r] = Tensor::empty({block});
       comms[r]->reduce_scatter(in, scattered[r], ReduceOp::kSum)->wait();
       gathered[r] = Tensor::empty({block * size});

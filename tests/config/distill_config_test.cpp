@@ -39,7 +39,7 @@ TEST(DistillConfig, CommittedExamplesParse) {
   EXPECT_GT(teacher.gpt.n_embd, gpt.gpt.n_embd);
 }
 
-std::string error_of(const std::string& sections) {
+std::string distill_error_of(const std::string& sections) {
   testing::TempDir dir;
   const std::string path = dir / "c.toml";
   std::ofstream(path) << "[model]\nlayers = [{ type = \"flatten\" }]\n" << sections;
@@ -52,21 +52,21 @@ std::string error_of(const std::string& sections) {
 }
 
 TEST(DistillConfig, BadValuesNameFileLineAndKey) {
-  std::string e = error_of("[codistill]\ncopies = 2\nshards = \"halves\"\n");
+  std::string e = distill_error_of("[codistill]\ncopies = 2\nshards = \"halves\"\n");
   EXPECT_NE(e.find("c.toml:5:"), std::string::npos) << e;
   EXPECT_NE(e.find("[codistill] shards"), std::string::npos) << e;
-  e = error_of("[codistill]\nexchange_every = 0\n");
+  e = distill_error_of("[codistill]\nexchange_every = 0\n");
   EXPECT_NE(e.find("exchange_every"), std::string::npos) << e;
-  e = error_of("[codistill]\nalpha = 2.0\n");
+  e = distill_error_of("[codistill]\nalpha = 2.0\n");
   EXPECT_NE(e.find("[codistill] alpha"), std::string::npos) << e;
-  e = error_of("[noisy_student]\nconfidence_threshold = 1.5\n");
+  e = distill_error_of("[noisy_student]\nconfidence_threshold = 1.5\n");
   EXPECT_NE(e.find("c.toml:4:"), std::string::npos) << e;
   EXPECT_NE(e.find("confidence_threshold"), std::string::npos) << e;
-  e = error_of("[noisy_student]\nlabelled_fraction = 1.0\n");
+  e = distill_error_of("[noisy_student]\nlabelled_fraction = 1.0\n");
   EXPECT_NE(e.find("labelled_fraction"), std::string::npos) << e;
-  e = error_of("[noisy_student]\nround = 2\n");
+  e = distill_error_of("[noisy_student]\nround = 2\n");
   EXPECT_NE(e.find("unknown key 'round'"), std::string::npos) << e;
-  EXPECT_EQ(error_of("[noisy_student]\n[codistill]\n"), "");
+  EXPECT_EQ(distill_error_of("[noisy_student]\n[codistill]\n"), "");
 }
 
 }  // namespace

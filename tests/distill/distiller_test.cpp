@@ -198,11 +198,11 @@ std::shared_ptr<nn::Sequential> mlp(std::int64_t hidden, bool with_noise_layers)
   return std::make_shared<nn::Sequential>(layers);
 }
 
-std::shared_ptr<optim::Optimizer> sgd(nn::Module& m) {
+std::shared_ptr<optim::Optimizer> distiller_sgd(nn::Module& m) {
   return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.05f, 0.9f});
 }
 
-train::FitOptions fit_options(std::int64_t epochs) {
+train::FitOptions distiller_fit_options(std::int64_t epochs) {
   train::FitOptions o;
   o.epochs = epochs;
   o.batch_size = 32;
@@ -214,8 +214,8 @@ std::shared_ptr<nn::Sequential> trained_teacher(const data::LabelledData& train,
                                                 bool with_noise_layers) {
   manual_seed(seed);
   auto teacher = mlp(32, with_noise_layers);
-  train::Trainer t(teacher, sgd(*teacher));
-  t.fit(train, nullptr, fit_options(4));
+  train::Trainer t(teacher, distiller_sgd(*teacher));
+  t.fit(train, nullptr, distiller_fit_options(4));
   return teacher;
 }
 
@@ -239,10 +239,10 @@ TEST(Distiller, TeacherIsBitIdenticalAfterDistillation) {
 
   manual_seed(3);
   auto student = mlp(16, false);
-  train::Trainer trainer(student, sgd(*student));
+  train::Trainer trainer(student, distiller_sgd(*student));
   distill::attach(trainer, std::make_shared<Distiller>(std::vector<Teacher>{{teacher, 1.0f}},
                                                        DistillOptions{0.9f, 4.0f}));
-  trainer.fit(train, nullptr, fit_options(2));
+  trainer.fit(train, nullptr, distiller_fit_options(2));
 
   EXPECT_EQ(snapshot(*teacher), before);
   EXPECT_FALSE(teacher->is_training());
@@ -258,19 +258,19 @@ TEST(Distiller, DistilledStudentLearnsAndMOnMEnsembleIsEvaluated) {
   // Two teachers, one student; soft targets alone (alpha = 1) must teach it the task.
   manual_seed(6);
   auto student = mlp(16, false);
-  train::Trainer trainer(student, sgd(*student));
+  train::Trainer trainer(student, distiller_sgd(*student));
   distill::attach(trainer, std::make_shared<Distiller>(
                                std::vector<Teacher>{{teacher_a, 1.0f}, {teacher_b, 1.0f}},
                                DistillOptions{1.0f, 2.0f}));
-  trainer.fit(train, nullptr, fit_options(3));
+  trainer.fit(train, nullptr, distiller_fit_options(3));
   EXPECT_GT(trainer.evaluate(test).accuracy, acc_a - 0.08);
 
   // M on M: a student per teacher, then their ensemble.
   manual_seed(7);
   const auto students = distill::distill_one_per_teacher(
-      {{teacher_a, 1.0f}, {teacher_b, 1.0f}}, {[] { return mlp(16, false); }, sgd},
+      {{teacher_a, 1.0f}, {teacher_b, 1.0f}}, {[] { return mlp(16, false); }, distiller_sgd},
       data::Dataset::batched_slices({train.inputs, train.labels}, 32, true, 5, true),
-      fit_options(3), {0.5f, 2.0f});
+      distiller_fit_options(3), {0.5f, 2.0f});
   ASSERT_EQ(students.size(), 2u);
   EXPECT_GT(distill::ensemble_accuracy(students, test), acc_a - 0.08);
 }

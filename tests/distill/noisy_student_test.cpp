@@ -87,7 +87,7 @@ std::shared_ptr<nn::Module> mlp(std::int64_t hidden, float dropout) {
   return std::make_shared<nn::Sequential>(layers);
 }
 
-std::shared_ptr<optim::Optimizer> sgd(nn::Module& m) {
+std::shared_ptr<optim::Optimizer> noisy_student_sgd(nn::Module& m) {
   return std::make_shared<optim::SGD>(m.named_parameters(), optim::SgdOptions{0.05f, 0.9f});
 }
 
@@ -101,7 +101,7 @@ TEST(NoisyStudent, OneHotTargetsTeachLikeLabels) {
   const auto train = testing::blobs(512, 1), test = testing::blobs(300, 9);
   manual_seed(2);
   auto model = mlp(16, 0.0f);
-  auto opt = sgd(*model);
+  auto opt = noisy_student_sgd(*model);
   distill::TargetFitOptions fit;
   fit.epochs = 3;
   fit.batch_size = 32;
@@ -122,7 +122,7 @@ TEST(NoisyStudent, InputNoiseChangesTrainingButNotTheData) {
     manual_seed(5);
     auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
         std::make_shared<nn::Flatten>(), std::make_shared<nn::Linear>(36, 3)});
-    auto opt = sgd(*model);
+    auto opt = noisy_student_sgd(*model);
     distill::TargetFitOptions fit;
     fit.epochs = 2;
     fit.batch_size = 16;
@@ -144,7 +144,7 @@ TEST(NoisyStudent, EachRoundsStudentTeachesTheNextAndTeachersStayUntouched) {
   manual_seed(3);
   std::shared_ptr<nn::Module> teacher = mlp(16, 0.0f);
   {
-    auto opt = sgd(*teacher);
+    auto opt = noisy_student_sgd(*teacher);
     distill::TargetFitOptions fit;
     fit.epochs = 10;
     fit.batch_size = 16;
@@ -162,7 +162,7 @@ TEST(NoisyStudent, EachRoundsStudentTeachesTheNextAndTeachersStayUntouched) {
   o.fit.batch_size = 32;
   int calls = 0;
   const auto rounds = distill::noisy_student(
-      teacher, {[] { return mlp(32, 0.2f); }, sgd}, labelled, unlabelled, &test, o,
+      teacher, {[] { return mlp(32, 0.2f); }, noisy_student_sgd}, labelled, unlabelled, &test, o,
       [&](const distill::NoisyStudentRound& r) { EXPECT_EQ(r.round, ++calls); });
   ASSERT_EQ(rounds.size(), 2u);
   EXPECT_EQ(calls, 2);

@@ -24,26 +24,26 @@ namespace {
 using namespace std::chrono_literals;
 using testing::flat_parameters;
 
-struct Case {
+struct ModelCase {
   const char* name;
   ModelFactory model;
   std::function<nn::Batch(std::uint64_t)> batch;
   std::shared_ptr<const nn::Objective> objective;
 };
 
-Case gpt_case() {
+ModelCase gpt_case() {
   return {"gpt", testing::tiny_gpt,
           [](std::uint64_t seed) { return testing::token_batch(8, 8, 32, seed); },
           std::make_shared<nn::LanguageModelling>()};
 }
 
-Case resnet_case() {
+ModelCase resnet_case() {
   return {"resnet", testing::tiny_resnet,
           [](std::uint64_t seed) { return testing::image_batch(8, seed); },
           std::make_shared<nn::Classification>()};
 }
 
-std::vector<float> train(Strategy& s, const Case& c, int steps) {
+std::vector<float> train(Strategy& s, const ModelCase& c, int steps) {
   manual_seed(7);
   s.scope(c.model, testing::sgd);
   for (int k = 0; k < steps; ++k) {
@@ -69,7 +69,7 @@ StrategyOptions replicas(int n, int accumulation = 1) {
 }
 
 TEST(Models, EveryStrategyMatchesOneDevice) {
-  for (const Case& c : {gpt_case(), resnet_case()}) {
+  for (const ModelCase& c : {gpt_case(), resnet_case()}) {
     SCOPED_TRACE(c.name);
     // The reference: one device; for the ResNet, in the two micro-batches replicas see.
     const bool batch_norm = std::string(c.name) == "resnet";
@@ -110,7 +110,7 @@ std::pair<std::vector<float>, std::int64_t> running_statistics(const nn::Module&
 // replica 0), and they moved from their initial values (mean 0, variance 1), which is what an
 // evaluation or a checkpoint of model() reads.
 TEST(Models, CentralStorageKeepsRunningStatisticsAsMirrored) {
-  const Case c = resnet_case();
+  const ModelCase c = resnet_case();
   manual_seed(7);
   const auto initial = running_statistics(*c.model());
   auto mirrored = make_mirrored(replicas(2));
@@ -130,7 +130,7 @@ TEST(Models, CentralStorageKeepsRunningStatisticsAsMirrored) {
 // Two workers (a local group stands in for gloo between processes; tests/cli trains through
 // real processes), each with one replica.
 TEST(Models, MultiWorkerMirroredMatchesOneDevice) {
-  for (const Case& c : {gpt_case(), resnet_case()}) {
+  for (const ModelCase& c : {gpt_case(), resnet_case()}) {
     SCOPED_TRACE(c.name);
     const bool batch_norm = std::string(c.name) == "resnet";
     const auto ref = train(*make_one_device(replicas(1, batch_norm ? 2 : 1)), c, 3);
@@ -152,7 +152,7 @@ TEST(Models, MultiWorkerMirroredMatchesOneDevice) {
 }
 
 TEST(Models, LanguageModellingMetricsAreReducedOverReplicas) {
-  const Case c = gpt_case();
+  const ModelCase c = gpt_case();
   auto s = make_mirrored(replicas(2));
   manual_seed(7);
   s->scope(c.model, testing::sgd);

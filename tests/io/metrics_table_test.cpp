@@ -12,7 +12,7 @@ namespace hpm::io {
 namespace {
 
 TEST(MetricsTable, CurvesSkipEmptyCellsAndSumTheWallClock) {
-  testing::TempDir dir;
+  hpm::testing::TempDir dir;
   std::ofstream(dir / "m.csv") << "epoch,train_loss,test_loss,seconds\n"
                                   "1,2.0,,1.5\n"
                                   "2,1.0,0.9,2.5\n"
@@ -29,7 +29,7 @@ TEST(MetricsTable, CurvesSkipEmptyCellsAndSumTheWallClock) {
 }
 
 TEST(MetricsTable, MistakesNameTheFileLineAndColumn) {
-  testing::TempDir dir;
+  hpm::testing::TempDir dir;
   std::ofstream(dir / "m.csv") << "epoch,train_loss\n1,2.0\n2,abc\n";
   const MetricsTable t = read_metrics_table(dir / "m.csv");
   try {

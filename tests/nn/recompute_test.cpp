@@ -29,7 +29,7 @@ std::shared_ptr<Sequential> small_cnn() {
       std::make_shared<Flatten>(), std::make_shared<Linear>(4 * 4 * 4, 3)});
 }
 
-struct Outcome {
+struct RecomputeOutcome {
   std::vector<std::vector<float>> grads;  // per parameter
   std::vector<std::vector<float>> state;  // parameters and buffers after the step (BN stats)
   float loss = 0;
@@ -37,7 +37,7 @@ struct Outcome {
 };
 
 // One forward + backward of `model` on a fixed batch, the default generator seeded alike.
-Outcome step(Module& model, const Tensor& x, std::int64_t classes) {
+RecomputeOutcome step(Module& model, const Tensor& x, std::int64_t classes) {
   Generator data(9);
   Tensor y = Tensor::zeros({x.size(0)}, DType::I64);
   for (std::int64_t i = 0; i < x.size(0); ++i)
@@ -46,7 +46,7 @@ Outcome step(Module& model, const Tensor& x, std::int64_t classes) {
   model.zero_grad();
   Tensor loss = cross_entropy(model.forward(x), y);
   loss.backward();
-  Outcome o;
+  RecomputeOutcome o;
   o.loss = loss.item();
   for (const Tensor& p : model.parameters()) o.grads.push_back(p.grad().to_vector());
   for (const auto& [name, t] : model.state_dict()) {
@@ -62,7 +62,8 @@ Outcome step(Module& model, const Tensor& x, std::int64_t classes) {
   return o;
 }
 
-void expect_identical(const Outcome& a, const Outcome& b, const std::string& what) {
+void expect_identical(const RecomputeOutcome& a, const RecomputeOutcome& b,
+                      const std::string& what) {
   EXPECT_EQ(a.loss, b.loss) << what;
   EXPECT_EQ(a.grads, b.grads) << what << ": gradients differ";
   EXPECT_EQ(a.state, b.state) << what << ": parameters or buffers (BatchNorm statistics) differ";
@@ -88,7 +89,7 @@ TEST(Recompute, ParsesModesAndRejectsOthersNamingTheChoices) {
 TEST(Recompute, GradientsAreBitIdenticalWithDropoutAndBatchNorm) {
   Generator gen(2);
   const Tensor x = Tensor::randn({12, 16}, gen);
-  const Outcome ref = step(*mlp_with_dropout_and_bn(), x, 4);
+  const RecomputeOutcome ref = step(*mlp_with_dropout_and_bn(), x, 4);
   for (RecomputeMode mode : {RecomputeMode::Always, RecomputeMode::ExceptLast}) {
     for (int every : {1, 2, 3, 8}) {
       auto model = with_recomputation(mlp_with_dropout_and_bn(), every, mode);
@@ -101,7 +102,7 @@ TEST(Recompute, GradientsAreBitIdenticalWithDropoutAndBatchNorm) {
 TEST(Recompute, ConvolutionsWithFusedReluAndPoolAreBitIdentical) {
   Generator gen(4);
   const Tensor x = Tensor::randn({6, 1, 8, 8}, gen);
-  const Outcome ref = step(*small_cnn(), x, 3);
+  const RecomputeOutcome ref = step(*small_cnn(), x, 3);
   for (int every : {1, 2}) {
     auto model = with_recomputation(small_cnn(), every, RecomputeMode::Always);
     expect_identical(ref, step(*model, x, 3), "cnn every " + std::to_string(every));

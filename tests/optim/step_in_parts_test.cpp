@@ -11,7 +11,7 @@
 namespace hpm::optim {
 namespace {
 
-nn::NamedTensors make_params(std::uint64_t seed) {
+nn::NamedTensors part_params(std::uint64_t seed) {
   Generator g(seed);
   nn::NamedTensors out;
   for (const char* name : {"w0", "w1", "w2", "w3"}) {
@@ -32,7 +32,7 @@ void set_grads(const nn::NamedTensors& params, int step) {
 }
 
 TEST(StepInParts, EqualsOneStepForAdam) {
-  nn::NamedTensors whole = make_params(1), parts = make_params(1);
+  nn::NamedTensors whole = part_params(1), parts = part_params(1);
   Adam a(whole, AdamOptions{}), b(parts, AdamOptions{});
   for (int step = 0; step < 3; ++step) {
     set_grads(whole, step);
@@ -51,7 +51,7 @@ TEST(StepInParts, EqualsOneStepForAdam) {
 }
 
 TEST(StepInParts, RejectsAnIndexOutOfRange) {
-  nn::NamedTensors params = make_params(2);
+  nn::NamedTensors params = part_params(2);
   SGD sgd(params, SgdOptions{0.1f});
   sgd.begin_step();
   EXPECT_THROW(sgd.step_params({4}), std::out_of_range);

@@ -37,8 +37,8 @@ using testing::flat_grads;
 constexpr auto loss_fn = testing::cross_entropy_loss;
 Batch batch(std::int64_t n, std::uint64_t seed) { return testing::random_batch(n, seed); }
 
-void expect_close(const std::vector<float>& a, const std::vector<float>& b, const std::string& what,
-                  float tolerance = 1e-5f) {
+void expect_runtime_close(const std::vector<float>& a, const std::vector<float>& b,
+                          const std::string& what, float tolerance = 1e-5f) {
   ASSERT_EQ(a.size(), b.size()) << what;
   float worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -83,7 +83,7 @@ TEST(Pipeline, EveryScheduleAccumulatesTheUnsplitGradients) {
     const StepStats st = p.forward_backward(b.x, b.y, loss_fn);
     const std::string what = std::string(schedule_name(c.kind)) + " K=" + std::to_string(c.stages) +
                              " M=" + std::to_string(c.micro);
-    expect_close(reference, flat_grads(*model), what);
+    expect_runtime_close(reference, flat_grads(*model), what);
     EXPECT_NEAR(st.loss_sum / static_cast<double>(st.rows), loss, 1e-5) << what;
     EXPECT_EQ(st.rows, 22);
     EXPECT_TRUE(st.finite);
@@ -140,7 +140,7 @@ TEST(Pipeline, AFirstChunkWithoutParametersRunsEverySchedule) {
                              " chunks=" + std::to_string(cuts.size() - 1);
     StepStats st;
     ASSERT_NO_THROW(st = p.forward_backward(x, b.y, loss_fn)) << what;
-    expect_close(reference, flat_grads(*model), what);
+    expect_runtime_close(reference, flat_grads(*model), what);
     EXPECT_NEAR(st.loss_sum / static_cast<double>(st.rows), loss, 1e-5) << what;
   }
 }
@@ -187,8 +187,8 @@ TEST(PipelineStrategy, NStepsMatchOneDeviceForEverySchedule) {
       o.pipeline.chunks_per_stage = v;
       o.partition = method;
       auto s = make_pipeline(o);
-      expect_close(reference, train(*s, 6),
-                   std::string(schedule_name(kind)) + " " + partition_name(method), 1e-4f);
+      expect_runtime_close(reference, train(*s, 6),
+                           std::string(schedule_name(kind)) + " " + partition_name(method), 1e-4f);
       const PipelineReport* report = pipeline_report(*s);
       ASSERT_NE(report, nullptr);
       EXPECT_EQ(report->partition.boundaries.size(), static_cast<std::size_t>(2 * v + 1));
@@ -218,7 +218,7 @@ TEST(PipelineStrategy, AFirstStageWithoutParametersTrainsAsOneDevice) {
   o.pipeline.schedule = ScheduleKind::kOneFOneB;
   o.boundaries = {0, 1, 3, 6};
   auto s = make_pipeline(o);
-  expect_close(reference, steps(*s), "1f1b, the flatten alone on stage 0", 1e-4f);
+  expect_runtime_close(reference, steps(*s), "1f1b, the flatten alone on stage 0", 1e-4f);
 }
 
 TEST(Pipeline, AStepTooLargeForOneDeviceTrainsWhenSplit) {
@@ -323,7 +323,7 @@ TEST(Pipeline, StagesInSeparateCommunicatorsMatchTheInProcessPipeline) {
       combined.insert(combined.end(), v.begin(), v.end());
     }
   }
-  expect_close(reference, combined, "two communicators");
+  expect_runtime_close(reference, combined, "two communicators");
   EXPECT_EQ(stats[0].loss_sum, 0.0);  // the loss lives on the last stage
   EXPECT_GT(stats[1].loss_sum, 0.0);
 }
@@ -426,7 +426,7 @@ TEST(Pipeline, StagesReceivingAheadGetEveryShapeRight) {
         combined.insert(combined.end(), v.begin(), v.end());
       }
     }
-    expect_close(reference, combined, "received ahead");
+    expect_runtime_close(reference, combined, "received ahead");
   }
 }
 
@@ -488,7 +488,7 @@ TEST(PipelineStrategy, BatchNormRunningStatisticsAreCommittedOncePerMiniBatch) {
     if (ref[i].second.dtype() == DType::I64) {
       EXPECT_EQ(ref[i].second.to_vector_i64(), got[i].second.to_vector_i64()) << ref[i].first;
     } else {
-      expect_close(ref[i].second.to_vector(), got[i].second.to_vector(), ref[i].first);
+      expect_runtime_close(ref[i].second.to_vector(), got[i].second.to_vector(), ref[i].first);
     }
   }
 }
@@ -519,7 +519,7 @@ TEST(PipelineStrategy, OneProcessPerStageMatchesOneDeviceAndSharesTheModel) {
     });
   }
   for (auto& t : threads) t.join();
-  expect_close(reference, got[0], "rank 0", 1e-4f);
+  expect_runtime_close(reference, got[0], "rank 0", 1e-4f);
   EXPECT_EQ(got[0], got[1]);
 }
 
@@ -558,9 +558,9 @@ TEST(PipelineStrategy, SynchronizeSharesTheOtherStagesWeightsAndOptimizerState) 
   }
   for (auto& t : threads) t.join();
   EXPECT_NE(before[0], before[1]) << "each process updated only its own stage";
-  expect_close(reference, after[0], "rank 0", 1e-4f);
+  expect_runtime_close(reference, after[0], "rank 0", 1e-4f);
   EXPECT_EQ(after[0], after[1]);
-  expect_close(reference_state, state[0], "rank 0's optimizer state", 1e-4f);
+  expect_runtime_close(reference_state, state[0], "rank 0's optimizer state", 1e-4f);
   EXPECT_EQ(state[0], state[1]);
 }
 

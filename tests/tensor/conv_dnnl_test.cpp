@@ -30,7 +30,7 @@ struct ConvCase {
   }
 };
 
-const std::vector<ConvCase>& cases() {
+const std::vector<ConvCase>& conv_cases() {
   static const std::vector<ConvCase> all = {
       {2, 3, 7, 6, 4, 3, 3, {2, 1, 1, 0}},       // mixed stride and padding
       {3, 1, 9, 11, 5, 3, 3, {1, 1, 1, 1}},      // one input channel, odd sizes
@@ -59,7 +59,7 @@ void expect_close(const Tensor& a, const Tensor& b, const std::string& what) {
 
 TEST(ConvDnnl, ForwardMatchesIm2col) {
   Generator gen(11);
-  for (const ConvCase& c : cases()) {
+  for (const ConvCase& c : conv_cases()) {
     Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
     Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
     Tensor b = Tensor::randn({c.oc}, gen);
@@ -72,7 +72,7 @@ TEST(ConvDnnl, ForwardMatchesIm2col) {
 
 TEST(ConvDnnl, BackwardMatchesIm2col) {
   Generator gen(12);
-  for (const ConvCase& c : cases()) {
+  for (const ConvCase& c : conv_cases()) {
     Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
     Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
     Tensor y = cpu::conv2d_forward_im2col(x, w, Tensor(), c.p);
@@ -114,7 +114,7 @@ TEST(ConvDnnl, BackwardMatchesIm2col) {
 
 TEST(ConvDnnl, DispatchMatchesIm2col) {
   Generator gen(13);
-  const ConvCase& c = cases()[2];
+  const ConvCase& c = conv_cases()[2];
   Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
   Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
   Tensor b = Tensor::randn({c.oc}, gen);
@@ -193,7 +193,7 @@ TEST(ConvDnnl, RejectsMismatchedShapes) {
 // scratchpad, so the results must equal the single-threaded ones.
 TEST(ConvDnnl, ConcurrentCallsShareCachedPlans) {
   Generator gen(14);
-  const ConvCase& c = cases()[6];
+  const ConvCase& c = conv_cases()[6];
   Tensor x = Tensor::randn({c.n, c.c, c.h, c.w}, gen);
   Tensor w = Tensor::randn({c.oc, c.c, c.kh, c.kw}, gen);
   Tensor b = Tensor::randn({c.oc}, gen);

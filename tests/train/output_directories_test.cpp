@@ -26,15 +26,15 @@ namespace fs = std::filesystem;
 using hpm::testing::blobs;
 using hpm::testing::TempDir;
 
-struct Rig {
+struct DirectoriesRig {
   std::shared_ptr<nn::Sequential> model;
   std::shared_ptr<optim::SGD> opt;
   std::unique_ptr<Trainer> trainer;
 };
 
-Rig make() {
+DirectoriesRig directories_rig() {
   manual_seed(1);
-  Rig s;
+  DirectoriesRig s;
   s.model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(8, 16), std::make_shared<nn::ReLU>(),
       std::make_shared<nn::Linear>(16, 3)});
@@ -48,7 +48,7 @@ void write(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
 }
 
-std::string error_of(Rig& s, const data::LabelledData& train, const FitOptions& o) {
+std::string error_of(DirectoriesRig& s, const data::LabelledData& train, const FitOptions& o) {
   try {
     s.trainer->fit(train, nullptr, o);
   } catch (const std::exception& e) {
@@ -65,7 +65,7 @@ TEST(OutputDirectories, AFinishedRunDeletesOnlyItsOwnBackups) {
   write(runs + "/exp1/results.txt", "keep me");
   write(runs + "/notes.txt", "mine too");
   auto train = blobs(64, 1);
-  Rig s = make();
+  DirectoriesRig s = directories_rig();
   FitOptions o;
   o.batch_size = 16;
   o.epochs = 2;
@@ -83,7 +83,7 @@ TEST(OutputDirectories, AFinishedRunDeletesOnlyItsOwnBackups) {
   EXPECT_EQ(left, (std::vector<std::string>{"exp1", "notes.txt"}));
 
   // A directory the run made itself goes with its backups.
-  Rig t = make();
+  DirectoriesRig t = directories_rig();
   o.backup_dir = dir / "fresh";
   t.trainer->fit(train, nullptr, o);
   EXPECT_FALSE(fs::exists(dir / "fresh"));
@@ -96,7 +96,7 @@ TEST(OutputDirectories, BackupDirDotKeepsTheWorkingDirectory) {
   const fs::path cwd = fs::current_path();
   fs::current_path(dir.path());
   auto train = blobs(64, 2);
-  Rig s = make();
+  DirectoriesRig s = directories_rig();
   FitOptions o;
   o.batch_size = 16;
   o.backup_dir = ".";
@@ -128,7 +128,7 @@ TEST(OutputDirectories, BackupDirThatIsTheCheckpointDirIsRefused) {
   TempDir dir;
   auto train = blobs(64, 3);
   for (const std::string& backup : {dir / "ck/", dir / "ck/./", dir / "ck/backup"}) {
-    Rig s = make();
+    DirectoriesRig s = directories_rig();
     FitOptions o;
     o.batch_size = 16;
     o.checkpoint_dir = dir / "ck";
@@ -148,12 +148,12 @@ TEST(OutputDirectories, AFreshRunDoesNotOverwriteAnEarlierRunsCheckpoints) {
   FitOptions o;
   o.batch_size = 16;
   o.checkpoint_dir = dir / "ck";
-  Rig first = make();
+  DirectoriesRig first = directories_rig();
   first.trainer->fit(train, nullptr, o);
   const std::string latest = io::read_file(dir / "ck/latest");
   const std::string weights = io::read_file(dir / "ck/ckpt-4/model.safetensors");
 
-  Rig second = make();
+  DirectoriesRig second = directories_rig();
   const std::string e = error_of(second, train, o);
   EXPECT_NE(e.find("already holds checkpoints of an earlier run (latest " + dir / "ck/ckpt-4" +
                    "): resume from it"),
@@ -162,7 +162,7 @@ TEST(OutputDirectories, AFreshRunDoesNotOverwriteAnEarlierRunsCheckpoints) {
   EXPECT_EQ(io::read_file(dir / "ck/latest"), latest);
   EXPECT_EQ(io::read_file(dir / "ck/ckpt-4/model.safetensors"), weights);
 
-  Rig third = make();
+  DirectoriesRig third = directories_rig();
   FitOptions resumed = o;
   resumed.resume_from = dir / "ck";
   resumed.epochs = 2;
@@ -180,12 +180,12 @@ TEST(OutputDirectories, ResumingFromAnOlderCheckpointOfTheSameDirectoryIsRefused
   o.batch_size = 16;
   o.epochs = 3;
   o.checkpoint_dir = dir / "ck";
-  Rig first = make();
+  DirectoriesRig first = directories_rig();
   first.trainer->fit(train, nullptr, o);  // keeps ckpt-8 and ckpt-12
   ASSERT_TRUE(fs::exists(dir / "ck/ckpt-8"));
   const std::string weights = io::read_file(dir / "ck/ckpt-12/model.safetensors");
 
-  Rig second = make();
+  DirectoriesRig second = directories_rig();
   FitOptions again = o;
   again.resume_from = dir / "ck/ckpt-8";
   const std::string e = error_of(second, train, again);
@@ -206,11 +206,11 @@ TEST(OutputDirectories, ABackupDirHoldingCheckpointsThatAreNotBackupsIsRefused) 
   o.batch_size = 16;
   o.epochs = 2;
   o.checkpoint_dir = dir / "a";
-  Rig first = make();
+  DirectoriesRig first = directories_rig();
   first.trainer->fit(train, nullptr, o);
   const std::string weights = io::read_file(dir / "a/ckpt-8/model.safetensors");
 
-  Rig second = make();
+  DirectoriesRig second = directories_rig();
   FitOptions mistaken;
   mistaken.batch_size = 16;
   mistaken.backup_dir = dir / "a";
@@ -227,7 +227,7 @@ TEST(OutputDirectories, ABackupDirHoldingCheckpointsThatAreNotBackupsIsRefused) 
   backed.backup_dir = dir / "b";
   backed.backup_every_steps = 1;
   backed.keep_backup = true;
-  Rig third = make();
+  DirectoriesRig third = directories_rig();
   third.trainer->fit(train, nullptr, backed);
   EXPECT_EQ(read_checkpoint_state(dir / "b").metadata.at(kCheckpointKind), kBackup);
   EXPECT_TRUE(checkpoints_not_of_kind(dir / "b", kBackup).empty());
@@ -247,7 +247,7 @@ TEST(OutputDirectories, NoMidEpochBackupAtAnEpochsLastStep) {
     std::vector<std::int64_t> seen;
   };
   auto watch = std::make_shared<NewestBackupAtEpochEnd>(dir / "bk");
-  Rig s = make();
+  DirectoriesRig s = directories_rig();
   s.trainer->add_callback(watch);
   FitOptions o;
   o.batch_size = 16;  // 4 steps an epoch
@@ -268,7 +268,7 @@ TEST(OutputDirectories, ABackupWinsOverResumeFrom) {
   FitOptions o;
   o.batch_size = 16;
   o.checkpoint_dir = dir / "ck";
-  Rig first = make();
+  DirectoriesRig first = directories_rig();
   first.trainer->fit(train, nullptr, o);  // ck/ckpt-4
 
   struct StopAfter : Callback {
@@ -283,11 +283,11 @@ TEST(OutputDirectories, ABackupWinsOverResumeFrom) {
   run.backup_dir = dir / "bk";
   run.backup_every_steps = 1;
   run.keep_backup = true;  // as a killed run leaves it
-  Rig second = make();
+  DirectoriesRig second = directories_rig();
   second.trainer->add_callback(std::make_shared<StopAfter>());
   EXPECT_EQ(second.trainer->fit(train, nullptr, run).steps, 2);
 
-  Rig again = make();
+  DirectoriesRig again = directories_rig();
   const FitResult r = again.trainer->fit(train, nullptr, run);
   EXPECT_EQ(r.restored_from, dir / "bk/ckpt-6");
   EXPECT_EQ(r.steps, 12 - 6);
@@ -297,7 +297,7 @@ TEST(OutputDirectories, ABackupWinsOverResumeFrom) {
 // history's), nor a directory that only looks like a checkpoint.
 TEST(OutputDirectories, PruningKeepsTheNewCheckpointAndLaterSteps) {
   TempDir dir;
-  Rig s = make();
+  DirectoriesRig s = directories_rig();
   const std::string root = dir / "ck";
   for (const std::int64_t step : {10, 20, 30}) {
     TrainerState st;
@@ -326,7 +326,7 @@ TEST(OutputDirectories, PruningKeepsTheNewCheckpointAndLaterSteps) {
 TEST(OutputDirectories, ASaveAtAnExistingStepReplacesItWholeOrNotAtAll) {
   TempDir dir;
   const std::string root = dir / "ck";
-  Rig s = make();
+  DirectoriesRig s = directories_rig();
   FitOptions o;  // one step, so that SGD holds its momentum (a file larger than the model's)
   o.batch_size = 16;
   s.trainer->fit(blobs(16, 1), nullptr, o);
@@ -340,7 +340,7 @@ TEST(OutputDirectories, ASaveAtAnExistingStepReplacesItWholeOrNotAtAll) {
     for (std::int64_t i = 0; i < p.numel(); ++i) d[i] += 1.0f;
   }
   auto first_weight = [&](const std::string& ckpt) {
-    Rig fresh = make();
+    DirectoriesRig fresh = directories_rig();
     load_checkpoint(ckpt, *fresh.model, fresh.opt.get());
     return fresh.model->named_parameters().at(0).second.data<float>()[0];
   };
@@ -385,7 +385,7 @@ TEST(OutputDirectories, ASecondRunOnALockedDirectoryIsRefusedNamingTheHolder) {
   std::string e;
   {
     DirectoryLock held(dir / "ck", "checkpoint_dir");
-    Rig s = make();
+    DirectoriesRig s = directories_rig();
     FitOptions o;
     o.batch_size = 16;
     o.checkpoint_dir = dir / "ck";

@@ -20,15 +20,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-struct WorkerState {
-  std::int64_t incarnation = 0;  // 0: never seen
-  Clock::time_point last_seen;
-  bool alive = false;
-  std::int64_t clock = 0;  // tasks done since it (re)joined, for SSP
-  bool told_done = false;
-  WorkerReport stats;
-};
-
 WorkerReport from_proto(const rpc::WorkerStats& s) {
   WorkerReport r;
   r.worker = s.worker();
@@ -48,6 +39,17 @@ WorkerReport from_proto(const rpc::WorkerStats& s) {
 // ---- scheduling state and the Next RPC ----------------------------------------------------------
 
 class Coordinator::Service final : public rpc::Coordinator::Service {
+  // Nested, not in the file's anonymous namespace: a member's type must not have internal linkage
+  // when the file is compiled inside a unity batch (-Wsubobject-linkage).
+  struct WorkerState {
+    std::int64_t incarnation = 0;  // 0: never seen
+    Clock::time_point last_seen;
+    bool alive = false;
+    std::int64_t clock = 0;  // tasks done since it (re)joined, for SSP
+    bool told_done = false;
+    WorkerReport stats;
+  };
+
  public:
   Service(const Cluster& cluster, const CoordinatorOptions& o)
       : cluster_(cluster),

@@ -24,13 +24,12 @@ namespace hpm::cpu {
 
 namespace {
 
-constexpr std::int64_t kBlock = 64;                   // query rows per block
-constexpr std::int64_t kChunkScoreBytes = 512 << 10;  // f32 scores of one chunk of heads
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr std::int64_t kBlock = 64;  // query rows per block
 
 using Dims = AttentionDims;
 
-std::int64_t heads_per_chunk(const Dims& n) {
+// Heads whose scores for one query block against every key fit kChunkScoreBytes.
+std::int64_t block_heads_per_chunk(const Dims& n) {
   return std::clamp<std::int64_t>(
       kChunkScoreBytes / (kBlock * n.s * static_cast<std::int64_t>(sizeof(float))), 1, n.batch);
 }
@@ -98,7 +97,7 @@ Tensor attention_forward_bf16(const Tensor& q, const Tensor& k, const Tensor& v,
     lse.fill_(kNegInf);
     return out;
   }
-  const std::int64_t chunk = heads_per_chunk(n);
+  const std::int64_t chunk = block_heads_per_chunk(n);
   Tensor scores = Tensor::empty({chunk * kBlock * n.s}, DType::F32, q.device());
   Tensor probs = Tensor::empty({chunk * kBlock * n.s}, DType::BF16, q.device());
   float* ps = scores.data<float>();
@@ -142,7 +141,7 @@ void attention_backward_bf16(const Tensor& grad_out, const Tensor& q, const Tens
     float* pd = delta.data<float>();
     row_dots(grad_out.data<float>(), out.data<float>(), pd, n.batch * n.t, n.d);
     const Tensor gb = to_bf16(grad_out);
-    const std::int64_t chunk = heads_per_chunk(n);
+    const std::int64_t chunk = block_heads_per_chunk(n);
     const std::int64_t block = chunk * kBlock * n.s;
     Tensor p = Tensor::empty({block}, DType::F32, q.device());
     Tensor dp = Tensor::empty({block}, DType::F32, q.device());

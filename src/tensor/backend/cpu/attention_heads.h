@@ -3,6 +3,7 @@
 // row work split and sums around them.
 #pragma once
 #include <cstdint>
+#include <limits>
 
 #include "hpm/tensor/tensor.h"
 
@@ -12,6 +13,10 @@ namespace hpm::cpu {
 struct AttentionDims {
   std::int64_t batch, t, s, d;
 };
+
+inline constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// The f32 scores a chunk of heads holds at once: within a core's L2.
+inline constexpr std::int64_t kChunkScoreBytes = 512 << 10;
 
 // q (..., T, D), k and v (..., S, D) with the same leading dimensions, all of `dtype`; else
 // std::invalid_argument "<what>: expected ..." naming the three shapes.
