@@ -45,9 +45,9 @@ fuzz_one() {
   fi
 }
 
-# The targets side by side, JOBS at once (each runs on one thread: the cores' count by default,
-# CI's 7 runs of 20 s in 80 s of wall on 2 cores where one after another took 140), their lines
-# printed in the targets' order once all have ended.
+# The targets side by side, JOBS at once (each runs on one thread: the cores' count by default;
+# CI's 7 runs of 20 s in 85 s of wall on 2 cores where one after another took about 145), their
+# lines printed in the targets' order once all have ended.
 jobs_at_once=${JOBS:-$(nproc)}
 for t in "${TARGETS[@]}"; do
   rm -f "build-fuzz/fuzz_$t.result"

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/errors.h"
 #include "common/hpm_cli.h"
 #include "common/temp_dir.h"
 
@@ -24,6 +25,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using hpm::testing::contains;
 
 struct Outcome {
   int code = -1;       // exit status, or 128 + signal
@@ -75,10 +77,6 @@ Outcome hpm(const std::vector<std::string>& args,
   r.took = Clock::now() - t0;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return r;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 std::vector<std::string> lines_of(const std::string& s) {

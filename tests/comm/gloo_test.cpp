@@ -24,6 +24,7 @@
 #include <set>
 #include <thread>
 
+#include "common/errors.h"
 #include "common/temp_dir.h"
 #include "hpm/tensor/kernels.h"
 
@@ -32,6 +33,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using hpm::testing::contains;
 using hpm::testing::TempDir;
 
 // ---- processes -------------------------------------------------------------------------------
@@ -162,10 +164,6 @@ struct Group {
     return r;
   }
 };
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // ---- closed forms ----------------------------------------------------------------------------
 

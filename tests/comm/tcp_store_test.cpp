@@ -15,6 +15,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/errors.h"
 #include "common/temp_dir.h"
 #include "hpm/comm/store.h"
 
@@ -23,23 +24,11 @@ namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using hpm::testing::contains;
+using hpm::testing::error_of;
 
 std::vector<char> bytes(const std::string& s) { return std::vector<char>(s.begin(), s.end()); }
 std::string text(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
-
-template <typename Fn>
-std::string error_of(Fn fn) {
-  try {
-    fn();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "no error";
-}
-
-bool store_contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // A client that speaks the wire format by hand (-1 if it cannot connect).
 int connect_raw(int port) {
@@ -114,12 +103,12 @@ TEST(TcpStoreTest, TimeoutsNameTheMissingKeys) {
   store.set("here", bytes("1"));
   const auto t0 = Clock::now();
   const std::string e = error_of([&] { store.wait({"here", "absent1", "absent2"}, 200ms); });
-  EXPECT_TRUE(store_contains(e, "key(s) 'absent1', 'absent2' not set within 200 ms")) << e;
-  EXPECT_FALSE(store_contains(e, "'here'")) << e;
-  EXPECT_TRUE(store_contains(e, "rendezvous 127.0.0.1:")) << e;
+  EXPECT_TRUE(contains(e, "key(s) 'absent1', 'absent2' not set within 200 ms")) << e;
+  EXPECT_FALSE(contains(e, "'here'")) << e;
+  EXPECT_TRUE(contains(e, "rendezvous 127.0.0.1:")) << e;
   EXPECT_GE(Clock::now() - t0, 190ms);
   const std::string g = error_of([&] { store.get("nope"); });
-  EXPECT_TRUE(store_contains(g, "key 'nope' not set within 300 ms")) << g;
+  EXPECT_TRUE(contains(g, "key 'nope' not set within 300 ms")) << g;
   EXPECT_LT(Clock::now() - t0, 2s);
   EXPECT_TRUE(store.missing({"here", "nope"}, 0ms) == std::vector<std::string>{"nope"});
   // The connection is still usable after timeouts.
@@ -145,15 +134,13 @@ TEST(TcpStoreTest, AddIsAtomicAcrossClients) {
   EXPECT_EQ(text(store.get("counter")), std::to_string(kClients * kAdds));
   EXPECT_EQ(store.add("negative", -5), -5);
   store.set("word", bytes("abc"));
-  EXPECT_TRUE(store_contains(error_of([&] { store.add("word", 1); }), "does not hold an integer"));
+  EXPECT_TRUE(contains(error_of([&] { store.add("word", 1); }), "does not hold an integer"));
   // Found by fuzz/tcp_store_fuzz.cpp: a sum past 2^63 - 1 was signed overflow in the server. It is
   // refused, the value is kept, and the server goes on serving.
   store.set("big", bytes("9223372036854775800"));
-  EXPECT_TRUE(
-      store_contains(error_of([&] { store.add("big", 8); }),
-                     "add: key 'big' would overflow a 64-bit integer (9223372036854775800 + 8)"));
-  EXPECT_TRUE(
-      store_contains(error_of([&] { store.add("negative", INT64_MIN); }), "would overflow"));
+  EXPECT_TRUE(contains(error_of([&] { store.add("big", 8); }),
+                       "add: key 'big' would overflow a 64-bit integer (9223372036854775800 + 8)"));
+  EXPECT_TRUE(contains(error_of([&] { store.add("negative", INT64_MIN); }), "would overflow"));
   EXPECT_EQ(store.add("big", 7), INT64_MAX);
   EXPECT_EQ(store.add("negative", 0), -5);
 }
@@ -203,9 +190,9 @@ TEST(TcpStoreTest, ServerThatGoesAwayFailsCallsPromptly) {
   const auto t0 = Clock::now();
   const std::string e = error_of([&] { store.get("never"); });  // parked when the server stops
   stopper.join();
-  EXPECT_TRUE(store_contains(e, "the store closed the connection")) << e;
+  EXPECT_TRUE(contains(e, "the store closed the connection")) << e;
   EXPECT_LT(Clock::now() - t0, 2s);
-  EXPECT_TRUE(store_contains(error_of([&] { store.set("b", bytes("2")); }), "lost earlier"));
+  EXPECT_TRUE(contains(error_of([&] { store.set("b", bytes("2")); }), "lost earlier"));
 }
 
 TEST(TcpStoreTest, LimitsAndMalformedRequests) {
@@ -287,8 +274,7 @@ TEST(HostPortTest, ParsesAndRejects) {
   EXPECT_EQ(parse_host_port("[::1]:80").str(), "[::1]:80");
   for (const char* bad : {"10.0.0.1", "10.0.0.1:", ":80", "h:port", "h:65536", "h:-1", "[::1:80"}) {
     const std::string e = error_of([&] { parse_host_port(bad); });
-    EXPECT_TRUE(store_contains(e, std::string("rendezvous address '") + bad + "'"))
-        << bad << ": " << e;
+    EXPECT_TRUE(contains(e, std::string("rendezvous address '") + bad + "'")) << bad << ": " << e;
   }
 }
 
@@ -302,9 +288,9 @@ TEST(FileStoreTest, SetGetWaitCheck) {
   EXPECT_TRUE(store.check({"k"}));
   const auto t0 = Clock::now();
   const std::string e = error_of([&] { store.wait({"k", "missing"}, 100ms); });
-  EXPECT_TRUE(store_contains(e, "key(s) 'missing' not set within 100 ms")) << e;
+  EXPECT_TRUE(contains(e, "key(s) 'missing' not set within 100 ms")) << e;
   EXPECT_LT(Clock::now() - t0, 600ms);  // milliseconds, not gloo's whole seconds
-  EXPECT_TRUE(store_contains(error_of([&] { store.get("absent"); }), "not set within 300 ms"));
+  EXPECT_TRUE(contains(error_of([&] { store.get("absent"); }), "not set within 300 ms"));
 }
 
 // Processes sharing the directory count with add() under an flock: no increment is lost.

@@ -1,5 +1,5 @@
-// The message of the exception f throws ("no error" when it returns): for tests that assert
-// what an error says.
+// What an error says, for tests that assert it: the message of the exception f throws ("no
+// error" when it returns), and whether a message contains a part.
 #pragma once
 #include <exception>
 #include <functional>
@@ -14,6 +14,10 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "no error";
+}
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
 }
 
 }  // namespace hpm::testing
